@@ -1,0 +1,154 @@
+"""`dsv4bench audit FILE`: the checkers over traffic recorded elsewhere (production logs).
+
+Each JSONL line is one exchange, in any of these shapes:
+  {"request": {chat body}, "response": {chat.completion body}}      a non-streamed pair
+  {"request": {chat body}, "sse": "data: {...}\\n\\ndata: [DONE]\\n\\n"}  a captured stream (text)
+  {"request": {chat body}, "sse": ["data: {...}", "data: [DONE]"]}    ... or its lines
+  a dsv4bench turns.jsonl record (request.body + raw_sse)             re-audit a run
+Optional fields: "http_status" (>= 400 makes it an http_error), "raw_completion" (the
+--raw oracle's text), "tools" (when the request is not recorded).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+from rich.console import Console
+from rich.table import Table
+
+from .checks import run_checks
+from .records import AVAILABILITY_CODES, CORRUPTION_CODES, AssembledResponse, TurnContext, TurnStatus, Verdict
+from .sse import DeltaAssembler, assemble_completion
+
+# Without the offered tools, these two cannot be judged and are left out.
+_NEED_TOOLS = ("unknown_tool", "schema_violation")
+
+
+class AuditError(Exception):
+    """The file cannot be audited at all (missing, unreadable)."""
+
+
+@dataclass
+class AuditResult:
+    line: int
+    response_id: str | None
+    verdicts: list[Verdict] = field(default_factory=list)
+    check_errors: list[str] = field(default_factory=list)
+    problem: str | None = None  # the line could not be read as an exchange
+
+    @property
+    def corrupt(self) -> bool:
+        return any(v.code in CORRUPTION_CODES for v in self.verdicts)
+
+    @property
+    def errors(self) -> bool:
+        return any(v.code in AVAILABILITY_CODES for v in self.verdicts)
+
+
+def sse_payloads(sse: Any) -> list[str]:
+    """The data payloads of a captured stream, given as text or as a list of lines/payloads."""
+    if isinstance(sse, list):
+        text_lines = [str(x) for x in sse]
+        if not any(x.startswith(("data:", "event:", "id:", ":")) for x in text_lines):
+            return text_lines  # already payloads (as turns.jsonl stores them)
+        sse = "\n\n".join(text_lines) + "\n\n"
+    resp = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=str(sse).encode())
+    return [ev.data for ev in EventSource(resp).iter_sse()]
+
+
+def exchange_context(rec: dict[str, Any]) -> TurnContext:
+    """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line."""
+    req = rec.get("request") or {}
+    if isinstance(req.get("body"), dict):  # a dsv4bench turn record
+        req = req["body"]
+    tools_src = rec.get("tools") or req.get("tools") or []
+    tools = {
+        (t.get("function") or t).get("name"): (t.get("function") or t).get("parameters") or {}
+        for t in tools_src
+        if isinstance(t, dict)
+    }
+    status_code = rec.get("http_status")
+    stream = "sse" in rec or "raw_sse" in rec
+    ctx = TurnContext(response=None, tools=tools, stream=stream, max_tokens=req.get("max_tokens"),
+                      raw_completion=rec.get("raw_completion"))
+    if isinstance(status_code, int) and status_code >= 400:
+        ctx.status, ctx.http_status, ctx.error_kind = TurnStatus.ERROR, status_code, "http_error"
+        ctx.error = f"HTTP {status_code}"
+        return ctx
+    if "response" in rec and isinstance(rec["response"], dict) and "choices" in rec["response"]:
+        ctx.response = assemble_completion(rec["response"])
+    elif rec.get("sse") is not None or rec.get("raw_sse") is not None:
+        asm = DeltaAssembler()
+        for data in sse_payloads(rec.get("sse") if rec.get("sse") is not None else rec["raw_sse"]):
+            asm.feed(data)
+        ctx.response = asm.finish()
+    else:
+        raise ValueError("no 'response' body and no 'sse' stream")
+    return ctx
+
+
+def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
+    results: list[AuditResult] = []
+    for line, rec in records:
+        if not isinstance(rec, dict):
+            results.append(AuditResult(line, None, problem="not a JSON object"))
+            continue
+        try:
+            ctx = exchange_context(rec)
+        except ValueError as e:
+            results.append(AuditResult(line, None, problem=str(e)))
+            continue
+        verdicts, check_errors = run_checks(ctx)
+        if not ctx.tools:
+            verdicts = [v for v in verdicts if v.code not in _NEED_TOOLS]
+        rid = ctx.response.response_id if isinstance(ctx.response, AssembledResponse) else None
+        results.append(AuditResult(line, rid, verdicts, check_errors))
+    return results
+
+
+def audit_file(path: Path) -> list[AuditResult]:
+    """Read and check every exchange of a JSONL file; unreadable lines are reported, not fatal."""
+    if not path.is_file():
+        raise AuditError(f"{path}: no such file")
+    records: list[tuple[int, Any]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append((n, json.loads(line)))
+                except ValueError:
+                    records.append((n, None))
+    except OSError as e:
+        raise AuditError(f"{path}: {e.strerror}") from None
+    return audit_records(records)
+
+
+def render_audit(results: list[AuditResult], console: Console) -> None:
+    counts: Counter[str] = Counter(code for r in results for code in {v.code for v in r.verdicts})
+    bad = [r for r in results if r.verdicts or r.problem]
+    console.print(f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
+                  f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable")
+    if counts:
+        t = Table("verdict code", "exchanges")
+        for code, n in counts.most_common():
+            t.add_row(code, str(n))
+        console.print(t)
+    for r in bad[:20]:
+        what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts)
+        console.print(f"line {r.line} {r.response_id or ''}: {what}", highlight=False, markup=False)
+
+
+def write_results(results: list[AuditResult], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps({"line": r.line, "response_id": r.response_id, "problem": r.problem,
+                                "verdicts": [v.to_json() for v in r.verdicts], "check_errors": r.check_errors},
+                               ensure_ascii=False) + "\n")

@@ -1,0 +1,85 @@
+"""The one config object of a run, built from CLI flags in one place and validated here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot work; the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything `dsv4bench agents` needs to drive a run."""
+
+    url: str  # OpenAI-compatible base URL, ending in /v1
+    concurrency: int = 8
+    rate: float | None = None  # sessions/s (open model); None = closed pool of `concurrency`
+    sessions: int | None = None
+    duration: float | None = None
+    max_turns: int = 12
+    scenario: str = "mixed"
+    seed: int = 0
+    thinking: bool = False
+    stream: bool = True
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    ttft_timeout: float = 60.0
+    total_timeout: float = 300.0
+    on_corrupt: str = "continue"
+    raw: bool = False
+    model: str | None = None  # None: the first id of /v1/models
+    api_key: str | None = None
+    out: Path = Path("runs")
+    fail_on: tuple[str, ...] = ()
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
+        if self.concurrency < 1:
+            raise ConfigError("--concurrency must be at least 1")
+        if self.rate is not None and self.rate <= 0:
+            raise ConfigError("--rate must be positive")
+        if self.sessions is not None and self.sessions < 1:
+            raise ConfigError("--sessions must be at least 1")
+        if self.duration is not None and self.duration <= 0:
+            raise ConfigError("--duration must be positive")
+        if self.sessions is None and self.duration is None:
+            raise ConfigError("give --sessions N or --duration SECONDS (or both)")
+        if self.max_turns < 1:
+            raise ConfigError("--max-turns must be at least 1")
+        if self.max_tokens < 1:
+            raise ConfigError("--max-tokens must be at least 1")
+        if self.ttft_timeout <= 0 or self.total_timeout <= 0:
+            raise ConfigError("timeouts must be positive")
+        if self.on_corrupt not in ("continue", "stop"):
+            raise ConfigError("--on-corrupt must be 'continue' or 'stop'")
+        bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
+        if bad:
+            raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/")
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["out"] = str(self.out)
+        d["fail_on"] = list(self.fail_on)
+        if d.get("api_key"):
+            d["api_key"] = "***"
+        return d
+
+
+def parse_fail_on(text: str | None) -> tuple[str, ...]:
+    """`corruption,errors` -> ("corruption", "errors")."""
+    if not text:
+        return ()
+    return tuple(p.strip().lower() for p in text.split(",") if p.strip())

@@ -1,0 +1,231 @@
+"""Plain records shared by the session core, the checkers, the history and the report.
+
+Everything here is data: no I/O, no policy. A turn record written to `turns.jsonl` is
+`TurnRecord.to_json()`; reading it back is `TurnRecord.from_json()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TurnStatus(str, enum.Enum):
+    """How a turn ended, from the client's side (Jepsen's ok / info / fail)."""
+
+    OK = "ok"  # a complete response arrived; checkers judge it
+    KILLED = "killed"  # our own nemesis cancelled it: indeterminate, never corruption
+    ERROR = "error"  # HTTP error or connection failure
+    TIMEOUT = "timeout"  # TTFT or total timeout
+
+
+# Verdict codes, DESIGN §3. One checker each; the names are a stable contract.
+CORRUPTION_CODES: tuple[str, ...] = (
+    "dsml_leak_content",
+    "dsml_leak_reasoning",
+    "dsml_in_arguments",
+    "args_not_json",
+    "schema_violation",
+    "unknown_tool",
+    "finish_reason_mismatch",
+    "empty_turn",
+    "stream_protocol",
+    "truncated",
+    "degenerate_repetition",
+    "garbled_text",
+)
+AVAILABILITY_CODES: tuple[str, ...] = (
+    "http_error",
+    "timeout_ttft",
+    "timeout_total",
+    "connection_error",
+)
+WEDGE_CODES: tuple[str, ...] = ("queue_stuck", "canary_timeout", "health_lies", "ghost_requests")
+# Not a verdict about the server: the --raw oracle disagreed with the server's own parser.
+ORACLE_CODE = "parser_disagreement"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding about one turn. `where` points into the response, e.g. `tool_calls[0].arguments`."""
+
+    code: str
+    detail: str
+    where: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Verdict:
+        return cls(code=d["code"], detail=d.get("detail", ""), where=d.get("where", ""))
+
+
+@dataclass
+class ToolCall:
+    """A tool call as the server sent it. `arguments` is the raw string, never parsed here."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ToolCall:
+        return cls(index=d["index"], id=d.get("id"), name=d.get("name"), arguments=d.get("arguments") or "")
+
+
+@dataclass
+class AssembledResponse:
+    """One assistant turn as assembled from SSE deltas (or read from a non-stream body).
+
+    `protocol_errors` are the stream-protocol faults the assembler saw on the way
+    (index gaps, missing id/name on a call's first delta, deltas after finish, no `[DONE]`,
+    undecodable chunks). `saw_done` is False for a stream that ended without `[DONE]`.
+    """
+
+    response_id: str | None = None
+    model: str | None = None
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    stream: bool = True
+    saw_done: bool = False
+    chunks: int = 0
+    protocol_errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tool_calls"] = [tc.to_json() for tc in self.tool_calls]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AssembledResponse:
+        d = dict(d)
+        d["tool_calls"] = [ToolCall.from_json(t) for t in d.get("tool_calls") or []]
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Timings:
+    """Wall-clock (epoch ns) and monotonic (ns) stamps of one turn. None where not reached."""
+
+    start_wall_ns: int = 0
+    start_ns: int = 0
+    first_byte_ns: int | None = None
+    first_token_ns: int | None = None
+    end_ns: int | None = None
+    # Monotonic stamps of each content/reasoning/argument delta after the first, for ITL.
+    token_gaps_ms: list[float] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_ns is None:
+            return None
+        return (self.first_token_ns - self.start_ns) / 1e9
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.end_ns is None:
+            return None
+        return (self.end_ns - self.start_ns) / 1e9
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Timings:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class TurnContext:
+    """What the checkers see of one turn: the response plus what the request allowed.
+
+    `tools` maps each offered tool name to its JSON Schema (`parameters`).
+    """
+
+    response: AssembledResponse | None
+    tools: dict[str, dict[str, Any]]
+    status: TurnStatus = TurnStatus.OK
+    http_status: int | None = None
+    error: str | None = None
+    error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
+    stream: bool = True
+    max_tokens: int | None = None
+    raw_completion: str | None = None  # the --raw oracle's completion text, when fetched
+
+
+@dataclass
+class TurnRecord:
+    """One line of `turns.jsonl`: one agent turn, DESIGN §3."""
+
+    run: str
+    session: str
+    turn: int
+    scenario: str
+    seed: int
+    status: TurnStatus
+    timings: Timings
+    http_status: int | None = None
+    error: str | None = None
+    request: dict[str, Any] = field(default_factory=dict)  # summary, not the full body
+    response: AssembledResponse | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    raw_sse: list[str] | None = None  # kept only for turns that fail a check
+    check_errors: list[str] = field(default_factory=list)  # a checker that raised: "unknown"
+
+    @property
+    def response_id(self) -> str | None:
+        return self.response.response_id if self.response else None
+
+    @property
+    def corrupt(self) -> bool:
+        return self.status is TurnStatus.OK and any(v.code in CORRUPTION_CODES for v in self.verdicts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "session": self.session,
+            "turn": self.turn,
+            "scenario": self.scenario,
+            "seed": self.seed,
+            "status": self.status.value,
+            "http_status": self.http_status,
+            "error": self.error,
+            "response_id": self.response_id,
+            "timings": self.timings.to_json(),
+            "request": self.request,
+            "response": self.response.to_json() if self.response else None,
+            "verdicts": [v.to_json() for v in self.verdicts],
+            "raw_sse": self.raw_sse,
+            "check_errors": self.check_errors,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TurnRecord:
+        return cls(
+            run=d["run"],
+            session=d["session"],
+            turn=d["turn"],
+            scenario=d["scenario"],
+            seed=d["seed"],
+            status=TurnStatus(d["status"]),
+            timings=Timings.from_json(d.get("timings") or {}),
+            http_status=d.get("http_status"),
+            error=d.get("error"),
+            request=d.get("request") or {},
+            response=AssembledResponse.from_json(d["response"]) if d.get("response") else None,
+            verdicts=[Verdict.from_json(v) for v in d.get("verdicts") or []],
+            raw_sse=d.get("raw_sse"),
+            check_errors=d.get("check_errors") or [],
+        )

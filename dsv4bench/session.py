@@ -1,0 +1,203 @@
+"""The agent session core, sans-IO: given the last response, produce the next request.
+
+A session owns a scenario world and the chat transcript. The driver asks it for a request
+body, sends it however it likes (anyio + httpx, Locust, a test), and hands back the
+assembled response with the checkers' verdicts. The session runs the tool calls against
+its world and appends the results, exactly as a real coding agent's loop does.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from .agents import ScenarioFamily
+from .agents.base import ToolError
+from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
+
+
+class SessionState(str, enum.Enum):
+    READY = "ready"  # next_request() may be called
+    AWAITING = "awaiting"  # a request is out; observe() comes next
+    DONE = "done"
+
+
+class EndReason(str, enum.Enum):
+    FINAL = "final"  # the model gave a final answer
+    MAX_TURNS = "max_turns"
+    CORRUPT = "corrupt"  # stopped on a corrupt turn (on_corrupt="stop")
+    ERROR = "error"  # HTTP error, timeout or connection failure
+    KILLED = "killed"  # the nemesis killed it
+    DURATION = "duration"  # the run's time was up
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How every session of a run talks to the server."""
+
+    model: str
+    max_turns: int = 12
+    thinking: bool = False
+    stream: bool = True
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    # What the agent does after a corrupt turn: "continue" (feed back an error, as real agents
+    # do) or "stop" (end the session).
+    on_corrupt: str = "continue"
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.on_corrupt not in ("continue", "stop"):
+            raise ValueError("on_corrupt must be 'continue' or 'stop'")
+
+
+# What a real agent framework sends back when the model's output could not be used.
+_NUDGE_MALFORMED = (
+    "Your last reply could not be used: {why}. Call the tools with valid JSON arguments "
+    "that match their schemas, or give your final answer."
+)
+
+
+class AgentSession:
+    """One multi-turn tool-calling conversation against one virtual world."""
+
+    def __init__(self, session_id: str, family: ScenarioFamily, seed: int, config: SessionConfig) -> None:
+        self.session_id = session_id
+        self.family = family
+        self.seed = seed
+        self.config = config
+        self.world = family.build_world(seed)
+        self.task = family.make_task(self.world, seed)
+        self.tools = family.openai_tools()
+        self.schemas = family.tool_schemas()
+        self._validators = {n: Draft202012Validator(s) for n, s in self.schemas.items()}
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": family.system_prompt},
+            {"role": "user", "content": self.task.prompt},
+        ]
+        self.turn = 0
+        self.tool_calls_run = 0
+        self.state = SessionState.READY
+        self.end_reason: EndReason | None = None
+
+    def next_request(self) -> dict[str, Any]:
+        """The chat-completions body for the next turn."""
+        assert self.state is SessionState.READY, f"next_request in state {self.state}"
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": list(self.messages),
+            "tools": self.tools,
+            "tool_choice": "auto",
+            "max_tokens": self.config.max_tokens,
+            "temperature": self.config.temperature,
+            "stream": self.config.stream,
+            "chat_template_kwargs": {"thinking": self.config.thinking},
+            "user": self.session_id,
+        }
+        if self.config.stream:
+            body["stream_options"] = {"include_usage": True}
+        self.state = SessionState.AWAITING
+        return body
+
+    def observe(self, status: TurnStatus, response: AssembledResponse | None, verdicts: list[Verdict]) -> None:
+        """Take the outcome of the request from next_request() and advance the conversation."""
+        assert self.state is SessionState.AWAITING, f"observe in state {self.state}"
+        self.turn += 1
+        if status is TurnStatus.KILLED:
+            return self._end(EndReason.KILLED)
+        if status is not TurnStatus.OK or response is None:
+            return self._end(EndReason.ERROR)
+        corrupt = [v for v in verdicts if v.code in CORRUPTION_CODES]
+        if corrupt and self.config.on_corrupt == "stop":
+            return self._end(EndReason.CORRUPT)
+        self._append_assistant(response)
+        if response.tool_calls:
+            for call in response.tool_calls:
+                self._run_tool_call(call.id or f"call_{self.turn}_{call.index}", call.name or "", call.arguments)
+        elif corrupt:
+            # The reply was unusable (leaked markup, empty, truncated...): say so and go on.
+            why = ", ".join(sorted({v.code for v in corrupt}))
+            self.messages.append({"role": "user", "content": _NUDGE_MALFORMED.format(why=why)})
+        else:
+            return self._end(EndReason.FINAL)
+        if self.turn >= self.config.max_turns:
+            return self._end(EndReason.MAX_TURNS)
+        self.state = SessionState.READY
+
+    def stop(self, reason: EndReason) -> None:
+        """End the session from outside (the run's time is up, the nemesis killed it)."""
+        self._end(reason)
+
+    def _append_assistant(self, response: AssembledResponse) -> None:
+        msg: dict[str, Any] = {"role": "assistant", "content": response.content}
+        if self.config.thinking:
+            msg["reasoning_content"] = response.reasoning
+        if response.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": c.id or f"call_{self.turn}_{c.index}",
+                    "type": "function",
+                    "function": {"name": c.name or "", "arguments": c.arguments},
+                }
+                for c in response.tool_calls
+            ]
+        self.messages.append(msg)
+
+    def _run_tool_call(self, call_id: str, name: str, raw_args: str) -> None:
+        """Execute one call against the world; bad calls get an error result, as agents do."""
+        result: str
+        if name not in self.schemas:
+            result = f"error: unknown tool {name!r}; available: {', '.join(self.schemas)}"
+        else:
+            try:
+                args = json.loads(raw_args) if raw_args.strip() else {}
+            except ValueError as e:
+                args, result = None, f"error: arguments are not valid JSON ({e})"
+            if isinstance(args, dict):
+                # NOTE: the world only ever sees schema-valid arguments, as in agent frameworks
+                # that validate before dispatch; anything else comes back as an error result.
+                err = next(iter(self._validators[name].iter_errors(args)), None)
+                if err is not None:
+                    path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+                    result = f"error: invalid arguments at {path}: {err.message}"
+                else:
+                    result = self._execute(name, args)
+            elif args is not None:
+                result = "error: arguments must be a JSON object"
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+
+    def _execute(self, name: str, args: dict[str, Any]) -> str:
+        try:
+            result = self.world.execute(name, args)
+        except ToolError as e:
+            return f"error: {e}"
+        self.tool_calls_run += 1
+        return result
+
+    def _end(self, reason: EndReason) -> None:
+        self.state = SessionState.DONE
+        self.end_reason = reason
+
+    @property
+    def done(self) -> bool:
+        return self.state is SessionState.DONE
+
+
+def request_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """What turns.jsonl keeps of a request: its shape, not its (large) transcript."""
+    msgs = body.get("messages") or []
+    return {
+        "messages": len(msgs),
+        "prompt_chars": sum(len(str(m.get("content") or "")) for m in msgs),
+        "tools": len(body.get("tools") or []),
+        "stream": bool(body.get("stream")),
+        "max_tokens": body.get("max_tokens"),
+        "thinking": bool((body.get("chat_template_kwargs") or {}).get("thinking")),
+    }

@@ -1,0 +1,1 @@
+"""DSV4-mini: the bundled inference engine."""
