@@ -1,0 +1,37 @@
+"""The incident report: markdown, plots, summary.
+
+`build_report` is the one entry point: `dsv4bench report RUN_DIR` and the end of every run
+call it. It only reads the history and writes the derived files, so it can be rerun at will,
+including on a history cut short by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..history import REPORT_FILE, SUMMARY_FILE, read_history, write_json_atomic
+from ..summary import summarize
+from .markdown import render_report
+from .plots import render_plots
+
+__all__ = ["build_report", "render_plots", "render_report"]
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    # Same rename trick as write_json_atomic: a reader never sees half a report.
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def build_report(run_dir: Path) -> dict[str, Any]:
+    """Read the run folder, write summary.json, plots/*.png and report.md; return the summary."""
+    run_dir = Path(run_dir)
+    history = read_history(run_dir)
+    summary = summarize(history)
+    plots = render_plots(history, run_dir)
+    write_json_atomic(run_dir / SUMMARY_FILE, summary)
+    _write_text_atomic(run_dir / REPORT_FILE, render_report(history, summary, plots))
+    return summary

@@ -1,0 +1,278 @@
+"""The incident report as markdown: verdict first, then where, how often, examples, how to reproduce.
+
+Pure: takes the history, its summary and the plot paths, returns text. Every section tolerates
+missing data (an empty or partial history, a run.json without config or server facts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from ..history import History
+from ..records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnRecord, Verdict
+from ..summary import counts_code, run_window
+from .codes import code_class, meaning
+
+EXAMPLES_PER_CODE = 3
+EXCERPT_CHARS = 400
+# Facts from SGLang's /get_server_info worth a line in an incident report, in display order.
+SERVER_FACTS: tuple[str, ...] = (
+    "version", "model_path", "served_model_name", "disaggregation_mode", "tp_size", "dp_size",
+    "ep_size", "pp_size", "enable_dp_attention", "attention_backend", "kv_cache_dtype",
+    "enable_hierarchical_cache", "hicache_ratio", "max_running_requests", "chunked_prefill_size",
+    "speculative_algorithm", "tool_call_parser", "reasoning_parser",
+)
+# Where in the raw stream a code's evidence usually is: DSML markup wherever it first shows,
+# cut-offs and protocol faults at the end; anything else from the start.
+_DSML_NEEDLE = re.compile(r"DSML|invoke name|function_calls|tool_calls>")
+_TAIL_CODES = frozenset({"truncated", "stream_protocol", "degenerate_repetition"})
+
+
+def fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 turn', '1,612 turns': English plural by appending s, enough for the words used here."""
+    return f"{fmt_int(n)} {word}" + ("" if n == 1 else "s")
+
+
+def fmt_pct(num: int, den: int) -> str:
+    return f"{100.0 * num / den:.1f}%" if den else "n/a"
+
+
+def fmt_rate(x: float | None) -> str:
+    return "–" if x is None else f"{100.0 * x:.2f}%"
+
+
+def fmt_seconds(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 1e3:.0f} ms" if x < 1.0 else f"{x:.2f} s"
+
+
+def cell(value: Any, limit: int = 120) -> str:
+    """A value made safe for one markdown table cell."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fence(text: str, lang: str = "") -> str:
+    """A fenced block whose fence is longer than any backtick run inside, so it cannot break."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    bar = "`" * max(3, longest + 1)
+    return f"{bar}{lang}\n{text}\n{bar}"
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The verdict and its key figures in one line."""
+    t = summary["turns"]
+    verdict = summary["verdict"]
+    calls, bad = summary["tool_calls"], summary["bad_tool_calls"]
+    corrupt = f"{fmt_int(t['corrupt'])} of {fmt_int(t['ok'])} completed turns ({fmt_pct(t['corrupt'], t['ok'])}) corrupt"
+    if t["total"] == 0:
+        figures = "no turns recorded; nothing was judged"
+    elif verdict == "WEDGE":
+        wedged = [ep for ep, found in summary["wedge"].items() if found["codes"]]
+        figures = f"{len(wedged)} of {len(summary['wedge'])} endpoints wedged ({', '.join(wedged)}); {corrupt}"
+    elif verdict == "CORRUPTION":
+        figures = f"{corrupt}; {fmt_int(bad)} of {fmt_int(calls)} tool calls bad"
+    elif verdict == "ERRORS":
+        figures = (f"{fmt_int(t['error'])} of {fmt_int(t['total'])} turns failed (error or timeout); "
+                   f"no corruption in {fmt_int(t['ok'])} completed turns")
+    else:
+        figures = f"{corrupt}; {fmt_int(calls)} tool calls, none bad"
+    extra = f"; {plural(t['killed'], 'turn')} killed by the nemesis (not judged)" if t["killed"] else ""
+    return f"**{verdict}** — {figures}{extra}."
+
+
+def _notes(summary: dict[str, Any]) -> list[str]:
+    notes = []
+    if summary["partial"]:
+        notes.append("> **Partial history:** no `run_end` event, so the harness stopped mid-run "
+                     "(killed?). The figures cover what was recorded before it stopped.")
+    if summary["skipped_lines"]:
+        notes.append(f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
+                     "(a torn last line is expected after SIGKILL).")
+    if summary["check_errors"]:
+        notes.append(f"> A checker raised on {fmt_int(summary['check_errors'])} turn(s): "
+                     "their verdicts are incomplete (unknown, not clean).")
+    return notes
+
+
+def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
+    start, _ = run_window(history)
+    sessions = summary["sessions"]
+    facts = [
+        ["started", datetime.fromtimestamp(start / 1e9, timezone.utc).isoformat(timespec="seconds") if start else "–"],
+        ["duration", fmt_seconds(summary["duration_s"])],
+        ["sessions", f"{fmt_int(sessions['count'])} ({fmt_int(sessions['finished'])} finished)"],
+        ["turns", ", ".join(f"{k} {fmt_int(v)}" for k, v in summary["turns"].items())],
+        ["tool calls", fmt_int(summary["tool_calls"])],
+    ]
+    if summary["events"]:
+        facts.append(["events", ", ".join(f"{k} {v}" for k, v in summary["events"].items())])
+    config = history.run.get("config")
+    if isinstance(config, dict):
+        facts += [[f"`{k}`", cell(v)] for k, v in config.items()]
+    return ["## Run", "", table(["setting", "value"], facts)]
+
+
+def _model_ids(models: Any) -> list[str]:
+    """Model ids from a /v1/models body, a list of such entries, or a list of names."""
+    entries = models.get("data", []) if isinstance(models, dict) else models
+    if not isinstance(entries, list):
+        return []
+    return [str(m.get("id")) if isinstance(m, dict) else str(m) for m in entries]
+
+
+def _server_section(history: History) -> list[str]:
+    server = history.run.get("server")
+    if not isinstance(server, dict) or not server:
+        return ["## Server", "", "No server facts recorded."]
+    rows = []
+    ids = _model_ids(server.get("models"))
+    if ids:
+        rows.append(["models", cell(", ".join(ids))])
+    info = server.get("server_info")
+    if isinstance(info, dict):
+        rows += [[f"`{k}`", cell(info[k])] for k in SERVER_FACTS if k in info]
+    if not rows:
+        return ["## Server", "", "No model ids or known server facts recorded."]
+    return ["## Server", "", table(["fact", "value"], rows)]
+
+
+def _codes_in_order(summary: dict[str, Any]) -> list[str]:
+    """Known turn-level codes in their canonical order, then any others that fired."""
+    known = [*CORRUPTION_CODES, *AVAILABILITY_CODES, ORACLE_CODE]
+    extra = [c for c, n in summary["counts"].items() if c not in known and n]
+    return [c for c in known if c != ORACLE_CODE or summary["counts"].get(c)] + extra
+
+
+def _codes_section(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for code in _codes_in_order(summary):
+        rate = summary["rates"].get(code, {})
+        rows.append([f"`{code}`", code_class(code), fmt_int(summary["counts"].get(code, 0)),
+                     fmt_rate(rate.get("per_turn")), fmt_rate(rate.get("per_tool_call")), meaning(code)])
+    note = ("Turns carrying each code. Corruption rates are per completed turn and per tool call; "
+            "availability rates per attempted (not killed) turn.")
+    return ["## Verdict codes", "", note, "", table(["code", "class", "turns", "per turn", "per tool call", "meaning"], rows)]
+
+
+def _breakdown_section(title: str, key: str, groups: dict[str, dict[str, int]]) -> list[str]:
+    if not groups:
+        return [f"## {title}", "", "No turns."]
+    rows = [[cell(k), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_int(g["corrupt"]), fmt_pct(g["corrupt"], g["ok"]),
+             fmt_int(g["killed"]), fmt_int(g["error"])] for k, g in groups.items()]
+    return [f"## {title}", "", table([key, "turns", "ok", "corrupt", "corrupt / ok", "killed", "error"], rows)]
+
+
+def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> str:
+    """A few hundred characters of evidence: raw SSE lines where kept, else the assembled text."""
+    if turn.raw_sse:
+        lines = turn.raw_sse
+        if verdict.code in _TAIL_CODES:
+            text = "\n".join(lines)
+            return text if len(text) <= limit else "…" + text[-limit:]
+        first = 0
+        if verdict.code.startswith("dsml_"):
+            first = next((i for i, ln in enumerate(lines) if _DSML_NEEDLE.search(ln)), 0)
+        text = "\n".join(lines[max(0, first - 1):])
+        prefix = f"… ({first - 1} earlier lines)\n" if first > 1 else ""
+    else:
+        resp = turn.response
+        m = re.match(r"tool_calls\[(\d+)\]", verdict.where)
+        calls = resp.tool_calls if resp else []
+        if m and int(m.group(1)) < len(calls):
+            text = calls[int(m.group(1))].arguments or "(empty arguments)"
+        elif resp:
+            text = resp.reasoning if verdict.code == "dsml_leak_reasoning" else resp.content
+            text = text or resp.content or resp.reasoning or "(empty response)"
+        else:
+            text = turn.error or "(no response)"
+        prefix = ""
+    return prefix + (text if len(text) <= limit else text[:limit] + "…")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    # A detail with newlines would break the bullet it sits in.
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
+    out = ["## Examples", ""]
+    fired = [c for c in _codes_in_order(summary) if summary["counts"].get(c)]
+    if not fired:
+        return out + ["No verdict codes fired."]
+    for code in fired:
+        out += [f"### `{code}`", ""]
+        shown = 0
+        for turn in history.turns:
+            v = next((v for v in turn.verdicts if v.code == code), None)
+            if v is None or not counts_code(turn, code):
+                continue
+            where = f", at `{v.where}`" if v.where else ""
+            out += [f"- session `{turn.session}`, turn {turn.turn} ({turn.scenario}), "
+                    f"response id `{turn.response_id or '–'}`{where}: {_one_line(v.detail)}", "",
+                    fence(excerpt(turn, v)), ""]
+            shown += 1
+            if shown == EXAMPLES_PER_CODE:
+                break
+    return out[:-1]  # drop the blank line after the last example; sections are joined by one
+
+
+def _latency_section(summary: dict[str, Any]) -> list[str]:
+    names = {"ttft_s": "TTFT", "itl_s": "ITL", "e2e_s": "E2E"}
+    rows = [[label, fmt_int(d["n"]), fmt_seconds(d["p50"]), fmt_seconds(d["p90"]), fmt_seconds(d["p99"]),
+             fmt_seconds(d["max"])] for key, label in names.items() if (d := summary["latency"][key])]
+    note = f"Over completed turns; percentiles by {summary['percentile_method']} interpolation."
+    return ["## Latency", "", note, "", table(["metric", "n", "p50", "p90", "p99", "max"], rows)]
+
+
+def _wedge_section(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for endpoint, found in summary["wedge"].items():
+        codes = ", ".join(f"`{c}`" for c in found["codes"]) or "none"
+        gauges = ", ".join(f"{k}={v}" for k, v in found["gauges"].items()) or "–"
+        rows.append([cell(endpoint), codes, cell(gauges, 300)])
+    if not rows:
+        return ["## Wedge", "", "The wedge monitor recorded no endpoints."]
+    return ["## Wedge", "", "Per endpoint, at the end of the drain window.", "",
+            table(["endpoint", "codes", "gauges"], rows)]
+
+
+def _plot_title(path: str) -> str:
+    return path.rsplit("/", 1)[-1].removesuffix(".png").replace("_", " ")
+
+
+def render_report(history: History, summary: dict[str, Any], plots: list[str]) -> str:
+    """The markdown incident report for one run."""
+    command = history.run.get("command")
+    parts: list[list[str]] = [
+        [f"# dsv4bench report: {summary['run']}", "", headline(summary)],
+        _notes(summary),
+        _run_section(history, summary),
+        _server_section(history),
+        _codes_section(summary),
+        _breakdown_section("Corruption by turn depth", "turn", summary["by_depth"]),
+        _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),
+        _examples_section(history, summary),
+        _latency_section(summary),
+        _wedge_section(summary) if "wedge" in history.run else [],
+        ["## How to reproduce", "",
+         fence(command, "sh") if isinstance(command, str) and command else "run.json records no command."],
+        ["## Plots", "", "\n\n".join(f"![{_plot_title(p)}]({p})" for p in plots)] if plots else [],
+    ]
+    return "\n\n".join("\n".join(p) for p in parts if p) + "\n"

@@ -1,0 +1,229 @@
+"""The summary of one run: a pure function from a History to the content of summary.json.
+
+`verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (DESIGN §3):
+CI jobs and other tools read them. Everything else is an extra for the report and may grow.
+
+Conventions, chosen once here so the report and the plots agree:
+- Killed turns are indeterminate (Jepsen's `:info`): nothing found on them is counted.
+- Corruption codes count only on `ok` turns (as `TurnRecord.corrupt` does); availability
+  codes count on any turn that was not killed.
+- Percentiles use linear interpolation between closest ranks (numpy's default, Hyndman-Fan
+  type 7); `percentile_method` in the summary says so.
+- Times on the run's axis are wall-clock: turn end = start_wall_ns + (end_ns - start_ns), so
+  histories written by several processes (distributed Locust) still share one axis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from .history import History
+from .records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnRecord, TurnStatus
+
+SUMMARY_VERSION = 1
+PERCENTILE_METHOD = "linear"
+# Worst first: the first verdict whose condition holds wins.
+VERDICTS: tuple[str, ...] = ("WEDGE", "CORRUPTION", "ERRORS", "CLEAN")
+_FAILED = (TurnStatus.ERROR, TurnStatus.TIMEOUT)
+_TOOL_CALL_WHERE = re.compile(r"^tool_calls\[(\d+)\]")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation between closest ranks; None if empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: list[float]) -> dict[str, Any]:
+    """p50 / p90 / p99 / max and the sample count of one latency series."""
+    return {
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+        "n": len(values),
+    }
+
+
+def counts_code(turn: TurnRecord, code: str) -> bool:
+    """Whether a verdict `code` on `turn` counts (see the module docstring)."""
+    if turn.status is TurnStatus.KILLED:
+        return False
+    if code in CORRUPTION_CODES or code == ORACLE_CODE:
+        return turn.status is TurnStatus.OK
+    return True
+
+
+def turn_codes(turn: TurnRecord) -> list[str]:
+    """The distinct counted codes of one turn, in the order first found."""
+    return list(dict.fromkeys(v.code for v in turn.verdicts if counts_code(turn, v.code)))
+
+
+def bad_tool_calls(turn: TurnRecord) -> int:
+    """Tool calls of an ok turn that a corruption verdict points at (`where` = tool_calls[i]...)."""
+    if turn.status is not TurnStatus.OK:
+        return 0
+    bad: set[int] = set()
+    for v in turn.verdicts:
+        m = _TOOL_CALL_WHERE.match(v.where)
+        if m and v.code in CORRUPTION_CODES:
+            bad.add(int(m.group(1)))
+    return len(bad)
+
+
+def tool_call_count(turn: TurnRecord) -> int:
+    """Tool calls of an ok turn; the calls of killed or failed turns are not judged."""
+    return len(turn.response.tool_calls) if turn.status is TurnStatus.OK and turn.response else 0
+
+
+def turn_end_wall_ns(turn: TurnRecord) -> int:
+    """When the turn ended on the wall clock; the last stamp reached for turns cut short."""
+    t = turn.timings
+    for stamp in (t.end_ns, t.first_token_ns, t.first_byte_ns):
+        if stamp is not None:
+            return t.start_wall_ns + (stamp - t.start_ns)
+    return t.start_wall_ns
+
+
+def run_window(history: History) -> tuple[int | None, int | None]:
+    """(start, end) of the run in wall-clock ns: run_start/run_end events, else turns and events."""
+    starts = [e["t_wall_ns"] for e in history.events if e.get("kind") == "run_start" and "t_wall_ns" in e]
+    ends = [e["t_wall_ns"] for e in history.events if e.get("kind") == "run_end" and "t_wall_ns" in e]
+    seen = [t.timings.start_wall_ns for t in history.turns if t.timings.start_wall_ns]
+    seen += [turn_end_wall_ns(t) for t in history.turns if t.timings.start_wall_ns]
+    seen += [e["t_wall_ns"] for e in history.events if isinstance(e.get("t_wall_ns"), int)]
+    start = min(starts) if starts else (min(seen) if seen else None)
+    # NOTE: without run_end (a killed harness) the run lasted at least until its last record.
+    end = max(ends) if ends else (max(seen) if seen else None)
+    return start, end
+
+
+def outcome_counts(turns: list[TurnRecord]) -> dict[str, int]:
+    """The `turns` block: total, ok, killed, corrupt, error (error counts error + timeout)."""
+    return {
+        "total": len(turns),
+        "ok": sum(t.status is TurnStatus.OK for t in turns),
+        "killed": sum(t.status is TurnStatus.KILLED for t in turns),
+        "corrupt": sum(t.corrupt for t in turns),
+        "error": sum(t.status in _FAILED for t in turns),
+    }
+
+
+def run_id(history: History) -> str:
+    """The run's id: run.json first, then the turn records, then the folder name."""
+    for key in ("run", "run_id", "id"):
+        if isinstance(history.run.get(key), str) and history.run[key]:
+            return history.run[key]
+    if history.turns:
+        return history.turns[0].run
+    return history.run_dir.name
+
+
+def wedge_findings(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-endpoint wedge findings from run.json, normalised to {"codes": [...], "gauges": {...}}."""
+    raw = run.get("wedge")
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for endpoint, found in raw.items():
+        found = found if isinstance(found, dict) else {}
+        # Keep any extra keys: a later monitor may add more than codes and gauges.
+        out[str(endpoint)] = {
+            **found,
+            "codes": list(found.get("codes") or []),
+            "gauges": dict(found.get("gauges") or {}),
+        }
+    return out
+
+
+def _grouped(turns: list[TurnRecord], key: Callable[[TurnRecord], Any]) -> dict[str, dict[str, int]]:
+    groups: dict[Any, list[TurnRecord]] = {}
+    for t in turns:
+        groups.setdefault(key(t), []).append(t)
+    # Keys are strings so that summarize(h) equals json.loads(summary.json).
+    return {str(k): outcome_counts(groups[k]) for k in sorted(groups)}
+
+
+def _sessions(history: History) -> dict[str, Any]:
+    ids = {t.session for t in history.turns}
+    ends: dict[str, str] = {}
+    for e in history.events:
+        if e.get("session") is None:
+            continue
+        ids.add(str(e["session"]))
+        if e.get("kind") == "session_end":
+            ends[str(e["session"])] = str(e.get("reason", ""))
+    reasons = Counter(ends.values())
+    return {"count": len(ids), "finished": reasons.get("final", 0), "ended_by": dict(sorted(reasons.items()))}
+
+
+def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]]) -> str:
+    if any(found["codes"] for found in wedge.values()):
+        return "WEDGE"
+    if turns["corrupt"]:
+        return "CORRUPTION"
+    if turns["error"]:
+        return "ERRORS"
+    return "CLEAN"
+
+
+def summarize(history: History) -> dict[str, Any]:
+    """The content of summary.json for one (possibly partial) history."""
+    turns = history.turns
+    outcomes = outcome_counts(turns)
+    wedge = wedge_findings(history.run)
+    tool_calls = sum(tool_call_count(t) for t in turns)
+
+    # Every known turn-level code appears, zero or not, so readers never miss a key.
+    counts: dict[str, int] = dict.fromkeys((*CORRUPTION_CODES, *AVAILABILITY_CODES, ORACLE_CODE), 0)
+    for t in turns:
+        for code in turn_codes(t):
+            counts[code] = counts.get(code, 0) + 1
+
+    attempted = outcomes["total"] - outcomes["killed"]
+    rates: dict[str, dict[str, float | None]] = {}
+    for code, n in counts.items():
+        per_call = code in CORRUPTION_CODES or code == ORACLE_CODE
+        turn_base = outcomes["ok"] if per_call else attempted
+        rates[code] = {
+            "per_turn": n / turn_base if turn_base else None,
+            "per_tool_call": n / tool_calls if per_call and tool_calls else None,
+        }
+
+    ok = [t for t in turns if t.status is TurnStatus.OK]
+    start, end = run_window(history)
+    return {
+        "summary_version": SUMMARY_VERSION,
+        "run": run_id(history),
+        "verdict": _verdict(outcomes, wedge),
+        "partial": not history.complete,
+        "skipped_lines": history.skipped_lines,
+        "duration_s": (end - start) / 1e9 if start is not None and end is not None else None,
+        "turns": outcomes,
+        "corrupt_rate": outcomes["corrupt"] / outcomes["ok"] if outcomes["ok"] else None,
+        "tool_calls": tool_calls,
+        "bad_tool_calls": sum(bad_tool_calls(t) for t in turns),
+        "counts": counts,
+        "rates": rates,
+        "check_errors": sum(bool(t.check_errors) for t in turns),
+        "sessions": _sessions(history),
+        "by_depth": _grouped(turns, lambda t: t.turn),
+        "by_scenario": _grouped(turns, lambda t: t.scenario),
+        "percentile_method": PERCENTILE_METHOD,
+        "latency": {
+            "ttft_s": distribution([x for t in ok if (x := t.timings.ttft_s) is not None]),
+            "itl_s": distribution([g / 1e3 for t in ok for g in t.timings.token_gaps_ms]),
+            "e2e_s": distribution([x for t in ok if (x := t.timings.e2e_s) is not None]),
+        },
+        "events": dict(sorted(Counter(str(e.get("kind")) for e in history.events).items())),
+        "wedge": wedge,
+    }

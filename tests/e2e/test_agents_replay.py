@@ -1,0 +1,111 @@
+"""End to end: the real CLI against a known-bad server on loopback, its findings compared
+with the ground truth the server wrote while planting faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from dsv4bench.history import read_history
+from dsv4bench.records import CORRUPTION_CODES
+
+from .conftest import ROOT, only_run_dir, run_cli
+
+
+def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay, tmp_path):
+    out = tmp_path / "runs"
+    r = run_cli("agents", "--url", replay.url, "--concurrency", "80", "--sessions", "200", "--max-turns", "12",
+                "--ttft-timeout", "1", "--total-timeout", "30", "--quiet", "--out", str(out),
+                "--fail-on", "corruption")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, r.stderr  # --fail-on corruption with planted corruption
+    assert "CORRUPTION" in r.stdout
+    run_dir = only_run_dir(out)
+    h = read_history(run_dir)
+    planted = replay.planted()
+    assert h.complete and h.skipped_lines == 0
+
+    # Every turn the harness recorded carries exactly the codes the server planted, and a
+    # clean turn carries none.
+    mismatches = []
+    for t in h.turns:
+        got = frozenset(v.code for v in t.verdicts)
+        want = planted.get((t.session, t.turn), frozenset())
+        if got != want:
+            mismatches.append((t.session, t.turn, sorted(want), sorted(got), [v.detail for v in t.verdicts]))
+    assert not mismatches, mismatches[:10]
+    recorded = {(t.session, t.turn) for t in h.turns}
+    assert set(planted) <= recorded, "a planted fault is missing from the history"
+
+    sessions = {e["session"] for e in h.events if e["kind"] == "session_end"}
+    assert len(sessions) == 200
+    # Every failure shape was planted at least once, so each was really checked.
+    shapes = Counter(code for codes in planted.values() for code in codes)
+    assert set(shapes) >= set(CORRUPTION_CODES) - {"garbled_text"} | {"http_error", "timeout_ttft", "connection_error"}
+    assert shapes["garbled_text"] >= 1
+
+    # summary.json counts exactly what was planted.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["verdict"] == "CORRUPTION"
+    assert {k: v for k, v in summary["counts"].items() if v} == dict(shapes)
+    corrupt_turns = sum(1 for codes in planted.values() if codes & set(CORRUPTION_CODES))
+    assert summary["turns"]["corrupt"] == corrupt_turns
+    assert summary["turns"]["total"] == len(h.turns)
+    # Failing turns keep their raw SSE and exact request; clean ones do not.
+    for t in h.turns:
+        if t.verdicts and t.status.value == "ok":
+            assert t.raw_sse and t.request.get("body", {}).get("messages")
+        if not t.verdicts:
+            assert t.raw_sse is None and "body" not in t.request
+    report = (run_dir / "report.md").read_text()
+    assert "CORRUPTION" in report.split("\n\n")[1] or "CORRUPTION" in report[:400]
+    assert "dsv4bench agents --url" in report
+
+    # The same checkers offline, over the recorded turns, agree with the live run.
+    a = run_cli("audit", str(run_dir / "turns.jsonl"), "--out", str(tmp_path / "audit.jsonl"))
+    assert a.returncode == 0, a.stderr
+    audited = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    live = [sorted({v.code for v in t.verdicts}) for t in h.turns]
+    offline = [sorted({v["code"] for v in x["verdicts"]}) for x in audited]
+    assert offline == live
+
+
+def test_clean_server_gives_clean_report_without_stream(clean_replay, tmp_path):
+    out = tmp_path / "runs"
+    r = run_cli("agents", "--url", clean_replay.url, "--concurrency", "4", "--sessions", "6", "--no-stream",
+                "--quiet", "--out", str(out), "--fail-on", "corruption,errors")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((only_run_dir(out) / "summary.json").read_text())
+    assert summary["verdict"] == "CLEAN" and summary["turns"]["corrupt"] == 0 and summary["turns"]["total"] >= 30
+
+
+def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
+    out = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsv4bench", "agents", "--url", replay.url, "--concurrency", "16", "--duration", "120",
+         "--ttft-timeout", "1", "--quiet", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    turns_file = None
+    while time.monotonic() < deadline:
+        runs = list(out.glob("*/turns.jsonl")) if out.exists() else []
+        if runs and len(runs[0].read_text().splitlines()) >= 40:
+            turns_file = runs[0]
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert turns_file is not None, "the run never got going"
+    run_dir = turns_file.parent
+    assert not (run_dir / "report.md").exists()
+    r = run_cli("report", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["partial"] is True and summary["turns"]["total"] >= 40
+    assert (run_dir / "report.md").read_text().strip()

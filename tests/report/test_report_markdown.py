@@ -1,0 +1,108 @@
+"""render_report() on literal histories: verdict first, code table, breakdowns, examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsv4bench.history import read_history
+from dsv4bench.records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, WEDGE_CODES, Verdict
+from dsv4bench.report.codes import CODE_MEANINGS
+from dsv4bench.report.markdown import excerpt, fence, render_report
+from dsv4bench.summary import summarize
+
+
+def render(run_dir: Path, plots: list[str] | None = None) -> str:
+    history = read_history(run_dir)
+    return render_report(history, summarize(history), plots or [])
+
+
+def test_every_code_has_one_sentence_meaning() -> None:
+    for code in (*CORRUPTION_CODES, *AVAILABILITY_CODES, *WEDGE_CODES, ORACLE_CODE):
+        text = CODE_MEANINGS[code]
+        assert text.endswith(".") and text.count(". ") == 0, code
+
+
+def test_corruption_report(corruption_run: Path) -> None:
+    md = render(corruption_run)
+    lines = md.splitlines()
+    assert lines[0] == "# dsv4bench report: run-test"
+    # The verdict comes first, on one line, with the headline figures.
+    assert lines[2].startswith("**CORRUPTION** — 3 of 6 completed turns (50.0%) corrupt; 3 of 7 tool calls bad")
+    assert "; 1 turn killed by the nemesis (not judged)." in lines[2]
+    assert "Partial history" not in md
+    # Code table: count, rate per turn, rate per tool call, meaning.
+    assert "| `schema_violation` | corruption | 2 | 33.33% | 28.57% | A tool call's arguments are JSON" in md
+    assert "| `http_error` | availability | 1 | 14.29% | – |" in md
+    assert "| `truncated` | corruption | 0 |" in md  # found only on a killed turn
+    # Breakdowns.
+    assert "## Corruption by turn depth" in md and "| 1 | 3 | 3 | 2 | 66.7% | 0 | 0 |" in md
+    assert "## Corruption by scenario" in md and "| sql | 5 | 3 | 1 | 33.3% | 1 | 1 |" in md
+    # Examples: one heading per fired code, with session, turn, response id and a raw excerpt.
+    for code in ("dsml_leak_content", "args_not_json", "schema_violation", "http_error"):
+        assert f"### `{code}`" in md
+    assert "### `truncated`" not in md
+    assert "session `s1`, turn 1 (coding), response id `chatcmpl-s1-1`, at `content`" in md
+    assert "<｜DSML｜tool_calls>" in md
+    assert md.count("session `s2`, turn 1 (sql)") == 1
+    # Server facts and configuration.
+    assert "deepseek-ai/DeepSeek-V4" in md and "| `tp_size` | 8 |" in md and "unrelated_key" not in md
+    assert "| `concurrency` | 8 |" in md
+    assert "```sh\ndsv4bench agents --concurrency 8 --seed 7 --kill every:10s\n```" in md
+    assert "## Latency" in md and "| TTFT | 6 | 350 ms |" in md
+    assert "## Wedge" not in md  # run.json has no wedge block
+
+
+def test_examples_capped_at_three(run_folder, make_turn) -> None:
+    turns = [make_turn(f"s{i}", 0, verdicts=[("args_not_json", "tool_calls[0].arguments")]) for i in range(5)]
+    md = render(run_folder(turns))
+    assert md.count("### `args_not_json`") == 1
+    assert md.count("- session `s") == 3
+
+
+def test_wedge_section(run_folder, make_turn) -> None:
+    run = {"run": "w", "command": "dsv4bench agents",
+           "wedge": {"decode": {"codes": ["queue_stuck", "health_lies"], "gauges": {"decode_transfer_q": 60}}}}
+    md = render(run_folder([make_turn()], run=run))
+    assert md.splitlines()[2].startswith("**WEDGE** — 1 of 1 endpoints wedged (decode)")
+    assert "| decode | `queue_stuck`, `health_lies` | decode_transfer_q=60 |" in md
+
+
+def test_errors_headline(run_folder, make_turn) -> None:
+    turns = [make_turn("s1", 0), make_turn("s1", 1, status="timeout", verdicts=[("timeout_total", "")])]
+    md = render(run_folder(turns))
+    assert "**ERRORS** — 1 of 2 turns failed (error or timeout); no corruption in 1 completed turns" in md
+
+
+def test_empty_history_renders(run_folder) -> None:
+    md = render(run_folder([], run={}, duration_s=None))
+    assert "**CLEAN** — no turns recorded; nothing was judged." in md
+    assert "Partial history" in md
+    assert "No server facts recorded." in md and "run.json records no command." in md
+    assert "No verdict codes fired." in md and "## Plots" not in md
+
+
+def test_partial_history_renders(run_folder, make_turn) -> None:
+    md = render(run_folder([make_turn("s1", 0)], duration_s=None, torn_line=True))
+    assert "Partial history" in md and "1 unreadable history line(s) skipped" in md
+
+
+def test_plots_are_linked(run_folder, make_turn) -> None:
+    md = render(run_folder([make_turn()]), plots=["plots/timeline.png"])
+    assert "![timeline](plots/timeline.png)" in md
+
+
+def test_excerpt_focuses_on_dsml_line(make_turn) -> None:
+    sse = [f'data: {{"choices":[{{"delta":{{"content":"word {i} "}}}}]}}' for i in range(50)]
+    sse.insert(30, 'data: {"choices":[{"delta":{"content":"<｜DSML｜invoke name=\\"x\\">"}}]}')
+    turn = make_turn(raw_sse=sse)
+    text = excerpt(turn, Verdict("dsml_leak_content", "", "content"), limit=300)
+    assert text.startswith("… (29 earlier lines)") and "DSML" in text and text.endswith("…")
+
+
+def test_excerpt_without_raw_uses_arguments(make_turn) -> None:
+    turn = make_turn(tool_calls=2)
+    assert excerpt(turn, Verdict("args_not_json", "", "tool_calls[1].arguments")) == '{"path": "a.py"}'
+
+
+def test_fence_outgrows_backticks() -> None:
+    assert fence("a ``` b").startswith("````\n")

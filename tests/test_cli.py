@@ -1,0 +1,49 @@
+"""CLI manners: one-line errors for bad flags and unreachable servers, never a traceback."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["agents", "--sessions", "1"], "needs --url"),
+    (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),
+    (["agents", "--url", "http://127.0.0.1:1/v1"], "--sessions N or --duration"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--concurrency", "0"], "--concurrency"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--scenario", "poetry"], "--scenario must be one of"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--fail-on", "sadness"], "--fail-on takes"),
+    (["report", "/nonexistent/run"], "is not a directory"),
+    (["audit", "/nonexistent/file.jsonl"], "no such file"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_unreachable_server_is_one_line():
+    r = run_cli("agents", "--url", f"http://127.0.0.1:{free_port()}/v1", "--sessions", "1", "--quiet")
+    assert r.returncode == 2
+    assert "cannot reach" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_help_lists_the_commands():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for cmd in ("agents", "report", "audit"):
+        assert cmd in r.stdout

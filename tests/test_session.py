@@ -1,0 +1,137 @@
+"""The sans-IO session core, driven by literal responses against a tiny literal family."""
+
+import json
+
+import pytest
+
+from dsv4bench.agents.base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
+from dsv4bench.records import AssembledResponse, ToolCall, TurnStatus, Verdict
+from dsv4bench.session import AgentSession, EndReason, SessionConfig, SessionState, request_summary
+
+
+class CounterWorld(World):
+    def __init__(self, seed: int) -> None:
+        self.value = seed
+
+    def execute(self, name, arguments):
+        if name != "add":
+            raise ToolError(f"unknown tool {name}")
+        if arguments["n"] > 100:
+            raise ToolError("n too large")
+        self.value += arguments["n"]
+        return f"value is now {self.value}"
+
+    def digest(self):
+        return str(self.value)
+
+
+class CounterFamily(ScenarioFamily):
+    name = "counter"
+    description = "add numbers"
+    system_prompt = "You add numbers."
+    tools = (ToolSpec("add", "Add n.", {"type": "object", "properties": {"n": {"type": "integer"}},
+                                         "required": ["n"], "additionalProperties": False}),)
+
+    def build_world(self, seed):
+        return CounterWorld(seed)
+
+    def make_task(self, world, seed):
+        return Task("counter", seed, f"Add 3 to {seed}.")
+
+    def expert_step(self, task: Task, seen: list[Observation]) -> Step:
+        return Step(final="done") if seen else Step(calls=(ToolAction("add", {"n": 3}),))
+
+
+def resp(content="", calls=(), finish="stop"):
+    return AssembledResponse(content=content, finish_reason=finish,
+                             tool_calls=[ToolCall(i, f"c{i}", n, a) for i, (n, a) in enumerate(calls)])
+
+
+def make(**kw):
+    return AgentSession("s1", CounterFamily(), 5, SessionConfig(model="m", **kw))
+
+
+def test_request_shape_and_thinking_flag():
+    s = make(thinking=True)
+    body = s.next_request()
+    assert body["tool_choice"] == "auto" and body["tools"][0]["function"]["name"] == "add"
+    assert body["chat_template_kwargs"] == {"thinking": True}
+    assert body["stream_options"] == {"include_usage": True}
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert s.state is SessionState.AWAITING
+    with pytest.raises(AssertionError):
+        s.next_request()
+
+
+def test_tool_call_runs_against_world_then_final_answer_ends():
+    s = make()
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(calls=[("add", '{"n": 3}')], finish="tool_calls"), [])
+    assert s.world.digest() == "8"
+    assert s.messages[-1] == {"role": "tool", "tool_call_id": "c0", "content": "value is now 8"}
+    assert s.messages[-2]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"n": 3}'}
+    body = s.next_request()
+    assert len(body["messages"]) == 4
+    s.observe(TurnStatus.OK, resp(content="8"), [])
+    assert s.done and s.end_reason is EndReason.FINAL and s.turn == 2 and s.tool_calls_run == 1
+
+
+@pytest.mark.parametrize("name,args,expect", [
+    ("add", '{"n": ', "not valid JSON"),
+    ("add", "[3]", "must be a JSON object"),
+    ("add", '{"n": "3"}', "invalid arguments at $.n"),
+    ("add", '{"n": 500}', "error: n too large"),
+    ("mul", '{"n": 3}', "unknown tool 'mul'"),
+])
+def test_bad_calls_get_error_results_and_the_world_is_untouched(name, args, expect):
+    s = make()
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(calls=[(name, args)], finish="tool_calls"), [])
+    assert expect in s.messages[-1]["content"]
+    assert s.world.digest() == "5" and not s.done
+
+
+def test_corrupt_turn_without_calls_continues_with_a_nudge():
+    s = make()
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(content="<｜DSML｜tool_calls>"), [Verdict("dsml_leak_content", "x")])
+    assert not s.done and s.messages[-1]["role"] == "user" and "dsml_leak_content" in s.messages[-1]["content"]
+
+
+def test_corrupt_turn_stops_when_configured():
+    s = make(on_corrupt="stop")
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(content="x"), [Verdict("garbled_text", "x")])
+    assert s.done and s.end_reason is EndReason.CORRUPT
+
+
+@pytest.mark.parametrize("status,reason", [(TurnStatus.KILLED, EndReason.KILLED), (TurnStatus.ERROR, EndReason.ERROR),
+                                           (TurnStatus.TIMEOUT, EndReason.ERROR)])
+def test_non_ok_turns_end_the_session(status, reason):
+    s = make()
+    s.next_request()
+    s.observe(status, None, [])
+    assert s.done and s.end_reason is reason
+
+
+def test_max_turns_cuts_off():
+    s = make(max_turns=2)
+    for _ in range(2):
+        s.next_request()
+        s.observe(TurnStatus.OK, resp(calls=[("add", '{"n": 1}')], finish="tool_calls"), [])
+    assert s.done and s.end_reason is EndReason.MAX_TURNS
+
+
+def test_request_summary_is_small_and_exact():
+    s = make()
+    summary = request_summary(s.next_request())
+    assert summary == {"messages": 2, "prompt_chars": len("You add numbers.") + len("Add 3 to 5."), "tools": 1,
+                       "stream": True, "max_tokens": 1024, "thinking": False}
+    assert json.dumps(summary)
+
+
+def test_config_validates():
+    with pytest.raises(ValueError):
+        SessionConfig(model="m", max_turns=0)
+    with pytest.raises(ValueError):
+        SessionConfig(model="m", on_corrupt="maybe")
