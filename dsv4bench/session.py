@@ -15,7 +15,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from .agents import ScenarioFamily
+from .agents.base import ScenarioFamily
 from .agents.base import ToolError
 from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
 
