@@ -62,32 +62,51 @@ def sse_payloads(sse: Any) -> list[str]:
     return [ev.data for ev in EventSource(resp).iter_sse()]
 
 
+def _offered_tools(rec: dict[str, Any], req: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    src = rec.get("tools") if isinstance(rec.get("tools"), list) else req.get("tools")
+    if not isinstance(src, list):
+        return {}
+    tools = {}
+    for t in src:
+        fn = (t.get("function") or t) if isinstance(t, dict) else None
+        if isinstance(fn, dict) and fn.get("name"):
+            tools[fn["name"]] = fn.get("parameters") or {}
+    return tools
+
+
 def exchange_context(rec: dict[str, Any]) -> TurnContext:
     """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line."""
-    req = rec.get("request") or {}
-    if isinstance(req.get("body"), dict):  # a dsv4bench turn record
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    is_turn_record = "session" in rec and "status" in rec  # a dsv4bench turns.jsonl line
+    if isinstance(req.get("body"), dict):
         req = req["body"]
-    tools_src = rec.get("tools") or req.get("tools") or []
-    tools = {
-        (t.get("function") or t).get("name"): (t.get("function") or t).get("parameters") or {}
-        for t in tools_src
-        if isinstance(t, dict)
-    }
+    ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
+                      max_tokens=req.get("max_tokens"), raw_completion=rec.get("raw_completion"))
     status_code = rec.get("http_status")
-    stream = "sse" in rec or "raw_sse" in rec
-    ctx = TurnContext(response=None, tools=tools, stream=stream, max_tokens=req.get("max_tokens"),
-                      raw_completion=rec.get("raw_completion"))
+    if is_turn_record and rec["status"] != TurnStatus.OK.value:
+        ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code
+        ctx.error, ctx.error_kind = rec.get("error"), rec.get("error_kind")
+        return ctx
     if isinstance(status_code, int) and status_code >= 400:
         ctx.status, ctx.http_status, ctx.error_kind = TurnStatus.ERROR, status_code, "http_error"
         ctx.error = f"HTTP {status_code}"
         return ctx
-    if "response" in rec and isinstance(rec["response"], dict) and "choices" in rec["response"]:
-        ctx.response = assemble_completion(rec["response"])
-    elif rec.get("sse") is not None or rec.get("raw_sse") is not None:
+    sse = rec.get("sse") if rec.get("sse") is not None else rec.get("raw_sse")
+    resp = rec.get("response")
+    if isinstance(resp, dict) and "choices" in resp:
+        ctx.response = assemble_completion(resp)
+    elif is_turn_record and sse and not (resp or {}).get("stream", True):
+        try:  # a non-streamed turn keeps its raw body
+            ctx.response = assemble_completion(json.loads(sse[0]))
+        except ValueError:
+            ctx.response = AssembledResponse(stream=False, protocol_errors=["response body is not JSON"])
+    elif sse is not None and (not is_turn_record or (resp or {}).get("stream", True)):
         asm = DeltaAssembler()
-        for data in sse_payloads(rec.get("sse") if rec.get("sse") is not None else rec["raw_sse"]):
+        for data in sse_payloads(sse):
             asm.feed(data)
         ctx.response = asm.finish()
+    elif is_turn_record and isinstance(resp, dict):
+        ctx.response = AssembledResponse.from_json(resp)  # a clean turn: no raw stream was kept
     else:
         raise ValueError("no 'response' body and no 'sse' stream")
     return ctx

@@ -35,7 +35,10 @@ def session_seed(run_seed: int, index: int) -> int:
 def make_client(config: RunConfig) -> httpx.AsyncClient:
     """One client for the whole run, with a pool sized to the concurrency."""
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8)
+    # NOTE: idle connections expire well before uvicorn's 5 s keep-alive (SGLang's default), so
+    # the pool never reuses a socket the server is closing: that race reads as a connection_error.
+    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8,
+                          keepalive_expiry=2.0)
     # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn.
     timeout = httpx.Timeout(connect=10.0, read=config.total_timeout + 5, write=30.0, pool=config.total_timeout + 5)
     return httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, trust_env=False)
@@ -171,6 +174,7 @@ class AgentRun:
             timings=outcome.timings,
             http_status=outcome.http_status,
             error=outcome.error,
+            error_kind=outcome.error_kind,
             request=summary,
             response=outcome.response,
             verdicts=verdicts,

@@ -178,6 +178,7 @@ class TurnRecord:
     timings: Timings
     http_status: int | None = None
     error: str | None = None
+    error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
     request: dict[str, Any] = field(default_factory=dict)  # summary, not the full body
     response: AssembledResponse | None = None
     verdicts: list[Verdict] = field(default_factory=list)
@@ -202,6 +203,7 @@ class TurnRecord:
             "status": self.status.value,
             "http_status": self.http_status,
             "error": self.error,
+            "error_kind": self.error_kind,
             "response_id": self.response_id,
             "timings": self.timings.to_json(),
             "request": self.request,
@@ -223,6 +225,7 @@ class TurnRecord:
             timings=Timings.from_json(d.get("timings") or {}),
             http_status=d.get("http_status"),
             error=d.get("error"),
+            error_kind=d.get("error_kind"),
             request=d.get("request") or {},
             response=AssembledResponse.from_json(d["response"]) if d.get("response") else None,
             verdicts=[Verdict.from_json(v) for v in d.get("verdicts") or []],

@@ -27,6 +27,12 @@ class ReplayServer:
     url: str
     ledger: Path
     proc: subprocess.Popen
+    log: object
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
 
     def planted(self) -> dict[tuple[str, int], frozenset[str]]:
         """(session, turn) -> verdict codes the harness must report, from the server's ledger."""
@@ -37,14 +43,15 @@ class ReplayServer:
         return out
 
 
-def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 2.0) -> ReplayServer:
+def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0) -> ReplayServer:
     port = free_port()
     ledger = tmp / f"ledger-{port}.jsonl"
     ledger.touch()
+    log = open(tmp / f"replay-{port}.log", "w")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "fixtures" / "replay_server.py"), "--port", str(port),
          "--fault-rate", str(fault_rate), "--ledger", str(ledger), "--stall", str(stall)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp / f"replay-{port}.log", "w"),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
     )
     url = f"http://127.0.0.1:{port}/v1"
@@ -52,27 +59,26 @@ def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 2.0) -> ReplayS
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/models", timeout=1).status_code == 200:
-                return ReplayServer(url, ledger, proc)
+                return ReplayServer(url, ledger, proc, log)
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("replay server did not start")
+    log.close()
+    raise RuntimeError(f"replay server did not start: {(tmp / f'replay-{port}.log').read_text()[-2000:]}")
 
 
 @pytest.fixture
 def replay(tmp_path):
     srv = start_replay(tmp_path)
     yield srv
-    srv.proc.terminate()
-    srv.proc.wait(10)
+    srv.stop()
 
 
 @pytest.fixture
 def clean_replay(tmp_path):
     srv = start_replay(tmp_path, fault_rate=0)
     yield srv
-    srv.proc.terminate()
-    srv.proc.wait(10)
+    srv.stop()
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

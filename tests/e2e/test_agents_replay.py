@@ -20,7 +20,7 @@ from .conftest import ROOT, only_run_dir, run_cli
 def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay, tmp_path):
     out = tmp_path / "runs"
     r = run_cli("agents", "--url", replay.url, "--concurrency", "80", "--sessions", "200", "--max-turns", "12",
-                "--ttft-timeout", "1", "--total-timeout", "30", "--quiet", "--out", str(out),
+                "--ttft-timeout", "10", "--total-timeout", "30", "--quiet", "--out", str(out),
                 "--fail-on", "corruption")
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1, r.stderr  # --fail-on corruption with planted corruption
@@ -88,7 +88,7 @@ def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsv4bench", "agents", "--url", replay.url, "--concurrency", "16", "--duration", "120",
-         "--ttft-timeout", "1", "--quiet", "--out", str(out)],
+         "--ttft-timeout", "10", "--quiet", "--out", str(out)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
