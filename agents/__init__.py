@@ -11,11 +11,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Observation, ScenarioFamily, Step, Task, ToolError, World, observations_from_messages
+from .base import (
+    Observation,
+    ScenarioFamily,
+    Step,
+    Task,
+    ToolError,
+    World,
+    format_tool_error,
+    is_error,
+    observations_from_messages,
+)
 from .coding import CodingFamily
 from .data import DataFamily
 from .ops import OpsFamily
-from .toolkit import format_tool_error, is_error
 
 __all__ = [
     "FAMILIES",
@@ -99,7 +108,7 @@ def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16) ->
 
 def task_solved(task: Task, world: World) -> bool:
     """Whether `world` is in a state that solves `task` (the evaluator's verdict, not the digest's)."""
-    return get_family(task.family).solved(task, world)  # type: ignore[attr-defined]
+    return get_family(task.family).solved(task, world)
 
 
 def run_expert_session(family: ScenarioFamily | str, seed: int, max_turns: int = 16) -> tuple[Task, list[Step], str]:

@@ -18,6 +18,21 @@ class ToolError(Exception):
     """A tool refused its arguments. The session turns it into an error tool result."""
 
 
+# The tool-result convention shared by the harness's sessions and the expert policies.
+ERROR_PREFIX = "error: "
+
+
+def format_tool_error(reason: object) -> str:
+    """The text a session sends back as the tool result when a call could not run."""
+    return f"{ERROR_PREFIX}{reason}"
+
+
+def is_error(result: str) -> bool:
+    """Whether a tool result reports an error rather than data."""
+    head = result.lstrip()[:16].lower()
+    return head.startswith(("error:", "error -", '{"error"'))
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """One tool: its name, what it does, and its arguments as a Draft 2020-12 JSON Schema."""
@@ -48,6 +63,9 @@ class Step:
 
     calls: tuple[ToolAction, ...] = ()
     final: str | None = None
+
+    def __post_init__(self) -> None:
+        assert bool(self.calls) != (self.final is not None), "a step makes calls or gives a final answer"
 
     @property
     def is_final(self) -> bool:
@@ -105,6 +123,10 @@ class ScenarioFamily(abc.ABC):
         """A natural-language task on `world`; varied across seeds, fixed for one seed."""
 
     @abc.abstractmethod
+    def solved(self, task: Task, world: World) -> bool:
+        """Whether `world` is in a state that solves `task` (looser than equal digests)."""
+
+    @abc.abstractmethod
     def expert_step(self, task: Task, seen: list[Observation]) -> Step:
         """The next move of a competent agent that has seen `seen` so far.
 
@@ -125,7 +147,7 @@ def observations_from_messages(messages: list[dict[str, Any]]) -> list[Observati
     Calls whose arguments do not decode to an object, or that have no result, are skipped:
     the expert only learns from what a competent agent could have seen.
     """
-    results = {m.get("tool_call_id"): m.get("content") or "" for m in messages if m.get("role") == "tool"}
+    results = {m.get("tool_call_id"): _text(m.get("content")) for m in messages if m.get("role") == "tool"}
     seen: list[Observation] = []
     for m in messages:
         if m.get("role") != "assistant":
@@ -140,3 +162,10 @@ def observations_from_messages(messages: list[dict[str, Any]]) -> list[Observati
                 continue
             seen.append(Observation(ToolAction(fn.get("name") or "", args), results[tc["id"]]))
     return seen
+
+
+def _text(content: Any) -> str:
+    """Message content as text: OpenAI also allows a list of parts."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""

@@ -19,11 +19,10 @@ from typing import Any, ClassVar
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from .base import Observation, Step, Task, ToolAction, ToolError, ToolSpec, World
+from .base import Observation, Step, Task, ToolAction, ToolError, ToolSpec, World, is_error
 
-# NOTE: tool results of ours never start with "error"; an error result is how a session (and
-# `play_expert`) reports a ToolError back to the model. Same prefix as dsv4bench/session.py.
-ERROR_PREFIX = "error: "
+# NOTE: tool results of ours never start with "error"; an error result (base.format_tool_error)
+# is how a session and `play_expert` report a ToolError back to the model.
 
 # A replayed transcript of a misbehaving model can be long; past this many observations the
 # expert stops exploring and answers with what it has.
@@ -35,17 +34,6 @@ Schema = dict[str, Any]
 def obj(properties: dict[str, Schema], required: Sequence[str] = ()) -> Schema:
     """An object schema that rejects unknown keys."""
     return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
-
-
-def format_tool_error(exc: Exception) -> str:
-    """The text a session sends back as the tool result when a tool raised ToolError."""
-    return f"{ERROR_PREFIX}{exc}"
-
-
-def is_error(result: str) -> bool:
-    """Whether a tool result reports an error rather than data."""
-    head = result.lstrip()[:16].lower()
-    return head.startswith(("error:", "error -", "{\"error\""))
 
 
 def canonical_digest(state: Any) -> str:

@@ -150,6 +150,8 @@ class AgentRun:
             error_kind=outcome.error_kind,
             stream=bool(body.get("stream")),
             max_tokens=body.get("max_tokens"),
+            thinking=self.config.thinking,
+            tool_choice=str(body.get("tool_choice", "auto")),
         )
         if self.config.raw and outcome.status is TurnStatus.OK:
             ctx.raw_completion = await self._raw_completion(body, headers)
@@ -190,8 +192,9 @@ class AgentRun:
             prompt = render_prompt(body)
             resp = await self.client.post(
                 f"{self.config.base_url}/completions",
+                # Special tokens must survive: the oracle parses </think> and the DSML markers itself.
                 json={"model": body["model"], "prompt": prompt, "max_tokens": body.get("max_tokens"),
-                      "temperature": 0.0, "stream": False},
+                      "temperature": 0.0, "stream": False, "skip_special_tokens": False},
                 headers=headers,
                 timeout=self.config.total_timeout,
             )

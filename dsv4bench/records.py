@@ -151,7 +151,9 @@ class Timings:
 class TurnContext:
     """What the checkers see of one turn: the response plus what the request allowed.
 
-    `tools` maps each offered tool name to its JSON Schema (`parameters`).
+    `tools` maps each offered tool name to its JSON Schema (`parameters`). For ERROR and
+    TIMEOUT turns `error_kind` (the client's own label) decides the availability code;
+    `http_status` is a fallback only (a stream cut after a 200 status is a connection error).
     """
 
     response: AssembledResponse | None
@@ -162,6 +164,8 @@ class TurnContext:
     error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
     stream: bool = True
     max_tokens: int | None = None
+    thinking: bool | None = None  # the request's thinking flag; None when not known (audit)
+    tool_choice: str = "auto"
     raw_completion: str | None = None  # the --raw oracle's completion text, when fetched
 
 

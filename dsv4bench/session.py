@@ -15,8 +15,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from .agents.base import ScenarioFamily
-from .agents.base import ToolError
+from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
 
 
@@ -154,30 +153,30 @@ class AgentSession:
         """Execute one call against the world; bad calls get an error result, as agents do."""
         result: str
         if name not in self.schemas:
-            result = f"error: unknown tool {name!r}; available: {', '.join(self.schemas)}"
+            result = format_tool_error(f"unknown tool {name!r}; available: {', '.join(self.schemas)}")
         else:
             try:
                 args = json.loads(raw_args) if raw_args.strip() else {}
             except ValueError as e:
-                args, result = None, f"error: arguments are not valid JSON ({e})"
+                args, result = None, format_tool_error(f"arguments are not valid JSON ({e})")
             if isinstance(args, dict):
                 # NOTE: the world only ever sees schema-valid arguments, as in agent frameworks
                 # that validate before dispatch; anything else comes back as an error result.
                 err = next(iter(self._validators[name].iter_errors(args)), None)
                 if err is not None:
                     path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-                    result = f"error: invalid arguments at {path}: {err.message}"
+                    result = format_tool_error(f"invalid arguments at {path}: {err.message}")
                 else:
                     result = self._execute(name, args)
             elif args is not None:
-                result = "error: arguments must be a JSON object"
+                result = format_tool_error("arguments must be a JSON object")
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
 
     def _execute(self, name: str, args: dict[str, Any]) -> str:
         try:
             result = self.world.execute(name, args)
         except ToolError as e:
-            return f"error: {e}"
+            return format_tool_error(e)
         self.tool_calls_run += 1
         return result
 

@@ -38,6 +38,9 @@ class CounterFamily(ScenarioFamily):
     def make_task(self, world, seed):
         return Task("counter", seed, f"Add 3 to {seed}.")
 
+    def solved(self, task, world):
+        return world.value == task.seed + 3
+
     def expert_step(self, task: Task, seen: list[Observation]) -> Step:
         return Step(final="done") if seen else Step(calls=(ToolAction("add", {"n": 3}),))
 

@@ -109,3 +109,23 @@ def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["partial"] is True and summary["turns"]["total"] >= 40
     assert (run_dir / "report.md").read_text().strip()
+
+
+def test_raw_oracle_agrees_on_clean_turns_and_disagrees_on_leaks(replay, tmp_path):
+    out = tmp_path / "runs"
+    r = run_cli("agents", "--url", replay.url, "--concurrency", "8", "--sessions", "24", "--raw",
+                "--ttft-timeout", "10", "--quiet", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    h = read_history(only_run_dir(out))
+    planted = replay.planted()
+    leaks = 0
+    for t in h.turns:
+        codes = {v.code for v in t.verdicts}
+        want = planted.get((t.session, t.turn), frozenset())
+        if not want:
+            assert codes == set(), (t.session, t.turn, t.verdicts)
+        if "dsml_leak_content" in want and t.status.value == "ok":
+            # The server's parser left markup in content; DeepSeek's parser reads a tool call.
+            leaks += 1
+            assert "parser_disagreement" in codes, t.verdicts
+    assert len(h.turns) > 100 and leaks >= 1

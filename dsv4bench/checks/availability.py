@@ -1,0 +1,65 @@
+"""Availability checks: the turn did not complete, and why (DESIGN §3).
+
+They read only `ctx.status`, `ctx.error_kind`, `ctx.http_status` and `ctx.error`; the
+registry runs them for ERROR and TIMEOUT turns only, and each also returns [] on any other
+status, so calling one on an OK or KILLED turn is harmless. Exactly one of the four fires
+for any ERROR or TIMEOUT turn. `error_kind`, the client's own label, decides; the HTTP
+status is only a fallback, because a stream that starts with 200 and then loses its
+connection carries http_status 200 and is a connection error, not an HTTP error:
+
+- `http_error`: status ERROR with `error_kind == "http_error"`, or unlabelled with an
+  HTTP status >= 400.
+- `connection_error`: any other status ERROR (refused, reset, closed mid-stream; an
+  unlabelled ERROR without an error status lands here too).
+- `timeout_ttft`: status TIMEOUT with `error_kind == "timeout_ttft"`.
+- `timeout_total`: status TIMEOUT with any other `error_kind` (None included: a timeout
+  not known to be TTFT is counted against the whole request).
+"""
+
+from __future__ import annotations
+
+from dsv4bench.checks.common import clip
+from dsv4bench.records import TurnContext, TurnStatus, Verdict
+
+
+def _said(ctx: TurnContext) -> str:
+    return f": {clip(ctx.error, 200)}" if ctx.error else ""
+
+
+def _is_http_error(ctx: TurnContext) -> bool:
+    if ctx.status is not TurnStatus.ERROR:
+        return False
+    if ctx.error_kind is not None:
+        return ctx.error_kind == "http_error"
+    return ctx.http_status is not None and ctx.http_status >= 400
+
+
+def check_http_error(ctx: TurnContext) -> list[Verdict]:
+    """The server answered with an HTTP error status (labelled `http_error`, or unlabelled with a status >= 400)."""
+    if not _is_http_error(ctx):
+        return []
+    return [Verdict("http_error", f"HTTP {ctx.http_status}{_said(ctx)}", "http")]
+
+
+def check_connection_error(ctx: TurnContext) -> list[Verdict]:
+    """The transport failed: refused, reset, or closed mid-stream (even after a 200 status line)."""
+    if ctx.status is not TurnStatus.ERROR or _is_http_error(ctx):
+        return []
+    kind = ctx.error_kind or "unlabelled error"
+    after = f" after HTTP {ctx.http_status}" if ctx.http_status is not None else ""
+    return [Verdict("connection_error", f"{kind}{after}{_said(ctx)}", "transport")]
+
+
+def check_timeout_ttft(ctx: TurnContext) -> list[Verdict]:
+    """No first token within the TTFT timeout."""
+    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind != "timeout_ttft":
+        return []
+    return [Verdict("timeout_ttft", f"no first token in time{_said(ctx)}", "ttft")]
+
+
+def check_timeout_total(ctx: TurnContext) -> list[Verdict]:
+    """The whole request outlived the total timeout (also any timeout not labelled TTFT)."""
+    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind == "timeout_ttft":
+        return []
+    label = "" if ctx.error_kind == "timeout_total" else f" (error_kind {ctx.error_kind!r})"
+    return [Verdict("timeout_total", f"request did not finish in time{label}{_said(ctx)}", "e2e")]
