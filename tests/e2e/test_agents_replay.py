@@ -129,3 +129,14 @@ def test_raw_oracle_agrees_on_clean_turns_and_disagrees_on_leaks(replay, tmp_pat
             leaks += 1
             assert "parser_disagreement" in codes, t.verdicts
     assert len(h.turns) > 100 and leaks >= 1
+
+
+def test_open_model_poisson_arrivals_run_every_session(clean_replay, tmp_path):
+    out = tmp_path / "runs"
+    r = run_cli("agents", "--url", clean_replay.url, "--rate", "40", "--concurrency", "16", "--sessions", "20",
+                "--scenario", "data", "--quiet", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    h = read_history(only_run_dir(out))
+    starts = [e for e in h.events if e["kind"] == "session_start"]
+    assert len(starts) == 20 and {e["scenario"] for e in starts} == {"data"}
+    assert json.loads((h.run_dir / "summary.json").read_text())["verdict"] == "CLEAN"
