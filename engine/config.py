@@ -1,0 +1,72 @@
+"""Frozen configs of the engine, chained as ModelConfig -> EngineConfig. CLI defaults are read
+from here so each default lives in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """DSV4-mini's shape. The default is small enough for 80 agent sessions on 2 CPU cores.
+
+    Layer i is a CSA layer (compression rate `csa_rate`, lightning indexer, top-k) when i is
+    even, an HCA layer (compression rate `hca_rate`, every compressed entry attended) when odd.
+    Every layer also attends a sliding window of `window` raw tokens.
+    """
+
+    vocab_size: int = 8192
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4  # query heads; one shared KV head (MQA), K = V
+    head_dim: int = 64
+    rope_dim: int = 32  # partial RoPE: the first rope_dim dims of q and k rotate
+    rope_theta: float = 10000.0
+    window: int = 128
+    csa_rate: int = 4
+    hca_rate: int = 32
+    index_heads: int = 4
+    index_dim: int = 32
+    index_topk: int = 32  # compressed entries a CSA query selects
+    n_experts: int = 8
+    experts_per_token: int = 2
+    expert_dim: int = 256
+    shared_expert_dim: int = 256
+    router_score: str = "sigmoid"  # "sigmoid" (DeepSeek-V3/V4) or "softmax" router scores
+    n_hash_layers: int = 1  # the first n layers route by a fixed hash of the token id
+    tie_embeddings: bool = True  # lm_head shares the embedding matrix
+    max_context: int = 16384
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        assert self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0
+        assert self.window >= self.hca_rate >= self.csa_rate >= 1
+        assert self.hca_rate % self.csa_rate == 0
+        assert 1 <= self.experts_per_token <= self.n_experts
+        assert self.router_score in ("sigmoid", "softmax")
+        assert 0 <= self.n_hash_layers <= self.n_layers
+
+    def is_csa(self, layer: int) -> bool:
+        return layer % 2 == 0
+
+    def rate(self, layer: int) -> int:
+        return self.csa_rate if self.is_csa(layer) else self.hca_rate
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine serves: memory, batching, device, index-K storage."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: str = "cpu"
+    page_size: int = 32  # tokens per page; a multiple of hca_rate so compressed entries align
+    num_pages: int = 32768
+    max_running_requests: int = 128
+    chunked_prefill_tokens: int = 2048  # prefill tokens per step, across requests
+    index_k_dtype: str = "fp8"  # "fp8" (e4m3 + per-entry scale) or "bf16"
+    enable_prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.page_size % self.model.hca_rate == 0, "pages must hold whole compressed blocks"
+        assert self.index_k_dtype in ("fp8", "bf16")
+        assert self.device in ("cpu", "cuda") or self.device.startswith("cuda:")

@@ -1,0 +1,210 @@
+"""Radix prefix cache over token ids at page granularity, with LRU eviction of unreferenced leaves.
+
+Ownership is expressed with the allocator's refcounts, never with a parallel lock count:
+- the cache holds exactly one reference on every page in the tree;
+- a request that shares cached pages holds one more reference on each (the scheduler increfs
+  `MatchResult.pages` when it admits the request);
+- a leaf is evictable iff each of its pages has refcount 1 (only the cache holds it).
+
+NOTE: requests share whole matched prefixes (root .. `MatchResult.node`), so the set of
+referenced nodes is closed under "parent of": an unreferenced node never has a referenced
+descendant, and evicting leaves repeatedly can free every unreferenced cached page.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import NamedTuple
+
+from .memory import PageAllocator
+
+
+class _Node:
+    """An edge of the tree together with the node it leads to: `key` holds whole pages of
+    tokens (`len(key) == len(pages) * page_size`); children are keyed by their first page."""
+
+    __slots__ = ("key", "pages", "children", "parent", "last_access", "uid")
+    _uids = itertools.count()
+
+    def __init__(self, key: tuple[int, ...], pages: list[int], parent: _Node | None) -> None:
+        self.key = key
+        self.pages = pages
+        self.children: dict[tuple[int, ...], _Node] = {}
+        self.parent = parent
+        self.last_access = 0
+        self.uid = next(self._uids)
+
+
+class MatchResult(NamedTuple):
+    pages: list[int]  # cached pages of the prefix, in order; NOT increfed for the caller
+    num_tokens: int  # == len(pages) * page_size
+    node: _Node  # deepest matched node (the root when nothing matched)
+
+
+class InsertResult(NamedTuple):
+    num_cached_tokens: int  # tokens of the inserted prefix that were already cached
+    num_new_pages: int  # pages the cache took over from the caller
+    node: _Node  # node holding the last inserted page (the root when nothing was inserted)
+
+
+class RadixCache:
+    """Page-granular prefix cache. Not thread-safe: the engine loop thread owns it."""
+
+    def __init__(self, page_size: int, allocator: PageAllocator) -> None:
+        assert page_size >= 1
+        self.page_size = page_size
+        self.allocator = allocator
+        self.root = _Node((), [], None)
+        self._num_pages = 0
+        self._tick = 0
+
+    @property
+    def num_cached_pages(self) -> int:
+        return self._num_pages
+
+    def _page(self, tokens: list[int] | tuple[int, ...], i: int) -> tuple[int, ...]:
+        p = self.page_size
+        return tuple(tokens[i * p : (i + 1) * p])
+
+    def _common_pages(self, node: _Node, tokens: list[int], start: int, limit: int) -> int:
+        """Number of leading pages of `node.key` equal to token pages `start ..` (at most
+        `limit` pages)."""
+        n = min(len(node.pages), limit)
+        for j in range(n):
+            if self._page(node.key, j) != self._page(tokens, start + j):
+                return j
+        return n
+
+    def _split(self, node: _Node, m: int) -> _Node:
+        """Split `node` after its first `m` pages (0 < m < len(pages)); returns the upper half.
+        Pages and refcounts are unchanged: a split only re-labels tree structure."""
+        assert 0 < m < len(node.pages) and node.parent is not None
+        cut = m * self.page_size
+        upper = _Node(node.key[:cut], node.pages[:m], node.parent)
+        upper.last_access = node.last_access
+        node.parent.children[self._page(upper.key, 0)] = upper
+        node.key, node.pages, node.parent = node.key[cut:], node.pages[m:], upper
+        upper.children[self._page(node.key, 0)] = node
+        return upper
+
+    def match_prefix(self, tokens: list[int], max_tokens: int | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix of `tokens`, at most `max_tokens` tokens.
+
+        Mutates: touches the matched path (LRU) and may split a node so that the match ends on
+        a node boundary. Does not change refcounts: a caller that keeps the pages must
+        `allocator.incref(result.pages)` before anything can evict them.
+        """
+        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
+        n = limit // self.page_size
+        self._tick += 1
+        node, pages, i = self.root, [], 0
+        while i < n:
+            child = node.children.get(self._page(tokens, i))
+            if child is None:
+                break
+            m = self._common_pages(child, tokens, i, n - i)
+            if m < len(child.pages):
+                child = self._split(child, m)
+            child.last_access = self._tick
+            pages.extend(child.pages)
+            i += m
+            node = child
+        return MatchResult(pages, i * self.page_size, node)
+
+    def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
+        """Insert the full pages of a sequence: `pages[i]` holds tokens `i*P .. i*P+P-1`.
+
+        Args: `tokens` (a trailing partial page is ignored) and exactly `len(tokens) // P`
+        pages, on each of which the caller holds one reference.
+        Mutates: consumes every one of the caller's references. Pages new to the tree pass to
+        the cache; for prefixes already cached the caller's reference is dropped (its duplicate
+        page is freed, or a page it borrowed from the cache goes back to refcount 1).
+        """
+        n = len(tokens) // self.page_size
+        assert len(pages) == n, f"insert of {len(tokens)} tokens needs {n} pages, got {len(pages)}"
+        self._tick += 1
+        node, i = self.root, 0
+        while i < n:
+            key = self._page(tokens, i)
+            child = node.children.get(key)
+            if child is None:
+                new = _Node(tuple(tokens[i * self.page_size : n * self.page_size]), list(pages[i:]), node)
+                new.last_access = self._tick
+                node.children[key] = new
+                self._num_pages += n - i
+                return InsertResult(i * self.page_size, n - i, new)
+            m = self._common_pages(child, tokens, i, n - i)
+            if m < len(child.pages):
+                child = self._split(child, m)
+            self.allocator.decref(pages[i : i + m])
+            child.last_access = self._tick
+            i += m
+            node = child
+        return InsertResult(n * self.page_size, 0, node)
+
+    def _evictable(self, node: _Node) -> bool:
+        return node is not self.root and not node.children and all(
+            self.allocator.refcount(p) == 1 for p in node.pages
+        )
+
+    def _nodes(self) -> list[_Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def evict(self, num_pages: int) -> int:
+        """Free at least `num_pages` pages if possible by removing unreferenced leaves, least
+        recently used first (a parent left childless becomes a candidate). Whole nodes are
+        removed, so more than `num_pages` may be freed. Returns the number of pages freed."""
+        if num_pages <= 0:
+            return 0
+        heap = [(n.last_access, n.uid, n) for n in self._nodes() if self._evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_pages:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[self._page(leaf.key, 0)]
+            released = self.allocator.decref(leaf.pages)
+            assert len(released) == len(leaf.pages), "evicted a page someone still holds"
+            freed += len(released)
+            self._num_pages -= len(released)
+            if self._evictable(parent):
+                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+        return freed
+
+    def evictable_pages(self) -> int:
+        """Cached pages no request holds (what `reset()` or a large enough `evict` frees)."""
+        return sum(1 for n in self._nodes() for p in n.pages if self.allocator.refcount(p) == 1)
+
+    def reset(self) -> int:
+        """Drop every cached page no request holds (/flush_cache). Returns pages freed."""
+        return self.evict(self._num_pages)
+
+    def all_pages(self) -> list[int]:
+        """Every page the tree holds a reference on."""
+        return [p for n in self._nodes() for p in n.pages]
+
+    def check_integrity(self) -> None:
+        """Assert tree shape, page-size alignment, child keys, page uniqueness and that every
+        cached page has a live reference."""
+        seen: set[int] = set()
+        count = 0
+        for node in self._nodes():
+            for key, child in node.children.items():
+                assert child.parent is node, "broken parent link"
+                assert len(child.pages) >= 1, "empty non-root node"
+                assert len(child.key) == len(child.pages) * self.page_size, "key/pages mismatch"
+                assert key == self._page(child.key, 0), "child keyed by the wrong page"
+            for p in node.pages:
+                assert p not in seen, f"page {p} cached twice"
+                assert self.allocator.refcount(p) >= 1, f"cached page {p} is free"
+                seen.add(p)
+            count += len(node.pages)
+        assert not self.root.pages and self.root.parent is None
+        assert count == self._num_pages, f"counted {count} cached pages, tracked {self._num_pages}"

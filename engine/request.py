@@ -1,0 +1,95 @@
+"""A request inside the engine: what it asks for, where it is in its lifecycle, what it holds."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    """Lifecycle of a request (engine/STRUCTURE.md, "Request lifecycle")."""
+
+    WAITING = "waiting"  # queued, holds nothing
+    PREFILL = "prefill"  # admitted, prompt partly computed, holds pages
+    RUNNING = "running"  # decoding one token per step
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+    @property
+    def done(self) -> bool:
+        return self in (RequestState.FINISHED, RequestState.ABORTED)
+
+    def can_become(self, new: RequestState) -> bool:
+        return new in _TRANSITIONS[self]
+
+
+# NOTE: PREFILL/RUNNING -> WAITING is preemption (pages freed, tokens kept, re-prefilled later);
+# PREFILL -> FINISHED happens when the first sampled token already ends the request.
+_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.WAITING: frozenset({RequestState.PREFILL, RequestState.ABORTED}),
+    RequestState.PREFILL: frozenset(
+        {RequestState.RUNNING, RequestState.WAITING, RequestState.FINISHED, RequestState.ABORTED}
+    ),
+    RequestState.RUNNING: frozenset({RequestState.WAITING, RequestState.FINISHED, RequestState.ABORTED}),
+    RequestState.FINISHED: frozenset(),
+    RequestState.ABORTED: frozenset(),
+}
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS or a stop token
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError("temperature must be in [0, 2]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. `tokens` = prompt + output; `num_computed` of them have KV in `pages`."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    state: RequestState = RequestState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # page table: pages[i] holds positions i*P .. i*P+P-1
+    num_computed: int = 0  # tokens whose KV is written into `pages`
+    num_cached: int = 0  # prompt tokens served from the prefix cache
+    shared_pages: int = 0  # the first `shared_pages` pages are borrowed from the radix cache
+    finish_reason: FinishReason | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= len(self.prompt_ids)
+
+    def transition(self, new: RequestState) -> None:
+        """Move to `new`, asserting the lifecycle allows it (RequestState transitions)."""
+        assert self.state.can_become(new), f"request {self.rid}: illegal {self.state.name} -> {new.name}"
+        self.state = new
