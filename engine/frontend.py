@@ -1,0 +1,415 @@
+"""Front end: OpenAI request bodies in, engine requests out; engine token events in, OpenAI
+chunks out. deepseek-recipe does the DSV4 work (conversion, prompt rendering, DSML parsing).
+
+deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_frontend.py):
+- Thinking: it ignores `chat_template_kwargs`; we pass `thinking` / `enable_thinking` from it as
+  `ConversionOptions(default_thinking_mode=...)` (default off). The body's own `thinking`
+  object and `reasoning_effort` still win.
+- tool_choice: auto, none, required, or a named function (required, with that tool only).
+  Thinking mode refuses required and named (400), as does a name not in `tools`.
+- Sampling: it forces temperature = top_p = 1.0 in thinking mode; explicit values win here.
+- EOS decodes to `<｜end▁of▁sentence｜>`, kept as content after prose: EOS and stop ids are
+  pushed as an empty text chunk of one token instead (counted in usage, never shown).
+- `stop` becomes `ParsingOptions.stop_sequences`: the processor cuts the text, finishes "stop"
+  and reports `finished`; we stop there and the caller's close aborts the engine request.
+- Usage rides on the finish chunk whatever `stream_options` says; `ChatOutput` restores
+  OpenAI's semantics (none without `include_usage`; with it, a last chunk with `choices: []`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import deepseek_recipe as dr
+
+from .config import ModelConfig
+from .request import FinishReason, SamplingParams
+from .tokenizer import DSV4Tokenizer, IncrementalDecoder
+
+_MAX_STOP = 16
+_TOOL_CHOICES = ("auto", "none", "required")
+_RECIPE_FINISH = {FinishReason.STOP: dr.InferenceFinishReason.Stop,
+                  FinishReason.LENGTH: dr.InferenceFinishReason.Length}
+_NUMBER = (int, float)
+
+
+def _dumps(d: dict[str, Any]) -> str:
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+class RequestError(Exception):
+    """A request the server refuses: becomes an OpenAI-style error body with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or ("invalid_request_error" if status < 500 else "internal_error")
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class TokenEventLike(Protocol):
+    """What the engine yields per step for one request (engine_loop.TokenEvent)."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request, ready for `engine.generate(rid, prompt_ids, params)`."""
+
+    rid: str  # chatcmpl-... / cmpl-...: the response id is the engine rid
+    model: str  # echoed in responses, as SGLang does
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    thinking: bool = False
+    conversation: dr.ConversationRequest | None = None  # chat only
+    skip_special_tokens: bool = True  # completion only
+    stop: tuple[str, ...] = ()  # completion only; chat stop strings live in the recipe parser
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _check_types(body: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> None:
+    for name, types in spec.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            names = " or ".join(t.__name__ for t in types)
+            raise RequestError(400, f"'{name}' must be of type {names}, got {type(value).__name__}", name)
+
+
+_COMMON = {"model": (str,), "stream": (bool,), "max_tokens": (int,), "temperature": _NUMBER, "top_p": _NUMBER,
+           "seed": (int,), "stop": (str, list), "stream_options": (dict,), "stop_token_ids": (list,)}
+_CHAT = {**_COMMON, "messages": (list,), "tools": (list,), "tool_choice": (str, dict),
+         "chat_template_kwargs": (dict,), "max_completion_tokens": (int,)}
+_COMPLETION = {**_COMMON, "prompt": (str, list), "skip_special_tokens": (bool,)}
+
+
+def _from_conversion_error(exc: dr.ConversionError) -> RequestError:
+    try:
+        message = json.loads(exc.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = str(exc)
+    hit = re.search(r"[Ii]nvalid (?:value for )?'?([a-z_]+)", message)
+    param = hit.group(1) if hit else None
+    if param == "tool_call" or "tool_choice" in message:
+        param = "tool_choice"
+    elif param is None and "messages" in message.lower():
+        param = "messages"
+    return RequestError(exc.status_code if 400 <= exc.status_code < 500 else 400, message, param)
+
+
+class Frontend:
+    """OpenAI bodies -> `PreparedRequest`; engine events -> OpenAI chunks (via deepseek-recipe)."""
+
+    def __init__(self, tokenizer: DSV4Tokenizer, model_name: str = "dsv4-mini",
+                 max_context: int = ModelConfig().max_context) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_context = max_context
+        self.encoding = dr.DeepseekV4Encoding().with_tokenizer(tokenizer.recipe)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def prepare_chat(self, body: Any) -> PreparedRequest:
+        """Validate and convert a /v1/chat/completions body; raise RequestError on bad input."""
+        body = self._common_checks(body, _CHAT)
+        if body.get("messages") is None:
+            raise RequestError(400, "'messages' is a required property", "messages")
+        choice = body.get("tool_choice")
+        named = isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str)
+        if choice is not None and not (choice in _TOOL_CHOICES or named and choice.get("type") == "function"):
+            raise RequestError(400, f"tool_choice must be one of {_TOOL_CHOICES} or a function, got {choice!r}",
+                               "tool_choice")
+        thinking = self._thinking_flag(body.get("chat_template_kwargs") or {})
+        model = body.get("model") or self.model_name
+        converted = {**body, "model": model}
+        if converted.get("max_tokens") is None and converted.get("max_completion_tokens") is not None:
+            converted["max_tokens"] = converted["max_completion_tokens"]
+        options = dr.ConversionOptions(default_thinking_mode=thinking).with_model_alias(
+            model, dr.ModelVersion.DeepseekV4Pro)
+        try:
+            conv = dr.ChatCompletionRequest(converted).convert(options)
+        except dr.ConversionError as exc:
+            raise _from_conversion_error(exc) from None
+        except ValueError as exc:  # the body does not parse as a chat request
+            raise RequestError(400, str(exc)) from None
+        if any(m.image_sources for m in conv.conversation.messages):
+            raise RequestError(400, "this model does not accept images", "messages")
+        try:
+            prompt_ids = self.encoding.encode(conv.conversation)
+        except RuntimeError as exc:
+            raise RequestError(400, f"cannot encode the prompt: {exc}", "messages") from None
+        self._check_context(len(prompt_ids), "messages")
+        try:
+            max_tokens = conv.resolve_max_tokens(len(prompt_ids), self.max_context)
+        except dr.ConversionError as exc:
+            err = _from_conversion_error(exc)
+            err.param, err.code = "max_tokens", "context_length_exceeded"
+            raise err from None
+        io = conv.inference_options
+        params = self._sampling(body, max_tokens, io.temperature, io.top_p, io.seed)
+        return PreparedRequest(
+            rid=f"chatcmpl-{uuid.uuid4().hex}", model=model, prompt_ids=prompt_ids, params=params,
+            stream=conv.stream, include_usage=self._include_usage(body), thinking=conv.conversation.thinking_mode,
+            conversation=conv)
+
+    def prepare_completion(self, body: Any) -> PreparedRequest:
+        """Validate a /v1/completions body: a raw prompt encoded with the full vocabulary, so
+        special-token spellings become special ids (the harness's --raw oracle relies on it)."""
+        body = self._common_checks(body, _COMPLETION)
+        prompt = body.get("prompt")
+        ids_given = isinstance(prompt, list) and all(type(i) is int and 0 <= i < self.tokenizer.vocab_size
+                                                     for i in prompt)
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt) if ids_given else []
+        if not prompt_ids:
+            raise RequestError(400, "'prompt' must be a non-empty string or list of token ids", "prompt")
+        requested = body.get("max_tokens")
+        self._check_context(len(prompt_ids), "prompt", requested)
+        stop = body.get("stop")
+        stops = tuple([stop] if isinstance(stop, str) else stop or ())
+        if len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
+            raise RequestError(400, f"'stop' must be up to {_MAX_STOP} non-empty strings", "stop")
+        params = self._sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
+        return PreparedRequest(
+            rid=f"cmpl-{uuid.uuid4().hex}", model=body.get("model") or self.model_name,
+            prompt_ids=prompt_ids, params=params, stream=bool(body.get("stream")),
+            include_usage=self._include_usage(body), skip_special_tokens=body.get("skip_special_tokens") is not False,
+            stop=stops)
+
+    def _common_checks(self, body: Any, spec: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        _check_types(body, spec)
+        for name, least in (("max_tokens", 1), ("max_completion_tokens", 1), ("seed", 0)):
+            if body.get(name) is not None and body[name] < least:
+                raise RequestError(400, f"'{name}' must be at least {least}, got {body[name]}", name)
+        if body.get("stream_options") is not None and not body.get("stream"):
+            raise RequestError(400, "stream_options should be set along with stream = true", "stream_options")
+        ids = body.get("stop_token_ids") or []
+        if not all(type(i) is int and 0 <= i < self.tokenizer.vocab_size for i in ids):
+            raise RequestError(400, "'stop_token_ids' must be token ids of this model", "stop_token_ids")
+        return body
+
+    def _check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
+        if prompt_tokens + (max_tokens or 1) > self.max_context:
+            raise RequestError(400, f"This model's maximum context length is {self.max_context} tokens. However, you "
+                                    f"requested {prompt_tokens} in the prompt and {max_tokens} to generate.",
+                               "max_tokens" if max_tokens and prompt_tokens < self.max_context else param,
+                               "context_length_exceeded")
+
+    @staticmethod
+    def _thinking_flag(kwargs: dict[str, Any]) -> bool:
+        for key in ("thinking", "enable_thinking"):
+            if key in kwargs:
+                if not isinstance(kwargs[key], bool):
+                    raise RequestError(400, f"chat_template_kwargs.{key} must be a boolean", "chat_template_kwargs")
+                return kwargs[key]
+        return False
+
+    @staticmethod
+    def _include_usage(body: dict[str, Any]) -> bool:
+        return bool((body.get("stream_options") or {}).get("include_usage")) and bool(body.get("stream"))
+
+    @staticmethod
+    def _sampling(body: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
+                  seed: int | None) -> SamplingParams:
+        """Explicit temperature / top_p win (SGLang); unset ones take the recipe's value (or 1.0)."""
+        t, p = body.get("temperature"), body.get("top_p")
+        try:
+            return SamplingParams(max_tokens=max_tokens, temperature=float(t if t is not None else temperature or 1.0),
+                                  top_p=float(p if p is not None else top_p or 1.0), seed=seed,
+                                  stop_token_ids=tuple(body.get("stop_token_ids") or ()))
+        except ValueError as exc:
+            raise RequestError(400, str(exc), str(exc).split()[0]) from None
+
+    # ---- outputs --------------------------------------------------------------------------
+
+    async def stream_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]) -> AsyncIterator[str]:
+        """SSE data payloads of a streamed chat request: chunk JSON strings, then `[DONE]`.
+
+        Ends early when the parser hit a stop string. On abort the payloads just end, with
+        no finish chunk and no `[DONE]`. The caller owns `events` and closes it afterwards,
+        which aborts the engine request if it is still running.
+        """
+        out = ChatOutput(req, self.tokenizer)
+        try:
+            async for event in events:
+                for text in out.feed_json(event):
+                    yield text
+                if out.done or out.aborted:
+                    break
+            if out.done:
+                yield dr.ChatCompletionResponse.sse_done_data() or "[DONE]"
+        finally:
+            out.close()
+
+    async def complete_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]) -> dict[str, Any] | None:
+        """The whole chat.completion object, or None when the request was aborted."""
+        out = ChatOutput(req, self.tokenizer)
+        response: dr.ChatCompletionResponse | None = None
+        try:
+            async for event in events:
+                if response is None:
+                    response = dr.ChatCompletionResponse(req.rid, req.model, req.created, event.prompt_tokens,
+                                                         event.cached_tokens)
+                for chunk in out.feed(event):
+                    response.accumulate(chunk)
+                if out.done or out.aborted:
+                    break
+        finally:
+            out.close()
+        return json.loads(response.to_json()) if response is not None and out.done else None
+
+    async def stream_completion(self, req: PreparedRequest,
+                                events: AsyncIterator[TokenEventLike]) -> AsyncIterator[str]:
+        """SSE data payloads of a streamed /v1/completions request; same contract as `stream_chat`."""
+        out = CompletionOutput(req, self.tokenizer)
+        async for event in events:
+            text = out.feed(event)
+            if text or out.done:
+                yield _dumps(out.chunk(text, out.finish_reason))
+            if out.done or out.aborted:
+                break
+        if out.done:
+            if req.include_usage:
+                yield _dumps({**out.chunk(""), "choices": [], "usage": out.usage()})
+            yield "[DONE]"
+
+    async def complete_completion(self, req: PreparedRequest,
+                                  events: AsyncIterator[TokenEventLike]) -> dict[str, Any] | None:
+        """The whole text_completion object, or None when the request was aborted."""
+        out = CompletionOutput(req, self.tokenizer)
+        async for event in events:
+            out.feed(event)
+            if out.done or out.aborted:
+                break
+        return out.chunk(out.text, out.finish_reason, usage=True) if out.done else None
+
+
+class ChatOutput:
+    """deepseek-recipe's StreamProcessor for one chat request: TokenEvents in, chunks out."""
+
+    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
+        assert req.conversation is not None
+        self.req = req
+        generator = dr.ChatCompletionRequest.chunk_generator(req.conversation, req.rid, req.model)
+        self.processor = dr.StreamProcessor(generator, req.conversation.parsing_options, tokenizer.recipe)
+        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}
+        self.started = self.aborted = False
+
+    @property
+    def done(self) -> bool:
+        """The processor completed: a finish was pushed or a stop string matched."""
+        return self.processor.finished
+
+    def feed(self, event: TokenEventLike) -> list[dr.ChatCompletionChunk]:
+        """Push one engine event; returns the recipe chunks it produced (single-use objects)."""
+        p, out = self.processor, []
+        if self.done or self.aborted:
+            return out
+        if not self.started:
+            self.started = True
+            usage = dr.PromptUsage(prompt_tokens=event.prompt_tokens, prompt_cache_hit_tokens=event.cached_tokens)
+            out += p.push(dr.InferenceChunk.ready(prompt_usage=usage))
+        ids = [i for i in event.token_ids if i not in self.silent_ids]
+        if ids:
+            out += p.push(dr.InferenceChunk.tokens(ids))
+        if p.finished:  # a stop string matched
+            return out
+        if len(ids) < len(event.token_ids):
+            out += p.push(dr.InferenceChunk.text("", len(event.token_ids) - len(ids)))
+        if event.finish_reason is FinishReason.ABORT:
+            self.aborted = True
+        elif event.finish_reason is not None:
+            out += p.push(dr.InferenceChunk.finish(_RECIPE_FINISH[event.finish_reason]))
+            out += p.finish()
+        return out
+
+    def feed_json(self, event: TokenEventLike) -> list[str]:
+        """`feed`, as chunk JSON with OpenAI's usage semantics: the usage chunk (with
+        `include_usage`) comes last, after the finish chunk."""
+        texts, usage_chunk = [], None
+        for chunk in self.feed(event):
+            text = chunk.to_json()
+            if '"usage":{' in text:
+                d = json.loads(text)
+                usage = d.pop("usage")
+                if self.req.include_usage:
+                    usage_chunk, d["usage"] = {**d, "choices": [], "usage": usage}, None
+                text = _dumps(d)
+            texts.append(text)
+        return texts + [_dumps(usage_chunk)] if usage_chunk else texts
+
+    def close(self) -> None:
+        if not self.processor.finished:
+            self.processor.close()
+
+
+class CompletionOutput:
+    """Text of a /v1/completions request: incremental detokenizing, stop strings, chunks."""
+
+    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
+        self.req = req
+        self.decoder = IncrementalDecoder(tokenizer, req.skip_special_tokens)
+        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}  # trimmed, as SGLang does
+        self.text = ""  # emitted so far
+        self._held = ""  # decoded but held back: it may start a stop string
+        self.completion_tokens = self.prompt_tokens = self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.aborted = False
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def feed(self, event: TokenEventLike) -> str:
+        """Push one engine event; returns the newly final text."""
+        if self.done or self.aborted:
+            return ""
+        self.prompt_tokens, self.cached_tokens = event.prompt_tokens, event.cached_tokens
+        self.completion_tokens += len(event.token_ids)
+        ids = [i for i in event.token_ids if i not in self.silent_ids]
+        pending = self._held + self.decoder.push(ids, final=event.finish_reason is not None)
+        for stop in self.req.stop:
+            at = pending.find(stop)
+            if at >= 0:
+                pending, self.finish_reason = pending[:at], "stop"
+        if event.finish_reason is FinishReason.ABORT:
+            self.aborted = True
+            return ""
+        if event.finish_reason is not None and self.finish_reason is None:
+            self.finish_reason = event.finish_reason.value
+        keep = 0 if self.done else max((k for s in self.req.stop for k in range(1, len(s))
+                                        if pending.endswith(s[:k])), default=0)
+        out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep:]
+        self.text += out
+        return out
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def chunk(self, text: str, finish_reason: str | None = None, *, usage: bool = False) -> dict[str, Any]:
+        """One text_completion object: a stream chunk, or the whole response (`usage=True`)."""
+        d: dict[str, Any] = {"id": self.req.rid, "object": "text_completion", "created": self.req.created,
+                             "model": self.req.model,
+                             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+        if usage:
+            d["usage"] = self.usage()
+        return d

@@ -1,0 +1,91 @@
+"""Start the bundled engine as a child process on a free loopback port, and stop it again.
+
+Used by `dsv4bench agents` when no --url is given: the run then targets the engine, wires its
+/metrics into the run, and the engine goes away with the run (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class EngineStartError(Exception):
+    """The engine did not come up; the message says why in one line."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    """A running engine child process and where to reach it."""
+
+    proc: subprocess.Popen
+    host: str
+    port: int
+    log_path: Path
+    _log: object = field(repr=False, default=None)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 180.0,
+                 log_dir: Path | None = None) -> EngineProcess:
+    """Spawn `dsv4bench engine serve` on a free port and wait until /health answers 200."""
+    host, port = "127.0.0.1", free_port()
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="dsv4bench-engine-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "engine.log"
+    log = open(log_path, "w", encoding="utf-8")
+    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *(extra_args or [])]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy())
+    ep = EngineProcess(proc, host, port, log_path, log)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            ep.stop()
+            tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise EngineStartError(f"the bundled engine exited with code {proc.returncode}: {tail[0]} (log: {log_path})")
+        try:
+            if httpx.get(f"http://{host}:{port}/health", timeout=2.0).status_code == 200:
+                return ep
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    ep.stop()
+    raise EngineStartError(f"the bundled engine did not answer /health within {startup_timeout:.0f} s (log: {log_path})")

@@ -1,0 +1,131 @@
+"""Prometheus metrics with SGLang's names and labels, so SGLang dashboards and the harness's
+wedge checks read the bundled engine the same way (DESIGN §3, "Server dialect").
+
+Gauges and engine counters are read from `engine.stats()` at scrape time by a custom collector
+(nothing to keep in sync); latency histograms are observed by the server per request. Every
+series carries `model_name` and `engine_type` ("unified"; "prefill" / "decode" in PD mode).
+The PD queue gauges are 0 unless the engine's stats carry the matching fields
+(`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue`, `num_decode_prealloc_queue`,
+`num_decode_transfer_queue`); they are always present, as on an SGLang server.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+LABELS = ("model_name", "engine_type")
+
+# SGLang's bucket edges (seconds).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0,
+               350.0, 500.0, 1000.0)
+
+# (metric name, help, EngineStats field or None for "always 0 here")
+GAUGES: tuple[tuple[str, str, str | None], ...] = (
+    ("sglang:num_running_reqs", "The number of running requests.", "num_running"),
+    ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "num_queued"),
+    ("sglang:num_prefill_bootstrap_queue_reqs", "Requests in the prefill bootstrap queue (PD).",
+     "num_prefill_bootstrap_queue"),
+    ("sglang:num_prefill_inflight_queue_reqs", "Requests in the prefill inflight queue (PD).",
+     "num_prefill_inflight_queue"),
+    ("sglang:num_decode_prealloc_queue_reqs", "Requests in the decode prealloc queue (PD).",
+     "num_decode_prealloc_queue"),
+    ("sglang:num_decode_transfer_queue_reqs", "Requests in the decode transfer queue (PD).",
+     "num_decode_transfer_queue"),
+    ("sglang:token_usage", "The token usage (fraction of KV pages in use).", "token_usage"),
+    ("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate"),
+)
+# (metric name without _total, help, EngineStats field)
+COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("sglang:num_requests", "The number of requests received.", "num_requests_total"),
+    ("sglang:num_aborted_requests", "The number of aborted requests.", "num_aborted_total"),
+    ("sglang:generation_tokens", "The number of generated tokens.", "gen_tokens_total"),
+    ("sglang:prompt_tokens", "The number of prefill (prompt) tokens.", "prompt_tokens_total"),
+)
+
+# Every exposed family name (histograms expose _bucket/_sum/_count samples under these).
+METRIC_NAMES: tuple[str, ...] = (
+    *(g[0] for g in GAUGES), "sglang:num_used_tokens", "sglang:gen_throughput",
+    *(c[0] for c in COUNTERS), "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+)
+
+
+class _ThroughputWindow:
+    """Generated tokens per second over the last `window` seconds of scrapes."""
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()
+        self.lock = threading.Lock()
+
+    def update(self, total: int, now: float) -> float:
+        with self.lock:
+            self.samples.append((now, total))
+            while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+                self.samples.popleft()
+            t0, n0 = self.samples[0]
+            return (total - n0) / (now - t0) if now - t0 > 0 else 0.0
+
+
+class EngineCollector(Collector):
+    """Reads `stats()` once per scrape and turns it into SGLang's gauges and counters."""
+
+    def __init__(self, stats: Callable[[], Any], labels: tuple[str, str], page_size: int | None = None) -> None:
+        self.stats = stats
+        self.labels = list(labels)
+        self.page_size = page_size
+        self.throughput = _ThroughputWindow()
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        for name, doc, attr in GAUGES:
+            yield self._gauge(name, doc, float(getattr(s, attr, 0) if attr else 0))
+        used = getattr(s, "pages_used", 0) * (self.page_size or 0)
+        yield self._gauge("sglang:num_used_tokens", "The number of KV token slots in use.", float(used))
+        gen = self.throughput.update(int(getattr(s, "gen_tokens_total", 0)), time.monotonic())
+        yield self._gauge("sglang:gen_throughput", "The generation throughput (token/s).", gen)
+        for name, doc, attr in COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=LABELS)
+            family.add_metric(self.labels, float(getattr(s, attr, 0)))
+            yield family
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self.labels, value)
+        return family
+
+
+class ServerMetrics:
+    """One server's registry: engine gauges/counters at scrape time, latency histograms here."""
+
+    def __init__(self, stats: Callable[[], Any], model_name: str, engine_type: str = "unified",
+                 page_size: int | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = (model_name, engine_type)
+        self.registry.register(EngineCollector(stats, labels, page_size))
+        ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token (seconds).", LABELS,
+                         registry=self.registry, buckets=TTFT_BUCKETS)
+        e2e = Histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency (seconds).", LABELS,
+                        registry=self.registry, buckets=E2E_BUCKETS)
+        self._ttft = ttft.labels(*labels)
+        self._e2e = e2e.labels(*labels)
+
+    def observe_first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def observe_request(self, seconds: float) -> None:
+        self._e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (format 0.0.4) of this server's registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,56 @@
+"""The one bridge between the torch-free scheduler and the device: a scheduled batch in,
+one sampled token per sampling entry out."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import EngineConfig
+from .model.batch import ForwardBatch, SeqSlice
+from .model.kv_pools import KVPools
+from .model.model import DSV4Mini
+
+
+class ModelRunner:
+    """Owns the model, its KV pools and the per-request sampling generators."""
+
+    def __init__(self, cfg: EngineConfig, model: DSV4Mini) -> None:
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.model = model.to(self.device).eval()
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.pools = KVPools(cfg, dtype=dtype, device=self.device)
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def __call__(self, batch) -> dict[str, int]:  # batch: scheduler.ScheduledBatch
+        # NOTE: copy each page table now: an abort between schedule() and postprocess()
+        # replaces req.pages, and the forward must write where the scheduler reserved.
+        fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages)) for e in batch.entries])
+        logits = self.model.forward(fb, self.pools)
+        out: dict[str, int] = {}
+        for i, e in enumerate(batch.entries):
+            if e.sample:
+                out[e.req.rid] = self._sample(e.req, logits[i])
+        return out
+
+    def _sample(self, req, logits: torch.Tensor) -> int:
+        p = req.params
+        if p.temperature <= 0.0:
+            return int(torch.argmax(logits).item())
+        gen = self._generators.get(req.rid)
+        if gen is None:
+            gen = torch.Generator(device=logits.device)
+            gen.manual_seed(p.seed if p.seed is not None else torch.seed() % (2**63))
+            self._generators[req.rid] = gen
+        probs = torch.softmax(logits.float() / p.temperature, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, idx = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < p.top_p  # always keeps the top token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=gen).item())
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished or aborted request's sampling state."""
+        self._generators.pop(rid, None)
