@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 import time
@@ -71,14 +72,14 @@ def agents(
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress; print the verdict line only."),
+    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
 ) -> None:
-    """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written."""
-    if url is None:
-        raise fail("agents needs --url: the OpenAI-compatible server to test (e.g. --url http://127.0.0.1:30000/v1). "
-                   "Starting the bundled engine without --url is not available in this version.")
+    """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
+
+    With no --url, the bundled DSV4-mini engine is started on a free loopback port for the run."""
     try:
         config = RunConfig(
-            url=url, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
+            url=url or "http://127.0.0.1:0/v1", concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
             scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
@@ -88,13 +89,85 @@ def agents(
         raise fail(str(e))
     from .run import run_agents
 
+    bundled = None
+    if url is None:
+        bundled = _start_bundled_engine(engine_arg, quiet)
+        config = dataclasses.replace(config, url=bundled.url)
     try:
-        facts = server_facts(config.base_url, config.api_key)
-    except ServerError as e:
-        raise fail(str(e))
-    summary, run_dir = run_agents(config, facts, command=_command_line())
+        try:
+            facts = server_facts(config.base_url, config.api_key)
+        except ServerError as e:
+            raise fail(str(e))
+        if bundled is not None:
+            facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
+        summary, run_dir = run_agents(config, facts, command=_command_line())
+    finally:
+        if bundled is not None:
+            bundled.stop()
     _print_verdict(summary, run_dir)
     raise typer.Exit(_exit_code(summary, config.fail_on))
+
+
+def _start_bundled_engine(engine_args: list[str], quiet: bool):
+    """No --url: start DSV4-mini on a free loopback port for this run."""
+    from .engine.launcher import EngineStartError, start_engine
+
+    if not quiet:
+        err.print("no --url given: starting the bundled DSV4-mini engine on loopback ...", highlight=False)
+    try:
+        return start_engine(engine_args)
+    except EngineStartError as e:
+        raise fail(str(e))
+
+
+engine_app = typer.Typer(help="The bundled DSV4-mini engine.", no_args_is_help=True)
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("serve")
+def engine_serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
+    port: int = typer.Option(30000, help="Port to serve on."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    max_running_requests: int = typer.Option(128, help="Requests decoding at once."),
+    num_pages: int = typer.Option(32768, help="KV pages in the pool (each page holds --page-size tokens)."),
+    page_size: int = typer.Option(32, help="Tokens per page; a multiple of the HCA compression rate."),
+    chunked_prefill_tokens: int = typer.Option(2048, help="Prefill tokens per step across requests."),
+    index_k_dtype: str = typer.Option("fp8", help="Index-K cache storage: fp8 (e4m3 + per-entry scale) or bf16."),
+    no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Disable the radix prefix cache."),
+    model_name: str = typer.Option("dsv4-mini", help="Model name served by /v1/models."),
+    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_ENGINE_API_KEY", help="Require this Bearer token."),
+    seed: int = typer.Option(0, help="Seed of the random weight initialisation."),
+    log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+) -> None:
+    """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
+    from .engine.config import EngineConfig
+    from .engine.server import ServerConfig
+
+    if index_k_dtype not in ("fp8", "bf16"):
+        raise fail("--index-k-dtype must be fp8 or bf16")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise fail("--device must be cpu or cuda")
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise fail("--log-level must be debug, info, warning or error")
+    for name, v in (("--port", port), ("--max-running-requests", max_running_requests), ("--num-pages", num_pages),
+                    ("--page-size", page_size), ("--chunked-prefill-tokens", chunked_prefill_tokens)):
+        if v < 1:
+            raise fail(f"{name} must be at least 1")
+    try:
+        cfg = EngineConfig(device=device, page_size=page_size, num_pages=num_pages,
+                           max_running_requests=max_running_requests, chunked_prefill_tokens=chunked_prefill_tokens,
+                           index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache)
+    except ValueError as e:
+        raise fail(f"bad engine settings: {e}")
+    from .engine.serve import EngineSetupError, serve
+
+    try:
+        serve(cfg, ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name), seed, log_level)
+    except EngineSetupError as e:
+        raise fail(str(e))
+    except OSError as e:
+        raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}")
 
 
 def _check_scenario(scenario: str) -> None:

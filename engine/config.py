@@ -67,6 +67,10 @@ class EngineConfig:
     enable_prefix_cache: bool = True
 
     def __post_init__(self) -> None:
-        assert self.page_size % self.model.hca_rate == 0, "pages must hold whole compressed blocks"
-        assert self.index_k_dtype in ("fp8", "bf16")
-        assert self.device in ("cpu", "cuda") or self.device.startswith("cuda:")
+        # User-facing settings: ValueError (not assert) so `engine serve` can say what is wrong.
+        if self.page_size % self.model.hca_rate:
+            raise ValueError(f"page size must be a multiple of the HCA rate {self.model.hca_rate}")
+        if self.index_k_dtype not in ("fp8", "bf16"):
+            raise ValueError("index-K dtype must be fp8 or bf16")
+        if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError("device must be cpu or cuda")
