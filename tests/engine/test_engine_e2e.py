@@ -1,0 +1,119 @@
+"""The real engine in its own process on loopback: the official openai client, 80 concurrent
+streams half of which disconnect, malformed requests, and `agents` without --url."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dsv4bench.engine.launcher import start_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
+MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Read main.py please."}]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    ep = start_engine(["--num-pages", "4096", "--max-running-requests", "96"], log_dir=tmp_path_factory.mktemp("engine"))
+    yield ep
+    ep.stop()
+
+
+def gauges(ep) -> dict[str, float]:
+    text = httpx.get(ep.metrics_url, timeout=5).text
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_openai_client_streaming_and_not_with_tools(engine):
+    client = openai.OpenAI(base_url=engine.url, api_key="none", max_retries=0)
+    r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+    assert r.id.startswith("chatcmpl-") and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > 20 and 1 <= r.usage.completion_tokens <= 16
+    chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    # Greedy decoding is deterministic: the same request twice gives the same text.
+    again = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+    assert again.choices[0].message.content == r.choices[0].message.content
+    # The second request reused the prompt's cached pages.
+    assert again.usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_80_streams_half_disconnect_leave_nothing_behind(engine):
+    async def one(i: int, client: httpx.AsyncClient) -> str:
+        body = {"model": "dsv4-mini", "messages": [*MESSAGES, {"role": "user", "content": f"task {i}"}],
+                "tools": TOOLS, "max_tokens": 48 if i % 2 else 4000, "temperature": 0, "stream": True}
+        async with client.stream("POST", f"{engine.url}/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            n = 0
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    n += 1
+                    if i % 2 == 0 and n >= 3:
+                        return "disconnected"  # leaving the block closes the connection mid-stream
+            return "finished"
+
+    async def main() -> list[str]:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
+            return await asyncio.gather(*(one(i, c) for i in range(80)))
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("disconnected") == 40 and outcomes.count("finished") == 40
+    last = time.monotonic()
+    deadline = last + 1.0
+    while True:
+        g = gauges(engine)
+        if g["sglang:num_running_reqs"] == 0 and g["sglang:num_queue_reqs"] == 0 and g["sglang:token_usage"] == 0:
+            break
+        assert time.monotonic() < deadline, g
+        time.sleep(0.05)
+    assert g["sglang:num_aborted_requests_total"] >= 40
+    # With the prefix cache flushed, every KV page is free.
+    assert httpx.post(f"{engine.url.removesuffix('/v1')}/flush_cache", timeout=10).status_code == 200
+    info = httpx.get(f"{engine.url.removesuffix('/v1')}/metrics", timeout=5).text
+    used = [s.value for f in text_string_to_metric_families(info) for s in f.samples if s.name == "sglang:num_used_tokens"]
+    assert used == [0]
+
+
+@pytest.mark.parametrize("body,raw", [
+    (None, b"{not json"),
+    ({"model": "dsv4-mini", "messages": "hello"}, None),
+    ({"model": "dsv4-mini", "messages": MESSAGES, "max_tokens": -5}, None),
+    ({"model": "dsv4-mini", "messages": MESSAGES, "temperature": "hot"}, None),
+    ({"model": "dsv4-mini", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "sometimes"}, None),
+    ({"model": "dsv4-mini", "messages": [{"role": "user", "content": "word " * 40000}]}, None),
+])
+def test_malformed_requests_get_4xx_and_the_server_keeps_serving(engine, body, raw):
+    url = f"{engine.url}/chat/completions"
+    r = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=30) if raw else \
+        httpx.post(url, json=body, timeout=30)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["message"]
+    ok = httpx.post(url, json={"model": "dsv4-mini", "messages": MESSAGES, "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200
+    assert httpx.get(f"{engine.url.removesuffix('/v1')}/health", timeout=5).status_code == 200
+
+
+def test_agents_without_url_starts_the_bundled_engine(tmp_path):
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--sessions", "2", "--concurrency", "2",
+                        "--max-turns", "2", "--max-tokens", "24", "--quiet", "--out", str(out),
+                        "--engine-arg=--num-pages=1024"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run_dir = next(out.iterdir())
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["server"]["models"] == ["dsv4-mini"] and "bundled_engine" in run["server"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["turns"]["total"] >= 2 and summary["turns"]["error"] == 0
