@@ -1,0 +1,186 @@
+"""Triton kernels for the two hot ops on CUDA; semantics are those of kernels/reference.py.
+
+- `indexer_topk`: a kernel computes the lightning indexer scores straight from the paged
+  index-K pool (fp8 e4m3 dequantised with its per-entry scale, or bf16) for every (query,
+  candidate block); the top-k itself is torch.topk via reference.topk_blocks (same masking and
+  tie-break as on CPU).
+- `sparse_decode_attention`: one program per sequence, all heads at once; it walks the window
+  slots then the compressed entries in tiles, rotates keys by their positions at read time
+  (half-split partial RoPE), and keeps an online softmax whose running max and denominator
+  start at the sink logit (so the sink is in the denominator and never NaN).
+
+Everything is computed in float32 with elementwise products (no tl.dot: heads are few and
+tf32 would break agreement with the reference). Imports are guarded: AVAILABLE is False when
+triton is missing, and kernels/__init__.py then never selects this module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+try:
+    import triton
+    import triton.language as tl
+
+    AVAILABLE = True
+except ImportError:  # CPU-only installs
+    triton = None
+    tl = None
+    AVAILABLE = False
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(1, (n - 1).bit_length())
+
+
+if AVAILABLE:
+
+    @triton.jit
+    def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, s_ptr, cand_ptr, nelig_ptr, out_ptr, Q, NB,
+                               H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                               HAS_SCALE: tl.constexpr):
+        gq = tl.program_id(0)  # one (group, query) row
+        g = gq // Q
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        hm = h < H
+        dm = d < D
+        q = tl.load(q_ptr + gq * H * D + h[:, None] * D + d[None, :],
+                    mask=hm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + gq * H + h, mask=hm, other=0.0).to(tl.float32)
+        n_elig = tl.load(nelig_ptr + gq)
+        nm = (n < NB) & (n < n_elig)
+        ids = tl.load(cand_ptr + g * NB + n, mask=nm, other=0)
+        nm = nm & (ids >= 0)
+        ids = tl.where(nm, ids, 0)
+        k = tl.load(k_ptr + ids[:, None] * D + d[None, :], mask=nm[:, None] & dm[None, :],
+                    other=0.0).to(tl.float32)
+        dots = tl.maximum(tl.sum(q[:, None, :] * k[None, :, :], axis=2), 0.0)  # [BH, BN]
+        score = tl.sum(dots * w[:, None], axis=0)
+        if HAS_SCALE:  # relu commutes with the positive per-entry scale (as in reference.py)
+            score = score * tl.load(s_ptr + ids, mask=nm, other=0.0)
+        score = tl.where(nm, score, float("-inf"))
+        tl.store(out_ptr + gq * NB + n, score, mask=n < NB)
+
+    @triton.jit
+    def _attend_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
+                     cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
+                     HALF: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        km = kk < K
+        ids = tl.load(ids_ptr + kk, mask=km, other=-1)
+        valid = km & (ids >= 0)
+        ids = tl.where(valid, ids, 0)
+        pos = tl.load(pos_ptr + kk, mask=km, other=0)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)
+        j = tl.arange(0, HALF)
+        r = tl.arange(0, REST_P)
+        base = src_ptr + ids[:, None] * HD
+        va = tl.load(base + j[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        vb = tl.load(base + HALF + j[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        vc = tl.load(base + 2 * HALF + r[None, :], mask=valid[:, None] & (r < REST)[None, :],
+                     other=0.0).to(tl.float32)
+        c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :])
+        s = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :])
+        ka = va * c - vb * s
+        kb = vb * c + va * s
+        logits = (tl.sum(qa[:, None, :] * ka[None, :, :], axis=2)
+                  + tl.sum(qb[:, None, :] * kb[None, :, :], axis=2)
+                  + tl.sum(qc[:, None, :] * vc[None, :, :], axis=2)) * scale
+        logits = tl.where(valid[None, :], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc_a = acc_a * alpha[:, None] + tl.sum(p[:, :, None] * va[None, :, :], axis=1)
+        acc_b = acc_b * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
+        acc_c = acc_c * alpha[:, None] + tl.sum(p[:, :, None] * vc[None, :, :], axis=1)
+        return acc_a, acc_b, acc_c, m_new, l_i
+
+    @triton.jit
+    def _sparse_decode_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr, cpos_ptr,
+                              sink_ptr, cos_ptr, sin_ptr, out_ptr, W, KC, max_pos, scale,
+                              H: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
+                              REST: tl.constexpr, REST_P: tl.constexpr, BLOCK_H: tl.constexpr,
+                              BLOCK_K: tl.constexpr):
+        sid = tl.program_id(0)
+        h = tl.arange(0, BLOCK_H)
+        hm = h < H
+        j = tl.arange(0, HALF)
+        r = tl.arange(0, REST_P)
+        rm = r < REST
+        qbase = q_ptr + sid * H * HD + h[:, None] * HD
+        qa = tl.load(qbase + j[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
+        qb = tl.load(qbase + HALF + j[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
+        qc = tl.load(qbase + 2 * HALF + r[None, :], mask=hm[:, None] & rm[None, :],
+                     other=0.0).to(tl.float32)
+        # NOTE: the sink starts the online softmax: running max = sink, denominator = 1
+        m_i = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+        acc_a = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_b = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_c = tl.zeros([BLOCK_H, REST_P], tl.float32)
+        for k0 in range(0, W, BLOCK_K):
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_tile(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
+                winpos_ptr + sid * W, cos_ptr, sin_ptr, k0, W, max_pos, scale,
+                HD, HALF, REST, REST_P, BLOCK_K)
+        for k0 in range(0, KC, BLOCK_K):
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_tile(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
+                cpos_ptr + sid * KC, cos_ptr, sin_ptr, k0, KC, max_pos, scale,
+                HD, HALF, REST, REST_P, BLOCK_K)
+        inv = 1.0 / l_i
+        obase = out_ptr + sid * H * HD + h[:, None] * HD
+        ty = out_ptr.dtype.element_ty
+        tl.store(obase + j[None, :], (acc_a * inv[:, None]).to(ty), mask=hm[:, None])
+        tl.store(obase + HALF + j[None, :], (acc_b * inv[:, None]).to(ty), mask=hm[:, None])
+        tl.store(obase + 2 * HALF + r[None, :], (acc_c * inv[:, None]).to(ty),
+                 mask=hm[:, None] & rm[None, :])
+
+
+def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
+                 idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
+                 topk: int) -> torch.Tensor:
+    """reference.indexer_topk with the scores computed by a Triton kernel."""
+    assert AVAILABLE and q.is_cuda
+    G, Q, H, D = q.shape
+    NB = cand.shape[1]
+    if NB == 0 or G * Q == 0:
+        return reference.topk_blocks(q.new_zeros(G, Q, NB), n_eligible, topk)
+    scores = torch.empty(G, Q, NB, dtype=torch.float32, device=q.device)
+    BLOCK_N = 64
+    grid = (G * Q, triton.cdiv(NB, BLOCK_N))
+    _indexer_scores_kernel[grid](
+        q.float().contiguous(), w.float().contiguous(), idx_k.contiguous(),
+        idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
+        n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=_pow2(H), BLOCK_D=_pow2(D),
+        BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
+    return reference.topk_blocks(scores, n_eligible, topk)
+
+
+def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
+                            win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
+                            c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, scale: float) -> torch.Tensor:
+    """reference.sparse_decode_attention as one Triton program per sequence."""
+    assert AVAILABLE and q.is_cuda
+    S, H, HD = q.shape
+    half = cos.shape[1]
+    if half & (half - 1) or S == 0:  # tl.arange needs a power of two
+        return reference.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
+                                                 c_ids, c_pos, sink, cos, sin, scale)
+    rest = HD - 2 * half
+    out = torch.empty_like(q)
+    _sparse_decode_kernel[(S,)](
+        q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
+        c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
+        cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
+        c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
+        REST_P=_pow2(max(rest, 1)), BLOCK_H=_pow2(H), BLOCK_K=32)
+    return out

@@ -1,0 +1,199 @@
+"""Attention of DSV4-mini (STRUCTURE.md "Attention of a query"): shared-KV MQA with partial
+RoPE, a sliding window of raw KV, compressed entries (all of them in HCA layers, the lightning
+indexer's top-k in CSA layers), and a learned per-head sink logit in one softmax.
+
+One KV head, K = V: the stored vector is the value; its RoPE'd copy (rotated at read time, by
+its own position for raw KV and by the block's last position for a compressed entry) is the key.
+
+Three paths compute the same math:
+- decode group (one new token per sequence): the two kernel ops on padded gathers;
+- extend (a prefill chunk of one sequence): a blocked band over the key span, so queries in
+  blocks of `window` share one key tile, plus per-query compressed entries;
+- dense: full masks over a [B, T] batch, no pools, differentiable; the reference of the math.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..kernels import ops_for
+from ..kernels.reference import softmax_with_sink
+from .compressor import Compressor
+from .indexer import Indexer, distill_loss
+from .kv_pools import KVPools
+from .norm import RMSNorm
+from .plan import BatchPlan, DecodeGroup, ExtendSeq
+from .rope import Rope
+
+NEG_INF = float("-inf")
+
+
+class Attention(nn.Module):
+    """One layer's attention. Pools may hold a narrower dtype than the model computes in (e.g.
+    bf16 pools under a float32 model): every read is cast to the activations' dtype."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.window = cfg.window
+        self.rate = cfg.rate(layer)
+        self.scale = cfg.head_dim**-0.5
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wkv = nn.Linear(cfg.d_model, cfg.head_dim, bias=False)
+        self.kv_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.sink = nn.Parameter(torch.zeros(cfg.n_heads))
+        self.compressor = Compressor(cfg.head_dim, self.rate)
+        self.indexer = (Indexer(cfg.d_model, cfg.head_dim, cfg.index_heads, cfg.index_dim,
+                                cfg.index_topk) if cfg.is_csa(layer) else None)
+
+    # --- pooled path ----------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
+                rope: Rope) -> torch.Tensor:
+        """x [N, d_model] (normed) -> [N, d_model]. Writes the new tokens' KV and the entries
+        (and index keys) of blocks they complete into the pools, then attends."""
+        N, H, hd, l = x.shape[0], self.n_heads, self.head_dim, self.layer
+        q = rope(self.wq(x).view(N, H, hd), plan.positions.unsqueeze(-1))
+        kv = self.kv_norm(self.wkv(x))
+        pools.gate(l, "kv")
+        pools.write_kv(l, plan.new_slots, kv)
+        done = plan.compress[self.rate]
+        if done.entries.numel():
+            # NOTE: entries read the block's KV back from the pool, so blocks straddling
+            # steps (earlier tokens from earlier steps) compress exactly like dense ones.
+            entries = self.compressor(pools.kv_flat(l)[done.kv_slots].to(x.dtype))
+            pools.write_ckv(l, done.entries, entries)
+            if self.indexer is not None:
+                pools.write_index_k(l, done.entries, self.indexer.keys(entries))
+        out = x.new_empty(N, H, hd)
+        if plan.decode is not None:
+            rows = plan.decode.rows
+            out[rows] = self._decode(q[rows], x[rows], plan.decode, pools, rope)
+        for ext in plan.extends:
+            rows_ = slice(ext.row0, ext.row0 + ext.length)
+            out[rows_] = self._extend(q[rows_], x[rows_], ext, pools, rope)
+        return self.wo(out.view(N, H * hd))
+
+    def _select(self, x: torch.Tensor, cand: torch.Tensor, n_eligible: torch.Tensor,
+                pools: KVPools) -> torch.Tensor:
+        """Indexer top-k for groups [G] of queries [G, Q] over candidates cand [G, NB]."""
+        assert self.indexer is not None
+        pools.gate(self.layer, "index_k")
+        qi, w = self.indexer.queries(x)
+        k_flat, s_flat = pools.idx_flat(self.layer)
+        return ops_for(x.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible,
+                                              self.indexer.topk)
+
+    def _decode(self, q: torch.Tensor, x: torch.Tensor, dg: DecodeGroup, pools: KVPools,
+                rope: Rope) -> torch.Tensor:
+        r, l = self.rate, self.layer
+        cand = dg.cand[r]
+        if cand.shape[1] == 0:  # no sequence has a complete block yet
+            c_ids, blocks = cand, cand
+        elif self.indexer is not None:
+            blocks = self._select(x.unsqueeze(1), cand, dg.n_blocks[r].unsqueeze(1), pools)[:, 0]
+            c_ids = torch.where(blocks >= 0, cand.gather(1, blocks.clamp(min=0)), -1)
+        else:
+            c_ids = cand
+            blocks = torch.arange(cand.shape[1], device=cand.device).expand_as(cand)
+        c_pos = (blocks + 1) * r - 1
+        return ops_for(q.device).sparse_decode_attention(
+            q, pools.kv_flat(l), dg.win_slots, dg.win_pos, pools.ckv_flat(l), c_ids, c_pos,
+            self.sink, rope.cos, rope.sin, self.scale)
+
+    def _extend(self, q: torch.Tensor, x: torch.Tensor, ext: ExtendSeq, pools: KVPools,
+                rope: Rope) -> torch.Tensor:
+        L, s, W, H, hd, r = ext.length, ext.start, self.window, self.n_heads, self.head_dim, self.rate
+        dev = q.device
+        # Window as a blocked band: query block n (Bq queries) sees buffer rows
+        # n*Bq .. n*Bq + Kw - 1, where buffer row i holds position s - W + 1 + i.
+        Bq = min(W, L)
+        nblk = -(-L // Bq)
+        Lp, Kw = nblk * Bq, Bq + W - 1
+        span = pools.kv_flat(self.layer)[ext.span_slots].to(q.dtype)
+        buf = span.new_zeros(Lp + W - 1, hd)
+        first = max(0, s - W + 1) - (s - W + 1)
+        buf[first : first + span.shape[0]] = span
+        kbuf = rope(buf, torch.arange(s - W + 1, s + Lp, device=dev))
+        kw = kbuf.unfold(0, Kw, Bq).transpose(1, 2)  # [nblk, Kw, hd]
+        vw = buf.unfold(0, Kw, Bq).transpose(1, 2)
+        qp = q.new_zeros(Lp, H, hd)
+        qp[:L] = q
+        lw = torch.einsum("nqhd,nkd->nqhk", qp.view(nblk, Bq, H, hd), kw).reshape(Lp, H, Kw)
+        qq = torch.arange(Bq, device=dev).unsqueeze(1)
+        kk = torch.arange(Kw, device=dev)
+        band = (kk >= qq) & (kk <= qq + W - 1)  # [Bq, Kw]
+        kpos = s - W + 1 + torch.arange(nblk, device=dev).unsqueeze(1) * Bq + kk  # [nblk, Kw]
+        mask_w = (band.unsqueeze(0) & (kpos >= 0).unsqueeze(1)).reshape(Lp, 1, Kw)
+
+        cand = ext.cand[r]
+        NB = cand.shape[0]
+        n_elig = torch.zeros(Lp, dtype=torch.long, device=dev)
+        n_elig[:L] = (torch.arange(s, s + L, device=dev) + 1) // r
+        comp = pools.ckv_flat(self.layer)[cand].to(q.dtype)  # [NB, hd]
+        ck = rope(comp, (torch.arange(NB, device=dev) + 1) * r - 1)
+        if NB == 0:
+            lc, mask_c, vc = lw.new_zeros(Lp, H, 0), mask_w.new_zeros(Lp, 1, 0), None
+        elif self.indexer is not None:
+            sel = torch.full((Lp, self.indexer.topk), -1, dtype=torch.long, device=dev)
+            sel[:L] = self._select(x.unsqueeze(0), cand.unsqueeze(0),
+                                   n_elig[:L].unsqueeze(0), pools)[0]
+            pick = sel.clamp(min=0)
+            lc = torch.einsum("lhd,lkd->lhk", qp, ck[pick])
+            mask_c, vc = (sel >= 0).unsqueeze(1), comp[pick]
+        else:
+            lc = torch.einsum("lhd,bd->lhb", qp, ck)
+            mask_c = (torch.arange(NB, device=dev) < n_elig.unsqueeze(1)).unsqueeze(1)
+            vc = comp
+        logits = torch.cat((lw, lc), -1) * self.scale
+        probs = softmax_with_sink(
+            logits.masked_fill(~torch.cat((mask_w, mask_c), -1), NEG_INF), self.sink)
+        pw, pc = probs.split([Kw, lc.shape[-1]], dim=-1)
+        out = torch.einsum("nqhk,nkd->nqhd", pw.reshape(nblk, Bq, H, Kw), vw).reshape(Lp, H, hd)
+        if vc is not None and vc.dim() == 3:
+            out = out + torch.einsum("lhk,lkd->lhd", pc, vc)
+        elif vc is not None:
+            out = out + torch.einsum("lhb,bd->lhd", pc, vc)
+        return out[:L]
+
+    # --- dense path -------------------------------------------------------------------------
+    def forward_dense(self, x: torch.Tensor, rope: Rope, index_k_dtype: str | None,
+                      want_aux: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, d_model] (normed), positions 0..T-1 -> ([B, T, d_model], indexer
+        distillation loss or None). No pools; differentiable except through top-k indices."""
+        B, T, _ = x.shape
+        H, hd, W, r = self.n_heads, self.head_dim, self.window, self.rate
+        dev = x.device
+        pos = torch.arange(T, device=dev)
+        q = rope(self.wq(x).view(B, T, H, hd), pos.unsqueeze(-1))
+        kv = self.kv_norm(self.wkv(x))
+        logits = [torch.einsum("bthd,bsd->bths", q, rope(kv, pos))]
+        t, s = pos.unsqueeze(1), pos.unsqueeze(0)
+        masks = [((s <= t) & (s > t - W)).unsqueeze(1).expand(B, T, 1, T)]
+        values = [kv]
+        aux = None
+        NB = T // r
+        if NB > 0:
+            comp = self.compressor(kv[:, : NB * r].reshape(B, NB, r, hd))
+            blocks = torch.arange(NB, device=dev)
+            lc = torch.einsum("bthd,bnd->bthn", q, rope(comp, (blocks + 1) * r - 1))
+            eligible = (blocks + 1) * r <= (pos + 1).unsqueeze(1)  # [T, NB]
+            mask_c = eligible.expand(B, T, NB)
+            if self.indexer is not None:
+                chosen, scores = self.indexer.select_dense(x, comp, eligible, index_k_dtype,
+                                                           with_scores=want_aux)
+                mask_c = mask_c & chosen
+                if scores is not None:
+                    aux = distill_loss(scores, lc * self.scale, eligible)
+            logits.append(lc)
+            masks.append(mask_c.unsqueeze(2))
+            values.append(comp)
+        lg = torch.cat(logits, -1) * self.scale
+        probs = softmax_with_sink(lg.masked_fill(~torch.cat(masks, -1), NEG_INF), self.sink)
+        parts = probs.split([v.shape[1] for v in values], dim=-1)
+        out = sum(torch.einsum("bthk,bkd->bthd", p, v) for p, v in zip(parts, values))
+        assert isinstance(out, torch.Tensor)
+        return self.wo(out.reshape(B, T, H * hd)), aux
