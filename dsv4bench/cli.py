@@ -72,6 +72,8 @@ def agents(
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress; print the verdict line only."),
+    metrics: list[str] = typer.Option([], "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode)."),
+    metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of each --metrics URL."),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
@@ -83,6 +85,7 @@ def agents(
             scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
+            metrics=tuple(metrics), metrics_interval=metrics_interval,
         )
         _check_scenario(scenario)
     except ConfigError as e:
@@ -92,7 +95,7 @@ def agents(
     bundled = None
     if url is None:
         bundled = _start_bundled_engine(engine_arg, quiet)
-        config = dataclasses.replace(config, url=bundled.url)
+        config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, bundled.metrics_url))
     try:
         try:
             facts = server_facts(config.base_url, config.api_key)

@@ -39,6 +39,8 @@ class RunConfig:
     out: Path = Path("runs")
     fail_on: tuple[str, ...] = ()
     quiet: bool = False
+    metrics: tuple[str, ...] = ()  # Prometheus /metrics URLs scraped during the run
+    metrics_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -61,6 +63,11 @@ class RunConfig:
             raise ConfigError("timeouts must be positive")
         if self.on_corrupt not in ("continue", "stop"):
             raise ConfigError("--on-corrupt must be 'continue' or 'stop'")
+        if self.metrics_interval <= 0:
+            raise ConfigError("--metrics-interval must be positive")
+        for m in self.metrics:
+            if not m.startswith(("http://", "https://")):
+                raise ConfigError(f"--metrics must be an http(s) URL, got {m!r}")
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
         if bad:
             raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
@@ -73,6 +80,7 @@ class RunConfig:
         d = dataclasses.asdict(self)
         d["out"] = str(self.out)
         d["fail_on"] = list(self.fail_on)
+        d["metrics"] = list(self.metrics)
         if d.get("api_key"):
             d["api_key"] = "***"
         return d

@@ -20,6 +20,7 @@ from .checks import run_checks
 from .client import Deadlines, TurnOutcome, chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
+from .monitor import monitor, scrape_once
 from .progress import LiveStats
 from .records import TurnContext, TurnRecord, TurnStatus
 from .session import AgentSession, EndReason, SessionConfig, request_summary
@@ -71,14 +72,20 @@ class AgentRun:
         self.stats.duration_s = c.duration
         self._stop_at = time.monotonic() + c.duration if c.duration else None
         self.history.event("run_start", run=self.run_id)
-        async with make_client(c) as client:
+        async with make_client(c) as client, anyio.create_task_group() as monitors:
             self.client = client
+            if c.metrics:
+                monitors.start_soon(monitor, list(c.metrics), self.history.metrics.write, c.metrics_interval)
             async with anyio.create_task_group() as tg:
                 if c.rate is None:
                     for _ in range(c.concurrency):
                         tg.start_soon(self._worker)
                 else:
                     tg.start_soon(self._arrivals, tg)
+            # One last sample of every endpoint after the load, then the monitors stop.
+            for ep in c.metrics:
+                self.history.metrics.write(await scrape_once(client, ep, timeout=5.0))
+            monitors.cancel_scope.cancel()
 
     def _take_index(self) -> int | None:
         """The next session to start, or None when the run has started all it should."""

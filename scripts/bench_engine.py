@@ -2,10 +2,12 @@
 
 Each batch size runs `batch` concurrent requests through the real engine loop (scheduler,
 model runner, default model config, seeded random weights), each with its own prompt of
---prompt-tokens tokens and --max-tokens output tokens. Reported per batch size:
-  - output tokens/s over the decode phase (all prompts done, every request decoding);
-  - per-step latency, median and p90, of decode steps and of prefill steps;
-  - time to first token of the batch (all prompts prefilled, chunked).
+--prompt-tokens tokens. Requests generate long enough that, once every prompt is prefilled,
+--max-tokens steps decode the whole batch at once. Reported per batch size:
+  - per-step latency (median, p90) of the steps that decode all `batch` requests and nothing
+    else, and the output tokens/s that gives (batch / step time);
+  - median latency of the steps that carry a prefill chunk (chunked prefill, mixed with decodes);
+  - time until every request of the batch has its first token.
 
     python scripts/bench_engine.py [--prompt-tokens 2048 --max-tokens 32 --batches 1,8,80]
 """
@@ -39,51 +41,37 @@ class TimedRunner:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.decode_ms: list[float] = []
-        self.prefill_ms: list[float] = []
+        self.steps: list[tuple[int, int, float]] = []  # (decodes, prefill tokens, ms)
 
     def __call__(self, batch):
         t0 = time.perf_counter()
         out = self.runner(batch)
         ms = (time.perf_counter() - t0) * 1e3
-        (self.prefill_ms if batch.num_prefill_tokens else self.decode_ms).append(ms)
+        self.steps.append((batch.num_decode, batch.num_prefill_tokens, ms))
         return out
 
     def forget(self, rid: str) -> None:
         self.runner.forget(rid)
 
 
-async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tokens: int, vocab: int) -> dict:
-    eos = engine.eos_token_id
-    first_at: list[float] = []
-    decode_tokens = 0
+async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tokens: int, vocab: int,
+                    chunk: int) -> float:
+    """Run one batch; returns seconds until every request had its first token."""
+    # The first request decodes during every later prefill step, so it must outlast them all.
+    prefill_steps = -(-batch * prompt_tokens // chunk) + batch
+    params = SamplingParams(max_tokens=prefill_steps + max_tokens, temperature=0.0, stop_token_ids=())
     start = time.perf_counter()
-    all_prefilled = asyncio.Event()
-    decode_start: list[float] = []
+    first_at: dict[int, float] = {}
 
     async def one(i: int) -> None:
-        nonlocal decode_tokens
         # Distinct prompts (no shared prefix) of ordinary (non-special) token ids.
         prompt = [100 + (i * 7919 + j * 104729) % (vocab - 200) for j in range(prompt_tokens)]
-        prompt = [t if t != eos else t + 1 for t in prompt]
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         async for ev in engine.generate(f"b{batch}-{i}", prompt, params):
-            if ev.token_ids:
-                if len(first_at) < batch and i not in seen:
-                    seen.add(i)
-                    first_at.append(time.perf_counter())
-                    if len(first_at) == batch:
-                        decode_start.append(time.perf_counter())
-                        all_prefilled.set()
-                elif all_prefilled.is_set():
-                    decode_tokens += len(ev.token_ids)
+            if ev.token_ids and i not in first_at:
+                first_at[i] = time.perf_counter()
 
-    seen: set[int] = set()
     await asyncio.gather(*(one(i) for i in range(batch)))
-    end = time.perf_counter()
-    decode_s = end - decode_start[0] if decode_start else float("nan")
-    return {"ttft_all_s": (first_at[-1] - start) if first_at else float("nan"),
-            "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else float("nan")}
+    return max(first_at.values()) - start
 
 
 def main() -> None:
@@ -97,23 +85,25 @@ def main() -> None:
     torch.manual_seed(0)
     runner = TimedRunner(ModelRunner(cfg, DSV4Mini(cfg.model)))
     alloc = PageAllocator(cfg.num_pages)
-    scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=1)
+    scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)  # never sampled: every request runs its full length
     loop = EngineLoop(cfg, scheduler, runner)
     loop.start()
-    engine = AsyncEngine(cfg, loop, eos_token_id=1)
+    engine = AsyncEngine(cfg, loop, eos_token_id=-1)  # never sampled: every request runs its full length
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"device {args.device}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request")
-    print(f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} {'TTFT(all)':>10}")
+    print(f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} "
+          f"{'all first tokens':>17}")
     try:
         for b in [int(x) for x in args.batches.split(",")]:
-            runner.decode_ms.clear()
-            runner.prefill_ms.clear()
-            r = asyncio.run(run_batch(engine, b, args.prompt_tokens, args.max_tokens, cfg.model.vocab_size))
-            d = sorted(runner.decode_ms)
-            pf = sorted(runner.prefill_ms)
-            p90 = d[int(0.9 * (len(d) - 1))] if d else float("nan")
-            print(f"{b:>5} {r['decode_tok_s']:>10.1f} {statistics.median(d):>13.1f} ms {p90:>5.1f} ms "
-                  f"{statistics.median(pf):>14.1f} ms {r['ttft_all_s']:>8.1f} s", flush=True)
+            runner.steps.clear()
+            ttft_all = asyncio.run(run_batch(engine, b, args.prompt_tokens, args.max_tokens, cfg.model.vocab_size,
+                                             cfg.chunked_prefill_tokens))
+            d = sorted(ms for n, pf, ms in runner.steps if n == b and pf == 0)
+            pf = sorted(ms for _, p, ms in runner.steps if p)
+            p50 = statistics.median(d)
+            p90 = d[int(0.9 * (len(d) - 1))]
+            print(f"{b:>5} {b / p50 * 1e3:>10.1f} {p50:>13.1f} ms {p90:>5.1f} ms {statistics.median(pf):>14.1f} ms "
+                  f"{ttft_all:>15.1f} s   ({len(d)} full-batch decode steps)", flush=True)
     finally:
         loop.stop()
 

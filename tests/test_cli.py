@@ -18,7 +18,10 @@ def free_port():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["agents", "--sessions", "1"], "needs --url"),
+    (["agents", "--sessions", "1", "--metrics", "ftp://x"], "--metrics must be an http(s) URL"),
+    (["agents", "--sessions", "1", "--quiet", "--engine-arg=--index-k-dtype=fp4"], "bundled engine exited"),
+    (["engine", "serve", "--index-k-dtype", "fp4"], "--index-k-dtype must be fp8 or bf16"),
+    (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
     (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),
     (["agents", "--url", "http://127.0.0.1:1/v1"], "--sessions N or --duration"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
@@ -45,5 +48,5 @@ def test_unreachable_server_is_one_line():
 def test_help_lists_the_commands():
     r = run_cli("--help")
     assert r.returncode == 0
-    for cmd in ("agents", "report", "audit"):
+    for cmd in ("agents", "report", "audit", "engine"):
         assert cmd in r.stdout

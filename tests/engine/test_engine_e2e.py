@@ -117,3 +117,9 @@ def test_agents_without_url_starts_the_bundled_engine(tmp_path):
     assert run["server"]["models"] == ["dsv4-mini"] and "bundled_engine" in run["server"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["turns"]["total"] >= 2 and summary["turns"]["error"] == 0
+    # The engine's /metrics was wired into the run: scraped during it, and once after the load.
+    samples = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert samples and all(s["ok"] for s in samples)
+    last = samples[-1]["values"]
+    assert last['sglang:num_running_reqs{engine_type="unified",model_name="dsv4-mini"}'] == 0
+    assert last['sglang:num_requests_total{engine_type="unified",model_name="dsv4-mini"}'] >= summary["turns"]["total"]

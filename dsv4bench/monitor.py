@@ -1,0 +1,71 @@
+"""Prometheus monitors: scrape each /metrics endpoint on an interval into metrics.jsonl.
+
+A sample is `{"t_wall_ns", "t_ns", "endpoint", "ok", "error"?, "values": {series: value}}`
+where a series is `name` or `name{label="v",...}` exactly as Prometheus prints it. Parsing is
+prometheus-client's; an endpoint that is slow or down yields `ok: false` samples and the
+monitor keeps going.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Gauges a wedge check reads, in SGLang's and vLLM's names.
+QUEUE_GAUGES = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+
+
+def series_key(name: str, labels: dict[str, str]) -> str:
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format -> {series: value} (histogram buckets and all)."""
+    return {series_key(s.name, s.labels): float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) -> dict[str, Any]:
+    sample: dict[str, Any] = {"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "endpoint": endpoint}
+    try:
+        r = await client.get(endpoint, timeout=timeout)
+        r.raise_for_status()
+        sample["values"] = parse_metrics(r.text)
+        sample["ok"] = True
+    except (httpx.HTTPError, ValueError) as e:
+        sample["ok"] = False
+        sample["error"] = f"{type(e).__name__}: {e}"[:200]
+    return sample
+
+
+async def monitor(endpoints: list[str], write: Callable[[dict[str, Any]], None], interval: float = 1.0,
+                  stop: anyio.Event | None = None) -> None:
+    """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        while stop is None or not stop.is_set():
+            t0 = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                for ep in endpoints:
+                    tg.start_soon(_scrape_and_write, client, ep, write, interval)
+            await anyio.sleep(max(0.0, interval - (anyio.current_time() - t0)))
+
+
+async def _scrape_and_write(client: httpx.AsyncClient, ep: str, write: Callable[[dict[str, Any]], None],
+                            timeout: float) -> None:
+    write(await scrape_once(client, ep, timeout))

@@ -1,0 +1,39 @@
+"""Monitors: real Prometheus text in, series out; a dead endpoint is a sample, not a crash."""
+
+import anyio
+import httpx
+
+from dsv4bench.monitor import parse_metrics, scrape_once
+
+TEXT = """# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="decode",model_name="m"} 58.0
+# HELP sglang:num_aborted_requests_total Aborted requests.
+# TYPE sglang:num_aborted_requests_total counter
+sglang:num_aborted_requests_total{engine_type="decode",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2.0
+"""
+
+
+def test_parse_metrics_keys_series_like_prometheus():
+    v = parse_metrics(TEXT)
+    assert v['sglang:num_running_reqs{engine_type="decode",model_name="m"}'] == 58.0
+    assert v['sglang:num_aborted_requests_total{engine_type="decode",model_name="m"}'] == 3.0
+    assert v['vllm:num_requests_waiting{model_name="m"}'] == 2.0
+
+
+def test_scrape_once_ok_and_down():
+    def handler(request):
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=TEXT)
+        return httpx.Response(503, text="down")
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            return await scrape_once(c, "http://x/metrics", 1.0), await scrape_once(c, "http://x/other", 1.0)
+
+    ok, down = anyio.run(main)
+    assert ok["ok"] and ok["values"]['vllm:num_requests_waiting{model_name="m"}'] == 2.0
+    assert not down["ok"] and "503" in down["error"]
