@@ -79,7 +79,9 @@ class MoE(nn.Module):
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)
         tok = order // self.k
-        counts = torch.bincount(flat, minlength=self.n_experts).tolist()
+        counts_t = torch.bincount(flat, minlength=self.n_experts)
+        self.last_counts = counts_t.detach()  # read by training's balancing rule
+        counts = counts_t.tolist()
         xs = x[tok]
         outs = []
         start = 0

@@ -1,0 +1,199 @@
+"""Training DSV4-mini on the expert-session corpus (engine/train_data.py).
+
+Torch only (no deepseek-recipe, no harness): it runs on a bare GPU machine with the corpus
+file beside it. One step = a batch of whole sessions (length-bucketed, right-padded), loss =
+cross-entropy on the tokens the model writes in its assistant turns + the lightning indexer's
+distillation loss; MoE selection biases follow DeepSeek's aux-loss-free balancing rule.
+A time budget bounds the run: the LR schedule is fitted to the steps that fit in it.
+
+    python -c "import sys; sys.path.insert(0, '.'); from engine.train import main; main()" \
+        --corpus corpus.npz --out dsv4-mini.safetensors --minutes 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .model.model import DSV4Mini
+from .weights import save_weights
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 100_000
+    minutes: float = 8.0  # wall-clock budget; the schedule is fitted to it
+    batch_tokens: int = 32768  # padded tokens per step
+    max_len: int = 8192  # longer sessions are cut (their later turns dropped)
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 50
+    weight_decay: float = 0.05
+    indexer_loss_weight: float = 0.5
+    bias_step: float = 1e-3
+    seed: int = 0
+    device: str = "cuda"
+    log_every: int = 25
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float  # mean LM loss over the last log window
+    wall_s: float
+    tokens_seen: int
+    loss_tokens_seen: int
+    sessions: int
+    losses: list[tuple[int, float]]
+
+
+def load_corpus(path: Path, max_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    d = np.load(path)
+    tokens, mask, offsets = d["tokens"], d["loss_mask"], d["offsets"]
+    return [(tokens[a:b][:max_len].astype(np.int64), mask[a:b][:max_len]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def make_batches(corpus: list[tuple[np.ndarray, np.ndarray]], batch_tokens: int,
+                 rng: np.random.Generator) -> list[list[int]]:
+    """Sessions grouped by length so padding stays small; each group's padded size <= batch_tokens."""
+    order = sorted(range(len(corpus)), key=lambda i: len(corpus[i][0]))
+    batches, cur = [], []
+    for i in order:
+        longest = max(len(corpus[j][0]) for j in cur + [i])
+        if cur and longest * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(corpus, idx: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(corpus[i][0]) for i in idx)
+    ids = torch.zeros(len(idx), T, dtype=torch.long)
+    mask = torch.zeros(len(idx), T, dtype=torch.bool)
+    for r, i in enumerate(idx):
+        t, m = corpus[i]
+        ids[r, : len(t)] = torch.from_numpy(t)
+        mask[r, : len(m)] = torch.from_numpy(m.astype(bool))
+    return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+
+
+def loss_on_written_tokens(model: DSV4Mini, ids: torch.Tensor, mask: torch.Tensor, index_k_dtype: str | None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LM loss on the assistant-written tokens, indexer loss). Logits only where a loss is
+    taken: the lm_head over every position of 8k-token sessions would dominate memory."""
+    x = model.embed(ids)
+    aux = []
+    for block in model.blocks:
+        x, a = block.forward_dense(x, ids, model.rope, index_k_dtype, True)
+        if a is not None:
+            aux.append(a)
+    target_mask = mask[:, 1:]  # position t predicts token t+1
+    h = x[:, :-1][target_mask]
+    logits = model.logits(h).float()
+    lm = F.cross_entropy(logits, ids[:, 1:][target_mask])
+    return lm, (torch.stack(aux).mean() if aux else lm * 0.0)
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path,
+          log=print) -> TrainResult:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    device = torch.device(cfg.device)
+    corpus = load_corpus(corpus_path, cfg.max_len)
+    model = DSV4Mini(model_cfg).to(device)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    start = time.monotonic()
+    budget_s = cfg.minutes * 60
+    total_steps = cfg.max_steps
+    step, tokens_seen, loss_tokens, window = 0, 0, 0, []
+    losses: list[tuple[int, float]] = []
+    batches: list[list[int]] = []
+    while step < total_steps:
+        if not batches:
+            batches = make_batches(corpus, cfg.batch_tokens, rng)
+        idx = batches.pop()
+        ids, mask = collate(corpus, idx, device)
+        lr = cfg.lr * _schedule(step, cfg.warmup, total_steps, cfg.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with autocast:
+            lm, idx_loss = loss_on_written_tokens(model, ids, mask, "fp8")
+            loss = lm + cfg.indexer_loss_weight * idx_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for block in model.blocks:
+            if not block.moe.hashed and hasattr(block.moe, "last_counts"):
+                block.moe.update_selection_bias(block.moe.last_counts, cfg.bias_step)
+        step += 1
+        tokens_seen += ids.numel()
+        loss_tokens += int(mask[:, 1:].sum())
+        window.append(float(lm.detach()))
+        if step == 20 and cfg.max_steps > 20:
+            # Fit the schedule to the time budget from the first steps' pace.
+            per_step = (time.monotonic() - start) / step
+            total_steps = max(step + 1, min(cfg.max_steps, int(budget_s / per_step)))
+            log(f"step time {per_step * 1e3:.0f} ms -> {total_steps} steps in {cfg.minutes:g} min")
+        if step % cfg.log_every == 0 or step == total_steps:
+            mean = sum(window) / len(window)
+            losses.append((step, mean))
+            log(f"step {step}/{total_steps} lm {mean:.4f} idx {float(idx_loss.detach()):.4f} lr {lr:.2e} "
+                f"tokens {tokens_seen / 1e6:.1f}M elapsed {time.monotonic() - start:.0f}s")
+            window = []
+        if time.monotonic() - start > budget_s * 1.05:
+            log("time budget reached")
+            break
+    wall = time.monotonic() - start
+    result = TrainResult(step, losses[-1][1] if losses else float("nan"), wall, tokens_seen, loss_tokens, len(corpus), losses)
+    model.eval()
+    save_weights(model, out, info={"train_config": dataclasses.asdict(cfg), "steps": step, "final_loss": result.final_loss,
+                                   "wall_s": wall, "tokens_seen": tokens_seen, "sessions": len(corpus)})
+    return result
+
+
+def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Train DSV4-mini on an expert-session corpus.")
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--minutes", type=float, default=TrainConfig.minutes)
+    p.add_argument("--max-steps", type=int, default=TrainConfig.max_steps)
+    p.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
+    p.add_argument("--max-len", type=int, default=TrainConfig.max_len)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = p.parse_args(argv)
+    cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
+                      lr=a.lr, device=a.device)
+    r = train(ModelConfig(), cfg, a.corpus, a.out, log=lambda m: print(m, flush=True))
+    print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
+
+
+if __name__ == "__main__":
+    main()

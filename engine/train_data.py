@@ -1,0 +1,91 @@
+"""Training data for DSV4-mini: expert agent sessions rendered exactly as the server renders them.
+
+Each session of a scenario family is played by the scripted expert against a fresh world
+(the tool results come from the world, so arguments must be copied from context), turned into
+an OpenAI transcript, and encoded by deepseek-recipe's DSV4 prompt encoding with our tokenizer:
+the same path `engine serve` takes for a request. One session is one training sequence; the
+loss covers what the model writes in each assistant turn: from after `<｜Assistant｜></think>`
+up to and including `<｜end▁of▁sentence｜>`.
+
+The corpus is a compressed .npz: `tokens` (uint16, all sessions back to back), `offsets`
+(session starts, plus the end), `loss_mask` (uint8 per token), `meta` (JSON: seeds, families).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..agents import FAMILIES, play_expert, session_messages
+from .frontend import Frontend
+from .tokenizer import DSV4Tokenizer, load_tokenizer
+
+# Held-out evaluation seeds are below this; training seeds start here.
+TRAIN_SEED_BASE = 100_000
+
+
+@dataclass(frozen=True)
+class EncodedSession:
+    family: str
+    seed: int
+    ids: list[int]
+    mask: list[int]
+
+
+def encode_session(frontend: Frontend, family: str, seed: int) -> EncodedSession:
+    """Play, render and encode one expert session with its loss mask."""
+    fam = FAMILIES[family]
+    session = play_expert(fam, seed)
+    body = {"model": frontend.model_name, "messages": session_messages(session), "tools": fam.openai_tools(),
+            "chat_template_kwargs": {"thinking": False}}
+    # The server's own path; it appends the next turn's `<｜Assistant｜></think>`, dropped here.
+    ids = frontend.prepare_chat(body).prompt_ids[:-2]
+    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer))
+
+
+def assistant_mask(ids: list[int], tok: DSV4Tokenizer) -> list[int]:
+    """1 on the tokens the model writes: after each `<｜Assistant｜></think>` through EOS."""
+    assistant, think_end, eos = tok.special_id("Assistant"), tok.special_id("ThinkingEnd"), tok.eos_token_id
+    mask = [0] * len(ids)
+    i, inside = 0, False
+    while i < len(ids):
+        if not inside and ids[i] == assistant and i + 1 < len(ids) and ids[i + 1] == think_end:
+            inside = True
+            i += 2
+            continue
+        if inside:
+            mask[i] = 1
+            if ids[i] == eos:
+                inside = False
+        i += 1
+    return mask
+
+
+def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, frontend: Frontend | None = None,
+                 max_tokens: int | None = None) -> dict:
+    """Encode every (family, seed) session and write the .npz corpus; returns its summary."""
+    frontend = frontend or Frontend(load_tokenizer())
+    tokens: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    offsets = [0]
+    meta = []
+    for seed in seeds:
+        for fam in families:
+            s = encode_session(frontend, fam, seed)
+            ids, mask = s.ids, s.mask
+            if max_tokens is not None and len(ids) > max_tokens:
+                ids, mask = ids[:max_tokens], mask[:max_tokens]  # later turns dropped, earlier kept whole
+            tokens.append(np.asarray(ids, dtype=np.uint16))
+            masks.append(np.asarray(mask, dtype=np.uint8))
+            offsets.append(offsets[-1] + len(ids))
+            meta.append([fam, seed])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, tokens=np.concatenate(tokens), loss_mask=np.concatenate(masks),
+                        offsets=np.asarray(offsets, dtype=np.int64), meta=np.asarray(json.dumps(meta)))
+    lengths = np.diff(offsets)
+    return {"sessions": len(meta), "tokens": int(offsets[-1]), "loss_tokens": int(sum(m.sum() for m in masks)),
+            "median_len": int(np.median(lengths)), "max_len": int(lengths.max())}
