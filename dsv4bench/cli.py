@@ -140,7 +140,9 @@ def engine_serve(
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Disable the radix prefix cache."),
     model_name: str = typer.Option("dsv4-mini", help="Model name served by /v1/models."),
     api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_ENGINE_API_KEY", help="Require this Bearer token."),
-    seed: int = typer.Option(0, help="Seed of the random weight initialisation."),
+    weights: Optional[Path] = typer.Option(None, help="Weights file (safetensors); default: the shipped DSV4-mini weights."),
+    random_weights: bool = typer.Option(False, "--random-weights", help="Serve an untrained, seeded random initialisation."),
+    seed: int = typer.Option(0, help="Seed of the random weight initialisation (--random-weights)."),
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
@@ -166,11 +168,51 @@ def engine_serve(
     from .engine.serve import EngineSetupError, serve
 
     try:
-        serve(cfg, ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name), seed, log_level)
+        serve(cfg, ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name), weights,
+              random_weights, seed, log_level)
     except EngineSetupError as e:
         raise fail(str(e))
     except OSError as e:
         raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}")
+
+
+@engine_app.command("train")
+def engine_train(
+    out_path: Path = typer.Option(None, "--out", help="Weights file to write; default: the shipped weights' path."),
+    corpus: Path = typer.Option(Path("runs/train/corpus.npz"), help="Corpus file; built from expert sessions if missing."),
+    seeds: int = typer.Option(1000, help="Training seeds per family when the corpus is built."),
+    slip_share: float = typer.Option(0.6, help="Share of sessions with one slipped turn the expert recovers from."),
+    minutes: float = typer.Option(8.0, help="Training time budget; the LR schedule is fitted to it."),
+    max_len: int = typer.Option(8192, help="Longest session in tokens; longer ones lose their later turns."),
+    batch_tokens: int = typer.Option(32768, help="Padded tokens per step."),
+    lr: float = typer.Option(2e-3, help="Peak learning rate."),
+    init: Optional[Path] = typer.Option(None, help="Continue from these weights instead of from scratch."),
+    device: str = typer.Option("cuda", help="cuda or cpu (cpu only for tiny smoke runs)."),
+) -> None:
+    """Rebuild DSV4-mini's weights: expert-session corpus, then training (an H200 takes ~8 min)."""
+    from .engine.config import ModelConfig
+    from .engine.train import TrainConfig, train
+    from .engine.train_data import TRAIN_SEED_BASE, build_corpus
+    from .engine.weights import DEFAULT_WEIGHTS, WeightsError
+
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda asked for, but torch sees no CUDA device (use --device cpu for a smoke run)")
+    if not corpus.exists():
+        err.print(f"building the corpus: {seeds} seeds x 3 families -> {corpus}", highlight=False)
+        info = build_corpus(["coding", "data", "ops"], range(TRAIN_SEED_BASE, TRAIN_SEED_BASE + seeds), corpus,
+                            slip_share=slip_share)
+        err.print(f"corpus: {info}", highlight=False)
+    try:
+        result = train(ModelConfig(), TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
+                                                  device=device), corpus, out_path or DEFAULT_WEIGHTS,
+                       log=lambda m: err.print(m, highlight=False), init=init)
+    except WeightsError as e:
+        raise fail(str(e))
+    out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "
+              f"final loss {result.final_loss:.4f}; weights: {out_path or DEFAULT_WEIGHTS}", highlight=False)
 
 
 def _check_scenario(scenario: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,7 @@ from .radix_cache import RadixCache
 from .scheduler import Scheduler
 from .server import ServerConfig, build_app
 from .tokenizer import load_tokenizer
+from .weights import WeightsError, load_weights
 
 log = logging.getLogger("dsv4bench.engine")
 
@@ -39,15 +41,23 @@ class Engine:
         self.loop.stop()
 
 
-def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", init_seed: int = 0) -> Engine:
-    """Build and start the engine loop (weights: seeded random initialisation)."""
+def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path | None = None,
+                 random_weights: bool = False, init_seed: int = 0) -> Engine:
+    """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
+    random initialisation when `random_weights`)."""
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise EngineSetupError("--device cuda asked for, but torch sees no CUDA device")
     tok = load_tokenizer()
     if tok.vocab_size != cfg.model.vocab_size:
         raise EngineSetupError(f"tokenizer has {tok.vocab_size} tokens but the model expects {cfg.model.vocab_size}")
     torch.manual_seed(init_seed)
-    model = DSV4Mini(cfg.model)
+    if random_weights:
+        model = DSV4Mini(cfg.model)
+    else:
+        try:
+            model = load_weights(cfg.model, weights)
+        except WeightsError as e:
+            raise EngineSetupError(str(e)) from None
     runner = ModelRunner(cfg, model)
     allocator = PageAllocator(cfg.num_pages)
     cache = RadixCache(cfg.page_size, allocator)
@@ -59,13 +69,14 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", init_seed: in
     return Engine(cfg, engine, loop, frontend)
 
 
-def serve(cfg: EngineConfig, server_cfg: ServerConfig, init_seed: int = 0, log_level: str = "warning") -> None:
+def serve(cfg: EngineConfig, server_cfg: ServerConfig, weights: Path | None = None, random_weights: bool = False,
+          init_seed: int = 0, log_level: str = "warning") -> None:
     """Run the server in the foreground until interrupted."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    built = build_engine(cfg, server_cfg.model_name, init_seed)
+    built = build_engine(cfg, server_cfg.model_name, weights, random_weights, init_seed)
     app = build_app(built.engine, built.frontend, server_cfg)
     log.warning("DSV4-mini serving on http://%s:%d (device %s, %d pages of %d tokens)", server_cfg.host,
                 server_cfg.port, cfg.device, cfg.num_pages, cfg.page_size)

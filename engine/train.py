@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .model.model import DSV4Mini
-from .weights import save_weights
+from .weights import load_weights, save_weights
 
 
 @dataclass(frozen=True)
@@ -109,12 +109,13 @@ def loss_on_written_tokens(model: DSV4Mini, ids: torch.Tensor, mask: torch.Tenso
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path,
-          log=print) -> TrainResult:
+          log=print, init: Path | None = None) -> TrainResult:
+    """Train (from scratch, or on from the weights at `init`) and write the weights to `out`."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     device = torch.device(cfg.device)
     corpus = load_corpus(corpus_path, cfg.max_len)
-    model = DSV4Mini(model_cfg).to(device)
+    model = (load_weights(model_cfg, init) if init else DSV4Mini(model_cfg)).to(device)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
@@ -188,10 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len", type=int, default=TrainConfig.max_len)
     p.add_argument("--lr", type=float, default=TrainConfig.lr)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
+    p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      lr=a.lr, device=a.device)
-    r = train(ModelConfig(), cfg, a.corpus, a.out, log=lambda m: print(m, flush=True))
+                      lr=a.lr, device=a.device, warmup=a.warmup)
+    r = train(ModelConfig(), cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
 
 

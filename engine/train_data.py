@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..agents import FAMILIES, play_expert, session_messages
+import random
+
+from ..agents import FAMILIES, ExpertSession, play_expert, session_messages
+from ..agents.base import Observation, Step, ToolAction, ToolError, format_tool_error
 from .frontend import Frontend
 from .tokenizer import DSV4Tokenizer, load_tokenizer
 
@@ -36,37 +39,86 @@ class EncodedSession:
     mask: list[int]
 
 
-def encode_session(frontend: Frontend, family: str, seed: int) -> EncodedSession:
-    """Play, render and encode one expert session with its loss mask."""
+def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = False) -> EncodedSession:
+    """Play, render and encode one expert session with its loss mask.
+
+    With `perturb`, one turn of the session is a mistake (a call with a wrong argument value,
+    so the tool answers with an error) that carries no loss, and the expert recovers from it in
+    the turns after: the model learns to recover from its own slips instead of collapsing.
+    """
     fam = FAMILIES[family]
-    session = play_expert(fam, seed)
+    session, slipped = play_with_slip(family, seed) if perturb else (play_expert(fam, seed), None)
     body = {"model": frontend.model_name, "messages": session_messages(session), "tools": fam.openai_tools(),
             "chat_template_kwargs": {"thinking": False}}
     # The server's own path; it appends the next turn's `<｜Assistant｜></think>`, dropped here.
     ids = frontend.prepare_chat(body).prompt_ids[:-2]
-    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer))
+    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns={slipped}))
 
 
-def assistant_mask(ids: list[int], tok: DSV4Tokenizer) -> list[int]:
-    """1 on the tokens the model writes: after each `<｜Assistant｜></think>` through EOS."""
+def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int | None] | None = None) -> list[int]:
+    """1 on the tokens the model writes: after each `<｜Assistant｜></think>` through EOS,
+    except in the assistant turns numbered in `skip_turns`."""
     assistant, think_end, eos = tok.special_id("Assistant"), tok.special_id("ThinkingEnd"), tok.eos_token_id
+    skip = skip_turns or set()
     mask = [0] * len(ids)
-    i, inside = 0, False
+    i, inside, turn = 0, False, -1
     while i < len(ids):
         if not inside and ids[i] == assistant and i + 1 < len(ids) and ids[i + 1] == think_end:
-            inside = True
+            inside, turn = True, turn + 1
             i += 2
             continue
         if inside:
-            mask[i] = 1
+            mask[i] = 0 if turn in skip else 1
             if ids[i] == eos:
                 inside = False
         i += 1
     return mask
 
 
+def play_with_slip(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, int | None]:
+    """The expert's session with one slipped turn (a wrong string argument); returns the
+    session and the slipped turn's index (None when no call had a string to get wrong)."""
+    fam = FAMILIES[family]
+    rng = random.Random(seed * 7 + 1)
+    world = fam.build_world(seed)
+    session = ExpertSession(fam, fam.make_task(world, seed), world)
+    seen: list[Observation] = []
+    slip_at = rng.randrange(1, 10)
+    slipped = None
+    for n in range(max_turns):
+        step = fam.expert_step(session.task, list(seen))
+        if n == slip_at and not step.is_final:
+            wrong = _slip(step.calls[0], rng)
+            if wrong is not None:
+                step, slipped = Step(calls=(wrong,)), n
+        session.steps.append(step)
+        if step.is_final:
+            session.results.append([])
+            break
+        turn = []
+        for action in step.calls:
+            try:
+                result = world.execute(action.name, dict(action.arguments))
+            except ToolError as exc:
+                result = format_tool_error(exc)
+            turn.append(Observation(action, result))
+        session.results.append(turn)
+        seen += turn
+    return session, slipped
+
+
+def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:
+    keys = [k for k, v in call.arguments.items() if isinstance(v, str) and v]
+    if not keys:
+        return None
+    k = rng.choice(keys)
+    v = call.arguments[k]
+    wrong = rng.choice([v + "_old", v[: max(1, len(v) // 2)], "tmp/" + v, v.upper() + "2"])
+    return ToolAction(call.name, {**call.arguments, k: wrong})
+
+
 def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, frontend: Frontend | None = None,
-                 max_tokens: int | None = None) -> dict:
+                 max_tokens: int | None = None, slip_share: float = 0.5) -> dict:
     """Encode every (family, seed) session and write the .npz corpus; returns its summary."""
     frontend = frontend or Frontend(load_tokenizer())
     tokens: list[np.ndarray] = []
@@ -75,7 +127,7 @@ def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, front
     meta = []
     for seed in seeds:
         for fam in families:
-            s = encode_session(frontend, fam, seed)
+            s = encode_session(frontend, fam, seed, perturb=(seed * 31 + len(fam)) % 100 < slip_share * 100)
             ids, mask = s.ids, s.mask
             if max_tokens is not None and len(ids) > max_tokens:
                 ids, mask = ids[:max_tokens], mask[:max_tokens]  # later turns dropped, earlier kept whole

@@ -92,7 +92,8 @@ class MoE(nn.Module):
             outs.append((F.silu(gate) * up) @ self.w_out[e])
             start += c
         ys = torch.cat(outs) * gates.flatten()[order].unsqueeze(-1).to(x.dtype)
-        return self.shared(x).index_add(0, tok, ys)
+        shared = self.shared(x)
+        return shared.index_add(0, tok, ys.to(shared.dtype))  # under autocast the two may differ
 
     @torch.no_grad()
     def update_selection_bias(self, expert_counts: torch.Tensor, step: float = 1e-3) -> None:

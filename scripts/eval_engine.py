@@ -1,0 +1,99 @@
+"""Evaluate the bundled DSV4-mini as an agent, through the real server: held-out seeds,
+greedy decoding, one session at a time.
+
+For each family it reports:
+  - tool-call turns whose every call is well-formed and schema-valid (no args_not_json,
+    schema_violation, unknown_tool, dsml_* verdict), as a share of turns that called tools;
+  - DSML well-formedness: turns with no dsml_* verdict, as a share of all turns;
+  - sessions that reach the expert's final state (the family's own `solved` check);
+  - turns, and sessions that ended with a final answer.
+
+    python scripts/eval_engine.py [--seeds 20] [--url URL]   (no --url: starts the engine)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsv4bench.agents import FAMILIES  # noqa: E402
+from dsv4bench.checks import run_checks  # noqa: E402
+from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
+from dsv4bench.records import TurnContext, TurnStatus  # noqa: E402
+from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
+
+BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments"}
+
+
+async def eval_family(url: str, family: str, seeds: range, max_turns: int) -> dict:
+    fam = FAMILIES[family]
+    c: Counter[str] = Counter()
+    codes: Counter[str] = Counter()
+    async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
+        for seed in seeds:
+            sess = AgentSession(f"eval-{family}-{seed}", fam, seed, SessionConfig(model="dsv4-mini", max_turns=max_turns))
+            while not sess.done:
+                body = sess.next_request()
+                out = await chat_turn(client, f"{url}/chat/completions", body, Deadlines(120, 300))
+                verdicts, _ = run_checks(TurnContext(response=out.response, tools=sess.schemas, status=out.status,
+                                                     http_status=out.http_status, error=out.error,
+                                                     error_kind=out.error_kind, thinking=False))
+                got = {v.code for v in verdicts}
+                codes.update(got)
+                c["turns"] += 1
+                c["turns_errored"] += out.status is not TurnStatus.OK
+                c["dsml_clean"] += not any(code.startswith("dsml_") for code in got)
+                if out.response and out.response.tool_calls:
+                    c["call_turns"] += 1
+                    c["call_turns_valid"] += not (got & BAD_CALL or any(x.startswith("dsml_") for x in got))
+                sess.observe(out.status, out.response, verdicts)
+            c["sessions"] += 1
+            c["final"] += sess.end_reason is EndReason.FINAL
+            c["solved"] += bool(fam.solved(sess.task, sess.world))
+    return {"family": family, **c, "codes": dict(codes)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=20, help="held-out seeds per family (seeds 0..N-1; training uses 100000+)")
+    p.add_argument("--max-turns", type=int, default=16)
+    p.add_argument("--url", default=None)
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    engine = None
+    if a.url is None:
+        from dsv4bench.engine.launcher import start_engine
+
+        engine = start_engine(["--num-pages", "8192"])
+    url = a.url or engine.url
+    t0 = time.monotonic()
+    try:
+        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns) for f in FAMILIES]
+    finally:
+        if engine:
+            engine.stop()
+    tot: Counter[str] = Counter()
+    print(f"{'family':<8} {'sessions':>8} {'turns':>6} {'valid calls':>12} {'DSML ok':>8} {'solved':>7} {'final':>6}")
+    for r in rows:
+        tot.update({k: v for k, v in r.items() if isinstance(v, int)})
+        print(f"{r['family']:<8} {r['sessions']:>8} {r['turns']:>6} "
+              f"{r['call_turns_valid']}/{r['call_turns']} {r['dsml_clean'] / r['turns']:>8.1%} "
+              f"{r['solved'] / r['sessions']:>7.0%} {r['final'] / r['sessions']:>6.0%}")
+    print(f"all: {tot['call_turns_valid'] / tot['call_turns']:.2%} of tool-call turns well-formed and schema-valid; "
+          f"DSML well-formed in {tot['dsml_clean'] / tot['turns']:.2%} of turns; {tot['solved']}/{tot['sessions']} "
+          f"sessions reached the expert's final state; {time.monotonic() - t0:.0f} s")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Training at a tiny size on CPU: corpus masks, a few steps that lower the loss, weights that
+round-trip, and clear errors for missing or mismatched weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dsv4bench.engine.config import ModelConfig
+from dsv4bench.engine.frontend import Frontend
+from dsv4bench.engine.tokenizer import load_tokenizer
+from dsv4bench.engine.train import TrainConfig, train
+from dsv4bench.engine.train_data import build_corpus, encode_session, play_with_slip
+from dsv4bench.engine.weights import WeightsError, load_weights
+
+TINY = ModelConfig(d_model=32, n_layers=2, n_heads=2, head_dim=16, rope_dim=8, window=32, hca_rate=8, csa_rate=2,
+                   index_heads=2, index_dim=8, index_topk=4, n_experts=4, expert_dim=32, shared_expert_dim=32)
+
+
+@pytest.fixture(scope="module")
+def frontend():
+    return Frontend(load_tokenizer())
+
+
+def test_loss_mask_covers_exactly_what_the_model_writes(frontend):
+    tok = frontend.tokenizer
+    s = encode_session(frontend, "data", 3)
+    spans, i = [], 0
+    while i < len(s.mask):
+        if s.mask[i]:
+            j = i
+            while j < len(s.mask) and s.mask[j]:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    assert len(spans) >= 5
+    for a, b in spans:
+        assert s.ids[a - 2: a] == [tok.special_id("Assistant"), tok.special_id("ThinkingEnd")]
+        assert s.ids[b - 1] == tok.eos_token_id
+    assert "DSML" in tok.decode(s.ids[spans[0][0]:spans[0][1]])
+
+
+def test_slipped_turn_carries_no_loss_and_the_expert_recovers(frontend):
+    session, slipped = play_with_slip("coding", 11)
+    assert slipped is not None and session.results[slipped][0].result.startswith("error")
+    assert session.family.solved(session.task, session.world)
+    clean = encode_session(frontend, "coding", 11)
+    slip = encode_session(frontend, "coding", 11, perturb=True)
+    n_turns = lambda s: sum(1 for k in range(1, len(s.mask)) if s.mask[k] and not s.mask[k - 1])  # noqa: E731
+    assert n_turns(slip) == len(session.steps) - 1  # every turn but the slipped one is learned
+    assert n_turns(clean) >= 5
+
+
+def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend):
+    corpus = tmp_path / "c.npz"
+    info = build_corpus(["coding", "ops"], range(100_000, 100_002), corpus, frontend, max_tokens=1400)
+    assert info["sessions"] == 4 and info["loss_tokens"] > 0
+    out = tmp_path / "w.safetensors"
+    r = train(TINY, TrainConfig(max_steps=12, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=2,
+                                device="cpu", log_every=4), corpus, out, log=lambda m: None)
+    assert r.steps == 12 and r.losses[-1][1] < r.losses[0][1]
+    model = load_weights(TINY, out)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    with pytest.raises(WeightsError, match="do not match the model config: d_model"):
+        load_weights(dataclasses.replace(TINY, d_model=64), out)
+    with pytest.raises(WeightsError, match="engine train"):
+        load_weights(TINY, tmp_path / "missing.safetensors")
+    assert np.load(corpus)["tokens"].dtype == np.uint16
+
+
+def test_shipped_weights_load_with_the_default_config():
+    model = load_weights(ModelConfig())
+    assert sum(p.numel() for p in model.parameters()) == 9_884_688
