@@ -8,6 +8,7 @@ trainer its transcripts (`session_messages`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,14 +83,20 @@ class ExpertSession:
         return self.steps[-1].final if self.steps and self.steps[-1].is_final else None
 
 
-def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16) -> ExpertSession:
-    """Play the expert against a fresh world for at most `max_turns` assistant turns."""
+def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16,
+                alter: Callable[[int, Step], Step] | None = None) -> ExpertSession:
+    """Play the expert against a fresh world for at most `max_turns` assistant turns.
+
+    `alter(turn, step)` may replace the expert's step of a turn (training data uses it to
+    plant a slip the expert then recovers from)."""
     fam = get_family(family) if isinstance(family, str) else family
     world = fam.build_world(seed)
     session = ExpertSession(fam, fam.make_task(world, seed), world)
     seen: list[Observation] = []
-    for _ in range(max_turns):
+    for n in range(max_turns):
         step = fam.expert_step(session.task, list(seen))
+        if alter is not None:
+            step = alter(n, step)
         session.steps.append(step)
         if step.is_final:
             session.results.append([])

@@ -95,17 +95,12 @@ def loss_on_written_tokens(model: DSV4Mini, ids: torch.Tensor, mask: torch.Tenso
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(LM loss on the assistant-written tokens, indexer loss). Logits only where a loss is
     taken: the lm_head over every position of 8k-token sessions would dominate memory."""
-    x = model.embed(ids)
-    aux = []
-    for block in model.blocks:
-        x, a = block.forward_dense(x, ids, model.rope, index_k_dtype, True)
-        if a is not None:
-            aux.append(a)
+    x, aux = model.hidden_dense(ids, index_k_dtype, want_aux=True)
     target_mask = mask[:, 1:]  # position t predicts token t+1
     h = x[:, :-1][target_mask]
     logits = model.logits(h).float()
     lm = F.cross_entropy(logits, ids[:, 1:][target_mask])
-    return lm, (torch.stack(aux).mean() if aux else lm * 0.0)
+    return lm, (aux if aux is not None else lm * 0.0)
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path,

@@ -14,16 +14,15 @@ The corpus is a compressed .npz: `tokens` (uint16, all sessions back to back), `
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-import random
-
 from ..agents import FAMILIES, ExpertSession, play_expert, session_messages
-from ..agents.base import Observation, Step, ToolAction, ToolError, format_tool_error
+from ..agents.base import Step, ToolAction
 from .frontend import Frontend
 from .tokenizer import DSV4Tokenizer, load_tokenizer
 
@@ -78,33 +77,20 @@ def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int | Non
 def play_with_slip(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, int | None]:
     """The expert's session with one slipped turn (a wrong string argument); returns the
     session and the slipped turn's index (None when no call had a string to get wrong)."""
-    fam = FAMILIES[family]
     rng = random.Random(seed * 7 + 1)
-    world = fam.build_world(seed)
-    session = ExpertSession(fam, fam.make_task(world, seed), world)
-    seen: list[Observation] = []
     slip_at = rng.randrange(1, 10)
-    slipped = None
-    for n in range(max_turns):
-        step = fam.expert_step(session.task, list(seen))
+    slipped: list[int] = []
+
+    def alter(n: int, step: Step) -> Step:
         if n == slip_at and not step.is_final:
             wrong = _slip(step.calls[0], rng)
             if wrong is not None:
-                step, slipped = Step(calls=(wrong,)), n
-        session.steps.append(step)
-        if step.is_final:
-            session.results.append([])
-            break
-        turn = []
-        for action in step.calls:
-            try:
-                result = world.execute(action.name, dict(action.arguments))
-            except ToolError as exc:
-                result = format_tool_error(exc)
-            turn.append(Observation(action, result))
-        session.results.append(turn)
-        seen += turn
-    return session, slipped
+                slipped.append(n)
+                return Step(calls=(wrong,))
+        return step
+
+    session = play_expert(FAMILIES[family], seed, max_turns, alter)
+    return session, (slipped[0] if slipped else None)
 
 
 def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:

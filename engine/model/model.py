@@ -97,15 +97,23 @@ class DSV4Mini(nn.Module):
         """
         squeeze = token_ids.dim() == 1
         ids = token_ids.unsqueeze(0) if squeeze else token_ids
-        assert ids.dim() == 2 and ids.shape[1] <= self.cfg.max_context
-        x = self.embed(ids)
-        losses = []
-        for block in self.blocks:
-            x, aux = block.forward_dense(x, ids, self.rope, index_k_dtype, return_indexer_loss)
-            if aux is not None:
-                losses.append(aux)
+        x, aux = self.hidden_dense(ids, index_k_dtype, return_indexer_loss)
         logits = self.logits(x)
         logits = logits[0] if squeeze else logits
         if not return_indexer_loss:
             return logits
-        return logits, (torch.stack(losses).mean() if losses else logits.sum() * 0.0)
+        return logits, (aux if aux is not None else logits.sum() * 0.0)
+
+    def hidden_dense(self, ids: torch.Tensor, index_k_dtype: str | None = "fp8", want_aux: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hidden states [B, T, d_model] before the final norm, and the indexer loss averaged
+        over CSA layers (None when not asked or no CSA layer). Training takes logits only
+        where it needs them, from these."""
+        assert ids.dim() == 2 and ids.shape[1] <= self.cfg.max_context
+        x = self.embed(ids)
+        losses = []
+        for block in self.blocks:
+            x, aux = block.forward_dense(x, ids, self.rope, index_k_dtype, want_aux)
+            if aux is not None:
+                losses.append(aux)
+        return x, (torch.stack(losses).mean() if losses else None)

@@ -16,30 +16,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from dsv4bench.engine.config import EngineConfig
+from dsv4bench.engine.engine_loop import EngineStats, TokenEvent
 from dsv4bench.engine.request import FinishReason, SamplingParams
-
-
-@dataclass
-class TokenEvent:
-    token_ids: list[int]
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass
-class EngineStats:
-    num_running: int = 0
-    num_queued: int = 0
-    num_prefill: int = 0
-    pages_used: int = 0
-    pages_total: int = 1024
-    token_usage: float = 0.0
-    cache_hit_rate: float = 0.0
-    num_requests_total: int = 0
-    num_aborted_total: int = 0
-    gen_tokens_total: int = 0
-    prompt_tokens_total: int = 0
 
 
 @dataclass
@@ -63,7 +41,7 @@ class FakeEngine:
         self.seen: dict[str, Seen] = {}
         self._abort_flags: set[str] = set()
         self._lock = threading.Lock()
-        self._stats = EngineStats()
+        self._stats = EngineStats(pages_total=1024)
 
     def alive(self) -> bool:
         return self.is_alive
