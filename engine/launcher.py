@@ -64,6 +64,16 @@ class EngineProcess:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
+    SIGKILL, so a killed run never leaves an engine holding memory and a port."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 180.0,
                  log_dir: Path | None = None) -> EngineProcess:
     """Spawn `dsv4bench engine serve` on a free port and wait until /health answers 200."""
@@ -73,7 +83,8 @@ def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 1
     log_path = log_dir / "engine.log"
     log = open(log_path, "w", encoding="utf-8")
     cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *(extra_args or [])]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     ep = EngineProcess(proc, host, port, log_path, log)
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:

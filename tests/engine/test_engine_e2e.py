@@ -123,3 +123,31 @@ def test_agents_without_url_starts_the_bundled_engine(tmp_path):
     last = samples[-1]["values"]
     assert last['sglang:num_running_reqs{engine_type="unified",model_name="dsv4-mini"}'] == 0
     assert last['sglang:num_requests_total{engine_type="unified",model_name="dsv4-mini"}'] >= summary["turns"]["total"]
+
+
+def test_killing_the_harness_stops_its_bundled_engine(tmp_path):
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4bench", "agents", "--duration", "120", "--concurrency", "2",
+                             "--quiet", "--out", str(tmp_path / "runs"), "--engine-arg=--num-pages=1024"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    run_json = None
+    while time.monotonic() < deadline and run_json is None:
+        found = list((tmp_path / "runs").glob("*/run.json")) if (tmp_path / "runs").exists() else []
+        run_json = found[0] if found else None
+        time.sleep(0.2)
+    assert run_json is not None, "the run never started"
+    metrics = json.loads(run_json.read_text())["server"]["bundled_engine"]["metrics"]
+    assert httpx.get(metrics, timeout=5).status_code == 200
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(metrics, timeout=1)
+        except httpx.HTTPError:
+            return  # the engine went away with the harness
+        time.sleep(0.2)
+    raise AssertionError("the bundled engine outlived a SIGKILLed harness")
