@@ -1,0 +1,130 @@
+"""The wedge detector on recorded series: the incident's shapes must be caught, drains passed."""
+
+from __future__ import annotations
+
+from dsv4bench.records import WEDGE_CODES
+from dsv4bench.wedge import WedgeConfig, detect_wedge
+
+S = 1_000_000_000
+STOP = 1_000 * S  # monotonic ns when load stopped
+DEC = "http://d/metrics"
+PRE = "http://p/metrics"
+LBL = '{engine_type="decode",model_name="m"}'
+CFG = WedgeConfig(drain_timeout_s=30.0, min_stuck_s=5.0)
+
+
+def s(name: str) -> str:
+    return f"{name}{LBL}"
+
+
+RUN, QUEUE = s("sglang:num_running_reqs"), s("sglang:num_queue_reqs")
+TRANSFER, INFLIGHT = s("sglang:num_decode_transfer_queue_reqs"), s("sglang:num_prefill_inflight_queue_reqs")
+REQS, GEN = s("sglang:num_requests_total"), s("sglang:generation_tokens_total")
+
+
+def sample(t_s: float, endpoint: str = DEC, ok: bool = True, **values: float) -> dict:
+    keys = {"run": RUN, "queue": QUEUE, "transfer": TRANSFER, "inflight": INFLIGHT, "reqs": REQS, "gen": GEN}
+    out = {"t_wall_ns": 0, "t_ns": STOP + int(t_s * S), "endpoint": endpoint, "ok": ok}
+    if ok:
+        out["values"] = {keys[k]: float(v) for k, v in values.items()}
+    return out
+
+
+def test_healthy_drain_reports_drain_time_and_no_codes():
+    series = [sample(-1, run=80, queue=5, reqs=100, gen=9000)]  # before stop: ignored
+    series += [sample(0, run=80, queue=0, reqs=100, gen=9000), sample(1, run=40, queue=0, reqs=140, gen=9400),
+               sample(2, run=10, queue=0, reqs=170, gen=9600), sample(3, run=0, queue=0, reqs=180, gen=9700),
+               sample(10, run=0, queue=0, reqs=180, gen=9700)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[DEC]["codes"] == []
+    assert found[DEC]["drain_s"] == 3.0
+    assert found[DEC]["gauges"] == {QUEUE: 0.0, RUN: 0.0}
+
+
+def test_decode_transfer_queue_stuck_at_58():
+    series = [sample(t, run=0, transfer=58, reqs=500, gen=40000) for t in range(0, 31)]
+    series.append(sample(40, run=0, transfer=0, reqs=500, gen=40000))  # after the window: ignored
+    found = detect_wedge(series, STOP, CFG)
+    f = found[DEC]
+    assert f["codes"] == ["queue_stuck"]
+    assert f["drain_s"] is None
+    assert f["gauges"][TRANSFER] == 58.0
+    [line] = f["details"]
+    assert "sglang:num_decode_transfer_queue_reqs" in line and "=58" in line and DEC in line
+    assert "30.0 s" in line
+
+
+def test_prefill_inflight_queue_stuck_at_1_beside_a_healthy_decode():
+    series = [sample(t, PRE, inflight=1, run=0, reqs=10) for t in range(0, 21, 2)]
+    series += [sample(t, DEC, run=0, transfer=0, reqs=10) for t in range(0, 21, 2)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[PRE]["codes"] == ["queue_stuck"]
+    assert "sglang:num_prefill_inflight_queue_reqs" in found[PRE]["details"][0]
+    assert "=1 " in found[PRE]["details"][0] and "20.0 s" in found[PRE]["details"][0]
+    assert found[DEC]["codes"] == [] and found[DEC]["drain_s"] == 0.0
+
+
+def test_ghost_decoding_is_ghost_requests_not_queue_stuck():
+    series = [sample(t, run=3, reqs=200, gen=1000 + 50 * t) for t in range(0, 31)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[DEC]["codes"] == ["ghost_requests"]
+    assert "sglang:num_running_reqs" in found[DEC]["details"][0]
+
+
+def test_lying_health_gives_canary_timeout_and_health_lies():
+    series = [sample(t, run=0, transfer=0, reqs=5) for t in range(0, 11)]
+    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01}]
+    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 10.0,
+                 "error": "timeout after 10 s"}]
+    found = detect_wedge(series, STOP, CFG, health=health, canaries=canaries)
+    assert found["http://d/v1"]["codes"] == ["canary_timeout", "health_lies"]
+    assert found["http://d/health"]["codes"] == []
+    assert found[DEC]["codes"] == []
+    assert set(found["http://d/v1"]["codes"]) <= set(WEDGE_CODES)
+
+
+def test_honest_health_with_failed_canary_is_only_canary_timeout():
+    health = [{"t_ns": STOP + S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01},
+              {"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 503, "latency_s": 0.01}]
+    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 1.0, "error": "x"}]
+    found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)
+    assert found["http://d/v1"]["codes"] == ["canary_timeout"]
+
+
+def test_recovered_canary_clears_canary_timeout():
+    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 1.0, "error": "x"},
+                {"t_ns": STOP + 35 * S, "endpoint": "http://d/v1", "ok": True, "latency_s": 0.1, "error": None}]
+    assert detect_wedge([], STOP, CFG, canaries=canaries)["http://d/v1"]["codes"] == []
+
+
+def test_slow_but_progressing_drain_is_not_a_wedge():
+    # Still work at the end of the window, but the queue shrinks and counters move.
+    series = [sample(t, run=40, queue=60 - 2 * t, transfer=max(0, 30 - t), reqs=100 + 3 * t, gen=5000 + 90 * t)
+              for t in range(0, 31)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[DEC]["codes"] == []
+    assert found[DEC]["drain_s"] is None
+
+
+def test_short_plateau_under_min_stuck_is_not_stuck():
+    series = [sample(t, transfer=10 if t < 27 else 4, reqs=1 if t < 27 else 7) for t in range(0, 31)]
+    assert detect_wedge(series, STOP, CFG)[DEC]["codes"] == []
+
+
+def test_endpoint_down_mid_window_is_skipped_not_a_crash():
+    series = [sample(t, transfer=58, reqs=9) for t in range(0, 10)]
+    series += [sample(t, ok=False) for t in range(10, 25)]
+    series += [sample(t, transfer=58, reqs=9) for t in range(25, 31)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[DEC]["codes"] == ["queue_stuck"]
+    all_down = detect_wedge([sample(t, PRE, ok=False) for t in range(0, 31)], STOP, CFG)
+    assert all_down[PRE] == {"codes": [], "gauges": {}, "drain_s": None, "details": []}
+
+
+def test_vllm_names_are_judged_too():
+    ep = "http://v/metrics"
+    key = 'vllm:num_requests_waiting{model_name="m"}'
+    series = [{"t_wall_ns": 0, "t_ns": STOP + t * S, "endpoint": ep, "ok": True,
+               "values": {key: 7.0, 'vllm:generation_tokens_total{model_name="m"}': 100.0}} for t in range(0, 31)]
+    found = detect_wedge(series, STOP, CFG)
+    assert found[ep]["codes"] == ["queue_stuck"] and key in found[ep]["details"][0]
