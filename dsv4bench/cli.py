@@ -74,6 +74,16 @@ def agents(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress; print the verdict line only."),
     metrics: list[str] = typer.Option([], "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode)."),
     metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of each --metrics URL."),
+    kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help=(
+        "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
+        "frac=0.25/every=10s[/from=20s][/until=90s] (a share of the sessions periodically); "
+        "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
+        "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
+        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/nemesis.py.")),
+    drain_timeout: float = typer.Option(30.0, help="Seconds to keep scraping --metrics after the load stops, waiting for the queues to drain."),
+    serve_metrics: Optional[int] = typer.Option(None, "--serve-metrics", metavar="PORT", help="Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts by code, kills)."),
+    canary_timeout: float = typer.Option(10.0, help="Deadline of the one short completion sent after the drain window."),
+    recover_cmd: Optional[str] = typer.Option(None, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
@@ -85,11 +95,13 @@ def agents(
             scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
-            metrics=tuple(metrics), metrics_interval=metrics_interval,
+            metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
+            canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics,
         )
         _check_scenario(scenario)
     except ConfigError as e:
         raise fail(str(e))
+    from .exporter import ExporterError
     from .run import run_agents
 
     bundled = None
@@ -103,7 +115,10 @@ def agents(
             raise fail(str(e))
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
-        summary, run_dir = run_agents(config, facts, command=_command_line())
+        try:
+            summary, run_dir = run_agents(config, facts, command=_command_line())
+        except ExporterError as e:
+            raise fail(str(e))
     finally:
         if bundled is not None:
             bundled.stop()
@@ -121,6 +136,42 @@ def _start_bundled_engine(engine_args: list[str], quiet: bool):
         return start_engine(engine_args)
     except EngineStartError as e:
         raise fail(str(e))
+
+
+@app.command()
+def probe(
+    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:30000 (router, prefill, decode)."),
+    timeout: float = typer.Option(10.0, help="Seconds each check (metrics, health, canary) may take."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
+) -> None:
+    """One-shot wedge check: queue and PD gauges, /health, /health_generate and a canary per
+    endpoint. Exit 0 healthy, 1 wedged, 2 unreachable."""
+    from .probe import probe_main
+
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise fail(f"probe takes http(s) server roots; got {', '.join(bad)}")
+    if timeout <= 0:
+        raise fail("--timeout must be positive")
+    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out))
+
+
+@app.command()
+def watch(
+    metrics_url: list[str] = typer.Argument(..., help="Prometheus /metrics URLs (router, prefill, decode)."),
+    duration: float = typer.Option(60.0, help="Seconds to watch, then exit."),
+    interval: float = typer.Option(1.0, help="Seconds between scrapes."),
+    stuck_s: float = typer.Option(5.0, "--stuck-s", help="Seconds a queue must stay above 0 with no counter moving to be marked."),
+) -> None:
+    """Live sparklines of the queue gauges; marks a wedge as it forms. Exit 1 wedge, 0 healthy, 2 unreachable."""
+    from .watch import watch_main
+
+    bad = [u for u in metrics_url if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise fail(f"watch takes http(s) /metrics URLs; got {', '.join(bad)}")
+    if duration <= 0 or interval <= 0 or stuck_s <= 0:
+        raise fail("--duration, --interval and --stuck-s must be positive")
+    raise typer.Exit(anyio.run(watch_main, list(metrics_url), duration, interval, stuck_s, err))
 
 
 engine_app = typer.Typer(help="The bundled DSV4-mini engine.", no_args_is_help=True)

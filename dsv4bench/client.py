@@ -31,6 +31,20 @@ class TurnOutcome:
     raw_lines: list[str] = field(default_factory=list)
 
 
+@dataclass
+class TurnProbe:
+    """What the nemesis may read of a turn in flight (the driver passes one to chat_turn).
+
+    `phase`: "waiting" until the first token, "streaming" after it, "toolcall" once a
+    tool-call delta arrived. `outcome` is the turn's outcome object as it fills up, so a turn
+    cancelled from outside keeps its timings and raw lines; `assembler` its partial response.
+    """
+
+    phase: str = "waiting"
+    outcome: TurnOutcome | None = None
+    assembler: DeltaAssembler | None = None
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """Seconds from the start of a request to its first token, and to its end."""
@@ -45,6 +59,7 @@ async def chat_turn(
     body: dict[str, Any],
     deadlines: Deadlines,
     headers: dict[str, str] | None = None,
+    probe: TurnProbe | None = None,
 ) -> TurnOutcome:
     """POST `body` to `url` (a /chat/completions endpoint) and assemble the reply.
 
@@ -52,6 +67,8 @@ async def chat_turn(
     """
     t = Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns())
     out = TurnOutcome(status=TurnStatus.OK, timings=t)
+    if probe is not None:
+        probe.outcome = out
     stream = bool(body.get("stream"))
     # One cancel scope carries both deadlines: it starts at the TTFT deadline and is moved
     # to the total deadline once the first token arrives.
@@ -67,10 +84,12 @@ async def chat_turn(
                     out.error = f"HTTP {resp.status_code}: {_error_message(text)}"
                     out.raw_lines = [text[:4000]]
                 elif stream:
-                    out.response = await _read_stream(resp, t, out.raw_lines, scope, total_deadline)
+                    out.response = await _read_stream(resp, t, out.raw_lines, scope, total_deadline, probe)
                 else:
                     raw = await resp.aread()
                     t.first_token_ns = time.monotonic_ns()
+                    if probe is not None:
+                        probe.phase = "streaming"
                     scope.deadline = total_deadline
                     text = raw.decode("utf-8", "replace")
                     out.raw_lines = [text]
@@ -100,17 +119,24 @@ async def _read_stream(
     raw_lines: list[str],
     scope: anyio.CancelScope,
     total_deadline: float,
+    probe: TurnProbe | None = None,
 ) -> AssembledResponse:
     asm = DeltaAssembler()
+    if probe is not None:
+        probe.assembler = asm
     last_token_ns: int | None = None
     try:
         async for event in EventSource(resp).aiter_sse():
             raw_lines.append(event.data)
+            if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in event.data:
+                probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
             if asm.feed(event.data):
                 now = time.monotonic_ns()
                 if t.first_token_ns is None:
                     t.first_token_ns = now
                     scope.deadline = total_deadline
+                    if probe is not None and probe.phase == "waiting":
+                        probe.phase = "streaming"
                 elif last_token_ns is not None:
                     t.token_gaps_ms.append((now - last_token_ns) / 1e6)
                 last_token_ns = now

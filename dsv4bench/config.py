@@ -41,6 +41,11 @@ class RunConfig:
     quiet: bool = False
     metrics: tuple[str, ...] = ()  # Prometheus /metrics URLs scraped during the run
     metrics_interval: float = 1.0
+    kill: tuple[str, ...] = ()  # nemesis specs (dsv4bench.nemesis), parsed here so bad ones fail early
+    drain_timeout: float = 30.0  # seconds to watch the queues drain after the load stops
+    canary_timeout: float = 10.0  # the post-drain canary's deadline
+    serve_metrics: int | None = None  # port of the harness's own /metrics
+    recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -68,6 +73,19 @@ class RunConfig:
         for m in self.metrics:
             if not m.startswith(("http://", "https://")):
                 raise ConfigError(f"--metrics must be an http(s) URL, got {m!r}")
+        if self.serve_metrics is not None and not 0 <= self.serve_metrics <= 65535:
+            raise ConfigError("--serve-metrics must be a port number")
+        if self.canary_timeout <= 0:
+            raise ConfigError("--canary-timeout must be positive")
+        if self.drain_timeout < 0:
+            raise ConfigError("--drain-timeout must be zero or positive")
+        from .nemesis import parse_kill_spec
+
+        for spec in self.kill:
+            try:
+                parse_kill_spec(spec)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
         if bad:
             raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
@@ -81,6 +99,7 @@ class RunConfig:
         d["out"] = str(self.out)
         d["fail_on"] = list(self.fail_on)
         d["metrics"] = list(self.metrics)
+        d["kill"] = list(self.kill)
         if d.get("api_key"):
             d["api_key"] = "***"
         return d

@@ -3,7 +3,12 @@
 It runs a closed pool of `concurrency` sessions, or an open Poisson arrival of `rate`
 sessions per second, over one shared httpx client, and records every turn into the
 history as it happens. Everything it decides is delegated: the session says what to send,
-the checkers say what is wrong.
+the checkers say what is wrong, the nemesis says whom to kill and when.
+
+Each in-flight turn runs in its own cancel scope; a nemesis kill cancels it, which closes the
+HTTP stream (the connection drops as a killed agent's would), and the turn is recorded
+`killed` with its timings and partial response. After the load stops, with --metrics, the
+monitors keep scraping through the drain window (see `_drain`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import httpx
 
 from .agents import family_for_session
 from .checks import run_checks
-from .client import Deadlines, TurnOutcome, chat_turn
+from .client import Deadlines, TurnOutcome, TurnProbe, chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
-from .monitor import monitor, scrape_once
+from .canary import canary, health
+from .recover import root_of
+from .monitor import QUEUE_GAUGES, monitor, scrape_once
+from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats
-from .records import TurnContext, TurnRecord, TurnStatus
+from .records import Timings, TurnContext, TurnRecord, TurnStatus
 from .session import AgentSession, EndReason, SessionConfig, request_summary
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
@@ -53,6 +61,7 @@ class AgentRun:
         self.history = history
         self.stats = stats
         self.run_id = run_id
+        self.model = model
         self.session_config = SessionConfig(
             model=model,
             max_turns=config.max_turns,
@@ -65,6 +74,12 @@ class AgentRun:
         self.deadlines = Deadlines(ttft_s=config.ttft_timeout, total_s=config.total_timeout)
         self._next_index = 0
         self._stop_at: float | None = None
+        self.nemesis: Nemesis | None = None
+        self.samples: list[dict[str, Any]] = []  # every metrics sample of the run, for the wedge check
+        self._latest: dict[str, dict[str, Any]] = {}  # endpoint -> its latest sample
+        self.load_stopped_ns: int | None = None  # monotonic ns when the load stopped (drain start)
+        self.health: list[dict[str, Any]] = []  # /health after the drain window
+        self.canaries: list[dict[str, Any]] = []
 
     async def run(self) -> None:
         c = self.config
@@ -72,20 +87,83 @@ class AgentRun:
         self.stats.duration_s = c.duration
         self._stop_at = time.monotonic() + c.duration if c.duration else None
         self.history.event("run_start", run=self.run_id)
+        started = anyio.current_time()
         async with make_client(c) as client, anyio.create_task_group() as monitors:
             self.client = client
+            self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
             if c.metrics:
-                monitors.start_soon(monitor, list(c.metrics), self.history.metrics.write, c.metrics_interval)
+                monitors.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval)
+            nemesis_scope = anyio.CancelScope()
+            if c.kill:
+                monitors.start_soon(self._run_nemesis, nemesis_scope, started)
             async with anyio.create_task_group() as tg:
                 if c.rate is None:
                     for _ in range(c.concurrency):
                         tg.start_soon(self._worker)
                 else:
                     tg.start_soon(self._arrivals, tg)
+            nemesis_scope.cancel()  # the load is over: nothing left to kill
+            if c.metrics:
+                await self._drain()
+            else:
+                self.load_stopped_ns = time.monotonic_ns()
+                self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=0)
+            await self._after_drain_checks(client)
             # One last sample of every endpoint after the load, then the monitors stop.
             for ep in c.metrics:
-                self.history.metrics.write(await scrape_once(client, ep, timeout=5.0))
+                self._write_sample(await scrape_once(client, ep, timeout=5.0))
             monitors.cancel_scope.cancel()
+
+    def _nemesis_event(self, kind: str, **fields: Any) -> None:
+        if kind == "kill":
+            self.stats.kills += len(fields.get("sessions") or [])
+        self.history.event(kind, **fields)
+
+    async def _run_nemesis(self, scope: anyio.CancelScope, started: float) -> None:
+        assert self.nemesis is not None
+        with scope:
+            await self.nemesis.run(started)
+
+    def _write_sample(self, sample: dict[str, Any]) -> None:
+        self.history.metrics.write(sample)
+        self.samples.append(sample)
+        self._latest[sample["endpoint"]] = sample
+
+    def _queues_empty(self) -> bool:
+        """Every endpoint's latest sample (taken after the load stopped) has all queue gauges at 0."""
+        for ep in self.config.metrics:
+            s = self._latest.get(ep)
+            if s is None or not s.get("ok") or s["t_ns"] < (self.load_stopped_ns or 0):
+                return False
+            if any(v != 0 for k, v in s.get("values", {}).items() if k.split("{", 1)[0] in QUEUE_GAUGES):
+                return False
+        return True
+
+    async def _after_drain_checks(self, client: httpx.AsyncClient) -> None:
+        """After the drain window: /health of every server and one canary against the target.
+        A canary that hangs while /health says 200 is the incident's `health_lies`."""
+        roots = {root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics}
+        for root in sorted(roots):
+            h = await health(client, root)
+            self.health.append(h)
+            self.history.event("health", **h)
+        c = await canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
+        self.canaries.append(c)
+        self.history.event("canary", **c)
+
+    async def _drain(self) -> None:
+        """Keep the monitors scraping up to drain_timeout after the load stopped, or until the queues empty."""
+        self.load_stopped_ns = time.monotonic_ns()
+        self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=self.config.drain_timeout)
+        deadline = anyio.current_time() + self.config.drain_timeout
+        reason = "timeout"
+        while (left := deadline - anyio.current_time()) > 0:
+            await anyio.sleep(min(left, self.config.metrics_interval / 2))
+            if self._queues_empty():
+                reason = "queues_empty"
+                break
+        drain_s = (time.monotonic_ns() - self.load_stopped_ns) / 1e9
+        self.history.event("drain_end", reason=reason, drain_s=round(drain_s, 3))
 
     def _take_index(self) -> int | None:
         """The next session to start, or None when the run has started all it should."""
@@ -98,6 +176,8 @@ class AgentRun:
         return i
 
     def _time_up(self) -> bool:
+        if self.nemesis is not None and self.nemesis.load_stopped:
+            return True  # a kill-all without restart ends the load
         return self._stop_at is not None and time.monotonic() >= self._stop_at
 
     async def _worker(self) -> None:
@@ -119,18 +199,37 @@ class AgentRun:
             await anyio.sleep(rng.expovariate(self.config.rate or 1.0))
 
     async def run_session(self, index: int) -> None:
+        """One session; a nemesis kill with `restart` relaunches it as `<id>.r<attempt>`, same task."""
+        attempt = 0
+        while not self._time_up():
+            sid = f"s{index:05d}" + (f".r{attempt}" if attempt else "")
+            spec = (await self._attempt(index, sid, attempt)).killed_by
+            if spec is None or not spec.restart or self._time_up():
+                return
+            attempt += 1
+            self.history.event("session_restart", session=sid, new_session=f"s{index:05d}.r{attempt}",
+                               attempt=attempt, spec=spec.text)
+
+    async def _attempt(self, index: int, sid: str, attempt: int) -> Slot:
+        assert self.nemesis is not None
         seed = session_seed(self.config.seed, index)
         family = family_for_session(self.config.scenario, index)
-        sess = AgentSession(f"s{index:05d}", family, seed, self.session_config)
-        self.history.event("session_start", session=sess.session_id, scenario=family.name, seed=seed)
+        sess = AgentSession(sid, family, seed, self.session_config)
+        slot = self.nemesis.slots[sid] = Slot(sid)
+        self.history.event("session_start", session=sid, scenario=family.name, seed=seed, attempt=attempt)
         self.stats.sessions_active += 1
         try:
             while not sess.done:
+                if slot.killed_by is not None:
+                    sess.stop(EndReason.KILLED)  # killed between turns
+                    break
                 if self._time_up():
                     sess.stop(EndReason.DURATION)
                     break
-                await self._turn(sess)
+                await self._turn(sess, slot)
+            return slot
         finally:
+            del self.nemesis.slots[sid]
             self.stats.sessions_active -= 1
             self.stats.sessions_done += 1
             reason = sess.end_reason.value if sess.end_reason else "cancelled"
@@ -138,7 +237,7 @@ class AgentRun:
                 "session_end", session=sess.session_id, reason=reason, turns=sess.turn, tool_calls=sess.tool_calls_run
             )
 
-    async def _turn(self, sess: AgentSession) -> None:
+    async def _turn(self, sess: AgentSession, slot: Slot) -> None:
         body = sess.next_request()
         headers = {
             "X-Dsv4bench-Run": self.run_id,
@@ -147,7 +246,15 @@ class AgentRun:
             "X-Dsv4bench-Scenario": sess.family.name,
             "X-Dsv4bench-Seed": str(sess.seed),
         }
-        outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines, headers)
+        probe = slot.probe = TurnProbe()
+        outcome: TurnOutcome | None = None
+        with anyio.CancelScope() as scope:
+            slot.scope = scope
+            outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines,
+                                      headers, probe)
+        slot.scope = slot.probe = None
+        if outcome is None or scope.cancelled_caught:
+            outcome = _killed_outcome(probe, slot)
         ctx = TurnContext(
             response=outcome.response,
             tools=sess.schemas,
@@ -160,7 +267,7 @@ class AgentRun:
             thinking=self.config.thinking,
             tool_choice=str(body.get("tool_choice", "auto")),
         )
-        if self.config.raw and outcome.status is TurnStatus.OK:
+        if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await self._raw_completion(body, headers)
         verdicts, check_errors = run_checks(ctx)
         rec = self._record(sess, body, outcome, verdicts, check_errors)
@@ -169,7 +276,7 @@ class AgentRun:
         sess.observe(outcome.status, outcome.response, verdicts)
 
     def _record(self, sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome, verdicts: list, check_errors: list[str]) -> TurnRecord:
-        failing = bool(verdicts) or bool(check_errors) or outcome.status is not TurnStatus.OK
+        failing = bool(verdicts) or bool(check_errors) or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED)
         summary = request_summary(body)
         if failing:
             summary["body"] = body  # the exact request, so the turn can be replayed and audited
@@ -210,3 +317,15 @@ class AgentRun:
             return str(resp.json()["choices"][0]["text"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None  # no oracle for this turn; the chat turn is still judged
+
+
+def _killed_outcome(probe: TurnProbe, slot: Slot) -> TurnOutcome:
+    """The outcome of a turn the nemesis cancelled: timings and the partial response kept, unjudged."""
+    out = probe.outcome or TurnOutcome(status=TurnStatus.KILLED,
+                                       timings=Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns()))
+    out.status = TurnStatus.KILLED
+    out.error_kind = None
+    out.error = f"killed by the nemesis ({slot.killed_by.text})" if slot.killed_by else "killed"
+    out.response = probe.assembler.response if probe.assembler is not None else None
+    out.timings.end_ns = time.monotonic_ns()
+    return out

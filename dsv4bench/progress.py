@@ -28,6 +28,7 @@ class LiveStats:
     turns_killed: int = 0
     turns_error: int = 0
     tool_calls: int = 0
+    kills: int = 0  # sessions the nemesis killed
     verdicts: Counter[str] = field(default_factory=Counter)
 
     def add_turn(self, rec: TurnRecord) -> None:
@@ -60,7 +61,7 @@ def render_stats(s: LiveStats) -> Group:
     tail = Text.assemble(
         ("corrupt ", "bold red" if s.turns_corrupt else "bold green"), f"{s.turns_corrupt}   ",
         ("errors ", "bold yellow" if s.turns_error else "bold"), f"{s.turns_error}   ",
-        ("killed ", "bold"), f"{s.turns_killed}",
+        ("killed ", "bold"), f"{s.turns_killed} turns / {s.kills} kills",
     )
     parts: list[Text | Table] = [head, tail]
     if s.verdicts:

@@ -11,9 +11,12 @@ import anyio
 
 from .config import RunConfig
 from .driver import AgentRun
+from .exporter import ExporterError, HarnessExporter
 from .history import HistoryWriter
 from .progress import LiveStats, ProgressView
+from .recover import run_recovery
 from .report import build_report
+from .wedge import WedgeConfig, detect_wedge
 
 
 def new_run_dir(config: RunConfig) -> tuple[str, Path]:
@@ -27,23 +30,55 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str) -> tuple[
     """Run all sessions, then write summary.json, report.md and plots. Returns (summary, run dir)."""
     run_id, run_dir = new_run_dir(config)
     model = config.model or (facts.get("models") or ["default"])[0]
-    history = HistoryWriter(run_dir, {
+    run_info: dict[str, Any] = {
         "run": run_id,
         "command": command,
         "config": config.to_json(),
         "model": model,
         "server": facts,
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
-    })
+    }
+    history = HistoryWriter(run_dir, run_info)
     stats = LiveStats()
+    exporter = None
+    if config.serve_metrics is not None:
+        exporter = HarnessExporter(stats, run_id)
+        try:
+            exporter.start(config.serve_metrics)  # before any load: a taken port fails the run at once
+        except ExporterError:
+            history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
+            history.close()
+            raise
     driver = AgentRun(config, model, history, stats, run_id)
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):
             anyio.run(driver.run)
+        if driver.load_stopped_ns is not None:
+            wedge = _wedge(config, driver, history)
+            if wedge is not None:
+                run_info["wedge"] = wedge
+                if config.recover_cmd and any(w["codes"] for w in wedge.values()):
+                    history.event("recover_start", cmd=config.recover_cmd)
+                    run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model)
+                    history.event("recover_end", **run_info["recovery"])
+                history.update_run_info(run_info)
     except KeyboardInterrupt:
         reason = "interrupted"  # the history so far is kept and reported
     finally:
         history.event("run_end", run=run_id, reason=reason)
         history.close()
+        if exporter is not None:
+            exporter.shutdown()  # kept up through the drain so dashboards see it
     return build_report(run_dir), run_dir
+
+
+def _wedge(config: RunConfig, driver: AgentRun, history: HistoryWriter) -> dict[str, Any] | None:
+    """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
+    samples; canary and /health from the checks after it), or None if the detector failed."""
+    try:
+        return detect_wedge(driver.samples, driver.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
+                            health=driver.health, canaries=driver.canaries)
+    except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
+        history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
+        return None

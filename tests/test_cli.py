@@ -29,6 +29,7 @@ def free_port():
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--scenario", "poetry"], "--scenario must be one of"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--fail-on", "sadness"], "--fail-on takes"),
     (["report", "/nonexistent/run"], "is not a directory"),
+    (["probe", "ftp://x"], "probe takes http(s) server roots"),
     (["audit", "/nonexistent/file.jsonl"], "no such file"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -45,8 +46,13 @@ def test_unreachable_server_is_one_line():
     assert len(r.stderr.strip().splitlines()) <= 2
 
 
+def test_probe_of_an_unreachable_server_exits_2():
+    r = run_cli("probe", f"http://127.0.0.1:{free_port()}", "--timeout", "1")
+    assert r.returncode == 2 and "unreachable" in r.stdout and "Traceback" not in r.stderr
+
+
 def test_help_lists_the_commands():
     r = run_cli("--help")
     assert r.returncode == 0
-    for cmd in ("agents", "report", "audit", "engine"):
+    for cmd in ("agents", "report", "audit", "engine", "probe"):
         assert cmd in r.stdout

@@ -241,16 +241,73 @@ def _latency_section(summary: dict[str, Any]) -> list[str]:
     return ["## Latency", "", note, "", table(["metric", "n", "p50", "p90", "p99", "max"], rows)]
 
 
-def _wedge_section(summary: dict[str, Any]) -> list[str]:
+WEDGE_VERDICT_WORDS = {
+    "queue_stuck": "a queue stuck with no progress",
+    "ghost_requests": "decoding for clients that are gone",
+    "canary_timeout": "a fresh request after the drain hung or failed",
+    "health_lies": "/health said 200 while requests hung",
+}
+
+
+def _canary(found: dict[str, Any]) -> str:
+    """The canary result: recorded as found["canary"] where the run made one, else from the codes."""
+    c = found.get("canary")
+    if isinstance(c, dict):
+        state = "ok" if c.get("ok") else "failed"
+        latency = c.get("latency_s")
+        return state + (f" in {fmt_seconds(latency)}" if isinstance(latency, (int, float)) else "")
+    if "canary_timeout" in found["codes"]:
+        return "failed"
+    return "not run"
+
+
+def _drain_window(history: History) -> str:
+    """'load stopped at 40.0 s, drain window ended at 70.0 s' from the events, where recorded."""
+    start, _ = run_window(history)
+    at = {}
+    for kind in ("load_stopped", "drain_end"):
+        e = next((e for e in history.events if e.get("kind") == kind and isinstance(e.get("t_wall_ns"), int)), None)
+        if e is not None and start is not None:
+            at[kind] = (e["t_wall_ns"] - start) / 1e9
+    parts = [f"load stopped at {at['load_stopped']:.1f} s"] if "load_stopped" in at else []
+    parts += [f"drain window ended at {at['drain_end']:.1f} s"] if "drain_end" in at else []
+    return "; ".join(parts) + " (seconds since run start)." if parts else ""
+
+
+def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
+    """Verdict per endpoint, then its gauges at the end of the drain window and why it was judged."""
+    out = ["## Wedge", ""]
+    if not history.metrics:
+        # Without samples no queue can be judged: say so, so a clean verdict is not over-read.
+        out += ["No metrics endpoints were scraped (no `--metrics-url`?): queue gauges could not be judged.", ""]
+    if not summary["wedge"]:
+        return out + ["The wedge monitor recorded no endpoints."]
     rows = []
     for endpoint, found in summary["wedge"].items():
+        # Codes-then-gauges first: the one-line form other tools grep for; "none" reads as healthy.
         codes = ", ".join(f"`{c}`" for c in found["codes"]) or "none"
         gauges = ", ".join(f"{k}={v}" for k, v in found["gauges"].items()) or "–"
-        rows.append([cell(endpoint), codes, cell(gauges, 300)])
-    if not rows:
-        return ["## Wedge", "", "The wedge monitor recorded no endpoints."]
-    return ["## Wedge", "", "Per endpoint, at the end of the drain window.", "",
-            table(["endpoint", "codes", "gauges"], rows)]
+        drain = found.get("drain_s")
+        drain_text = fmt_seconds(drain) if isinstance(drain, (int, float)) else "did not drain" if found["gauges"] else "–"
+        rows.append([cell(endpoint), codes, cell(gauges, 300), drain_text, _canary(found)])
+    out += ["Per endpoint, at the end of the drain window after load stopped. " + _drain_window(history), "",
+            table(["endpoint", "codes", "gauges", "drain time", "canary"], rows)]
+    wedged = sorted({c for f in summary["wedge"].values() for c in f["codes"]})
+    if wedged:
+        out += ["", "Meaning: " + "; ".join(f"`{c}` = {WEDGE_VERDICT_WORDS.get(c, c)}" for c in wedged) + "."]
+    for endpoint, found in summary["wedge"].items():
+        details = [d for d in found.get("details") or [] if isinstance(d, str)]
+        if not found["gauges"] and not details:
+            continue
+        out += ["", f"### `{endpoint}`", ""]
+        if found["gauges"]:
+            stuck = " ".join(details)
+            grows = [[f"`{k}`", f"{v:g}" if isinstance(v, (int, float)) else cell(v),
+                      "**stuck**" if v and k in stuck else ""] for k, v in found["gauges"].items()]
+            out += ["Gauges at the end of the drain window:", "", table(["gauge", "value", ""], grows)]
+        if details:
+            out += ["", *(f"- {_one_line(d)}" for d in details)]
+    return out
 
 
 def _plot_title(path: str) -> str:
@@ -270,7 +327,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),
         _examples_section(history, summary),
         _latency_section(summary),
-        _wedge_section(summary) if "wedge" in history.run else [],
+        _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
         ["## How to reproduce", "",
          fence(command, "sh") if isinstance(command, str) and command else "run.json records no command."],
         ["## Plots", "", "\n\n".join(f"![{_plot_title(p)}]({p})" for p in plots)] if plots else [],

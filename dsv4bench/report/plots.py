@@ -1,4 +1,5 @@
-"""PNG plots for the report: a turn timeline by outcome, and corruption rate by turn depth.
+"""PNG plots for the report: a turn timeline by outcome, corruption rate by turn depth, and a
+queue timeline (active sessions over every scraped queue gauge, kills as shaded bands).
 
 Built on `matplotlib.figure.Figure` directly rather than pyplot: no global figure registry and
 no backend switch (Figure.savefig renders PNG through Agg by itself), so it never opens a
@@ -19,6 +20,7 @@ from matplotlib.figure import Figure
 from ..history import History
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
+from ..wedge import RUNNING_GAUGES, WEDGE_GAUGE_ORDER, is_queue_gauge, metric_name
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +124,100 @@ def depth_figure(history: History) -> Figure | None:
     return fig
 
 
+KILL_BAND_S = 0.5  # the shortest band drawn for a kill, so one stays visible on a long run
+
+
+def _run_start_ns(history: History) -> int | None:
+    """Monotonic ns of the run start: run_start's t_ns, else the earliest t_ns recorded."""
+    starts = [e["t_ns"] for e in history.events if e.get("kind") == "run_start" and isinstance(e.get("t_ns"), int)]
+    if starts:
+        return min(starts)
+    seen = [e["t_ns"] for e in history.events if isinstance(e.get("t_ns"), int)]
+    seen += [m["t_ns"] for m in history.metrics if isinstance(m.get("t_ns"), int)]
+    return min(seen) if seen else None
+
+
+def active_sessions(history: History, t0: int) -> tuple[list[float], list[int]]:
+    """A step series of sessions open over time, from session_start/session_end events."""
+    deltas = sorted(((e["t_ns"] - t0) / 1e9, 1 if e["kind"] == "session_start" else -1)
+                    for e in history.events
+                    if e.get("kind") in ("session_start", "session_end") and isinstance(e.get("t_ns"), int))
+    xs, ys, n = [0.0], [0], 0
+    for x, d in deltas:
+        n = max(0, n + d)  # a session_end without its start (torn history) must not go negative
+        xs.append(x)
+        ys.append(n)
+    return xs, ys
+
+
+def queue_series(history: History, t0: int) -> dict[str, tuple[list[float], list[float]]]:
+    """{"gauge @ endpoint": (xs, ys)} for gauges ever > 0 plus running gauges, in display order."""
+    series: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for m in sorted(history.metrics, key=lambda m: m.get("t_ns", 0)):
+        if not m.get("ok") or not isinstance(m.get("values"), dict) or not isinstance(m.get("t_ns"), int):
+            continue
+        for key, value in m["values"].items():
+            if is_queue_gauge(key):
+                xs, ys = series.setdefault((str(m.get("endpoint")), key), ([], []))
+                xs.append((m["t_ns"] - t0) / 1e9)
+                ys.append(float(value))
+    # Running is always shown (it is the baseline load); other gauges only if they ever rose,
+    # else a PD deployment's eight flat zeros per endpoint drown the one that matters.
+    keep = {k: v for k, v in series.items() if metric_name(k[1]) in RUNNING_GAUGES or any(y > 0 for y in v[1])}
+
+    def order(k: tuple[str, str]) -> tuple[str, int, str]:
+        name = metric_name(k[1])
+        return k[0], WEDGE_GAUGE_ORDER.index(name) if name in WEDGE_GAUGE_ORDER else 99, k[1]
+
+    return {f"{metric_name(g).split(':', 1)[-1]} @ {ep}": keep[(ep, g)] for ep, g in sorted(keep, key=order)}
+
+
+def queue_timeline_figure(history: History) -> Figure | None:
+    """Active sessions (top) over every queue gauge per endpoint (bottom); kills shaded, like
+    Jepsen's perf plots, and load_stopped / drain_end as vertical lines. None without metrics."""
+    t0 = _run_start_ns(history)
+    if t0 is None:
+        return None
+    queues = queue_series(history, t0)
+    if not queues:
+        return None
+    fig = Figure(figsize=(FIGSIZE[0], 6.5), dpi=DPI, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[1, 2.2])
+    xs, ys = active_sessions(history, t0)
+    top.step(xs, ys, where="post", color="#4e79a7", linewidth=1.2)
+    top.set_ylabel("active sessions")
+    top.set_title("Sessions and server queues over time")
+    for label, (qx, qy) in queues.items():
+        bottom.plot(qx, qy, linewidth=1.1, marker="." if len(qx) < 60 else None, markersize=3, label=label)
+    bottom.set_ylabel("requests in gauge")
+    bottom.set_xlabel("seconds since run start (monotonic)")
+    sample_xs = sorted({x for qx, _ in queues.values() for x in qx})
+    kills = sorted((e["t_ns"] - t0) / 1e9 for e in history.events
+                   if is_kill_event(e) and isinstance(e.get("t_ns"), int))
+    for i, k in enumerate(kills):
+        # A band until the next scrape (what the gauges could first show of it), at least 0.5 s.
+        nxt = next((x for x in sample_xs if x > k), k + KILL_BAND_S)
+        for ax in (top, bottom):
+            ax.axvspan(k, max(nxt, k + KILL_BAND_S), color="#e15759", alpha=0.25, linewidth=0,
+                       label="nemesis kill" if i == 0 and ax is bottom else None)
+    marks = {"load_stopped": ("black", "--"), "drain_end": ("#59a14f", ":")}
+    for kind, (color, style) in marks.items():
+        for i, e in enumerate(e for e in history.events if e.get("kind") == kind and isinstance(e.get("t_ns"), int)):
+            for ax in (top, bottom):
+                ax.axvline((e["t_ns"] - t0) / 1e9, color=color, linestyle=style, linewidth=1,
+                           label=kind.replace("_", " ") if i == 0 and ax is bottom else None)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    fig.legend(*bottom.get_legend_handles_labels(), loc="outside lower center", fontsize="x-small", ncols=3,
+               frameon=False)
+    return fig
+
+
 PLOTS: dict[str, Callable[[History], Figure | None]] = {
     "timeline.png": timeline_figure,
     "corruption_by_depth.png": depth_figure,
+    "timeline_queues.png": queue_timeline_figure,
 }
 
 
