@@ -93,6 +93,7 @@ class AgentRun:
             self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
             if c.metrics:
                 monitors.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval)
+                monitors.start_soon(self._poll_health, client)
             nemesis_scope = anyio.CancelScope()
             if c.kill:
                 monitors.start_soon(self._run_nemesis, nemesis_scope, started)
@@ -139,11 +140,23 @@ class AgentRun:
                 return False
         return True
 
+    def _server_roots(self) -> list[str]:
+        return sorted({root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics})
+
+    async def _poll_health(self, client: httpx.AsyncClient) -> None:
+        """/health of every server on the metrics interval, as events: a slow or dead endpoint
+        is a sample with status None, never an error of the run."""
+        while True:
+            for root in self._server_roots():
+                h = await health(client, root, timeout=max(1.0, self.config.metrics_interval))
+                self.health.append(h)
+                self.history.event("health", **h)
+            await anyio.sleep(self.config.metrics_interval)
+
     async def _after_drain_checks(self, client: httpx.AsyncClient) -> None:
         """After the drain window: /health of every server and one canary against the target.
         A canary that hangs while /health says 200 is the incident's `health_lies`."""
-        roots = {root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics}
-        for root in sorted(roots):
+        for root in self._server_roots():
             h = await health(client, root)
             self.health.append(h)
             self.history.event("health", **h)
