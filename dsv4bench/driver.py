@@ -26,7 +26,7 @@ from .client import Deadlines, TurnOutcome, TurnProbe, chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
 from .canary import canary, health
-from .recover import root_of
+from .preflight import root_of
 from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats

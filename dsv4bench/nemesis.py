@@ -48,6 +48,7 @@ import anyio
 import httpx
 
 from .client import TurnProbe
+from .preflight import root_of
 
 WHO_CHOICES = ("all", "ttft", "toolcall")
 _DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(ms|s|m)?$")
@@ -183,15 +184,9 @@ def pick(candidates: Iterable[str], frac: float, rng: random.Random) -> list[str
     return sorted(rng.sample(pool, k))
 
 
-def server_root(base_url: str) -> str:
-    """`http://h:p/v1` -> `http://h:p`: where SGLang serves /abort_request."""
-    base = base_url.rstrip("/")
-    return base[:-3] if base.endswith("/v1") else base
-
-
 async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: Iterable[str], timeout: float = 5.0) -> dict[str, int | str]:
     """Best-effort POST /abort_request per request id; returns {rid: HTTP status or error name}."""
-    url = f"{server_root(base_url)}/abort_request"
+    url = f"{root_of(base_url)}/abort_request"
     result: dict[str, int | str] = {}
     for rid in rids:
         try:
@@ -257,5 +252,9 @@ class Nemesis:
                                   "restart": spec.restart}
         self.event("kill", **fields)
         if spec.abort:
-            self.event("abort_request", spec=spec.text, results=await abort_requests(self.client, self.base_url, rids))
+            # NOTE: shielded: a kill-all ends the load, and the driver then cancels the nemesis;
+            # the aborts it owes the server must still go out and be recorded.
+            with anyio.CancelScope(shield=True):
+                results = await abort_requests(self.client, self.base_url, rids)
+            self.event("abort_request", spec=spec.text, results=results)
         return targets

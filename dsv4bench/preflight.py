@@ -11,9 +11,11 @@ class ServerError(Exception):
     """The server cannot be used; the message is one line for the user."""
 
 
-def _root_of(base_url: str) -> str:
-    """http://h:p/v1 -> http://h:p (SGLang's native endpoints live at the root)."""
-    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+def root_of(base_url: str) -> str:
+    """http://h:p/v1 -> http://h:p: SGLang's native endpoints (/health, /abort_request, ...)
+    live at the server root."""
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
 def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
@@ -34,7 +36,7 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ServerError(f"{base_url}/models did not return an OpenAI model list") from None
         facts["models"] = models
-        root = _root_of(base_url)
+        root = root_of(base_url)
         for name in ("get_server_info", "get_model_info"):
             try:
                 r = c.get(f"{root}/{name}")

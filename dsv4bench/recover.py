@@ -12,11 +12,7 @@ import anyio
 import httpx
 
 from .canary import canary, health
-
-
-def root_of(base_url: str) -> str:
-    """http://h:p/v1 -> http://h:p."""
-    return base_url[: -len("/v1")] if base_url.rstrip("/").endswith("/v1") else base_url.rstrip("/")
+from .preflight import root_of
 
 
 async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5) -> float | None:

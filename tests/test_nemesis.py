@@ -7,7 +7,8 @@ import random
 import pytest
 
 from dsv4bench.config import ConfigError, RunConfig
-from dsv4bench.nemesis import KillSchedule, KillSpec, parse_duration, parse_kill_spec, pick, server_root
+from dsv4bench.nemesis import KillSchedule, KillSpec, parse_duration, parse_kill_spec, pick
+from dsv4bench.preflight import root_of
 
 
 @pytest.mark.parametrize("text, want", [
@@ -104,9 +105,9 @@ def test_pick() -> None:
     assert len(pick(ids[:1], 0.01, random.Random(0))) == 1
 
 
-def test_server_root() -> None:
-    assert server_root("http://h:1/v1") == "http://h:1"
-    assert server_root("http://h:1/v1/") == "http://h:1"
+def test_root_of() -> None:
+    assert root_of("http://h:1/v1") == "http://h:1"
+    assert root_of("http://h:1/v1/") == "http://h:1"
 
 
 def test_config_rejects_bad_spec() -> None:

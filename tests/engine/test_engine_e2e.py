@@ -151,3 +151,22 @@ def test_killing_the_harness_stops_its_bundled_engine(tmp_path):
             return  # the engine went away with the harness
         time.sleep(0.2)
     raise AssertionError("the bundled engine outlived a SIGKILLed harness")
+
+
+def test_kill_storm_with_abort_request_leaves_the_engine_idle(engine, tmp_path):
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--url", engine.url, "--concurrency", "8",
+                        "--duration", "30", "--kill", "all@3s,abort", "--metrics", engine.metrics_url,
+                        "--metrics-interval", "0.25", "--drain-timeout", "10", "--quiet", "--out", str(out),
+                        "--fail-on", "wedge"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    run_dir = next(out.iterdir())
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    kills = [e for e in events if e["kind"] == "kill"]
+    assert len(kills) == 1 and len(kills[0]["sessions"]) == 8
+    aborts = [e for e in events if e["kind"] == "abort_request"]
+    assert aborts and all(isinstance(v, int) for e in aborts for v in e["results"].values())
+    drain = next(e for e in events if e["kind"] == "drain_end")
+    assert drain["reason"] == "queues_empty"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["turns"]["killed"] >= 1 and all(not w["codes"] for w in summary["wedge"].values())
