@@ -77,8 +77,12 @@ def _wedge(config: RunConfig, driver: AgentRun, history: HistoryWriter) -> dict[
     """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
     samples; canary and /health from the checks after it), or None if the detector failed."""
     try:
-        return detect_wedge(driver.samples, driver.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
-                            health=driver.health, canaries=driver.canaries)
+        wedge = detect_wedge(driver.samples, driver.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
+                             health=driver.health, canaries=driver.canaries)
     except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
         history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
         return None
+    for c in driver.canaries:  # the report's canary column
+        entry = wedge.setdefault(c["endpoint"], {"codes": [], "gauges": {}, "drain_s": None, "details": []})
+        entry["canary"] = {"ok": c["ok"], "latency_s": c["latency_s"], "error": c["error"]}
+    return wedge
