@@ -16,7 +16,8 @@ import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# Gauges a wedge check reads, in SGLang's and vLLM's names.
+# Gauges a wedge check reads, in SGLang's and vLLM's names, in display order: running,
+# waiting, then the PD pipeline in the order a request passes through it.
 QUEUE_GAUGES = (
     "sglang:num_running_reqs",
     "sglang:num_queue_reqs",

@@ -23,8 +23,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .monitor import scrape_once
-from .wedge import WEDGE_GAUGE_ORDER, is_queue_gauge, metric_name
+from .monitor import QUEUE_GAUGES, scrape_once
+from .wedge import is_queue_gauge, metric_name
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 _NS = 1_000_000_000
@@ -48,7 +48,7 @@ def sparkline(values: list[float]) -> str:
 
 def _gauge_sort_key(series: str) -> tuple[int, str]:
     name = metric_name(series)
-    order = WEDGE_GAUGE_ORDER.index(name) if name in WEDGE_GAUGE_ORDER else len(WEDGE_GAUGE_ORDER)
+    order = QUEUE_GAUGES.index(name) if name in QUEUE_GAUGES else len(QUEUE_GAUGES)
     return order, series
 
 

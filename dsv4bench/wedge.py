@@ -23,17 +23,6 @@ from urllib.parse import urlsplit
 from .monitor import QUEUE_GAUGES
 
 RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
-# Display order for tables: running, waiting, then the PD pipeline in request order.
-WEDGE_GAUGE_ORDER = (
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:num_prefill_bootstrap_queue_reqs",
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-)
 _NS = 1_000_000_000
 
 

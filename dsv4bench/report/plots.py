@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 from ..history import History
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
-from ..wedge import RUNNING_GAUGES, WEDGE_GAUGE_ORDER, is_queue_gauge, metric_name
+from ..monitor import QUEUE_GAUGES
+from ..wedge import RUNNING_GAUGES, is_queue_gauge, metric_name
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def queue_series(history: History, t0: int) -> dict[str, tuple[list[float], list
 
     def order(k: tuple[str, str]) -> tuple[str, int, str]:
         name = metric_name(k[1])
-        return k[0], WEDGE_GAUGE_ORDER.index(name) if name in WEDGE_GAUGE_ORDER else 99, k[1]
+        return k[0], QUEUE_GAUGES.index(name) if name in QUEUE_GAUGES else 99, k[1]
 
     return {f"{metric_name(g).split(':', 1)[-1]} @ {ep}": keep[(ep, g)] for ep, g in sorted(keep, key=order)}
 
