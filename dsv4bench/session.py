@@ -16,6 +16,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
+from .checks.arguments import json_path
 from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
 
 
@@ -164,8 +165,7 @@ class AgentSession:
                 # that validate before dispatch; anything else comes back as an error result.
                 err = next(iter(self._validators[name].iter_errors(args)), None)
                 if err is not None:
-                    path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-                    result = format_tool_error(f"invalid arguments at {path}: {err.message}")
+                    result = format_tool_error(f"invalid arguments at {json_path(err)}: {err.message}")
                 else:
                     result = self._execute(name, args)
             elif args is not None:

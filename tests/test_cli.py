@@ -1,20 +1,15 @@
 """CLI manners: one-line errors for bad flags and unreachable servers, never a traceback."""
 
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from dsv4bench.engine.launcher import free_port
+
 
 def run_cli(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 import uvicorn
 from rich.console import Console
 
+from dsv4bench.engine.launcher import free_port
 from dsv4bench.watch import SPARK_CHARS, WatchState, render_watch, sparkline, watch_main
 from tests.fixtures.wedge_server import WedgeState, build_app
 
@@ -93,9 +93,7 @@ def _text(renderable: object) -> str:
 @pytest.fixture
 def wedge_server() -> Iterator[str]:
     """The SGLang-shaped wedge server on a free loopback port, under uvicorn in a thread."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(WedgeState()), host="127.0.0.1", port=port,
                                            log_level="warning", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -125,8 +123,6 @@ def test_watch_main_exits_0_when_healthy(wedge_server: str) -> None:
 
 
 def test_watch_main_exits_2_when_nothing_answers() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # closed again: nothing listens there
     console = Console(file=io.StringIO())
     assert anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 0.5, 0.2, 1.0, console) == 2

@@ -1,9 +1,10 @@
-"""A real replay server on loopback, started as its own process for the end-to-end tests."""
+"""Test servers on loopback, each started as its own process for the end-to-end tests: the
+known-bad replay server and the wedge server."""
 
 from __future__ import annotations
 
 import json
-import socket
+import os
 import subprocess
 import sys
 import time
@@ -16,23 +17,56 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dsv4bench.engine.launcher import free_port
+
+__all__ = ["ROOT", "free_port", "only_run_dir", "run_cli", "start_fixture_server"]
+
+
+@dataclass
+class FixtureServer:
+    """A tests/fixtures server running as a child process."""
+
+    root: str
+    proc: subprocess.Popen
+    log: object
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+def start_fixture_server(script: str, tmp: Path, ready_path: str, *args: str, timeout: float = 30.0) -> FixtureServer:
+    """Run tests/fixtures/SCRIPT --port P ARGS and wait until GET ready_path answers 200."""
+    port = free_port()
+    log_path = tmp / f"{Path(script).stem}-{port}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / script), "--port", str(port), *args],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    srv = FixtureServer(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(srv.root + ready_path, timeout=1).status_code == 200:
+                return srv
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    srv.stop()
+    raise RuntimeError(f"{script} did not start: {log_path.read_text()[-2000:]}")
 
 
 @dataclass
 class ReplayServer:
     url: str
     ledger: Path
-    proc: subprocess.Popen
-    log: object
+    server: FixtureServer
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.log.close()
+        self.server.stop()
 
     def planted(self) -> dict[tuple[str, int], frozenset[str]]:
         """(session, turn) -> verdict codes the harness must report, from the server's ledger."""
@@ -44,33 +78,25 @@ class ReplayServer:
 
 
 def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0) -> ReplayServer:
-    port = free_port()
-    ledger = tmp / f"ledger-{port}.jsonl"
+    ledger = tmp / f"ledger-{len(list(tmp.glob('ledger-*')))}.jsonl"
     ledger.touch()
-    log = open(tmp / f"replay-{port}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "fixtures" / "replay_server.py"), "--port", str(port),
-         "--fault-rate", str(fault_rate), "--ledger", str(ledger), "--stall", str(stall)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/models", timeout=1).status_code == 200:
-                return ReplayServer(url, ledger, proc, log)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    log.close()
-    raise RuntimeError(f"replay server did not start: {(tmp / f'replay-{port}.log').read_text()[-2000:]}")
+    srv = start_fixture_server("replay_server.py", tmp, "/v1/models", "--fault-rate", str(fault_rate),
+                               "--ledger", str(ledger), "--stall", str(stall))
+    return ReplayServer(f"{srv.root}/v1", ledger, srv)
 
 
 @pytest.fixture
 def replay(tmp_path):
     srv = start_replay(tmp_path)
     yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def wedge_server(tmp_path):
+    """The wedge test server's root URL; its state is set through POST /control."""
+    srv = start_fixture_server("wedge_server.py", tmp_path, "/health")
+    yield srv.root
     srv.stop()
 
 

@@ -4,8 +4,6 @@ called healthy, wedged or unreachable by `probe`, and judged by the detector fro
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import anyio
@@ -17,40 +15,16 @@ from dsv4bench.monitor import scrape_once
 from dsv4bench.probe import probe, probe_exit_code, probe_main
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 
-from .conftest import ROOT, free_port
+from .conftest import free_port, start_fixture_server
 
 TIMEOUT = 1.0  # canary / health_generate hang until this client deadline
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("wedge") / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / "wedge_server.py"), "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{root}/health", timeout=0.5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        proc.wait(5)
-        log.close()
-        pytest.fail(f"wedge server did not start: {log_path.read_text()[-2000:]}")
-    yield root
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+    srv = start_fixture_server("wedge_server.py", tmp_path_factory.mktemp("wedge"), "/health")
+    yield srv.root
+    srv.stop()
 
 
 def control(root: str, **state) -> None:

@@ -2,44 +2,20 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
 
 from dsv4bench.recover import run_recovery
 
-from .conftest import ROOT
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_recovery_command_is_timed_to_healthy():
-    port = _port()
-    proc = subprocess.Popen([sys.executable, "tests/fixtures/wedge_server.py", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{root}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        httpx.post(f"{root}/control", json={"wedged": True, "lie_health": True}, timeout=5)
-        # Still wedged after a command that does nothing: never healthy within the timeout.
-        stuck = run_recovery("true", [f"{root}/v1"], None, timeout=3)
-        assert stuck["exit_code"] == 0 and stuck["healthy_after_s"] is None
-        fix = f"{sys.executable} -c \"import httpx; httpx.post('{root}/control', json={{'reset': True}})\""
-        rec = run_recovery(fix, [f"{root}/v1"], None, timeout=20)
-        assert rec["exit_code"] == 0 and rec["healthy_after_s"] is not None
-        assert rec["cmd_s"] <= rec["healthy_after_s"] < 20
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def test_recovery_command_is_timed_to_healthy(wedge_server):
+    root = wedge_server
+    httpx.post(f"{root}/control", json={"wedged": True, "lie_health": True}, timeout=5)
+    # Still wedged after a command that does nothing: never healthy within the timeout.
+    stuck = run_recovery("true", [f"{root}/v1"], None, timeout=3)
+    assert stuck["exit_code"] == 0 and stuck["healthy_after_s"] is None
+    fix = f"{sys.executable} -c \"import httpx; httpx.post('{root}/control', json={{'reset': True}})\""
+    rec = run_recovery(fix, [f"{root}/v1"], None, timeout=20)
+    assert rec["exit_code"] == 0 and rec["healthy_after_s"] is not None
+    assert rec["cmd_s"] <= rec["healthy_after_s"] < 20

@@ -4,34 +4,11 @@ found by `dsv4bench agents` after the load, with verdict WEDGE and --fail-on wed
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
-import pytest
 
-from .conftest import ROOT, only_run_dir, run_cli
-
-
-@pytest.fixture
-def wedge_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "tests/fixtures/wedge_server.py", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{root}/health", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield root
-    proc.terminate()
-    proc.wait(10)
+from .conftest import only_run_dir, run_cli
 
 
 def agents(root: str, out, *extra: str):
