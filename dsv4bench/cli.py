@@ -85,6 +85,7 @@ def agents(
     canary_timeout: float = typer.Option(10.0, help="Deadline of the one short completion sent after the drain window."),
     recover_cmd: Optional[str] = typer.Option(None, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
+    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 
@@ -99,6 +100,9 @@ def agents(
             canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics,
         )
         _check_scenario(scenario)
+        if engine_fault and url is not None:
+            raise ConfigError("--engine-fault switches on a fault in the bundled engine; it cannot be used with --url")
+        engine_arg = [*engine_arg, *(f"--fault={name}" for name in _check_faults(engine_fault))]
     except ConfigError as e:
         raise fail(str(e))
     from .exporter import ExporterError
@@ -195,6 +199,7 @@ def engine_serve(
     random_weights: bool = typer.Option(False, "--random-weights", help="Serve an untrained, seeded random initialisation."),
     seed: int = typer.Option(0, help="Seed of the random weight initialisation (--random-weights)."),
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+    fault: list[str] = typer.Option([], "--fault", metavar="NAME", help="Switch on a planted bug mechanism, repeatable; off by default. `dsv4bench engine faults` lists them."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
     from .engine.config import EngineConfig
@@ -211,9 +216,13 @@ def engine_serve(
         if v < 1:
             raise fail(f"{name} must be at least 1")
     try:
+        faults = _check_faults(fault)
         cfg = EngineConfig(device=device, page_size=page_size, num_pages=num_pages,
                            max_running_requests=max_running_requests, chunked_prefill_tokens=chunked_prefill_tokens,
-                           index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache)
+                           index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache,
+                           faults=frozenset(faults))
+    except ConfigError as e:
+        raise fail(str(e))
     except ValueError as e:
         raise fail(f"bad engine settings: {e}")
     from .engine.serve import EngineSetupError, serve
@@ -225,6 +234,16 @@ def engine_serve(
         raise fail(str(e))
     except OSError as e:
         raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}")
+
+
+@engine_app.command("faults")
+def engine_faults() -> None:
+    """List the planted faults (`engine serve --fault NAME`) and the bug class each mirrors."""
+    from .engine.faults import FAULTS
+
+    for f in FAULTS.values():
+        needs = {"pd": " (needs --pd)", "hicache": " (needs the HiCache tier)"}.get(f.needs, "")
+        out.print(f"[bold]{f.name}[/]{needs}: {f.mirrors}", highlight=False)
 
 
 @engine_app.command("train")
@@ -264,6 +283,15 @@ def engine_train(
         raise fail(str(e))
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "
               f"final loss {result.final_loss:.4f}; weights: {out_path or DEFAULT_WEIGHTS}", highlight=False)
+
+
+def _check_faults(names: list[str]) -> list[str]:
+    from .engine.faults import FaultError, parse_faults
+
+    try:
+        return sorted(parse_faults(names))
+    except FaultError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_scenario(scenario: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .faults import parse_faults
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -65,6 +67,7 @@ class EngineConfig:
     chunked_prefill_tokens: int = 2048  # prefill tokens per step, across requests
     index_k_dtype: str = "fp8"  # "fp8" (e4m3 + per-entry scale) or "bf16"
     enable_prefix_cache: bool = True
+    faults: frozenset[str] = frozenset()  # planted bug mechanisms (faults.py); empty = the clean engine
 
     def __post_init__(self) -> None:
         # User-facing settings: ValueError (not assert) so `engine serve` can say what is wrong.
@@ -74,3 +77,8 @@ class EngineConfig:
             raise ValueError("index-K dtype must be fp8 or bf16")
         if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError("device must be cpu or cuda")
+        parse_faults(self.faults)
+
+    def fault(self, name: str) -> bool:
+        """Whether the planted fault `name` is switched on."""
+        return name in self.faults

@@ -17,6 +17,9 @@ def run_cli(*args, timeout=60):
     (["agents", "--sessions", "1", "--quiet", "--engine-arg=--index-k-dtype=fp4"], "bundled engine exited"),
     (["engine", "serve", "--index-k-dtype", "fp4"], "--index-k-dtype must be fp8 or bf16"),
     (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
+    (["engine", "serve", "--fault", "nope"], "unknown fault 'nope'"),
+    (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "cannot be used with --url"),
     (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),
     (["agents", "--url", "http://127.0.0.1:1/v1"], "--sessions N or --duration"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
@@ -51,3 +54,12 @@ def test_help_lists_the_commands():
     assert r.returncode == 0
     for cmd in ("agents", "report", "audit", "engine", "probe"):
         assert cmd in r.stdout
+
+
+def test_engine_faults_lists_every_fault_with_its_bug_class():
+    from dsv4bench.engine.faults import FAULTS
+
+    r = run_cli("engine", "faults")
+    assert r.returncode == 0
+    for name in FAULTS:
+        assert name in r.stdout
