@@ -101,7 +101,7 @@ def agents(
         )
         _check_scenario(scenario)
         if engine_fault and url is not None:
-            raise ConfigError("--engine-fault switches on a fault in the bundled engine; it cannot be used with --url")
+            raise ConfigError("--engine-fault is for the bundled engine; not with --url")
         engine_arg = [*engine_arg, *(f"--fault={name}" for name in _check_faults(engine_fault))]
     except ConfigError as e:
         raise fail(str(e))

@@ -19,7 +19,7 @@ def run_cli(*args, timeout=60):
     (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
     (["engine", "serve", "--fault", "nope"], "unknown fault 'nope'"),
     (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "cannot be used with --url"),
+    (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "not with --url"),
     (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),
     (["agents", "--url", "http://127.0.0.1:1/v1"], "--sessions N or --duration"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
