@@ -86,6 +86,7 @@ def agents(
     recover_cmd: Optional[str] = typer.Option(None, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
+    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 
@@ -100,9 +101,11 @@ def agents(
             canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics,
         )
         _check_scenario(scenario)
-        if engine_fault and url is not None:
-            raise ConfigError("--engine-fault is for the bundled engine; not with --url")
+        if (engine_fault or engine_pd) and url is not None:
+            raise ConfigError("--engine-fault and --engine-pd are for the bundled engine; not with --url")
         engine_arg = [*engine_arg, *(f"--fault={name}" for name in _check_faults(engine_fault))]
+        if engine_pd and "--pd" not in engine_arg:
+            engine_arg.append("--pd")
     except ConfigError as e:
         raise fail(str(e))
     from .exporter import ExporterError
@@ -111,7 +114,7 @@ def agents(
     bundled = None
     if url is None:
         bundled = _start_bundled_engine(engine_arg, quiet)
-        config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, bundled.metrics_url))
+        config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, *bundled.metrics_urls))
     try:
         try:
             facts = server_facts(config.base_url, config.api_key)
@@ -185,7 +188,7 @@ app.add_typer(engine_app, name="engine")
 @engine_app.command("serve")
 def engine_serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
-    port: int = typer.Option(30000, help="Port to serve on."),
+    port: Optional[int] = typer.Option(None, help="Port to serve on: 30000; with --pd the router's port, 8000."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     max_running_requests: int = typer.Option(128, help="Requests decoding at once."),
     num_pages: int = typer.Option(32768, help="KV pages in the pool (each page holds --page-size tokens)."),
@@ -200,6 +203,10 @@ def engine_serve(
     seed: int = typer.Option(0, help="Seed of the random weight initialisation (--random-weights)."),
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
     fault: list[str] = typer.Option([], "--fault", metavar="NAME", help="Switch on a planted bug mechanism, repeatable; off by default. `dsv4bench engine faults` lists them."),
+    pd: bool = typer.Option(False, "--pd", help="Prefill/decode disaggregation: a router (OpenAI API, on --port), a prefill and a decode server, each with its own /health and /metrics, and a KV transfer between their pools."),
+    prefill_port: Optional[int] = typer.Option(None, help="Port of the prefill server (--pd); 30000."),
+    decode_port: Optional[int] = typer.Option(None, help="Port of the decode server (--pd); 30002."),
+    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd), GB/s; 1.0; 0 = memory speed."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
     from .engine.config import EngineConfig
@@ -211,6 +218,23 @@ def engine_serve(
         raise fail("--device must be cpu or cuda")
     if log_level not in ("debug", "info", "warning", "error"):
         raise fail("--log-level must be debug, info, warning or error")
+    if not pd and (prefill_port, decode_port, pd_link_gbps) != (None, None, None):
+        raise fail("--prefill-port, --decode-port and --pd-link-gbps need --pd")
+    pd_cfg = None
+    if pd:
+        from .engine.pd.serve import ROUTER_PORT, PDConfig
+
+        port = ROUTER_PORT if port is None else port
+        try:
+            defaults = PDConfig()
+            pd_cfg = PDConfig(prefill_port=defaults.prefill_port if prefill_port is None else prefill_port,
+                              decode_port=defaults.decode_port if decode_port is None else decode_port,
+                              link_gbps=defaults.link_gbps if pd_link_gbps is None else pd_link_gbps)
+        except ValueError as e:
+            raise fail(f"bad PD settings: {e}")
+        if port in (pd_cfg.prefill_port, pd_cfg.decode_port):
+            raise fail("--port (the router's), --prefill-port and --decode-port must differ")
+    port = 30000 if port is None else port
     for name, v in (("--port", port), ("--max-running-requests", max_running_requests), ("--num-pages", num_pages),
                     ("--page-size", page_size), ("--chunked-prefill-tokens", chunked_prefill_tokens)):
         if v < 1:
@@ -220,20 +244,25 @@ def engine_serve(
         cfg = EngineConfig(device=device, page_size=page_size, num_pages=num_pages,
                            max_running_requests=max_running_requests, chunked_prefill_tokens=chunked_prefill_tokens,
                            index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache,
-                           faults=frozenset(faults))
+                           pd=pd, faults=frozenset(faults))
     except ConfigError as e:
         raise fail(str(e))
     except ValueError as e:
         raise fail(f"bad engine settings: {e}")
     from .engine.serve import EngineSetupError, serve
 
+    server_cfg = ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name)
     try:
-        serve(cfg, ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name), weights,
-              random_weights, seed, log_level)
+        if pd_cfg is not None:
+            from .engine.pd import serve_pd
+
+            serve_pd(cfg, server_cfg, pd_cfg, weights, random_weights, seed, log_level)
+        else:
+            serve(cfg, server_cfg, weights, random_weights, seed, log_level)
     except EngineSetupError as e:
         raise fail(str(e))
     except OSError as e:
-        raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}")
+        raise fail(f"cannot serve on {host if pd else f'{host}:{port}'}: {e.strerror or e}")
 
 
 @engine_app.command("faults")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .faults import parse_faults
+from .faults import FAULTS, parse_faults
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class EngineConfig:
     chunked_prefill_tokens: int = 2048  # prefill tokens per step, across requests
     index_k_dtype: str = "fp8"  # "fp8" (e4m3 + per-entry scale) or "bf16"
     enable_prefix_cache: bool = True
+    pd: bool = False  # prefill/decode disaggregation (engine/pd/; ports and link in pd.serve.PDConfig)
     faults: frozenset[str] = frozenset()  # planted bug mechanisms (faults.py); empty = the clean engine
 
     def __post_init__(self) -> None:
@@ -78,6 +79,9 @@ class EngineConfig:
         if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError("device must be cpu or cuda")
         parse_faults(self.faults)
+        for name in sorted(self.faults):
+            if FAULTS[name].needs == "pd" and not self.pd:
+                raise ValueError(f"fault {name} needs PD mode (--pd)")
 
     def fault(self, name: str) -> bool:
         """Whether the planted fault `name` is switched on."""

@@ -1,11 +1,13 @@
-"""Start the bundled engine as a child process on a free loopback port, and stop it again.
+"""Start the bundled engine as a child process on free loopback ports, and stop it again.
 
 Used by `dsv4bench agents` when no --url is given: the run then targets the engine, wires its
-/metrics into the run, and the engine goes away with the run (also on Ctrl-C).
+/metrics into the run, and the engine goes away with the run (also on Ctrl-C). With `--pd` in
+the engine's flags it gets three ports (router, prefill, decode), and the run scrapes all three.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -23,9 +25,16 @@ class EngineStartError(Exception):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct free ports (all held open while choosing, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 @dataclass
@@ -34,9 +43,10 @@ class EngineProcess:
 
     proc: subprocess.Popen
     host: str
-    port: int
+    port: int  # the OpenAI API's: the engine's, or in PD mode the router's
     log_path: Path
     _log: object = field(repr=False, default=None)
+    server_ports: tuple[int, ...] = ()  # PD mode: the prefill and decode servers'
 
     @property
     def url(self) -> str:
@@ -44,7 +54,18 @@ class EngineProcess:
 
     @property
     def metrics_url(self) -> str:
+        """The /metrics of the server behind `url`."""
         return f"http://{self.host}:{self.port}/metrics"
+
+    @property
+    def roots(self) -> list[str]:
+        """Every server's root: the engine's, or the router's, prefill's and decode's."""
+        return [f"http://{self.host}:{p}" for p in (self.port, *self.server_ports)]
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Every server's /metrics, for the run to scrape."""
+        return [f"{root}/metrics" for root in self.roots]
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is None:
@@ -76,16 +97,21 @@ def _die_with_parent() -> None:
 
 def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 180.0,
                  log_dir: Path | None = None) -> EngineProcess:
-    """Spawn `dsv4bench engine serve` on a free port and wait until /health answers 200."""
-    host, port = "127.0.0.1", free_port()
+    """Spawn `dsv4bench engine serve` on free ports and wait until every server's /health
+    answers 200."""
+    host = "127.0.0.1"
+    pd = "--pd" in (extra_args or [])
+    port, *server_ports = free_ports(3 if pd else 1, host)
+    ports = ["--prefill-port", str(server_ports[0]), "--decode-port", str(server_ports[1])] if pd else []
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="dsv4bench-engine-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "engine.log"
     log = open(log_path, "w", encoding="utf-8")
-    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *(extra_args or [])]
+    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *ports,
+           *(extra_args or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    ep = EngineProcess(proc, host, port, log_path, log)
+    ep = EngineProcess(proc, host, port, log_path, log, tuple(server_ports))
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -93,7 +119,7 @@ def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 1
             tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise EngineStartError(f"the bundled engine exited with code {proc.returncode}: {tail[0]} (log: {log_path})")
         try:
-            if httpx.get(f"http://{host}:{port}/health", timeout=2.0).status_code == 200:
+            if all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
                 return ep
         except httpx.HTTPError:
             pass

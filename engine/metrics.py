@@ -3,10 +3,11 @@ wedge checks read the bundled engine the same way (DESIGN §3, "Server dialect")
 
 Gauges and engine counters are read from `engine.stats()` at scrape time by a custom collector
 (nothing to keep in sync); latency histograms are observed by the server per request. Every
-series carries `model_name` and `engine_type` ("unified"; "prefill" / "decode" in PD mode).
-The PD queue gauges are 0 unless the engine's stats carry the matching fields
-(`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue`, `num_decode_prealloc_queue`,
-`num_decode_transfer_queue`); they are always present, as on an SGLang server.
+series carries `model_name` and `engine_type` ("unified"; in PD mode "router", "prefill" and
+"decode", one per server). The PD queue gauges are 0 unless the engine's stats carry the
+matching fields (`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue` on the prefill
+server, `num_decode_prealloc_queue`, `num_decode_transfer_queue` on the decode server; see
+engine/pd/loop.py `PDStats`); they are always present, as on an SGLang server.
 """
 
 from __future__ import annotations

@@ -104,6 +104,33 @@ class Scheduler:
         self._next_seq += 1
         self.waiting.append(req)
 
+    def add_prefilled(self, req: Request) -> FinishReason | None:
+        """Admit a request whose prompt KV is already in `req.pages` and whose first output
+        token was sampled elsewhere (PD decode: both come from the prefill server) straight
+        into RUNNING. Returns the finish reason when that token already ends it (its pages are
+        then released), else None. Raises ValueError like `add`; the caller guarantees a free
+        running slot."""
+        assert req.state is RequestState.WAITING and len(req.output_ids) == 1
+        assert req.num_computed == len(req.prompt_ids) <= len(req.pages) * self.page_size
+        assert len(self.admitted) < self.cfg.max_running_requests
+        if req.rid in self._live:
+            raise ValueError(f"request id {req.rid!r} is already live")
+        if not 1 <= len(req.prompt_ids) < self.max_seq_len:
+            raise ValueError(f"prompt of {len(req.prompt_ids)} tokens; limit {self.max_seq_len - 1}")
+        req.transition(RequestState.PREFILL)
+        reason = self._finish_reason(req, req.output_ids[0])
+        if reason is not None:
+            self._release(req)
+            req.finish_reason = reason
+            req.transition(RequestState.FINISHED)
+            return reason
+        self._live[req.rid] = req
+        self._seq[req.rid] = self._next_seq
+        self._next_seq += 1
+        req.transition(RequestState.RUNNING)
+        bisect.insort(self.admitted, req, key=self._key)
+        return None
+
     def abort(self, rid: str) -> bool:
         """Abort a live request in any state: its full computed pages go to the cache, every
         other page is freed now, state ABORTED, finish_reason ABORT. Safe between schedule()

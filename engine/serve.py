@@ -18,7 +18,7 @@ from .model_runner import ModelRunner
 from .radix_cache import RadixCache
 from .scheduler import Scheduler
 from .server import ServerConfig, build_app
-from .tokenizer import load_tokenizer
+from .tokenizer import DSV4Tokenizer, load_tokenizer
 from .weights import WeightsError, load_weights
 
 log = logging.getLogger("dsv4bench.engine")
@@ -41,10 +41,10 @@ class Engine:
         self.loop.stop()
 
 
-def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path | None = None,
-                 random_weights: bool = False, init_seed: int = 0) -> Engine:
-    """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
-    random initialisation when `random_weights`)."""
+def load_model(cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False,
+               init_seed: int = 0) -> tuple[DSV4Tokenizer, DSV4Mini]:
+    """The tokenizer and the model with the shipped weights (or `weights`, or a seeded random
+    initialisation when `random_weights`); EngineSetupError when they cannot serve `cfg`."""
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise EngineSetupError("--device cuda asked for, but torch sees no CUDA device")
     tok = load_tokenizer()
@@ -52,12 +52,18 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
         raise EngineSetupError(f"tokenizer has {tok.vocab_size} tokens but the model expects {cfg.model.vocab_size}")
     torch.manual_seed(init_seed)
     if random_weights:
-        model = DSV4Mini(cfg.model)
-    else:
-        try:
-            model = load_weights(cfg.model, weights)
-        except WeightsError as e:
-            raise EngineSetupError(str(e)) from None
+        return tok, DSV4Mini(cfg.model)
+    try:
+        return tok, load_weights(cfg.model, weights)
+    except WeightsError as e:
+        raise EngineSetupError(str(e)) from None
+
+
+def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path | None = None,
+                 random_weights: bool = False, init_seed: int = 0) -> Engine:
+    """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
+    random initialisation when `random_weights`)."""
+    tok, model = load_model(cfg, weights, random_weights, init_seed)
     runner = ModelRunner(cfg, model)
     allocator = PageAllocator(cfg.num_pages)
     cache = RadixCache(cfg.page_size, allocator)

@@ -1,0 +1,86 @@
+"""The HTTP face of the prefill and the decode server, each on its own port as in an SGLang PD
+deployment: `/health` and `/health_generate`, `/metrics` (SGLang's names, `engine_type`
+"prefill" / "decode"), `/get_server_info` and `/abort_request`. The router's face is
+engine/server.py's app over the PDRouter.
+
+`/health` here is the liveness of every thread the server needs (its engine loop, and the
+bootstrap and transfer workers it depends on): a dead worker is a 503 even though the loop
+still turns. With the planted `health-lies` fault it answers from the loop's liveness flag
+alone, as the router then does too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..frontend import RequestError
+from ..metrics import CONTENT_TYPE, ServerMetrics
+from ..server import VERSION
+from .decode import DecodeEngine
+from .prefill import PrefillEngine
+
+ABORT_TIMEOUT_S = 5.0  # an engine thread that does not answer by then is not coming back
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(RequestError(status, message, param).body(), status_code=status)
+
+
+async def _answer(future: Future[Any]) -> Any:
+    return await asyncio.wait_for(asyncio.wrap_future(future), ABORT_TIMEOUT_S)
+
+
+def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, model_name: str,
+                     needs: Sequence[Callable[[], bool]], health_lies: bool = False) -> Starlette:
+    """The app of the prefill or decode server. `needs` are the liveness checks of the
+    threads it depends on besides its own loop."""
+    metrics = ServerMetrics(lambda: engine.stats, model_name, engine_type, engine.cfg.page_size)
+
+    async def health(request: Request) -> Response:
+        ok = engine.alive() and (health_lies or all(alive() for alive in needs))
+        return Response(status_code=200 if ok else 503)
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def server_info(request: Request) -> Response:
+        facts = dataclasses.asdict(engine.cfg)
+        model = facts.pop("model")
+        facts["faults"] = sorted(facts["faults"])
+        return JSONResponse({**facts, "disaggregation_mode": engine_type, "engine_type": engine_type,
+                             "model_path": model_name, "served_model_name": model_name, "version": VERSION,
+                             "model_config": model})
+
+    async def abort_request(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            if body.get("abort_all") is True:
+                return JSONResponse({"aborted": await _answer(engine.abort_all())})
+            rid = body.get("rid")
+            if not isinstance(rid, str) or not rid:
+                return _error(400, "'rid' must be a request id string", "rid")
+            return JSONResponse({"rid": rid, "aborted": bool(await _answer(engine.abort(rid)))})
+        except TimeoutError:
+            return _error(503, f"the {engine_type} engine is not answering")
+
+    return Starlette(routes=[
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+    ])

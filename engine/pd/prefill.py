@@ -1,0 +1,211 @@
+"""The prefill server's engine: bootstrap queue -> prefill -> inflight queue (SGLang's names).
+
+1. `submit` puts a request in the bootstrap queue; it waits there until its room is
+   BOOTSTRAPPED (the decode server reserved pages for it).
+2. It enters the Scheduler as a one-token request: chunked prefill, prefix cache and all. The
+   token sampled from the prompt's last logits is the request's first output token.
+3. Before the Scheduler releases the finished request, its pages get one more reference each,
+   held for the transfer worker; the KV, the first token and the cached-token count go out as
+   the room's KVTransfer, and the request waits in the inflight queue.
+4. When the transfer is settled, the held references are dropped: full pages stay in the
+   prefix cache for later turns, the rest are free.
+
+Aborts, in every queue: in the bootstrap queue the room is aborted through the bootstrap
+worker (the request leaves once the worker confirms); in prefill the Scheduler aborts it and
+the room tells the decode side; in the inflight queue the transfer is aborted and the queue
+lets go once the worker has stopped writing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import EngineConfig
+from ..memory import PageAllocator
+from ..model_runner import ModelRunner
+from ..radix_cache import RadixCache
+from ..request import Request, is_health_probe
+from ..scheduler import Scheduler
+from .bootstrap import BootstrapWorker, Room, RoomState
+from .loop import IDLE_WAIT_S, POLL_S, PDStats, ServerLoop, count_users
+from .transfer import KVTransfer, TransferStatus, TransferWorker, is_settled
+
+log = logging.getLogger("dsv4bench.engine.pd")
+
+
+@dataclass(eq=False)
+class PrefillEntry:
+    req: Request  # the prefill's copy: max_tokens 1 (the first token travels with the KV)
+    room: Room
+    abort_requested: bool = False
+    held_pages: list[int] = field(default_factory=list)  # references kept for the transfer worker
+
+    @property
+    def transfer(self) -> KVTransfer:
+        assert self.room.transfer is not None, f"room {self.req.rid} has no transfer yet"
+        return self.room.transfer
+
+
+class PrefillEngine(ServerLoop):
+    """Owns the prefill pools' pages, its Scheduler and its three queues (module docstring)."""
+
+    def __init__(self, cfg: EngineConfig, runner: ModelRunner, bootstrap: BootstrapWorker,
+                 transfers: TransferWorker, eos_token_id: int) -> None:
+        super().__init__("pd-prefill")
+        self.cfg = cfg
+        self.allocator = PageAllocator(cfg.num_pages)
+        self.cache = RadixCache(cfg.page_size, self.allocator)
+        self.scheduler = Scheduler(cfg, self.allocator, self.cache, eos_token_id)
+        self.runner, self.bootstrap, self.transfers = runner, bootstrap, transfers
+        # Insertion-ordered dicts: FIFO queues with O(1) lookup by rid.
+        self.bootstrap_queue: dict[str, PrefillEntry] = {}
+        self.prefilling: dict[str, PrefillEntry] = {}  # in the Scheduler
+        self.inflight_queue: dict[str, PrefillEntry] = {}
+        self.leak_aborted_transfers = cfg.fault("abort-leak")
+        self.counts: Counter[str] = Counter()
+
+    # ---- any thread -----------------------------------------------------------------------
+
+    def submit(self, req: Request, room: Room) -> None:
+        """A request (the prefill's own copy) whose room the router has opened."""
+        self.inbox.put(("add", PrefillEntry(req, room)))
+
+    def abort(self, rid: str) -> Future[bool]:
+        """Abort `rid` wherever it is here; the Future says whether it was known."""
+        return self.call(lambda: self._abort(rid))
+
+    def abort_all(self) -> Future[list[str]]:
+        return self.call(lambda: [rid for rid in [*self.bootstrap_queue, *self.prefilling, *self.inflight_queue]
+                                  if self._abort(rid)])
+
+    def flush_cache(self) -> Future[bool]:
+        """Drop the prefix cache when no request is here; False otherwise."""
+        def flush() -> bool:
+            if self.bootstrap_queue or self.prefilling or self.inflight_queue:
+                return False
+            self.cache.reset()
+            return True
+        return self.call(flush)
+
+    # ---- the engine thread ----------------------------------------------------------------
+
+    def handle(self, kind: str, payload: Any) -> None:
+        assert kind == "add", kind
+        entry: PrefillEntry = payload
+        self.bootstrap_queue[entry.req.rid] = entry
+        if not is_health_probe(entry.req.rid):
+            self.counts["requests"] += 1
+            self.counts["prompt"] += len(entry.req.prompt_ids)
+
+    def _abort(self, rid: str) -> bool:
+        if (e := self.bootstrap_queue.get(rid)) is not None:
+            if e.abort_requested:
+                return False
+            e.abort_requested = True
+            self.bootstrap.abort(rid)
+        elif (e := self.prefilling.pop(rid, None)) is not None:
+            self.scheduler.abort(rid)
+            self.runner.forget(rid)
+            self.bootstrap.abort(rid)  # the room tells the decode side to free its reservation
+            self.bootstrap.close(rid)
+        elif (e := self.inflight_queue.get(rid)) is not None:
+            if e.abort_requested:
+                return False
+            e.abort_requested = True
+            e.transfer.abort()
+        else:
+            return False
+        if not is_health_probe(rid):
+            self.counts["aborted"] += 1
+        return True
+
+    def work(self) -> None:
+        self._pop_bootstrapped()
+        self._drop_abandoned()
+        if self.scheduler.has_work:
+            self._step()
+        self._poll_inflight()
+        if not (self.bootstrap_queue or self.prefilling or self.inflight_queue):
+            self.scheduler.check_integrity()  # idle: every page is free or held by the cache
+
+    def wait_s(self) -> float:
+        if self.scheduler.has_work:
+            return 0.0
+        return POLL_S if self.bootstrap_queue or self.inflight_queue else IDLE_WAIT_S
+
+    def _pop_bootstrapped(self) -> None:
+        for rid, e in list(self.bootstrap_queue.items()):
+            state = e.room.state
+            if state is RoomState.ABORTED:
+                del self.bootstrap_queue[rid]
+                self.bootstrap.close(rid)
+            elif state is RoomState.BOOTSTRAPPED and not e.abort_requested:
+                del self.bootstrap_queue[rid]
+                try:
+                    self.scheduler.add(e.req)
+                except ValueError as err:  # refused (too long for this pool)
+                    log.warning("prefill refused %s: %s", rid, err)
+                    self.bootstrap.abort(rid)
+                    self.bootstrap.close(rid)
+                    continue
+                self.prefilling[rid] = e
+
+    def _drop_abandoned(self) -> None:
+        """Requests whose decode side aborted (their transfer is ABORTED) are not worth computing."""
+        for rid, e in list(self.prefilling.items()):
+            if e.transfer.status is TransferStatus.ABORTED:
+                del self.prefilling[rid]
+                self.scheduler.abort(rid)
+                self.runner.forget(rid)
+                self.bootstrap.close(rid)
+
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return
+        assert batch.num_decode == 0, "a prefill request finishes at its first token"
+        sampled = self.runner(batch)
+        # NOTE: postprocess finishes every request whose prompt completes here and releases its
+        # pages; the transfer worker still has to read them, so they get one more reference.
+        held = {e.req.rid: list(e.req.pages) for e in batch.entries if e.sample}
+        for pages in held.values():
+            self.allocator.incref(pages)
+        for ev in self.scheduler.postprocess(batch, sampled):
+            assert ev.finish_reason is not None and ev.token_id is not None
+            e = self.prefilling.pop(ev.rid)
+            self.runner.forget(ev.rid)
+            self.bootstrap.close(ev.rid)  # the KV leaves through the transfer, not the room
+            e.held_pages = held[ev.rid]
+            if e.transfer.begin(e.held_pages, ev.token_id, e.req.num_cached):
+                self.transfers.submit(e.transfer)
+                self.inflight_queue[ev.rid] = e
+            else:  # the decode side gave up while the prompt was computed
+                self.allocator.decref(e.held_pages)
+
+    def _poll_inflight(self) -> None:
+        for rid, e in list(self.inflight_queue.items()):
+            if is_settled(e.transfer.status, self.leak_aborted_transfers):
+                del self.inflight_queue[rid]
+                self.allocator.decref(e.held_pages)
+
+    def snapshot(self) -> PDStats:
+        s = self.scheduler.stats()
+        return PDStats(
+            num_running=s.num_prefill + s.num_running, num_queued=s.num_waiting,
+            num_prefill_bootstrap_queue=count_users(self.bootstrap_queue),
+            num_prefill_inflight_queue=count_users(self.inflight_queue),
+            pages_used=s.pages_used, pages_total=s.pages_total, num_cached_pages=s.num_cached_pages,
+            token_usage=s.token_usage, cache_hit_rate=s.cache_hit_rate,
+            num_requests_total=self.counts["requests"], num_aborted_total=self.counts["aborted"],
+            prompt_tokens_total=self.counts["prompt"])
+
+    def fail_all(self) -> None:
+        """This thread died: abort every transfer it owes, so the decode side frees its pages
+        and tells the clients."""
+        for e in [*self.bootstrap_queue.values(), *self.prefilling.values(), *self.inflight_queue.values()]:
+            if e.room.transfer is not None:
+                e.room.transfer.abort()

@@ -1,0 +1,193 @@
+"""The composition root of `dsv4bench engine serve --pd`: one model's weights, two engines with
+their own pools (prefill and decode), the bootstrap and transfer workers between them, the
+router, and three HTTP servers in one asyncio loop (router, prefill, decode), each on its own
+port like an SGLang PD deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import uvicorn
+from starlette.applications import Starlette
+
+from ..config import EngineConfig
+from ..frontend import Frontend
+from ..model_runner import ModelRunner
+from ..serve import load_model
+from ..server import ServerConfig, build_app
+from .bootstrap import BootstrapWorker
+from .decode import DecodeEngine
+from .http import build_worker_app
+from .prefill import PrefillEngine
+from .router import PDRouter
+from .transfer import TransferWorker
+
+log = logging.getLogger("dsv4bench.engine")
+
+ROUTER_PORT = 8000  # the router's port when --port is not given (SGLang's PD examples use it)
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    """Where the prefill and decode servers listen (the router: ServerConfig.port), the KV
+    link between their pools, and the router's /health deadline."""
+
+    prefill_port: int = 30000
+    decode_port: int = 30002
+    link_gbps: float = 1.0  # KV transfer bandwidth; 0 = as fast as memory copies
+    # NOTE: under the 5 s a probing client (the harness) waits, so it hears the 503.
+    health_timeout_s: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name, port in (("prefill port", self.prefill_port), ("decode port", self.decode_port)):
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{name} must be in 1..65535")
+        if self.prefill_port == self.decode_port:
+            raise ValueError("the prefill and decode ports must differ")
+        if self.link_gbps < 0:
+            raise ValueError("the link bandwidth must be >= 0")
+        if self.health_timeout_s <= 0:
+            raise ValueError("the health timeout must be > 0")
+
+
+@dataclass
+class PDEngine:
+    """Everything a running PD engine is made of, for serving and for tests."""
+
+    cfg: EngineConfig
+    pd: PDConfig
+    bootstrap: BootstrapWorker
+    transfers: TransferWorker
+    prefill: PrefillEngine
+    decode: DecodeEngine
+    router: PDRouter
+    frontend: Frontend
+
+    def start(self) -> None:
+        for part in (self.bootstrap, self.transfers, self.prefill, self.decode):
+            part.start()
+
+    def stop(self) -> None:
+        for part in (self.prefill, self.decode, self.transfers, self.bootstrap):
+            part.stop()
+
+    def apps(self, server_cfg: ServerConfig) -> dict[str, Starlette]:
+        """The router, prefill and decode apps (`server_cfg` is the router's)."""
+        lies = self.cfg.fault("health-lies")
+        name = server_cfg.model_name
+        return {
+            "router": build_app(self.router, self.frontend,
+                                replace(server_cfg, engine_type="router",
+                                        health_generate_timeout_s=self.pd.health_timeout_s)),
+            "prefill": build_worker_app(self.prefill, "prefill", name, (self.bootstrap.alive, self.transfers.alive), lies),
+            "decode": build_worker_app(self.decode, "decode", name, (self.transfers.alive,), lies),
+        }
+
+
+def build_pd_engine(cfg: EngineConfig, pd_cfg: PDConfig = PDConfig(), model_name: str = "dsv4-mini",
+                    weights: Path | None = None, random_weights: bool = False, init_seed: int = 0,
+                    start: bool = True) -> PDEngine:
+    """Build the PD engine (and start its threads unless `start` is False: tests then drive
+    each part by hand)."""
+    if not cfg.pd:
+        raise ValueError("the PD engine serves an EngineConfig with pd=True")
+    tok, model = load_model(cfg, weights, random_weights, init_seed)
+    # NOTE: one model, two runners: each server has its own pools, the weights are shared.
+    prefill_runner, decode_runner = ModelRunner(cfg, model), ModelRunner(cfg, model)
+    bootstrap = BootstrapWorker(stall_on_unexpected_abort=cfg.fault("bootstrap-stall"))
+    transfers = TransferWorker(prefill_runner.pools, decode_runner.pools, pd_cfg.link_gbps * 1e9)
+    prefill = PrefillEngine(cfg, prefill_runner, bootstrap, transfers, tok.eos_token_id)
+    decode = DecodeEngine(cfg, decode_runner, bootstrap, tok.eos_token_id)
+    router = PDRouter(cfg, prefill, decode, bootstrap, tok.eos_token_id)
+    built = PDEngine(cfg, pd_cfg, bootstrap, transfers, prefill, decode, router,
+                     Frontend(tok, model_name=model_name, max_context=router.max_context))
+    if start:
+        built.start()
+    return built
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket, so a busy port fails here with an OSError, before the
+    engine is built and while the message can still name the port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"port {port}: {e.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+class _SharedLoopServer(uvicorn.Server):
+    """One of several uvicorn servers in one asyncio loop: signals are handled once, for all."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_together(apps: list[tuple[Starlette, socket.socket]], log_level: str = "warning",
+                         stop: asyncio.Event | None = None) -> None:
+    """Serve each app on its socket in this asyncio loop until SIGINT or SIGTERM, or until
+    `stop` is set when given (then signals are left alone)."""
+    servers = [_SharedLoopServer(uvicorn.Config(app, log_level=log_level, access_log=False,
+                                                timeout_graceful_shutdown=5)) for app, _ in apps]
+
+    def stop_all() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    async def run(server: uvicorn.Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            stop_all()  # one down, all down
+
+    async def stop_when_set(event: asyncio.Event) -> None:
+        await event.wait()
+        stop_all()
+
+    if stop is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop_all)
+    watcher = asyncio.create_task(stop_when_set(stop)) if stop is not None else None
+    try:
+        await asyncio.gather(*(run(server, sock) for server, (_, sock) in zip(servers, apps)))
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+def serve_pd(cfg: EngineConfig, server_cfg: ServerConfig, pd_cfg: PDConfig, weights: Path | None = None,
+             random_weights: bool = False, init_seed: int = 0, log_level: str = "warning") -> None:
+    """Run the router, prefill and decode servers in the foreground until interrupted."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    ports = (server_cfg.port, pd_cfg.prefill_port, pd_cfg.decode_port)
+    sockets = []
+    try:
+        for port in ports:
+            sockets.append(listen(server_cfg.host, port))
+        built = build_pd_engine(cfg, pd_cfg, server_cfg.model_name, weights, random_weights, init_seed)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    apps = built.apps(server_cfg)
+    log.warning("DSV4-mini PD serving: router http://%s:%d, prefill :%d, decode :%d (device %s, %d pages of %d "
+                "tokens per server)", server_cfg.host, *ports, cfg.device, cfg.num_pages, cfg.page_size)
+    try:
+        asyncio.run(serve_together([(apps[k], s) for k, s in zip(("router", "prefill", "decode"), sockets)],
+                                   log_level))
+    finally:
+        built.stop()

@@ -1,0 +1,108 @@
+"""The three servers' own endpoints: /metrics with the engine_type label and the PD gauges as
+the harness reads them, /health of each server, /get_server_info, /abort_request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from dsv4bench.engine.pd import PDConfig
+from dsv4bench.engine.pd.bootstrap import Room, RoomState, UnexpectedAbort
+from dsv4bench.engine.pd.transfer import KVTransfer
+from dsv4bench.engine.request import HEALTH_PROBE_PREFIX
+from dsv4bench.monitor import QUEUE_GAUGES
+from dsv4bench.wedge import is_queue_gauge
+
+from .helpers import ListSink, ServedPD, build_tiny, greedy, prompt, wait_until
+
+PD_GAUGES = {"prefill": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"),
+             "decode": ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")}
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[ServedPD]:
+    s = ServedPD(build_tiny(start=True))
+    yield s
+    s.stop()
+
+
+def chat(served: ServedPD, max_tokens: int = 4) -> dict:
+    r = httpx.post(f"{served.api}/chat/completions", timeout=30, json={
+        "model": "dsv4-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens})
+    assert r.status_code == 200
+    return r.json()
+
+
+def test_each_server_exports_sglang_gauges_under_its_engine_type(served):
+    chat(served)
+    for name in ("router", "prefill", "decode"):
+        values = served.metrics(name)
+        queues = {k: v for k, v in values.items() if is_queue_gauge(k)}
+        # every SGLang queue gauge, labelled with this server's engine_type, read by the wedge check
+        assert {k.split("{")[0] for k in queues} == {g for g in QUEUE_GAUGES if g.startswith("sglang:")}
+        assert all(f'engine_type="{name}"' in k for k in values if k.startswith("sglang:"))
+        assert all(v == 0 for v in queues.values()), queues
+    assert served.gauge("router", "sglang:num_requests_total") >= 1
+    assert served.gauge("prefill", "sglang:num_requests_total") >= 1
+    assert served.gauge("prefill", "sglang:prompt_tokens_total") > 0
+    assert served.gauge("decode", "sglang:generation_tokens_total") >= 4
+
+
+def test_the_pd_gauges_count_requests_in_their_queues():
+    stalled = ServedPD(build_tiny())  # engine threads not started: requests stay where they are put
+    try:
+        for i in range(3):
+            stalled.pd.router.dispatch(f"r{i}", prompt(40, seed=i), greedy(4), ListSink())
+        stalled.pd.router.dispatch(f"{HEALTH_PROBE_PREFIX}1", prompt(40, seed=9), greedy(1), ListSink())
+        stalled.pd.prefill.run_once(block=False)
+        stalled.pd.decode.run_once(block=False)
+        # all four are in both queues; the health probe is left out of the gauges and counters
+        assert len(stalled.pd.prefill.bootstrap_queue) == len(stalled.pd.decode.transfer_queue) == 4
+        assert stalled.gauge("prefill", PD_GAUGES["prefill"][0]) == 3
+        assert stalled.gauge("decode", PD_GAUGES["decode"][1]) == 3
+        assert stalled.gauge("decode", "sglang:num_requests_total") == 3
+        assert stalled.gauge("decode", "sglang:token_usage") > 0
+    finally:
+        stalled.stop()
+
+
+def test_health_of_every_server_and_server_info(served):
+    for url in (served.router, served.prefill, served.decode):
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{url}/health_generate", timeout=10).status_code == 200
+    info = httpx.get(f"{served.prefill}/get_server_info", timeout=5).json()
+    assert info["disaggregation_mode"] == "prefill" and info["pd"] is True and info["page_size"] == 16
+    assert httpx.get(f"{served.router}/get_server_info", timeout=5).json()["engine_type"] == "router"
+
+
+def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
+    for url in (served.prefill, served.decode):
+        assert httpx.post(f"{url}/abort_request", json={"rid": "nope"}, timeout=5).json() == {"rid": "nope",
+                                                                                              "aborted": False}
+        assert httpx.post(f"{url}/abort_request", json={"abort_all": True}, timeout=5).json() == {"aborted": []}
+        bad = httpx.post(f"{url}/abort_request", json=["x"], timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"]["message"]
+        assert httpx.post(f"{url}/abort_request", content=b"{", timeout=5).status_code == 400
+
+
+@pytest.mark.parametrize("lies", [False, True], ids=["honest", "health-lies"])
+def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
+    faults = {"bootstrap-stall", "health-lies"} if lies else {"bootstrap-stall"}
+    s = ServedPD(build_tiny(start=True, pd_cfg=PDConfig(link_gbps=0, health_timeout_s=1.0), faults=frozenset(faults)))
+    try:
+        assert httpx.get(f"{s.router}/health", timeout=10).status_code == 200
+        room = Room("x")  # a handshake the worker completes, then an ABORT it does not expect
+        s.pd.bootstrap.open(room)
+        s.pd.bootstrap.prealloc("x", KVTransfer("x", []))
+        wait_until(lambda: room.state is RoomState.BOOTSTRAPPED, what="the handshake")
+        s.pd.bootstrap.abort("x")
+        wait_until(lambda: not s.pd.bootstrap.alive(), what="the worker to die")
+        assert isinstance(s.pd.bootstrap.error, UnexpectedAbort)
+        expected = 200 if lies else 503
+        assert httpx.get(f"{s.router}/health", timeout=10).status_code == expected  # the probe cannot bootstrap
+        assert httpx.get(f"{s.prefill}/health", timeout=10).status_code == expected
+        assert httpx.get(f"{s.decode}/health", timeout=10).status_code == 200  # it needs no bootstrap worker
+    finally:
+        s.stop()

@@ -1,0 +1,60 @@
+"""`engine serve --pd` as a process: the launcher's three ports and /metrics URLs, chat through
+the router; one-line CLI errors; a few abort-soak storms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dsv4bench.engine.launcher import start_engine
+from dsv4bench.monitor import parse_metrics
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+def test_the_launcher_starts_three_servers_and_exposes_all_their_metrics(tmp_path):
+    with start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path) as ep:
+        assert len(ep.metrics_urls) == 3 and ep.metrics_urls[0] == ep.metrics_url
+        r = httpx.post(f"{ep.url}/chat/completions", timeout=60, json={
+            "model": "dsv4-mini", "messages": [{"role": "user", "content": "Read main.py please."}], "max_tokens": 8})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        types = []
+        for url in ep.metrics_urls:
+            values = parse_metrics(httpx.get(url, timeout=5).text)
+            running = [k for k in values if k.startswith("sglang:num_running_reqs{")]
+            assert len(running) == 1 and values[running[0]] == 0
+            types.append(running[0].split('engine_type="')[1].split('"')[0])
+        assert types == ["router", "prefill", "decode"]
+        assert all(httpx.get(root + "/health", timeout=10).status_code == 200 for root in ep.roots)
+    assert ep.proc.returncode is not None
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--fault", "abort-leak"], "fault abort-leak needs PD mode (--pd)"),
+    (["--fault", "bootstrap-stall"], "fault bootstrap-stall needs PD mode (--pd)"),
+    (["--prefill-port", "30001"], "need --pd"),
+    (["--pd", "--port", "30000"], "must differ"),
+    (["--pd", "--prefill-port", "9", "--decode-port", "9"], "the prefill and decode ports must differ"),
+])
+def test_bad_pd_flags_are_one_line_errors(args, needle):
+    r = run_cli("engine", "serve", *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_few_kill_all_storms_leave_nothing_behind():
+    r = subprocess.run([sys.executable, "scripts/abort_soak.py", "--storms", "4", "--clients", "12", "--tiny"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "abort soak: 4 storms x 12 clients" in r.stdout
+    assert "storms leaving anything behind (queued, running or transferring requests, leaked pages, " \
+           "broken refcounts): 0" in r.stdout
