@@ -8,6 +8,7 @@ the request when its consumer goes away (a client disconnect), freeing everythin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import EngineConfig
-from .request import FinishReason, Request, SamplingParams
+from .request import FinishReason, Request, SamplingParams, is_health_probe
 
 log = logging.getLogger("dsv4bench.engine")
 
@@ -130,14 +131,15 @@ class EngineLoop:
                 sink.push(TokenEvent([], FinishReason.ABORT, len(sink.req.prompt_ids), 0))
                 return
             self.sinks[sink.req.rid] = sink
-            self._counts["requests"] += 1
-            self._counts["prompt"] += len(sink.req.prompt_ids)
+            if not is_health_probe(sink.req.rid):
+                self._counts["requests"] += 1
+                self._counts["prompt"] += len(sink.req.prompt_ids)
         elif kind == "abort":
             rid, done = payload
             ok = self.scheduler.abort(rid)
             self._forget(rid)
             sink = self.sinks.pop(rid, None)
-            if ok or sink is not None:
+            if (ok or sink is not None) and not is_health_probe(rid):
                 self._counts["aborted"] += 1
             if sink is not None:
                 sink.push(TokenEvent([], FinishReason.ABORT, len(sink.req.prompt_ids), sink.req.num_cached))
@@ -167,7 +169,8 @@ class EngineLoop:
             if sink is None:
                 continue
             ids = out.get(rid, [])
-            self._counts["gen"] += len(ids)
+            if not is_health_probe(rid):
+                self._counts["gen"] += len(ids)
             sink.push(TokenEvent(ids, finished.get(rid), len(sink.req.prompt_ids), sink.req.num_cached))
             if rid in finished:
                 del self.sinks[rid]
@@ -210,9 +213,9 @@ class AsyncEngine:
         """Yield the request's output as it is produced; closing the generator aborts it."""
         if not self.loop.alive():
             raise RuntimeError("the engine loop is not running")
-        stop_ids = tuple(params.stop_token_ids) + ((self.eos_token_id,) if self.eos_token_id not in params.stop_token_ids else ())
+        eos = () if params.ignore_eos or self.eos_token_id in params.stop_token_ids else (self.eos_token_id,)
         req = Request(rid=rid, prompt_ids=list(prompt_ids),
-                      params=SamplingParams(params.max_tokens, params.temperature, params.top_p, params.seed, stop_ids))
+                      params=dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids) + eos))
         sink = _Sink(req, asyncio.get_running_loop())
         self.loop.inbox.put(("add", sink))
         finished = False

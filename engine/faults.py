@@ -31,13 +31,16 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "the prefill bootstrap worker meets an ABORT it does not expect and stops: every later request "
           "waits in the bootstrap queue for ever", "pd"),
     Fault("ghost-decode",
-          "a client disconnect does not abort the request: it keeps a running slot and decodes to "
-          "max_tokens for nobody", ""),
+          "a client disconnect does not abort the request: the server's read of the engine is shielded from "
+          "the handler's cancellation and its cleanup skips the run whose client left, while the server (not "
+          "the engine) ends turns at EOS; the orphan keeps its running slot and decodes to max_tokens for nobody", ""),
     Fault("health-lies",
-          "/health answers 200 from a liveness flag without generating, so a wedged engine looks healthy", ""),
+          "/health answers 200 from the engine's liveness flag instead of a one-token generation, so an "
+          "engine that is alive but cannot generate (a stuck loop, no free slot) looks healthy", ""),
     Fault("parser-split",
-          "the streaming tool-call parser matches DSML tags only within one chunk of text: a tag split "
-          "across two chunks leaks into content as raw markup", ""),
+          "the streaming tool-call parse passes each chunk of text on as content until the DSML block opener "
+          "is complete, with no hold-back of a partial tag: an opener split across chunks leaks its leading "
+          "pieces (`<｜DSML｜tool_calls`) into content beside the correctly parsed calls", ""),
 )}
 
 

@@ -8,12 +8,7 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
 - tool_choice: auto, none, required, or a named function (required, with that tool only).
   Thinking mode refuses required and named (400), as does a name not in `tools`.
 - Sampling: it forces temperature = top_p = 1.0 in thinking mode; explicit values win here.
-- EOS decodes to `<｜end▁of▁sentence｜>`, kept as content after prose: EOS and stop ids are
-  pushed as an empty text chunk of one token instead (counted in usage, never shown).
-- `stop` becomes `ParsingOptions.stop_sequences`: the processor cuts the text, finishes "stop"
-  and reports `finished`; we stop there and the caller's close aborts the engine request.
-- Usage rides on the finish chunk whatever `stream_options` says; `ChatOutput` restores
-  OpenAI's semantics (none without `include_usage`; with it, a last chunk with `choices: []`).
+- Outputs: see engine/outputs.py (EOS, stop strings, usage).
 """
 
 from __future__ import annotations
@@ -24,23 +19,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import deepseek_recipe as dr
 
 from .config import ModelConfig
-from .request import FinishReason, SamplingParams
-from .tokenizer import DSV4Tokenizer, IncrementalDecoder
+from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
+from .request import SamplingParams
+from .tokenizer import DSV4Tokenizer
 
 _MAX_STOP = 16
 _TOOL_CHOICES = ("auto", "none", "required")
-_RECIPE_FINISH = {FinishReason.STOP: dr.InferenceFinishReason.Stop,
-                  FinishReason.LENGTH: dr.InferenceFinishReason.Length}
 _NUMBER = (int, float)
-
-
-def _dumps(d: dict[str, Any]) -> str:
-    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
 class RequestError(Exception):
@@ -54,15 +44,6 @@ class RequestError(Exception):
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-class TokenEventLike(Protocol):
-    """What the engine yields per step for one request (engine_loop.TokenEvent)."""
-
-    token_ids: list[int]
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    cached_tokens: int
 
 
 @dataclass
@@ -239,14 +220,16 @@ class Frontend:
 
     # ---- outputs --------------------------------------------------------------------------
 
-    async def stream_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]) -> AsyncIterator[str]:
+    async def stream_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike],
+                          output: type[ChatOutput] | None = None) -> AsyncIterator[str]:
         """SSE data payloads of a streamed chat request: chunk JSON strings, then `[DONE]`.
 
         Ends early when the parser hit a stop string. On abort the payloads just end, with
         no finish chunk and no `[DONE]`. The caller owns `events` and closes it afterwards,
-        which aborts the engine request if it is still running.
+        which aborts the engine request if it is still running. `output` replaces ChatOutput
+        (the `parser-split` fault's parse, engine/stream_parse_fault.py).
         """
-        out = ChatOutput(req, self.tokenizer)
+        out = (output or ChatOutput)(req, self.tokenizer)
         try:
             async for event in events:
                 for text in out.feed_json(event):
@@ -282,12 +265,12 @@ class Frontend:
         async for event in events:
             text = out.feed(event)
             if text or out.done:
-                yield _dumps(out.chunk(text, out.finish_reason))
+                yield dumps_compact(out.chunk(text, out.finish_reason))
             if out.done or out.aborted:
                 break
         if out.done:
             if req.include_usage:
-                yield _dumps({**out.chunk(""), "choices": [], "usage": out.usage()})
+                yield dumps_compact({**out.chunk(""), "choices": [], "usage": out.usage()})
             yield "[DONE]"
 
     async def complete_completion(self, req: PreparedRequest,
@@ -299,117 +282,3 @@ class Frontend:
             if out.done or out.aborted:
                 break
         return out.chunk(out.text, out.finish_reason, usage=True) if out.done else None
-
-
-class ChatOutput:
-    """deepseek-recipe's StreamProcessor for one chat request: TokenEvents in, chunks out."""
-
-    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
-        assert req.conversation is not None
-        self.req = req
-        generator = dr.ChatCompletionRequest.chunk_generator(req.conversation, req.rid, req.model)
-        self.processor = dr.StreamProcessor(generator, req.conversation.parsing_options, tokenizer.recipe)
-        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}
-        self.started = self.aborted = False
-
-    @property
-    def done(self) -> bool:
-        """The processor completed: a finish was pushed or a stop string matched."""
-        return self.processor.finished
-
-    def feed(self, event: TokenEventLike) -> list[dr.ChatCompletionChunk]:
-        """Push one engine event; returns the recipe chunks it produced (single-use objects)."""
-        p, out = self.processor, []
-        if self.done or self.aborted:
-            return out
-        if not self.started:
-            self.started = True
-            usage = dr.PromptUsage(prompt_tokens=event.prompt_tokens, prompt_cache_hit_tokens=event.cached_tokens)
-            out += p.push(dr.InferenceChunk.ready(prompt_usage=usage))
-        ids = [i for i in event.token_ids if i not in self.silent_ids]
-        if ids:
-            out += p.push(dr.InferenceChunk.tokens(ids))
-        if p.finished:  # a stop string matched
-            return out
-        if len(ids) < len(event.token_ids):
-            out += p.push(dr.InferenceChunk.text("", len(event.token_ids) - len(ids)))
-        if event.finish_reason is FinishReason.ABORT:
-            self.aborted = True
-        elif event.finish_reason is not None:
-            out += p.push(dr.InferenceChunk.finish(_RECIPE_FINISH[event.finish_reason]))
-            out += p.finish()
-        return out
-
-    def feed_json(self, event: TokenEventLike) -> list[str]:
-        """`feed`, as chunk JSON with OpenAI's usage semantics: the usage chunk (with
-        `include_usage`) comes last, after the finish chunk."""
-        texts, usage_chunk = [], None
-        for chunk in self.feed(event):
-            text = chunk.to_json()
-            if '"usage":{' in text:
-                d = json.loads(text)
-                usage = d.pop("usage")
-                if self.req.include_usage:
-                    usage_chunk, d["usage"] = {**d, "choices": [], "usage": usage}, None
-                text = _dumps(d)
-            texts.append(text)
-        return texts + [_dumps(usage_chunk)] if usage_chunk else texts
-
-    def close(self) -> None:
-        if not self.processor.finished:
-            self.processor.close()
-
-
-class CompletionOutput:
-    """Text of a /v1/completions request: incremental detokenizing, stop strings, chunks."""
-
-    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
-        self.req = req
-        self.decoder = IncrementalDecoder(tokenizer, req.skip_special_tokens)
-        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}  # trimmed, as SGLang does
-        self.text = ""  # emitted so far
-        self._held = ""  # decoded but held back: it may start a stop string
-        self.completion_tokens = self.prompt_tokens = self.cached_tokens = 0
-        self.finish_reason: str | None = None
-        self.aborted = False
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    def feed(self, event: TokenEventLike) -> str:
-        """Push one engine event; returns the newly final text."""
-        if self.done or self.aborted:
-            return ""
-        self.prompt_tokens, self.cached_tokens = event.prompt_tokens, event.cached_tokens
-        self.completion_tokens += len(event.token_ids)
-        ids = [i for i in event.token_ids if i not in self.silent_ids]
-        pending = self._held + self.decoder.push(ids, final=event.finish_reason is not None)
-        for stop in self.req.stop:
-            at = pending.find(stop)
-            if at >= 0:
-                pending, self.finish_reason = pending[:at], "stop"
-        if event.finish_reason is FinishReason.ABORT:
-            self.aborted = True
-            return ""
-        if event.finish_reason is not None and self.finish_reason is None:
-            self.finish_reason = event.finish_reason.value
-        keep = 0 if self.done else max((k for s in self.req.stop for k in range(1, len(s))
-                                        if pending.endswith(s[:k])), default=0)
-        out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep:]
-        self.text += out
-        return out
-
-    def usage(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-    def chunk(self, text: str, finish_reason: str | None = None, *, usage: bool = False) -> dict[str, Any]:
-        """One text_completion object: a stream chunk, or the whole response (`usage=True`)."""
-        d: dict[str, Any] = {"id": self.req.rid, "object": "text_completion", "created": self.req.created,
-                             "model": self.req.model,
-                             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
-        if usage:
-            d["usage"] = self.usage()
-        return d

@@ -37,6 +37,16 @@ _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 }
 
 
+# NOTE: /health sends a real one-token request under this rid prefix (SGLang's own is
+# "HEALTH_CHECK"). It is the server's traffic, not a user's: the request counters and queue
+# gauges leave it out, or every poll would read as progress to a wedge check.
+HEALTH_PROBE_PREFIX = "HEALTH_CHECK_"
+
+
+def is_health_probe(rid: str) -> bool:
+    return rid.startswith(HEALTH_PROBE_PREFIX)
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS or a stop token
     LENGTH = "length"  # max_tokens or the context limit
@@ -50,6 +60,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # EOS does not finish the request (SGLang's flag); its caller ends it
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

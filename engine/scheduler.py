@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .config import EngineConfig
 from .memory import PageAllocator
 from .radix_cache import RadixCache
-from .request import FinishReason, Request, RequestState
+from .request import FinishReason, Request, RequestState, is_health_probe
 
 
 class BatchEntry(NamedTuple):
@@ -299,7 +299,7 @@ class Scheduler:
         return events
 
     def _finish_reason(self, req: Request, tok: int) -> FinishReason | None:
-        if tok == self.eos_token_id or tok in req.params.stop_token_ids:
+        if tok == self.eos_token_id and not req.params.ignore_eos or tok in req.params.stop_token_ids:
             return FinishReason.STOP
         if len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.max_seq_len:
             return FinishReason.LENGTH
@@ -317,11 +317,12 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         used, total = self.allocator.num_used, self.allocator.num_pages
         evictable = self._evictable_pages()
-        running = sum(r.state is RequestState.RUNNING for r in self.admitted)
+        users = [r for r in self.admitted if not is_health_probe(r.rid)]  # gauges count user requests only
+        running = sum(r.state is RequestState.RUNNING for r in users)
         return SchedulerStats(
             num_running=running,
-            num_prefill=len(self.admitted) - running,
-            num_waiting=len(self.waiting),
+            num_prefill=len(users) - running,
+            num_waiting=sum(not is_health_probe(r.rid) for r in self.waiting),
             pages_used=used,
             pages_free=self.allocator.num_free,
             pages_total=total,

@@ -2,17 +2,28 @@
 
 `build_app(engine, frontend, cfg)` needs only the engine interface (`generate`, `abort`,
 `stats`, `flush_cache`, `alive`, `max_context`, `eos_token_id`; an EngineConfig as `config` or
-`cfg`, if present, feeds /get_server_info and `sglang:num_used_tokens`). Request ids: the response `id` (`chatcmpl-...` / `cmpl-...`) is the engine
-rid, so `/abort_request` can target it.
+`cfg`, if present, feeds /get_server_info, `sglang:num_used_tokens` and the planted faults).
+The response `id` (`chatcmpl-...` / `cmpl-...`) is the engine rid, so `/abort_request` can
+target it.
 
 Disconnects: a streamed response is cancelled by Starlette when `http.disconnect` arrives
 (uvicorn speaks ASGI spec 2.3, so Starlette listens for it); a non-streamed one is watched
 here. Either way the engine's generator is closed, which aborts the request in the engine.
+
+Health: `/health` and `/health_generate` share one handler, as in SGLang: a real one-token
+probe request (rid prefix `HEALTH_CHECK_`: not counted in the request counters or the queue
+gauges) must produce its token within `health_generate_timeout_s`, else 503. A probe waits its
+turn like any request, so under saturation a poll may time out: a new request waits as long.
+
+Planted faults (engine/faults.py, engine/STRUCTURE.md "Faults") living here: `ghost-decode`
+(engine/runs.py), `health-lies` (`/health` answers from the liveness flag) and `parser-split`
+(streamed chat goes through engine/stream_parse_fault.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -29,13 +40,15 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .frontend import Frontend, PreparedRequest, RequestError, TokenEventLike
+from .frontend import Frontend, PreparedRequest, RequestError
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .request import FinishReason, SamplingParams
+from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams
+from .runs import Run, Runs, SSEResponse, unless_disconnected
+from .stream_parse_fault import EagerParseChatOutput
 
 log = logging.getLogger("dsv4bench.engine.server")
 
@@ -76,72 +89,7 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
-class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its body iterator and its run, even when the
-    client left while the body was suspended at a `yield` or had not started (Starlette then
-    cancels without closing anything)."""
-
-    def __init__(self, content: AsyncIterator[str], run: _Run) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.run = run
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await self.run.close(completed=False)  # a no-op when the body closed it
-
-
-class _Run:
-    """One engine generation: its generator, timing for the metrics, and cleanup."""
-
-    def __init__(self, server: _Server, req: PreparedRequest, arrival: float) -> None:
-        self.server, self.req, self.arrival = server, req, arrival
-        self.gen = server.engine.generate(req.rid, req.prompt_ids, req.params)
-        self.first_token_at: float | None = None
-        self.closed = False
-        server.active[req.rid] = arrival
-
-    @property
-    def events(self) -> AsyncIterator[TokenEventLike]:
-        return _Timed(self)
-
-    async def close(self, completed: bool) -> None:
-        """Close the engine generator (aborts the request if still running); record latency.
-        Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        with anyio.CancelScope(shield=True):
-            await self.gen.aclose()
-        self.server.active.pop(self.req.rid, None)
-        if completed:
-            self.server.metrics.observe_request(time.monotonic() - self.arrival)
-
-
-class _Timed:
-    """Iterates a run's events and notes the first token for the TTFT histogram."""
-
-    def __init__(self, run: _Run) -> None:
-        self.run = run
-
-    def __aiter__(self) -> _Timed:
-        return self
-
-    async def __anext__(self) -> TokenEventLike:
-        event = await self.run.gen.__anext__()
-        if self.run.first_token_at is None and event.token_ids:
-            self.run.first_token_at = time.monotonic()
-            self.run.server.metrics.observe_first_token(self.run.first_token_at - self.run.arrival)
-        return event
-
-
 Handler = Callable[[Request], Awaitable[Response]]
-
-
 def _guarded(handler: Handler) -> Handler:
     """RequestError -> its 4xx; anything unexpected -> a logged 500. The server keeps serving."""
 
@@ -165,7 +113,10 @@ class _Server:
         self.engine_cfg = getattr(engine, "config", None) or getattr(engine, "cfg", None)  # an EngineConfig
         self.metrics = ServerMetrics(engine.stats, cfg.model_name, cfg.engine_type,
                                      getattr(self.engine_cfg, "page_size", None))
-        self.active: dict[str, float] = {}  # rid -> arrival, for abort_all and logs
+        faults = getattr(self.engine_cfg, "faults", frozenset())
+        self.runs = Runs(engine, self.metrics, ghost_decode="ghost-decode" in faults)
+        self.health_lies = "health-lies" in faults
+        self.parser_split = "parser-split" in faults
 
     async def read_json(self, request: Request) -> Any:
         length = request.headers.get("content-length")
@@ -187,8 +138,10 @@ class _Server:
     # ---- OpenAI ----------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        return await self._generate(request, self.frontend.prepare_chat, self.frontend.stream_chat,
-                                    self.frontend.complete_chat)
+        stream = self.frontend.stream_chat
+        if self.parser_split:  # the fault: streamed chat goes through the eager tool-call parse
+            stream = functools.partial(self.frontend.stream_chat, output=EagerParseChatOutput)
+        return await self._generate(request, self.frontend.prepare_chat, stream, self.frontend.complete_chat)
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, self.frontend.prepare_completion, self.frontend.stream_completion,
@@ -204,32 +157,22 @@ class _Server:
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}
         log.info("request %s prompt_tokens=%d max_tokens=%d stream=%s %s", req.rid, len(req.prompt_ids),
                  req.params.max_tokens, req.stream, tags or "")
-        run = _Run(self, req, arrival)
+        run = self.runs.start(req, arrival)
         if req.stream:
-            return _SSEResponse(self._sse(run, stream(req, run.events)), run)
+            return SSEResponse(self._sse(run, stream(req, run.events)), run)
         result = None
         try:
-            async with anyio.create_task_group() as tg:
-                async def work() -> None:
-                    nonlocal result
-                    result = await collect(req, run.events)
-                    tg.cancel_scope.cancel()
-
-                async def watch_disconnect() -> None:
-                    while (await request.receive())["type"] != "http.disconnect":
-                        pass
-                    log.info("request %s: client disconnected", req.rid)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(work)
-                tg.start_soon(watch_disconnect)
+            if self.runs.ghost_decode:  # the fault: nobody watches for the client leaving
+                result = await collect(req, run.events)
+            else:
+                result = await unless_disconnected(request, lambda: collect(req, run.events))
         finally:
             await run.close(completed=result is not None)
         if result is None:
             raise RequestError(503, f"request {req.rid} was aborted", code="request_aborted")
         return JSONResponse(result)
 
-    async def _sse(self, run: _Run, payloads: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _sse(self, run: Run, payloads: AsyncIterator[str]) -> AsyncIterator[str]:
         completed = False
         try:
             async for data in payloads:
@@ -251,29 +194,44 @@ class _Server:
     # ---- SGLang ----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return Response(status_code=200 if self.engine.alive() else 503)
+        if self.health_lies:
+            # The fault: the liveness flag stands in for a generation, so a loop that is alive
+            # but cannot produce a token still answers 200.
+            return Response(status_code=200 if self.engine.alive() else 503)
+        return await self.health_generate(request)
 
     async def health_generate(self, request: Request) -> Response:
-        """200 when the engine produces one token within the timeout, else 503."""
+        """200 when a one-token probe request produces its token within the timeout; 503 when
+        the engine is not running, the probe is aborted, or nothing comes in time."""
         if not self.engine.alive():
             return Response(status_code=503)
-        ok = False
-        gen = self.engine.generate(f"health-{uuid.uuid4().hex}", self.frontend.tokenizer.encode(HEALTH_PROMPT),
-                                   SamplingParams(max_tokens=1, temperature=0.0))
+        ok = await unless_disconnected(request, self._probe)
+        return Response(status_code=200 if ok else 503)
+
+    async def _probe(self) -> bool:
+        prompt = self.frontend.tokenizer.encode(HEALTH_PROMPT)
+        try:
+            gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", prompt,
+                                       SamplingParams(max_tokens=1, temperature=0.0))
+        except RuntimeError:  # the loop died since alive() was asked
+            return False
         try:
             with anyio.move_on_after(self.cfg.health_generate_timeout_s):
                 async for event in gen:
                     if event.token_ids or event.finish_reason is not None:
-                        ok = event.finish_reason is not FinishReason.ABORT
-                        break
+                        return event.finish_reason is not FinishReason.ABORT
+            return False
+        except RuntimeError:
+            return False
         finally:
             with anyio.CancelScope(shield=True):
-                await gen.aclose()
-        return Response(status_code=200 if ok else 503)
+                await gen.aclose()  # aborts a probe still queued
 
     async def server_info(self, request: Request) -> Response:
         engine_cfg = self.engine_cfg
         facts = dataclasses.asdict(engine_cfg) if dataclasses.is_dataclass(engine_cfg) else {}
+        if "faults" in facts:
+            facts["faults"] = sorted(facts["faults"])
         model = facts.pop("model", {})
         info = {**facts, "model_path": self.cfg.model_name, "served_model_name": self.cfg.model_name,
                 "context_length": self.engine.max_context, "vocab_size": self.frontend.tokenizer.vocab_size,
@@ -290,7 +248,7 @@ class _Server:
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         if body.get("abort_all") is True:
-            rids = list(self.active)
+            rids = list(self.runs.active)  # ghost-decode's forgotten runs too: abort_all is their way out
             return JSONResponse({"aborted": [rid for rid in rids if self.engine.abort(rid)]})
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:

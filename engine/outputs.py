@@ -1,0 +1,161 @@
+"""Engine token events of one request in, OpenAI output out: `ChatOutput` (deepseek-recipe's
+stream processor) and `CompletionOutput` (incremental detokenizing and stop strings).
+
+deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_frontend.py):
+- EOS decodes to `<｜end▁of▁sentence｜>`, kept as content after prose: EOS and stop ids are
+  pushed as an empty text chunk of one token instead (counted in usage, never shown).
+- `stop` becomes `ParsingOptions.stop_sequences`: the processor cuts the text, finishes "stop"
+  and reports `finished`; we stop there and the caller's close aborts the engine request.
+- Usage rides on the finish chunk whatever `stream_options` says; `ChatOutput` restores
+  OpenAI's semantics (none without `include_usage`; with it, a last chunk with `choices: []`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+
+import deepseek_recipe as dr
+
+from .request import FinishReason
+from .tokenizer import DSV4Tokenizer, IncrementalDecoder
+
+if TYPE_CHECKING:
+    from .frontend import PreparedRequest
+
+_RECIPE_FINISH = {FinishReason.STOP: dr.InferenceFinishReason.Stop,
+                  FinishReason.LENGTH: dr.InferenceFinishReason.Length}
+
+
+def dumps_compact(d: dict[str, Any]) -> str:
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+class TokenEventLike(Protocol):
+    """What the engine yields per step for one request (engine_loop.TokenEvent)."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class ChatOutput:
+    """deepseek-recipe's StreamProcessor for one chat request: TokenEvents in, chunks out."""
+
+    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
+        assert req.conversation is not None
+        self.req = req
+        generator = dr.ChatCompletionRequest.chunk_generator(req.conversation, req.rid, req.model)
+        self.processor = dr.StreamProcessor(generator, self.parsing_options(), tokenizer.recipe)
+        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}
+        self.started = self.aborted = False
+
+    def parsing_options(self) -> dr.ParsingOptions:
+        assert self.req.conversation is not None
+        return self.req.conversation.parsing_options
+
+    @property
+    def done(self) -> bool:
+        """The processor completed: a finish was pushed or a stop string matched."""
+        return self.processor.finished
+
+    def feed(self, event: TokenEventLike) -> list[dr.ChatCompletionChunk]:
+        """Push one engine event; returns the recipe chunks it produced (single-use objects)."""
+        p, out = self.processor, []
+        if self.done or self.aborted:
+            return out
+        if not self.started:
+            self.started = True
+            usage = dr.PromptUsage(prompt_tokens=event.prompt_tokens, prompt_cache_hit_tokens=event.cached_tokens)
+            out += p.push(dr.InferenceChunk.ready(prompt_usage=usage))
+        ids = [i for i in event.token_ids if i not in self.silent_ids]
+        out += self.push_output(ids, final=event.finish_reason is not None)
+        if p.finished:  # a stop string matched
+            return out
+        if len(ids) < len(event.token_ids):
+            out += p.push(dr.InferenceChunk.text("", len(event.token_ids) - len(ids)))
+        if event.finish_reason is FinishReason.ABORT:
+            self.aborted = True
+        elif event.finish_reason is not None:
+            out += p.push(dr.InferenceChunk.finish(_RECIPE_FINISH[event.finish_reason]))
+            out += p.finish()
+        return out
+
+    def push_output(self, ids: list[int], final: bool) -> list[dr.ChatCompletionChunk]:
+        """Hand the processor one event's output ids (`final`: the request's last event)."""
+        return self.processor.push(dr.InferenceChunk.tokens(ids)) if ids else []
+
+    def feed_json(self, event: TokenEventLike) -> list[str]:
+        """`feed`, as chunk JSON with OpenAI's usage semantics: the usage chunk (with
+        `include_usage`) comes last, after the finish chunk."""
+        texts, usage_chunk = [], None
+        for chunk in self.feed(event):
+            text = chunk.to_json()
+            if '"usage":{' in text:
+                d = json.loads(text)
+                usage = d.pop("usage")
+                if self.req.include_usage:
+                    usage_chunk, d["usage"] = {**d, "choices": [], "usage": usage}, None
+                text = dumps_compact(d)
+            texts.append(text)
+        return texts + [dumps_compact(usage_chunk)] if usage_chunk else texts
+
+    def close(self) -> None:
+        if not self.processor.finished:
+            self.processor.close()
+
+
+class CompletionOutput:
+    """Text of a /v1/completions request: incremental detokenizing, stop strings, chunks."""
+
+    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
+        self.req = req
+        self.decoder = IncrementalDecoder(tokenizer, req.skip_special_tokens)
+        self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}  # trimmed, as SGLang does
+        self.text = ""  # emitted so far
+        self._held = ""  # decoded but held back: it may start a stop string
+        self.completion_tokens = self.prompt_tokens = self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.aborted = False
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def feed(self, event: TokenEventLike) -> str:
+        """Push one engine event; returns the newly final text."""
+        if self.done or self.aborted:
+            return ""
+        self.prompt_tokens, self.cached_tokens = event.prompt_tokens, event.cached_tokens
+        self.completion_tokens += len(event.token_ids)
+        ids = [i for i in event.token_ids if i not in self.silent_ids]
+        pending = self._held + self.decoder.push(ids, final=event.finish_reason is not None)
+        for stop in self.req.stop:
+            at = pending.find(stop)
+            if at >= 0:
+                pending, self.finish_reason = pending[:at], "stop"
+        if event.finish_reason is FinishReason.ABORT:
+            self.aborted = True
+            return ""
+        if event.finish_reason is not None and self.finish_reason is None:
+            self.finish_reason = event.finish_reason.value
+        keep = 0 if self.done else max((k for s in self.req.stop for k in range(1, len(s))
+                                        if pending.endswith(s[:k])), default=0)
+        out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep:]
+        self.text += out
+        return out
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def chunk(self, text: str, finish_reason: str | None = None, *, usage: bool = False) -> dict[str, Any]:
+        """One text_completion object: a stream chunk, or the whole response (`usage=True`)."""
+        d: dict[str, Any] = {"id": self.req.rid, "object": "text_completion", "created": self.req.created,
+                             "model": self.req.model,
+                             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+        if usage:
+            d["usage"] = self.usage()
+        return d
