@@ -116,6 +116,7 @@ class _Server:
         faults = getattr(self.engine_cfg, "faults", frozenset())
         self.runs = Runs(engine, self.metrics, ghost_decode="ghost-decode" in faults)
         self.health_lies = "health-lies" in faults
+        self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
         self.parser_split = "parser-split" in faults
 
     async def read_json(self, request: Request) -> Any:
@@ -209,9 +210,8 @@ class _Server:
         return Response(status_code=200 if ok else 503)
 
     async def _probe(self) -> bool:
-        prompt = self.frontend.tokenizer.encode(HEALTH_PROMPT)
         try:
-            gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", prompt,
+            gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", self.health_prompt_ids,
                                        SamplingParams(max_tokens=1, temperature=0.0))
         except RuntimeError:  # the loop died since alive() was asked
             return False
