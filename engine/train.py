@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .model.model import DSV4Mini
-from .weights import load_weights, save_weights
+from .weights import load_weights, read_config, save_weights
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
     rng = np.random.default_rng(cfg.seed)
     device = torch.device(cfg.device)
     corpus = load_corpus(corpus_path, cfg.max_len)
-    model = (load_weights(model_cfg, init) if init else DSV4Mini(model_cfg)).to(device)
+    model = _initial_model(model_cfg, init).to(device)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
@@ -167,6 +167,45 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
     return result
 
 
+@torch.no_grad()
+def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384) -> dict:
+    """Teacher-forced greedy errors on held-out sessions: the share of assistant-written tokens
+    whose argmax is not the expert's token, and the share of assistant turns with any such
+    token. A turn with none is one the model would write exactly as the expert did."""
+    model.eval()
+    wrong = total = turns = bad_turns = 0
+    for ids_np, mask_np in load_corpus(corpus_path, max_len):
+        ids = torch.from_numpy(ids_np).to(device)
+        mask = torch.from_numpy(mask_np.astype(bool)).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            x, _ = model.hidden_dense(ids.unsqueeze(0), "fp8")
+        target = mask[1:]
+        pred = model.logits(x[0, :-1][target]).argmax(-1)
+        miss = pred != ids[1:][target]
+        wrong, total = wrong + int(miss.sum()), total + int(target.sum())
+        # Turn boundaries: a masked span starts where the mask goes 0 -> 1.
+        starts = (target[1:] & ~target[:-1]).cumsum(0)
+        turn_of = torch.cat([torch.zeros(1, dtype=starts.dtype, device=device), starts])[target]
+        n = int(turn_of.max()) + 1 if turn_of.numel() else 0
+        turns += n
+        bad_turns += int(torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, turn_of[miss], True).sum())
+    model.train()
+    return {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
+
+
+def _initial_model(model_cfg: ModelConfig, init: Path | None) -> DSV4Mini:
+    """A fresh model, or the weights at `init`. Weights of another sliding window are accepted:
+    the window is a span, not a weight, so training on widens or narrows what the model uses."""
+    if init is None:
+        return DSV4Mini(model_cfg)
+    file_cfg = read_config(init)
+    if dataclasses.replace(file_cfg, window=model_cfg.window) != model_cfg:
+        return load_weights(model_cfg, init)  # refused with the config difference spelled out
+    model = DSV4Mini(model_cfg)
+    model.load_state_dict(load_weights(file_cfg, init).state_dict())
+    return model
+
+
 def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -186,11 +225,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
     p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
+    p.add_argument("--window", type=int, default=ModelConfig.window, help="Sliding window of the model.")
+    p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
                       lr=a.lr, device=a.device, warmup=a.warmup)
-    r = train(ModelConfig(), cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
+    model_cfg = dataclasses.replace(ModelConfig(), window=a.window)
+    r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
+    if a.heldout:
+        model = load_weights(model_cfg, a.out).to(cfg.device)
+        print(json.dumps({"heldout": heldout_errors(model, a.heldout, torch.device(cfg.device))}), flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from ..agents import FAMILIES, ExpertSession, play_expert, session_messages
 from ..agents.base import Step, ToolAction
 from .frontend import Frontend
 from .tokenizer import DSV4Tokenizer, load_tokenizer
+from .train_renames import rename_entities, rename_map
 
 # Held-out evaluation seeds are below this; training seeds start here.
 TRAIN_SEED_BASE = 100_000
@@ -38,23 +39,29 @@ class EncodedSession:
     mask: list[int]
 
 
-def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = False) -> EncodedSession:
+def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = False,
+                   rename: bool = False) -> EncodedSession:
     """Play, render and encode one expert session with its loss mask.
 
-    With `perturb`, one turn of the session is a mistake (a call with a wrong argument value,
-    so the tool answers with an error) that carries no loss, and the expert recovers from it in
-    the turns after: the model learns to recover from its own slips instead of collapsing.
+    With `perturb`, one to three turns of the session are mistakes (a call with a wrong argument
+    value, so the tool answers with an error) that carry no loss, and the expert recovers from
+    each in the turns after: the model learns to recover from its own slips instead of
+    collapsing. With `rename`, the world's names are consistently replaced by made-up ones
+    (train_renames.py), so copying from context is the only way to get them right.
     """
     fam = FAMILIES[family]
-    session, slipped = play_with_slip(family, seed) if perturb else (play_expert(fam, seed), None)
-    body = {"model": frontend.model_name, "messages": session_messages(session), "tools": fam.openai_tools(),
+    session, slipped = play_with_slips(family, seed) if perturb else (play_expert(fam, seed), set())
+    messages = session_messages(session)
+    if rename:
+        messages = rename_entities(messages, rename_map(random.Random(seed * 13 + 5)))
+    body = {"model": frontend.model_name, "messages": messages, "tools": fam.openai_tools(),
             "chat_template_kwargs": {"thinking": False}}
     # The server's own path; it appends the next turn's `<｜Assistant｜></think>`, dropped here.
     ids = frontend.prepare_chat(body).prompt_ids[:-2]
-    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns={slipped}))
+    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns=slipped))
 
 
-def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int | None] | None = None) -> list[int]:
+def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int] | None = None) -> list[int]:
     """1 on the tokens the model writes: after each `<｜Assistant｜></think>` through EOS,
     except in the assistant turns numbered in `skip_turns`."""
     assistant, think_end, eos = tok.special_id("Assistant"), tok.special_id("ThinkingEnd"), tok.eos_token_id
@@ -74,23 +81,23 @@ def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int | Non
     return mask
 
 
-def play_with_slip(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, int | None]:
-    """The expert's session with one slipped turn (a wrong string argument); returns the
-    session and the slipped turn's index (None when no call had a string to get wrong)."""
+def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, set[int]]:
+    """The expert's session with one to three slipped turns (a wrong string argument); returns
+    the session and the slipped turns' indices (empty when no call had a string to get wrong)."""
     rng = random.Random(seed * 7 + 1)
-    slip_at = rng.randrange(1, 10)
-    slipped: list[int] = []
+    slip_at = set(rng.sample(range(1, 12), rng.choice((1, 1, 2, 3))))
+    slipped: set[int] = set()
 
     def alter(n: int, step: Step) -> Step:
-        if n == slip_at and not step.is_final:
+        if n in slip_at and not step.is_final:
             wrong = _slip(step.calls[0], rng)
             if wrong is not None:
-                slipped.append(n)
+                slipped.add(n)
                 return Step(calls=(wrong,))
         return step
 
     session = play_expert(FAMILIES[family], seed, max_turns, alter)
-    return session, (slipped[0] if slipped else None)
+    return session, slipped
 
 
 def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:
@@ -104,8 +111,9 @@ def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:
 
 
 def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, frontend: Frontend | None = None,
-                 max_tokens: int | None = None, slip_share: float = 0.5) -> dict:
-    """Encode every (family, seed) session and write the .npz corpus; returns its summary."""
+                 max_tokens: int | None = None, slip_share: float = 0.5, rename_share: float = 0.0) -> dict:
+    """Encode every (family, seed) session and write the .npz corpus; returns its summary.
+    `slip_share` of the sessions have slipped turns, `rename_share` have their world renamed."""
     frontend = frontend or Frontend(load_tokenizer())
     tokens: list[np.ndarray] = []
     masks: list[np.ndarray] = []
@@ -113,7 +121,9 @@ def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, front
     meta = []
     for seed in seeds:
         for fam in families:
-            s = encode_session(frontend, fam, seed, perturb=(seed * 31 + len(fam)) % 100 < slip_share * 100)
+            pick = random.Random(f"{fam}/{seed}")
+            s = encode_session(frontend, fam, seed, perturb=pick.random() < slip_share,
+                               rename=pick.random() < rename_share)
             ids, mask = s.ids, s.mask
             if max_tokens is not None and len(ids) > max_tokens:
                 ids, mask = ids[:max_tokens], mask[:max_tokens]  # later turns dropped, earlier kept whole

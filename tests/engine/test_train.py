@@ -11,8 +11,9 @@ import pytest
 from dsv4bench.engine.config import ModelConfig
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.engine.train import TrainConfig, train
-from dsv4bench.engine.train_data import build_corpus, encode_session, play_with_slip
+from dsv4bench.engine.train import TrainConfig, heldout_errors, train
+from dsv4bench.engine.train_data import build_corpus, encode_session, play_with_slips
+from dsv4bench.engine.train_renames import rename_entities, rename_map
 from dsv4bench.engine.weights import WeightsError, load_weights
 
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=2, head_dim=16, rope_dim=8, window=32, hca_rate=8, csa_rate=2,
@@ -44,15 +45,36 @@ def test_loss_mask_covers_exactly_what_the_model_writes(frontend):
     assert "DSML" in tok.decode(s.ids[spans[0][0]:spans[0][1]])
 
 
-def test_slipped_turn_carries_no_loss_and_the_expert_recovers(frontend):
-    session, slipped = play_with_slip("coding", 11)
-    assert slipped is not None and session.results[slipped][0].result.startswith("error")
+@pytest.mark.parametrize("family,seed", [("coding", 11), ("ops", 100_004), ("data", 100_002)])
+def test_slipped_turns_carry_no_loss_and_the_expert_recovers(frontend, family, seed):
+    session, slipped = play_with_slips(family, seed)
+    assert slipped and all(session.results[n][0].result.startswith("error") for n in slipped)
     assert session.family.solved(session.task, session.world)
-    clean = encode_session(frontend, "coding", 11)
-    slip = encode_session(frontend, "coding", 11, perturb=True)
+    clean = encode_session(frontend, family, seed)
+    slip = encode_session(frontend, family, seed, perturb=True)
     n_turns = lambda s: sum(1 for k in range(1, len(s.mask)) if s.mask[k] and not s.mask[k - 1])  # noqa: E731
-    assert n_turns(slip) == len(session.steps) - 1  # every turn but the slipped one is learned
+    assert n_turns(slip) == len(session.steps) - len(slipped)  # every turn but the slipped ones is learned
     assert n_turns(clean) >= 5
+
+
+def test_renamed_sessions_stay_coherent_and_leave_tools_alone():
+    from dsv4bench.agents import FAMILIES, play_expert, session_messages
+
+    session = play_expert(FAMILIES["ops"], 100_007)
+    messages = session_messages(session)
+    mapping = rename_map(__import__("random").Random(1), share=1.0)
+    renamed = rename_entities(messages, mapping)
+    text = lambda ms: " ".join(str(m.get("content")) + str(m.get("tool_calls")) for m in ms[1:])  # noqa: E731
+    before, after = text(messages), text(renamed)
+    used = [old for old in mapping if f"| {old} |" in before]
+    assert used, "the world's services appear in its tool results"
+    for old in used:  # every occurrence moved, in results and in the calls that copy them
+        assert f"| {old} |" not in after and f"| {mapping[old]} |" in after
+    assert renamed[0] == messages[0]  # system prompt untouched
+    assert [c["function"]["name"] for m in renamed for c in m.get("tool_calls") or []] == \
+           [c["function"]["name"] for m in messages for c in m.get("tool_calls") or []]
+    assert rename_entities([{"role": "user", "content": "Northern North-east North_x"}], {"North": "Zel"})[0]["content"] \
+        == "Northern Zel-east Zel_x"
 
 
 def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend):
@@ -70,6 +92,8 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     with pytest.raises(WeightsError, match="engine train"):
         load_weights(TINY, tmp_path / "missing.safetensors")
     assert np.load(corpus)["tokens"].dtype == np.uint16
+    errors = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400)
+    assert 0.0 < errors["token_error"] <= errors["turn_error"] <= 1.0 and errors["turns"] >= 4
 
 
 def test_shipped_weights_load_with_the_default_config():
