@@ -90,6 +90,8 @@ class _BearerAuth:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
 def _guarded(handler: Handler) -> Handler:
     """RequestError -> its 4xx; anything unexpected -> a logged 500. The server keeps serving."""
 
@@ -116,8 +118,8 @@ class _Server:
         faults = getattr(self.engine_cfg, "faults", frozenset())
         self.runs = Runs(engine, self.metrics, ghost_decode="ghost-decode" in faults)
         self.health_lies = "health-lies" in faults
-        self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
         self.parser_split = "parser-split" in faults
+        self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
 
     async def read_json(self, request: Request) -> Any:
         length = request.headers.get("content-length")
@@ -210,18 +212,15 @@ class _Server:
         return Response(status_code=200 if ok else 503)
 
     async def _probe(self) -> bool:
-        try:
-            gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", self.health_prompt_ids,
-                                       SamplingParams(max_tokens=1, temperature=0.0))
-        except RuntimeError:  # the loop died since alive() was asked
-            return False
+        gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", self.health_prompt_ids,
+                                   SamplingParams(max_tokens=1, temperature=0.0))
         try:
             with anyio.move_on_after(self.cfg.health_generate_timeout_s):
                 async for event in gen:
                     if event.token_ids or event.finish_reason is not None:
                         return event.finish_reason is not FinishReason.ABORT
             return False
-        except RuntimeError:
+        except RuntimeError:  # the loop died since alive() was asked
             return False
         finally:
             with anyio.CancelScope(shield=True):

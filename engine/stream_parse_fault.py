@@ -2,7 +2,8 @@
 
 The clean server lets deepseek-recipe parse DSML out of the token stream; its parser holds back
 text that may be the start of a tag until the tag is complete. Under `parser-split` the server
-runs SGLang's two-stage shape instead: deepseek-recipe with tool parsing off does reasoning,
+runs SGLang's shape instead: each engine event (one step's tokens of this request) is
+detokenized into one chunk of text, deepseek-recipe with tool parsing off does reasoning,
 content, stop strings and usage, and `EagerDsmlParser` splits each chunk of content text into
 text and tool calls. It recognises the block opener `<｜DSML｜tool_calls>` in the accumulated
 text, but until the opener is complete it passes every chunk on as content, with no hold-back
