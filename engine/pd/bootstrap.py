@@ -2,13 +2,16 @@
 
 Each request gets a `Room` (SGLang's bootstrap room), opened by the router before either server
 sees the request. The decode server reserves pages and sends their `KVTransfer` to the room
-(`prealloc`); the room is then BOOTSTRAPPED and the prefill server may compute the prompt. The
-room stays open until the prefill hands the KV to the transfer worker (`close`), so an abort
-before that reaches the decode side through the room.
+(`prealloc`); the room is then BOOTSTRAPPED and the prefill server may compute the prompt. Until
+the KV has arrived, the room decides the transfer's fate: an ABORT from either server aborts
+the room and its transfer, which is how each side learns of the other's aborts. Once the
+decode server runs the request the room is DECODING, and the decode server closes the room
+when the request leaves it.
 
 One thread, the `BootstrapWorker`, owns every room's state and applies messages in order:
-OPEN, PREALLOC, ABORT, CLOSE. The prefill server's bootstrap queue only reads room states, so
-when this thread stops, every request in that queue waits for ever.
+OPEN, PREALLOC, DECODING, ABORT, CLOSE. The servers only read room states, so when this
+thread stops, every request waiting on a room (in the prefill bootstrap queue, or for its KV
+in the decode transfer queue) waits for ever, aborted or not.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ log = logging.getLogger("dsv4bench.engine.pd")
 class RoomState(enum.Enum):
     BOOTSTRAPPING = "bootstrapping"  # waiting for the decode server's page reservation
     BOOTSTRAPPED = "bootstrapped"  # the decode's KVTransfer is attached: the prefill may compute
+    DECODING = "decoding"  # the KV arrived; the request lives on the decode server alone
     ABORTED = "aborted"
 
 
@@ -41,15 +45,16 @@ class Room:
 
 
 class UnexpectedAbort(RuntimeError):
-    """An ABORT for a room past its handshake, under the planted `bootstrap-stall` fault."""
+    """An ABORT for a room already DECODING, under the planted `bootstrap-stall` fault."""
 
 
 class BootstrapWorker:
     """Applies handshake messages to rooms on its own thread (or on the caller's, via `drain`).
 
     `stall_on_unexpected_abort` is the planted `bootstrap-stall` fault: ABORT handling written
-    for rooms still in their handshake raises on a room already BOOTSTRAPPED (a request the
-    prefill is computing, or one whose decode answer came first), and the thread dies with it.
+    for requests whose KV has not moved yet raises on a room already DECODING (a client that
+    leaves while its answer streams, as every client of a killed agent does), and the thread
+    dies with it.
     """
 
     def __init__(self, stall_on_unexpected_abort: bool = False) -> None:
@@ -69,12 +74,16 @@ class BootstrapWorker:
         """The decode server: pages for `rid` are reserved; here is where its KV goes."""
         self.inbox.put(("prealloc", (rid, transfer)))
 
+    def decoding(self, rid: str) -> None:
+        """The decode server: the KV of `rid` arrived and it decodes."""
+        self.inbox.put(("decoding", rid))
+
     def abort(self, rid: str) -> None:
-        """The prefill server: `rid` is aborted; its room (and the decode reservation) with it."""
+        """Either server: `rid` is aborted there; its room and transfer with it, unless it decodes."""
         self.inbox.put(("abort", rid))
 
     def close(self, rid: str) -> None:
-        """The prefill server is done with the room (KV handed over, or the request gone)."""
+        """The decode server: `rid` left it (finished or aborted); the room is done."""
         self.inbox.put(("close", rid))
 
     def start(self) -> None:
@@ -116,6 +125,10 @@ class BootstrapWorker:
         elif kind == "prealloc":
             rid, transfer = payload
             self._on_prealloc(rid, transfer)
+        elif kind == "decoding":
+            room = self.rooms.get(payload)
+            if room is not None and room.state is RoomState.BOOTSTRAPPED:
+                room.state = RoomState.DECODING
         elif kind == "abort":
             self._on_abort(payload)
         elif kind == "close":
@@ -135,9 +148,11 @@ class BootstrapWorker:
     def _on_abort(self, rid: str) -> None:
         room = self.rooms.get(rid)
         if room is None or room.state is RoomState.ABORTED:
-            return  # already past the handshake (closed) or already aborted
-        if self.stall_on_unexpected_abort and room.state is not RoomState.BOOTSTRAPPING:
-            raise UnexpectedAbort(f"ABORT for room {rid} in state {room.state.name}")
+            return  # closed, or aborted already by the other server
+        if room.state is RoomState.DECODING:
+            if self.stall_on_unexpected_abort:
+                raise UnexpectedAbort(f"ABORT for room {rid} in state {room.state.name}")
+            return  # the KV has moved: nothing of it is left here to cancel
         room.state = RoomState.ABORTED
         if room.transfer is not None:
             room.transfer.abort()

@@ -10,9 +10,10 @@
    the prefill's first token, which is the client's first token; each step then decodes one
    token for it. Preempted requests are recomputed here from their tokens.
 
-Aborts, in every queue: the prealloc queue lets go at once; in the transfer queue the transfer
-is aborted and the queue lets go once it is settled (the worker may still be writing); running
-requests are aborted by the Scheduler. The client hears ABORT at once in every case.
+Aborts, in every queue, and the room hears of each: the prealloc queue lets go at once; in
+the transfer queue the room aborts the transfer and the queue lets go once it is settled (the
+transfer worker may still be writing); running requests are aborted by the Scheduler. The
+client hears ABORT at once in every case. The room is closed when the request leaves.
 
 No prefix cache here: every prompt's KV arrives by transfer, so a finished request's pages are
 simply free again.
@@ -83,6 +84,8 @@ class DecodeEngine(ServerLoop):
         rid = entry.req.rid
         if len(entry.req.prompt_ids) >= self.scheduler.max_seq_len:  # could never be reserved
             entry.sink.push(self._event(entry.req, [], FinishReason.ABORT))
+            self.bootstrap.abort(rid)
+            self.bootstrap.close(rid)
             return
         self.prealloc_queue[rid] = entry
         if not is_health_probe(rid):
@@ -90,16 +93,20 @@ class DecodeEngine(ServerLoop):
 
     def _abort(self, rid: str) -> bool:
         if (e := self.prealloc_queue.pop(rid, None)) is not None:
-            pass
+            self.bootstrap.abort(rid)  # the prefill side may wait on the room
+            self.bootstrap.close(rid)
         elif (e := self.transfer_queue.get(rid)) is not None:
             if e.aborted:
                 return False
             e.aborted = True
-            assert e.transfer is not None
-            e.transfer.abort()  # the queue lets go once it is settled
+            # NOTE: through the room, which owns the transfer until the KV moves; the queue
+            # lets go once the transfer is settled (the worker may still be writing).
+            self.bootstrap.abort(rid)
         elif (e := self.decoding.pop(rid, None)) is not None:
             self.scheduler.abort(rid)
             self.runner.forget(rid)
+            self.bootstrap.abort(rid)  # the room learns of every abort here, whatever its state
+            self.bootstrap.close(rid)
         else:
             return False
         e.sink.push(self._event(e.req, [], FinishReason.ABORT))
@@ -143,6 +150,7 @@ class DecodeEngine(ServerLoop):
             if t.status is TransferStatus.SUCCESS and not e.aborted:
                 self._admit(e, t)
                 continue
+            self.bootstrap.close(rid)
             self.allocator.decref(t.dst_pages)
             if not e.aborted:  # failed, or aborted from the prefill side: the client learns now
                 e.sink.push(self._event(e.req, [], FinishReason.ABORT))
@@ -159,12 +167,15 @@ class DecodeEngine(ServerLoop):
         except ValueError:  # a duplicate live rid: fail this request only
             self.allocator.decref(t.dst_pages)
             e.sink.push(self._event(req, [], FinishReason.ABORT))
+            self.bootstrap.close(req.rid)
             return
         self._emit(req.rid, e.sink, self._event(req, [t.first_token], reason))
         if reason is None:
             self.decoding[req.rid] = e
+            self.bootstrap.decoding(req.rid)
         else:
             self.runner.forget(req.rid)
+            self.bootstrap.close(req.rid)
 
     def _step(self) -> None:
         batch = self.scheduler.schedule()
@@ -184,6 +195,7 @@ class DecodeEngine(ServerLoop):
             if rid in finished:
                 del self.decoding[rid]
                 self.runner.forget(rid)
+                self.bootstrap.close(rid)
 
     def _emit(self, rid: str, sink: EventSink, event: TokenEvent) -> None:
         if not is_health_probe(rid):

@@ -13,7 +13,8 @@
 Aborts, in every queue: in the bootstrap queue the room is aborted through the bootstrap
 worker (the request leaves once the worker confirms); in prefill the Scheduler aborts it and
 the room tells the decode side; in the inflight queue the transfer is aborted and the queue
-lets go once the worker has stopped writing.
+lets go once the transfer worker has stopped writing. A room the decode side aborted stops
+the prefill of its request.
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ class PrefillEngine(ServerLoop):
             self.scheduler.abort(rid)
             self.runner.forget(rid)
             self.bootstrap.abort(rid)  # the room tells the decode side to free its reservation
-            self.bootstrap.close(rid)
         elif (e := self.inflight_queue.get(rid)) is not None:
             if e.abort_requested:
                 return False
@@ -142,7 +142,6 @@ class PrefillEngine(ServerLoop):
             state = e.room.state
             if state is RoomState.ABORTED:
                 del self.bootstrap_queue[rid]
-                self.bootstrap.close(rid)
             elif state is RoomState.BOOTSTRAPPED and not e.abort_requested:
                 del self.bootstrap_queue[rid]
                 try:
@@ -150,7 +149,6 @@ class PrefillEngine(ServerLoop):
                 except ValueError as err:  # refused (too long for this pool)
                     log.warning("prefill refused %s: %s", rid, err)
                     self.bootstrap.abort(rid)
-                    self.bootstrap.close(rid)
                     continue
                 self.prefilling[rid] = e
 
@@ -161,7 +159,6 @@ class PrefillEngine(ServerLoop):
                 del self.prefilling[rid]
                 self.scheduler.abort(rid)
                 self.runner.forget(rid)
-                self.bootstrap.close(rid)
 
     def _step(self) -> None:
         batch = self.scheduler.schedule()
@@ -178,7 +175,6 @@ class PrefillEngine(ServerLoop):
             assert ev.finish_reason is not None and ev.token_id is not None
             e = self.prefilling.pop(ev.rid)
             self.runner.forget(ev.rid)
-            self.bootstrap.close(ev.rid)  # the KV leaves through the transfer, not the room
             e.held_pages = held[ev.rid]
             if e.transfer.begin(e.held_pages, ev.token_id, e.req.num_cached):
                 self.transfers.submit(e.transfer)

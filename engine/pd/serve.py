@@ -42,7 +42,9 @@ class PDConfig:
 
     prefill_port: int = 30000
     decode_port: int = 30002
-    link_gbps: float = 1.0  # KV transfer bandwidth; 0 = as fast as memory copies
+    # NOTE: KV transfer bandwidth (0 = memory speed), scaled to this engine: a prompt's KV
+    # takes a fraction of a decode step to move, as over RDMA between real PD servers.
+    link_gbps: float = 0.1
     # NOTE: under the 5 s a probing client (the harness) waits, so it hears the 503.
     health_timeout_s: float = 4.0
 

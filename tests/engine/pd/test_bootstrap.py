@@ -1,5 +1,5 @@
 """The bootstrap handshake: rooms, prealloc answers, aborts in every room state, and the
-`bootstrap-stall` worker that dies on an ABORT it does not expect."""
+`bootstrap-stall` worker that dies on an ABORT it does not expect (for a request decoding)."""
 
 from __future__ import annotations
 
@@ -46,18 +46,28 @@ def test_an_abort_before_the_decode_answer_aborts_the_answer_too():
 
 
 @pytest.mark.parametrize("stall", [False, True])
-def test_an_abort_after_the_handshake_aborts_the_transfer_unless_the_fault_is_on(stall):
+def test_an_abort_before_the_kv_moved_aborts_the_room_and_its_transfer(stall):
+    worker = BootstrapWorker(stall_on_unexpected_abort=stall)  # the fault does not touch this path
+    room, transfer = handshake(worker, "r1")
+    worker.abort("r1")
+    worker.drain()
+    assert room.state is RoomState.ABORTED and transfer.status is TransferStatus.ABORTED
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_an_abort_while_decoding_is_ignored_unless_the_fault_is_on(stall):
     worker = BootstrapWorker(stall_on_unexpected_abort=stall)
     room, transfer = handshake(worker, "r1")
+    worker.decoding("r1")
     worker.drain()
+    assert room.state is RoomState.DECODING
     worker.abort("r1")
     if stall:
         with pytest.raises(UnexpectedAbort):
             worker.drain()
-        assert room.state is RoomState.BOOTSTRAPPED and transfer.status is TransferStatus.WAITING_FOR_INPUT
     else:
         worker.drain()
-        assert room.state is RoomState.ABORTED and transfer.status is TransferStatus.ABORTED
+    assert room.state is RoomState.DECODING and transfer.status is TransferStatus.WAITING_FOR_INPUT
 
 
 def test_answers_for_closed_or_unknown_rooms_are_aborted_and_aborts_for_them_ignored():
@@ -77,8 +87,9 @@ def test_the_stalled_worker_thread_dies_and_every_later_room_waits_for_ever():
     worker.start()
     try:
         room, _ = handshake(worker, "r1")
-        wait_until(lambda: room.state is RoomState.BOOTSTRAPPED, what="the handshake")
-        worker.abort("r1")  # the prefill was computing it: the worker did not expect this
+        worker.decoding("r1")
+        wait_until(lambda: room.state is RoomState.DECODING, what="the handshake")
+        worker.abort("r1")  # a client left while its answer streamed: the worker did not expect this
         wait_until(lambda: not worker.alive(), what="the worker to die")
         assert isinstance(worker.error, UnexpectedAbort)
         later, _ = handshake(worker, "r2")
@@ -91,10 +102,11 @@ def test_the_clean_worker_thread_survives_the_same_abort():
     worker = BootstrapWorker()
     worker.start()
     try:
-        room, transfer = handshake(worker, "r1")
+        room, _ = handshake(worker, "r1")
+        worker.decoding("r1")
         worker.abort("r1")
         later, _ = handshake(worker, "r2")
         wait_until(lambda: later.state is RoomState.BOOTSTRAPPED, what="the next handshake")
-        assert worker.alive() and room.state is RoomState.ABORTED and transfer.status is TransferStatus.ABORTED
+        assert worker.alive() and room.state is RoomState.DECODING
     finally:
         worker.stop()

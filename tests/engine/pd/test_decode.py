@@ -56,6 +56,9 @@ def test_abort_in_the_transfer_queue_while_the_prefill_computes(pd):
     assert held == -(-60 // 16)
     abort_both(pd, "r1")
     pump.decode()
+    assert sink.finish is FinishReason.ABORT  # the client hears it at once
+    assert transfer.status is TransferStatus.WAITING_FOR_INPUT and "r1" in pd.decode.transfer_queue  # the room decides
+    pump.decode()
     assert transfer.status is TransferStatus.ABORTED and pd.decode.allocator.num_used == 0
     pump.until_quiet()
     assert sink.finish is FinishReason.ABORT and not sink.tokens

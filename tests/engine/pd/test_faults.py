@@ -1,7 +1,8 @@
 """Kill storms against the PD engine on loopback: the clean engine drains to zero everywhere;
 `abort-leak` leaves the aborted transfers stuck in the decode transfer and prefill inflight
-queues; `bootstrap-stall` kills the bootstrap worker and later requests hang in the bootstrap
-queue while /health tells the truth (or, with `health-lies`, does not)."""
+queues; `bootstrap-stall` kills the bootstrap worker (a client left while its answer streamed)
+and later requests hang in the bootstrap and transfer queues while /health tells the truth
+(or, with `health-lies`, does not)."""
 
 from __future__ import annotations
 
@@ -105,12 +106,14 @@ def test_abort_leak_leaves_aborted_transfers_stuck_in_both_queues():
 def test_bootstrap_stall_hangs_later_requests_in_the_bootstrap_queue(lies):
     s = serve("bootstrap-stall", *(["health-lies"] if lies else []))
     try:
-        kill_storm(s, 8, lambda: s.pd.prefill.stats.num_running >= 1)  # requests past their handshake
+        assert chat_ok(s)  # healthy until a client leaves while its answer streams
+        kill_storm(s, 8, lambda: s.pd.decode.stats.num_running >= 2)
         wait_until(lambda: not s.pd.bootstrap.alive(), what="the bootstrap worker to die")
         assert isinstance(s.pd.bootstrap.error, UnexpectedAbort)
-        assert not chat_ok(s, timeout=2)  # a later request hangs
-        assert s.gauge("prefill", BOOTSTRAP_Q) >= 1
+        assert not chat_ok(s, timeout=2)  # a later request hangs, and its abort is never applied
+        assert s.gauge("prefill", BOOTSTRAP_Q) >= 1 and s.gauge("decode", TRANSFER_Q) >= 1
         assert s.pd.prefill.alive() and s.pd.decode.alive()  # the loops still turn
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == (200 if lies else 503)
+        assert httpx.get(f"{s.prefill}/health", timeout=10).status_code == (200 if lies else 503)
     finally:
         s.stop()

@@ -93,10 +93,11 @@ def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
     s = ServedPD(build_tiny(start=True, pd_cfg=PDConfig(link_gbps=0, health_timeout_s=1.0), faults=frozenset(faults)))
     try:
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == 200
-        room = Room("x")  # a handshake the worker completes, then an ABORT it does not expect
+        room = Room("x")  # a request that reaches decoding, then an ABORT the worker does not expect
         s.pd.bootstrap.open(room)
         s.pd.bootstrap.prealloc("x", KVTransfer("x", []))
-        wait_until(lambda: room.state is RoomState.BOOTSTRAPPED, what="the handshake")
+        s.pd.bootstrap.decoding("x")
+        wait_until(lambda: room.state is RoomState.DECODING, what="the handshake")
         s.pd.bootstrap.abort("x")
         wait_until(lambda: not s.pd.bootstrap.alive(), what="the worker to die")
         assert isinstance(s.pd.bootstrap.error, UnexpectedAbort)
