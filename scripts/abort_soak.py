@@ -67,7 +67,7 @@ class SoakConfig:
 class StormResult:
     caught: Counter[str]  # requests in each stage at the kill
     finished: int  # requests that completed before the kill
-    drain_s: float | None  # None: did not drain in time
+    drain_s: float | None  # from the kill until nothing was left behind; None: not within the timeout
     leftovers: list[str]  # what was left behind; empty for a clean storm
 
 
@@ -127,13 +127,16 @@ async def storm(i: int, pd: PDEngine, client: httpx.AsyncClient, roots: dict[str
         await client.post(f"{roots['router']}/abort_request", json={"abort_all": True})
     await asyncio.gather(*tasks, return_exceptions=True)
     t0 = time.monotonic()
-    while not drained(pd):
+    # NOTE: a request whose client left while it was still on the wire can reach the router
+    # after the others drained; it is aborted as soon as its response starts. So the check is
+    # "clean within the drain timeout", and only what is still there at the deadline counts.
+    while True:
+        found = await leftovers(pd, client, roots) if drained(pd) else [f"not drained: {dict(stage_counts(pd))}"]
+        if not found:
+            return StormResult(caught, finished, time.monotonic() - t0, [])
         if time.monotonic() - t0 > cfg.drain_timeout_s:
-            return StormResult(caught, finished, None, [f"not drained after {cfg.drain_timeout_s:g} s: "
-                                                        f"{dict(stage_counts(pd))}"])
+            return StormResult(caught, finished, None, [f"after {cfg.drain_timeout_s:g} s: {f}" for f in found])
         await asyncio.sleep(0.002)
-    drain_s = time.monotonic() - t0
-    return StormResult(caught, finished, drain_s, await leftovers(pd, client, roots))
 
 
 async def soak(cfg: SoakConfig) -> int:
@@ -189,7 +192,8 @@ def report(cfg: SoakConfig, results: list[StormResult], wall_s: float) -> None:
     print("caught at the kill (per server: a request being prefilled also waits in the decode transfer queue): "
           + ", ".join(f"{s} {caught[s]}" for s in STAGES))
     if drains:
-        print(f"drain after the kill: median {statistics.median(drains) * 1e3:.0f} ms, max {drains[-1] * 1e3:.0f} ms")
+        print(f"clean after the kill within: median {statistics.median(drains) * 1e3:.0f} ms, "
+              f"max {drains[-1] * 1e3:.0f} ms")
     print(f"storms leaving anything behind (queued, running or transferring requests, leaked pages, "
           f"broken refcounts): {len(dirty)}")
 

@@ -37,6 +37,7 @@ def chat(served: ServedPD, max_tokens: int = 4) -> dict:
 
 def test_each_server_exports_sglang_gauges_under_its_engine_type(served):
     chat(served)
+    wait_until(lambda: served.pd.prefill.stats.in_flight == served.pd.decode.stats.in_flight == 0, what="the end")
     for name in ("router", "prefill", "decode"):
         values = served.metrics(name)
         queues = {k: v for k, v in values.items() if is_queue_gauge(k)}
