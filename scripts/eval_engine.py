@@ -38,6 +38,7 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int) -> di
     fam = FAMILIES[family]
     c: Counter[str] = Counter()
     codes: Counter[str] = Counter()
+    bad_turns: list[dict] = []
     async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
         for seed in seeds:
             sess = AgentSession(f"eval-{family}-{seed}", fam, seed, SessionConfig(model="dsv4-mini", max_turns=max_turns))
@@ -49,6 +50,10 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int) -> di
                                                      error_kind=out.error_kind, thinking=False))
                 got = {v.code for v in verdicts}
                 codes.update(got)
+                if got:
+                    bad_turns.append({"seed": seed, "turn": sess.turn,
+                                      "verdicts": [v.to_json() for v in verdicts],
+                                      "tool_calls": [tc.to_json() for tc in (out.response.tool_calls if out.response else [])]})
                 c["turns"] += 1
                 c["turns_errored"] += out.status is not TurnStatus.OK
                 c["dsml_clean"] += not any(code.startswith("dsml_") for code in got)
@@ -59,7 +64,7 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int) -> di
             c["sessions"] += 1
             c["final"] += sess.end_reason is EndReason.FINAL
             c["solved"] += bool(fam.solved(sess.task, sess.world))
-    return {"family": family, **c, "codes": dict(codes)}
+    return {"family": family, **c, "codes": dict(codes), "bad_turns": bad_turns}
 
 
 def main() -> None:
@@ -67,7 +72,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=20, help="held-out seeds per family (seeds 0..N-1; training uses 100000+)")
     p.add_argument("--max-turns", type=int, default=16)
     p.add_argument("--url", default=None)
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="Also write per-family figures and every flagged turn here.")
+    p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="Only this family (repeatable).")
     a = p.parse_args()
     engine = None
     if a.url is None:
@@ -77,7 +83,7 @@ def main() -> None:
     url = a.url or engine.url
     t0 = time.monotonic()
     try:
-        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns) for f in FAMILIES]
+        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns) for f in (a.family or FAMILIES)]
     finally:
         if engine:
             engine.stop()
