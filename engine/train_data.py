@@ -23,7 +23,7 @@ import numpy as np
 
 from ..agents import FAMILIES, ExpertSession, play_expert, session_messages
 from ..agents.base import Step, ToolAction
-from .frontend import Frontend
+from .frontend import Frontend, RequestError
 from .tokenizer import DSV4Tokenizer, load_tokenizer
 from .train_renames import rename_entities, rename_map
 
@@ -81,23 +81,42 @@ def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int] | No
     return mask
 
 
+# Tools that only read the world: repeating one of their earlier calls changes nothing but the
+# length of the session.
+READ_ONLY = frozenset({"list_dir", "read_file", "search_code", "list_tables", "describe_table", "run_query",
+                       "compute_aggregate", "list_services", "get_logs", "get_metrics"})
+
+
 def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, set[int]]:
-    """The expert's session with one to three slipped turns (a wrong string argument); returns
-    the session and the slipped turns' indices (empty when no call had a string to get wrong)."""
+    """The expert's session with one to three slipped turns (a wrong string argument) and up to
+    three detours (an earlier read-only call made again, so the session runs longer than the
+    expert's own, as a model's sessions do); returns the session and the indices of those turns,
+    which carry no loss. A perturbed session the expert no longer solves falls back to the
+    expert's own."""
     rng = random.Random(seed * 7 + 1)
     slip_at = set(rng.sample(range(1, 12), rng.choice((1, 1, 2, 3))))
-    slipped: set[int] = set()
+    detour_at = set(rng.sample(range(2, 12), rng.choice((0, 1, 2, 3)))) - slip_at
+    perturbed: set[int] = set()
+    earlier: list[ToolAction] = []
 
     def alter(n: int, step: Step) -> Step:
-        if n in slip_at and not step.is_final:
-            wrong = _slip(step.calls[0], rng)
-            if wrong is not None:
-                slipped.add(n)
-                return Step(calls=(wrong,))
+        if step.is_final:
+            return step
+        if n in slip_at and (wrong := _slip(step.calls[0], rng)) is not None:
+            perturbed.add(n)
+            return Step(calls=(wrong,))
+        reads = [c for c in earlier if c.name in READ_ONLY]
+        if n in detour_at and reads:
+            perturbed.add(n)
+            return Step(calls=(rng.choice(reads),))
+        earlier.extend(step.calls)
         return step
 
-    session = play_expert(FAMILIES[family], seed, max_turns, alter)
-    return session, slipped
+    fam = FAMILIES[family]
+    session = play_expert(fam, seed, max_turns, alter)
+    if not fam.solved(session.task, session.world):
+        return play_expert(fam, seed), set()
+    return session, perturbed
 
 
 def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:
@@ -122,8 +141,11 @@ def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, front
     for seed in seeds:
         for fam in families:
             pick = random.Random(f"{fam}/{seed}")
-            s = encode_session(frontend, fam, seed, perturb=pick.random() < slip_share,
-                               rename=pick.random() < rename_share)
+            perturb, rename = pick.random() < slip_share, pick.random() < rename_share
+            try:
+                s = encode_session(frontend, fam, seed, perturb=perturb, rename=rename)
+            except RequestError:  # detours pushed it past the model's context: the expert's own
+                s = encode_session(frontend, fam, seed, rename=rename)
             ids, mask = s.ids, s.mask
             if max_tokens is not None and len(ids) > max_tokens:
                 ids, mask = ids[:max_tokens], mask[:max_tokens]  # later turns dropped, earlier kept whole

@@ -12,7 +12,7 @@ from dsv4bench.engine.config import ModelConfig
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.tokenizer import load_tokenizer
 from dsv4bench.engine.train import TrainConfig, heldout_errors, train
-from dsv4bench.engine.train_data import build_corpus, encode_session, play_with_slips
+from dsv4bench.engine.train_data import READ_ONLY, build_corpus, encode_session, play_with_slips
 from dsv4bench.engine.train_renames import rename_entities, rename_map
 from dsv4bench.engine.weights import WeightsError, load_weights
 
@@ -48,7 +48,11 @@ def test_loss_mask_covers_exactly_what_the_model_writes(frontend):
 @pytest.mark.parametrize("family,seed", [("coding", 11), ("ops", 100_004), ("data", 100_002)])
 def test_slipped_turns_carry_no_loss_and_the_expert_recovers(frontend, family, seed):
     session, slipped = play_with_slips(family, seed)
-    assert slipped and all(session.results[n][0].result.startswith("error") for n in slipped)
+    assert any(session.results[n][0].result.startswith("error") for n in slipped)
+    for n in slipped:  # a slip the tool refuses, or a detour: an earlier read-only call made again
+        call = session.steps[n].calls[0]
+        earlier = [c for step in session.steps[:n] for c in step.calls]
+        assert session.results[n][0].result.startswith("error") or (call in earlier and call.name in READ_ONLY)
     assert session.family.solved(session.task, session.world)
     clean = encode_session(frontend, family, seed)
     slip = encode_session(frontend, family, seed, perturb=True)
