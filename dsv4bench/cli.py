@@ -203,6 +203,9 @@ def engine_serve(
     seed: int = typer.Option(0, help="Seed of the random weight initialisation (--random-weights)."),
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
     fault: list[str] = typer.Option([], "--fault", metavar="NAME", help="Switch on a planted bug mechanism, repeatable; off by default. `dsv4bench engine faults` lists them."),
+    hicache: bool = typer.Option(False, "--hicache", help="HiCache host tier: evicted prefix pages are backed up to host memory and loaded back layer by layer, readers gated per layer."),
+    hicache_host_pages: int = typer.Option(0, help="Host-tier capacity in pages (--hicache); 0 = twice --num-pages."),
+    hicache_load_gbps: float = typer.Option(0.25, help="Modelled host-to-device bandwidth of --hicache loads, GB/s: a layer of a load lands after its bytes would have crossed the link."),
     pd: bool = typer.Option(False, "--pd", help="Prefill/decode disaggregation: a router (OpenAI API, on --port), a prefill and a decode server, each with its own /health and /metrics, and a KV transfer between their pools."),
     prefill_port: Optional[int] = typer.Option(None, help="Port of the prefill server (--pd); 30000."),
     decode_port: Optional[int] = typer.Option(None, help="Port of the decode server (--pd); 30002."),
@@ -244,7 +247,8 @@ def engine_serve(
         cfg = EngineConfig(device=device, page_size=page_size, num_pages=num_pages,
                            max_running_requests=max_running_requests, chunked_prefill_tokens=chunked_prefill_tokens,
                            index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache,
-                           pd=pd, faults=frozenset(faults))
+                           hicache=hicache, hicache_host_pages=hicache_host_pages,
+                           hicache_load_gbps=hicache_load_gbps, pd=pd, faults=frozenset(faults))
     except ConfigError as e:
         raise fail(str(e))
     except ValueError as e:

@@ -67,6 +67,12 @@ class EngineConfig:
     chunked_prefill_tokens: int = 2048  # prefill tokens per step, across requests
     index_k_dtype: str = "fp8"  # "fp8" (e4m3 + per-entry scale) or "bf16"
     enable_prefix_cache: bool = True
+    # HiCache (hiradix_cache.py, host_tier.py): evicted prefix pages move to a host tier and
+    # load back layer by layer. Host capacity in pages, 0 = twice num_pages (SGLang's default
+    # host/device ratio); the host->device link's modelled bandwidth in GB/s.
+    hicache: bool = False
+    hicache_host_pages: int = 0
+    hicache_load_gbps: float = 0.25
     pd: bool = False  # prefill/decode disaggregation (engine/pd/; ports and link in pd.serve.PDConfig)
     faults: frozenset[str] = frozenset()  # planted bug mechanisms (faults.py); empty = the clean engine
 
@@ -79,7 +85,13 @@ class EngineConfig:
         if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError("device must be cpu or cuda")
         parse_faults(self.faults)
+        if self.hicache and not self.enable_prefix_cache:
+            raise ValueError("HiCache needs the prefix cache")
+        if self.hicache_host_pages < 0 or not self.hicache_load_gbps > 0:
+            raise ValueError("HiCache host pages must be >= 0 and the load bandwidth > 0")
         for name in sorted(self.faults):
+            if FAULTS[name].needs == "hicache" and not self.hicache:
+                raise ValueError(f"fault {name} needs HiCache (--hicache)")
             if FAULTS[name].needs == "pd" and not self.pd:
                 raise ValueError(f"fault {name} needs PD mode (--pd)")
 

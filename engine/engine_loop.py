@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import EngineConfig
+from .hiradix_cache import HiCacheStats, HiRadixCache
 from .request import FinishReason, Request, SamplingParams, is_health_probe
 
 log = logging.getLogger("dsv4bench.engine")
@@ -49,6 +50,7 @@ class EngineStats:
     gen_tokens_total: int = 0
     prompt_tokens_total: int = 0
     last_step_ms: float = 0.0
+    hicache: HiCacheStats | None = None  # host-tier counters when serving with --hicache
 
 
 class _Sink:
@@ -191,6 +193,7 @@ class EngineLoop:
             cache_hit_rate=s.cache_hit_rate, num_requests_total=self._counts["requests"],
             num_aborted_total=self._counts["aborted"], gen_tokens_total=self._counts["gen"],
             prompt_tokens_total=self._counts["prompt"], last_step_ms=self.stats.last_step_ms,
+            hicache=self.scheduler.cache.stats() if isinstance(self.scheduler.cache, HiRadixCache) else None,
         )
 
 

@@ -49,13 +49,19 @@ class InsertResult(NamedTuple):
 
 
 class RadixCache:
-    """Page-granular prefix cache. Not thread-safe: the engine loop thread owns it."""
+    """Page-granular prefix cache. Not thread-safe: the engine loop thread owns it.
+
+    Subclasses (hiradix_cache.py) extend nodes through `node_type` and hook into matching,
+    insertion and integrity checks; a node's size is its key's, so it may hold no device page.
+    """
+
+    node_type: type[_Node] = _Node
 
     def __init__(self, page_size: int, allocator: PageAllocator) -> None:
         assert page_size >= 1
         self.page_size = page_size
         self.allocator = allocator
-        self.root = _Node((), [], None)
+        self.root = self.node_type((), [], None)
         self._num_pages = 0
         self._tick = 0
 
@@ -67,21 +73,25 @@ class RadixCache:
         p = self.page_size
         return tuple(tokens[i * p : (i + 1) * p])
 
+    def _size(self, node: _Node) -> int:
+        """Pages of tokens on the node's edge."""
+        return len(node.key) // self.page_size
+
     def _common_pages(self, node: _Node, tokens: list[int], start: int, limit: int) -> int:
         """Number of leading pages of `node.key` equal to token pages `start ..` (at most
         `limit` pages)."""
-        n = min(len(node.pages), limit)
+        n = min(self._size(node), limit)
         for j in range(n):
             if self._page(node.key, j) != self._page(tokens, start + j):
                 return j
         return n
 
     def _split(self, node: _Node, m: int) -> _Node:
-        """Split `node` after its first `m` pages (0 < m < len(pages)); returns the upper half.
+        """Split `node` after its first `m` pages (0 < m < its size); returns the upper half.
         Pages and refcounts are unchanged: a split only re-labels tree structure."""
-        assert 0 < m < len(node.pages) and node.parent is not None
+        assert 0 < m < self._size(node) and node.parent is not None
         cut = m * self.page_size
-        upper = _Node(node.key[:cut], node.pages[:m], node.parent)
+        upper = self.node_type(node.key[:cut], node.pages[:m], node.parent)
         upper.last_access = node.last_access
         node.parent.children[self._page(upper.key, 0)] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[m:], upper
@@ -95,22 +105,32 @@ class RadixCache:
         a node boundary. Does not change refcounts: a caller that keeps the pages must
         `allocator.incref(result.pages)` before anything can evict them.
         """
+        return self._result(self._match_path(tokens, max_tokens))
+
+    def _match_path(self, tokens: list[int], max_tokens: int | None) -> list[_Node]:
+        """The nodes (root excluded) of the longest page-aligned prefix of `tokens` in the
+        tree, at most `max_tokens` tokens; touched (LRU), the last one split to end there."""
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), max_tokens))
         n = limit // self.page_size
         self._tick += 1
-        node, pages, i = self.root, [], 0
+        node, path, i = self.root, [], 0
         while i < n:
             child = node.children.get(self._page(tokens, i))
             if child is None:
                 break
             m = self._common_pages(child, tokens, i, n - i)
-            if m < len(child.pages):
+            if m < self._size(child):
                 child = self._split(child, m)
             child.last_access = self._tick
-            pages.extend(child.pages)
+            path.append(child)
             i += m
             node = child
-        return MatchResult(pages, i * self.page_size, node)
+        return path
+
+    def _result(self, path: list[_Node]) -> MatchResult:
+        pages = [p for node in path for p in node.pages]
+        assert len(pages) == sum(self._size(node) for node in path), "matched a node without pages"
+        return MatchResult(pages, len(pages) * self.page_size, path[-1] if path else self.root)
 
     def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
         """Insert the full pages of a sequence: `pages[i]` holds tokens `i*P .. i*P+P-1`.
@@ -129,19 +149,24 @@ class RadixCache:
             key = self._page(tokens, i)
             child = node.children.get(key)
             if child is None:
-                new = _Node(tuple(tokens[i * self.page_size : n * self.page_size]), list(pages[i:]), node)
+                new = self.node_type(tuple(tokens[i * self.page_size : n * self.page_size]), list(pages[i:]), node)
                 new.last_access = self._tick
                 node.children[key] = new
                 self._num_pages += n - i
                 return InsertResult(i * self.page_size, n - i, new)
             m = self._common_pages(child, tokens, i, n - i)
-            if m < len(child.pages):
+            if m < self._size(child):
                 child = self._split(child, m)
-            self.allocator.decref(pages[i : i + m])
+            self._absorb(child, pages[i : i + m])
             child.last_access = self._tick
             i += m
             node = child
         return InsertResult(n * self.page_size, 0, node)
+
+    def _absorb(self, node: _Node, pages: list[int]) -> None:
+        """An insert brought `pages` (one caller reference each) for tokens `node` already
+        caches: the node keeps its own pages and the caller's references are dropped."""
+        self.allocator.decref(pages)
 
     def _evictable(self, node: _Node) -> bool:
         return node is not self.root and not node.children and all(
@@ -198,9 +223,10 @@ class RadixCache:
         for node in self._nodes():
             for key, child in node.children.items():
                 assert child.parent is node, "broken parent link"
-                assert len(child.pages) >= 1, "empty non-root node"
-                assert len(child.key) == len(child.pages) * self.page_size, "key/pages mismatch"
+                assert len(child.key) >= self.page_size, "empty non-root node"
+                assert len(child.key) % self.page_size == 0, "key not whole pages"
                 assert key == self._page(child.key, 0), "child keyed by the wrong page"
+                self._check_node(child)
             for p in node.pages:
                 assert p not in seen, f"page {p} cached twice"
                 assert self.allocator.refcount(p) >= 1, f"cached page {p} is free"
@@ -208,3 +234,7 @@ class RadixCache:
             count += len(node.pages)
         assert not self.root.pages and self.root.parent is None
         assert count == self._num_pages, f"counted {count} cached pages, tracked {self._num_pages}"
+
+    def _check_node(self, node: _Node) -> None:
+        """Per-node invariants of check_integrity: here, a device page for every key page."""
+        assert len(node.pages) == self._size(node), "key/pages mismatch"

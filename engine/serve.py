@@ -12,6 +12,8 @@ import torch
 from .config import EngineConfig
 from .engine_loop import AsyncEngine, EngineLoop
 from .frontend import Frontend
+from .hiradix_cache import HiRadixCache
+from .host_tier import HostTier
 from .memory import PageAllocator
 from .model.model import DSV4Mini
 from .model_runner import ModelRunner
@@ -66,7 +68,9 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
     tok, model = load_model(cfg, weights, random_weights, init_seed)
     runner = ModelRunner(cfg, model)
     allocator = PageAllocator(cfg.num_pages)
-    cache = RadixCache(cfg.page_size, allocator)
+    # NOTE: the host tier installs itself as the pools' per-layer read gate.
+    cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache
+             else RadixCache(cfg.page_size, allocator))
     scheduler = Scheduler(cfg, allocator, cache, eos_token_id=tok.eos_token_id)
     loop = EngineLoop(cfg, scheduler, runner)
     loop.start()

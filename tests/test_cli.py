@@ -18,6 +18,7 @@ def run_cli(*args, timeout=60):
     (["engine", "serve", "--index-k-dtype", "fp4"], "--index-k-dtype must be fp8 or bf16"),
     (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
     (["engine", "serve", "--fault", "nope"], "unknown fault 'nope'"),
+    (["engine", "serve", "--fault", "hicache-index-race"], "fault hicache-index-race needs HiCache (--hicache)"),
     (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "not with --url"),
     (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),

@@ -58,7 +58,9 @@ class Attention(nn.Module):
         N, H, hd, l = x.shape[0], self.n_heads, self.head_dim, self.layer
         q = rope(self.wq(x).view(N, H, hd), plan.positions.unsqueeze(-1))
         kv = self.kv_norm(self.wkv(x))
-        pools.gate(l, "kv")
+        # NOTE: new tokens write only pages their own requests hold privately, never a cached
+        # page a host-tier load may be filling, so the writes (and the compression, which
+        # reads back blocks holding a new token) need no gate.
         pools.write_kv(l, plan.new_slots, kv)
         done = plan.compress[self.rate]
         if done.entries.numel():
@@ -68,13 +70,19 @@ class Attention(nn.Module):
             pools.write_ckv(l, done.entries, entries)
             if self.indexer is not None:
                 pools.write_index_k(l, done.entries, self.indexer.keys(entries))
+        # NOTE: as in DSV4's sparse attention, the indexer picks each query's blocks from the
+        # index-K pool first; only then does attention read raw and compressed KV.
+        dec_blocks = self._decode_blocks(x, plan.decode, pools) if plan.decode is not None else None
+        ext_picks = [self._extend_picks(x[ext.row0 : ext.row0 + ext.length], ext, pools)
+                     for ext in plan.extends]
+        pools.gate(l, "kv")
         out = x.new_empty(N, H, hd)
         if plan.decode is not None:
             rows = plan.decode.rows
-            out[rows] = self._decode(q[rows], x[rows], plan.decode, pools, rope)
-        for ext in plan.extends:
+            out[rows] = self._decode(q[rows], plan.decode, pools, rope, dec_blocks)
+        for ext, picks in zip(plan.extends, ext_picks):
             rows_ = slice(ext.row0, ext.row0 + ext.length)
-            out[rows_] = self._extend(q[rows_], x[rows_], ext, pools, rope)
+            out[rows_] = self._extend(q[rows_], ext, pools, rope, picks)
         return self.wo(out.view(N, H * hd))
 
     def _select(self, x: torch.Tensor, cand: torch.Tensor, n_eligible: torch.Tensor,
@@ -87,14 +95,32 @@ class Attention(nn.Module):
         return ops_for(x.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible,
                                               self.indexer.topk)
 
-    def _decode(self, q: torch.Tensor, x: torch.Tensor, dg: DecodeGroup, pools: KVPools,
-                rope: Rope) -> torch.Tensor:
+    def _decode_blocks(self, x: torch.Tensor, dg: DecodeGroup, pools: KVPools) -> torch.Tensor | None:
+        """CSA layers: the block (index into dg.cand) each decode query selects [S, topk], -1
+        pad; None in HCA layers and while no sequence has a complete block."""
+        cand = dg.cand[self.rate]
+        if self.indexer is None or cand.shape[1] == 0:
+            return None
+        n_blocks = dg.n_blocks[self.rate].unsqueeze(1)
+        return self._select(x[dg.rows].unsqueeze(1), cand, n_blocks, pools)[:, 0]
+
+    def _extend_picks(self, x: torch.Tensor, ext: ExtendSeq, pools: KVPools) -> torch.Tensor | None:
+        """CSA layers: the blocks each query of the chunk selects [length, topk], -1 pad; None
+        in HCA layers and when the sequence has no complete block yet."""
+        cand = ext.cand[self.rate]
+        if self.indexer is None or cand.shape[0] == 0:
+            return None
+        pos = torch.arange(ext.start, ext.start + ext.length, device=x.device)
+        n_elig = ((pos + 1) // self.rate).unsqueeze(0)
+        return self._select(x.unsqueeze(0), cand.unsqueeze(0), n_elig, pools)[0]
+
+    def _decode(self, q: torch.Tensor, dg: DecodeGroup, pools: KVPools, rope: Rope,
+                blocks: torch.Tensor | None) -> torch.Tensor:
         r, l = self.rate, self.layer
         cand = dg.cand[r]
         if cand.shape[1] == 0:  # no sequence has a complete block yet
             c_ids, blocks = cand, cand
-        elif self.indexer is not None:
-            blocks = self._select(x.unsqueeze(1), cand, dg.n_blocks[r].unsqueeze(1), pools)[:, 0]
+        elif blocks is not None:
             c_ids = torch.where(blocks >= 0, cand.gather(1, blocks.clamp(min=0)), -1)
         else:
             c_ids = cand
@@ -104,8 +130,8 @@ class Attention(nn.Module):
             q, pools.kv_flat(l), dg.win_slots, dg.win_pos, pools.ckv_flat(l), c_ids, c_pos,
             self.sink, rope.cos, rope.sin, self.scale)
 
-    def _extend(self, q: torch.Tensor, x: torch.Tensor, ext: ExtendSeq, pools: KVPools,
-                rope: Rope) -> torch.Tensor:
+    def _extend(self, q: torch.Tensor, ext: ExtendSeq, pools: KVPools, rope: Rope,
+                picks: torch.Tensor | None) -> torch.Tensor:
         L, s, W, H, hd, r = ext.length, ext.start, self.window, self.n_heads, self.head_dim, self.rate
         dev = q.device
         # Window as a blocked band: query block n (Bq queries) sees buffer rows
@@ -137,10 +163,9 @@ class Attention(nn.Module):
         ck = rope(comp, (torch.arange(NB, device=dev) + 1) * r - 1)
         if NB == 0:
             lc, mask_c, vc = lw.new_zeros(Lp, H, 0), mask_w.new_zeros(Lp, 1, 0), None
-        elif self.indexer is not None:
-            sel = torch.full((Lp, self.indexer.topk), -1, dtype=torch.long, device=dev)
-            sel[:L] = self._select(x.unsqueeze(0), cand.unsqueeze(0),
-                                   n_elig[:L].unsqueeze(0), pools)[0]
+        elif picks is not None:
+            sel = torch.full((Lp, picks.shape[1]), -1, dtype=torch.long, device=dev)
+            sel[:L] = picks
             pick = sel.clamp(min=0)
             lc = torch.einsum("lhd,lkd->lhk", qp, ck[pick])
             mask_c, vc = (sel >= 0).unsqueeze(1), comp[pick]

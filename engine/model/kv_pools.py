@@ -9,9 +9,10 @@ Per layer l:
 
 The model addresses pools through flat ids: slot = page * page_size + pos % page_size for raw KV,
 entry = page * (page_size // rate) + (pos % page_size) // rate for compressed entries and index
-keys. `gate(layer, what)` is called by the model before it reads a layer's pools ("kv" for raw
-and compressed KV, "index_k" for index keys); the host tier installs a gate that waits for the
-layer's load to finish. The default gate does nothing.
+keys. `gate(layer, what)` is called by the model before it reads a layer's pools: "index_k"
+before the indexer reads index keys, then "kv" before attention reads raw and compressed KV.
+The host tier (engine/host_tier.py) installs a gate that waits until the layer's pages being
+loaded from host memory have landed. The default gate does nothing.
 """
 
 from __future__ import annotations
@@ -152,15 +153,16 @@ class KVPools:
         return self.read_ckv(layer, self.slots(page_table, positions, rate))
 
     # --- whole pages (KV transfer, host tier) -------------------------------------------------
+    def layer_tensors(self, layer: int) -> list[torch.Tensor]:
+        """The layer's pooled tensors (first axis: page id): raw KV, compressed KV, then for
+        CSA layers index keys and their scales."""
+        k, s = self.idx_k[layer], self.idx_scale[layer]
+        return [self.kv[layer], self.ckv[layer]] + ([k, s] if k is not None and s is not None else [])
+
     def page_tensors(self) -> list[torch.Tensor]:
-        """Every pooled tensor whose first axis is the page id, in a fixed order."""
-        out: list[torch.Tensor] = []
-        for l in range(len(self.kv)):
-            out += [self.kv[l], self.ckv[l]]
-            k, s = self.idx_k[l], self.idx_scale[l]
-            if k is not None and s is not None:
-                out += [k, s]
-        return out
+        """Every pooled tensor whose first axis is the page id, in a fixed order (layer by
+        layer, each in layer_tensors order)."""
+        return [t for l in range(len(self.kv)) for t in self.layer_tensors(l)]
 
     def bytes_per_page(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in self.page_tensors())
