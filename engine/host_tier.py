@@ -23,7 +23,9 @@ index-K buffer accessor got `wait_layer_transfer`. A query that reaches layer l 
 still in flight scores the index keys its freshly allocated pages held before (another
 sequence's, evicted a moment ago) and selects the wrong blocks. The window is the time from a
 reader's arrival to the landing of the layer's index keys; bf16 index keys (twice fp8's bytes)
-push every landing later. `unguarded_reads` counts reads that fell into the window.
+push every landing later. `unguarded_reads` counts index-K reads (one per indexer call) that
+went ahead while a load had not landed their layer: an upper bound on the stale ones, since a
+batch's other sequences read their own, settled pages.
 """
 
 from __future__ import annotations
