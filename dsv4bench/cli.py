@@ -76,7 +76,7 @@ def agents(
     metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of each --metrics URL."),
     kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help=(
         "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
-        "frac=0.25/every=10s[/from=20s][/until=90s] (a share of the sessions periodically); "
+        "frac=0.25/every=10s, optionally /from=20s and /until=90s (a share of the sessions periodically); "
         "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
         "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
         "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/nemesis.py.")),
@@ -209,7 +209,7 @@ def engine_serve(
     pd: bool = typer.Option(False, "--pd", help="Prefill/decode disaggregation: a router (OpenAI API, on --port), a prefill and a decode server, each with its own /health and /metrics, and a KV transfer between their pools."),
     prefill_port: Optional[int] = typer.Option(None, help="Port of the prefill server (--pd); 30000."),
     decode_port: Optional[int] = typer.Option(None, help="Port of the decode server (--pd); 30002."),
-    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd), GB/s; 1.0; 0 = memory speed."),
+    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd), GB/s; 0.1; 0 = memory speed."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
     from .engine.config import EngineConfig

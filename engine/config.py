@@ -94,6 +94,8 @@ class EngineConfig:
                 raise ValueError(f"fault {name} needs HiCache (--hicache)")
             if FAULTS[name].needs == "pd" and not self.pd:
                 raise ValueError(f"fault {name} needs PD mode (--pd)")
+        if self.pd and self.hicache:
+            raise ValueError("HiCache is not available in PD mode")
 
     def fault(self, name: str) -> bool:
         """Whether the planted fault `name` is switched on."""
