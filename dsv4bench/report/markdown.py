@@ -274,6 +274,16 @@ def _drain_window(history: History) -> str:
     return "; ".join(parts) + " (seconds since run start)." if parts else ""
 
 
+def _gauges_brief(gauges: dict[str, Any]) -> str:
+    """The non-zero gauges by bare name (`num_decode_transfer_queue_reqs=12`), or `all 0`: the
+    full names, labels included, are in the per-endpoint table below."""
+    if not gauges:
+        return "–"
+    bare = [(k.split("{", 1)[0].split(":", 1)[-1], v) for k, v in gauges.items()]
+    nonzero = [f"{name}={v:g}" if isinstance(v, (int, float)) else f"{name}={v}" for name, v in bare if v]
+    return ", ".join(nonzero) or "all 0"
+
+
 def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
     """Verdict per endpoint, then its gauges at the end of the drain window and why it was judged."""
     out = ["## Wedge", ""]
@@ -286,7 +296,7 @@ def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
     for endpoint, found in summary["wedge"].items():
         # Codes-then-gauges first: the one-line form other tools grep for; "none" reads as healthy.
         codes = ", ".join(f"`{c}`" for c in found["codes"]) or "none"
-        gauges = ", ".join(f"{k}={v}" for k, v in found["gauges"].items()) or "–"
+        gauges = _gauges_brief(found["gauges"])
         drain = found.get("drain_s")
         drain_text = fmt_seconds(drain) if isinstance(drain, (int, float)) else "did not drain" if found["gauges"] else "–"
         rows.append([cell(endpoint), codes, cell(gauges, 300), drain_text, _canary(found)])

@@ -68,9 +68,8 @@ def test_wedge_report_has_table_drain_time_and_timeline(tmp_path: Path) -> None:
     assert summary["verdict"] == "WEDGE"
     section = md.split("## Wedge", 1)[1].split("\n## ", 1)[0]
     # Summary row: codes, the stuck gauge with its value, drain time, canary.
-    assert f"| {DECODE} | `queue_stuck` |" in section
-    assert "did not drain | not run |" in section
-    assert f"| {PREFILL} | none |" in section and "| 2.10 s |" in section
+    assert f"| {DECODE} | `queue_stuck` | num_decode_transfer_queue_reqs=58 | did not drain | not run |" in section
+    assert f"| {PREFILL} | none | all 0 | 2.10 s |" in section
     assert "load stopped at 10.0 s; drain window ended at 20.0 s" in section
     # Per-endpoint table of gauges at the end of the window, the stuck one marked, and the details.
     assert f"| `{TRANSFER}` | 58 | **stuck** |" in section
