@@ -1,0 +1,199 @@
+"""Prove that dsv4bench finds every planted engine fault, under the verdict code it should, and
+nothing on the clean engine.
+
+For each fault, N runs of `dsv4bench agents` against the bundled engine with the recipe that
+triggers it (concurrency 80, multi-turn agent sessions, kills where the fault needs them,
+bounded time), then N clean runs: clean run k replays the k-th recipe's engine settings and load
+with no fault, so every recipe's stress is also seen clean. Prints a markdown table: runs where
+the expected code was found, the codes seen, and the time to first detection (from the start of
+the run to the end of the first turn carrying an expected corruption code, or to the end of the
+drain window that concluded a wedge).
+
+    python scripts/prove_faults.py --runs 5 --table proof.md --reports reports/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dsv4bench.records import CORRUPTION_CODES, WEDGE_CODES  # noqa: E402
+
+BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    fault: str  # the --engine-fault names it switches on, "+"-joined; the row's name
+    expect: frozenset[str]  # the verdict codes that count as finding it
+    engine: tuple[str, ...] = ()  # engine settings the fault needs (kept in the clean replay)
+    load: tuple[str, ...] = ()  # agents flags: duration, kills, drain window
+    extra_faults: tuple[str, ...] = ()  # faults that set the stage (health-lies needs a wedge to lie about)
+    why: str = ""
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        return (*self.extra_faults, self.fault)
+
+
+KILL = ("--duration", "30", "--kill", "all@20s", "--drain-timeout", "10", "--canary-timeout", "5")
+RECIPES: tuple[Recipe, ...] = (
+    Recipe("hicache-index-race", frozenset(CORRUPTION_CODES),
+           engine=("--hicache", "--num-pages", "1024", "--hicache-host-pages", "16384", "--hicache-load-gbps", "0.02",
+                   "--index-k-dtype", "bf16"),
+           load=("--duration", "60", "--drain-timeout", "10"),
+           why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
+               "the host tier while the indexer reads it"),
+    Recipe("parser-split", frozenset({"dsml_leak_content"}), load=("--duration", "40", "--drain-timeout", "10"),
+           why="every turn streams a DSML tool call; some tags arrive split across chunks"),
+    Recipe("ghost-decode", frozenset({"ghost_requests"}), load=KILL,
+           why="a kill-all storm disconnects 80 streams mid-decode"),
+    Recipe("abort-leak", frozenset({"queue_stuck"}), engine=("--pd",),
+           load=("--duration", "35", "--kill", "frac=0.5/every=5s/from=10s,abort", *KILL[4:]),
+           why="kill storms every 5 s, with /abort_request, catch transfers in flight"),
+    Recipe("bootstrap-stall", frozenset({"queue_stuck", "canary_timeout"}), engine=("--pd",), load=KILL,
+           why="a kill-all storm sends the bootstrap worker ABORTs for requests it is handshaking"),
+    Recipe("health-lies", frozenset({"health_lies"}), engine=("--pd",), load=KILL, extra_faults=("bootstrap-stall",),
+           why="the bootstrap stall wedges the engine; /health must say so"),
+)
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    clean: bool
+    verdict: str
+    codes: dict[str, int] = field(default_factory=dict)
+    first_detection_s: float | None = None
+    wall_s: float = 0.0
+    run_dir: Path | None = None
+    error: str | None = None
+
+
+def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float) -> RunResult:
+    engine_args = [f"--engine-arg={a}" for a in recipe.engine]
+    faults = [] if clean else [f"--engine-fault={f}" for f in recipe.faults]
+    cmd = [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
+           *engine_args, *faults]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return RunResult(recipe.fault, clean, "TIMEOUT", wall_s=time.monotonic() - t0, error=f"over {timeout_s:.0f} s")
+    wall = time.monotonic() - t0
+    dirs = sorted(p for p in out.iterdir() if (p / "summary.json").exists())
+    if not dirs:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return RunResult(recipe.fault, clean, "FAILED", wall_s=wall, error=tail)
+    run_dir = dirs[-1]
+    codes, first = read_findings(run_dir, set() if clean else recipe.expect)
+    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
+    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir)
+
+
+def read_findings(run_dir: Path, expect: set[str]) -> tuple[dict[str, int], float | None]:
+    """(count per corruption or wedge code found, seconds from run start to the first expected one)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    codes = {c: n for c, n in summary["counts"].items() if n and c in CORRUPTION_CODES}
+    wedge_codes = {c for ep in (summary.get("wedge") or {}).values() for c in ep.get("codes", [])}
+    for c in wedge_codes:
+        codes[c] = codes.get(c, 0) + 1
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    start = next(e["t_ns"] for e in events if e["kind"] == "run_start")
+    times = []
+    if expect & set(CORRUPTION_CODES):
+        with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
+            for line in f:
+                turn = json.loads(line)
+                if any(v["code"] in expect for v in turn.get("verdicts") or []) and turn["timings"].get("end_ns"):
+                    times.append(turn["timings"]["end_ns"])
+    if expect & wedge_codes & set(WEDGE_CODES):
+        times += [e["t_ns"] for e in events if e["kind"] == "drain_end"]
+    return codes, ((min(times) - start) / 1e9 if times else None)
+
+
+def keep_report(result: RunResult, dest: Path) -> None:
+    """The run's report, summary and plots (not its full history) as an example under `dest`."""
+    assert result.run_dir is not None
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("report.md", "summary.json"):
+        shutil.copy2(result.run_dir / name, dest / name)
+    if (result.run_dir / "plots").is_dir():
+        shutil.copytree(result.run_dir / "plots", dest / "plots", dirs_exist_ok=True)
+
+
+def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> str:
+    rows = ["| fault | expected code | found | codes seen (runs) | first detection, median (min-max) | recipe |",
+            "|---|---|---|---|---|---|"]
+    for r in recipes:
+        mine = [x for x in results if x.recipe == r.fault and not x.clean]
+        found = [x for x in mine if set(x.codes) & r.expect]
+        seen: dict[str, int] = {}
+        for x in mine:
+            for c in x.codes:
+                seen[c] = seen.get(c, 0) + 1
+        times = [x.first_detection_s for x in found if x.first_detection_s is not None]
+        when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
+        expect = "any corruption code" if r.expect == frozenset(CORRUPTION_CODES) else ", ".join(sorted(r.expect))
+        recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine), *r.load])
+        rows.append(f"| `{r.fault}` | {expect} | {len(found)}/{len(mine)} | "
+                    f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
+    clean = [x for x in results if x.clean]
+    bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
+    seen_clean = sorted({c for x in clean for c in x.codes})
+    rows.append(f"| clean (recipes' settings, no fault) | none | {len(clean) - len(bad)}/{len(clean)} clean | "
+                f"{', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="Runs per fault; also the number of clean runs.")
+    p.add_argument("--only", action="append", default=[], help="Only this fault (repeatable).")
+    p.add_argument("--seed", type=int, default=0, help="Seed of the first run; run i uses seed + i.")
+    p.add_argument("--timeout", type=float, default=300.0, help="Seconds one run may take before it is stopped.")
+    p.add_argument("--table", type=Path, default=None, help="Also write the markdown table here.")
+    p.add_argument("--reports", type=Path, default=None, help="Keep the first run of each fault as <dir>/fault-<name>/.")
+    p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
+    p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
+    a = p.parse_args()
+    recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
+    if not recipes or a.runs < 1:
+        p.error(f"nothing to run; faults: {', '.join(r.fault for r in RECIPES)}")
+    results: list[RunResult] = []
+    plan = [(r, False, i) for r in recipes for i in range(a.runs)]
+    if not a.no_clean:
+        pool = RECIPES if a.clean_all else recipes
+        plan += [(pool[i % len(pool)], True, i) for i in range(a.runs)]
+    with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:
+        for n, (recipe, clean, i) in enumerate(plan, 1):
+            out = Path(tmp) / f"{recipe.fault}-{'clean' if clean else 'fault'}-{i}"
+            out.mkdir()
+            res = run_once(recipe, clean, a.seed + i, out, a.timeout)
+            results.append(res)
+            found = sorted(set(res.codes) & recipe.expect) if not clean else []
+            print(f"[{n}/{len(plan)}] {recipe.fault}{' (clean)' if clean else ''} run {i + 1}: {res.verdict} "
+                  f"codes={res.codes or {}} found={found or '-'} first={res.first_detection_s} "
+                  f"wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}", file=sys.stderr, flush=True)
+            if a.reports and not clean and i == 0 and res.run_dir is not None:
+                keep_report(res, a.reports / f"fault-{recipe.fault}")
+    text = table(results, recipes, a.runs)
+    print(text)
+    if a.table:
+        a.table.write_text(text + "\n", encoding="utf-8")
+    missed = [r for r in recipes if sum(1 for x in results if x.recipe == r.fault and not x.clean and set(x.codes) & r.expect) < a.runs]
+    dirty = [x for x in results if x.clean and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
+    return 1 if missed or dirty else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
