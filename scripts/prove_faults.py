@@ -48,8 +48,8 @@ class Recipe:
 KILL = ("--duration", "30", "--kill", "all@20s", "--drain-timeout", "10", "--canary-timeout", "5")
 RECIPES: tuple[Recipe, ...] = (
     Recipe("hicache-index-race", frozenset(CORRUPTION_CODES),
-           engine=("--hicache", "--num-pages", "1024", "--hicache-host-pages", "16384", "--hicache-load-gbps", "0.02",
-                   "--index-k-dtype", "bf16"),
+           engine=("--hicache", "--num-pages=1024", "--hicache-host-pages=16384", "--hicache-load-gbps=0.02",
+                   "--index-k-dtype=bf16"),
            load=("--duration", "60", "--drain-timeout", "10"),
            why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
                "the host tier while the indexer reads it"),
@@ -77,6 +77,14 @@ class RunResult:
     wall_s: float = 0.0
     run_dir: Path | None = None
     error: str | None = None
+    corrupt_turns: dict[tuple[str, int, str], float] = field(default_factory=dict)  # (session, turn, code) -> s after start
+    twin: RunResult | None = None  # the same seed and settings with the fault off (--twins)
+
+    def attributable(self, expect: frozenset[str]) -> set[tuple[str, int, str]]:
+        """Expected corrupt turns of this run that its clean twin does not also have: the fault's
+        doing, not the model's own mistakes on these tasks."""
+        mine = {t for t in self.corrupt_turns if t[2] in expect}
+        return mine - set(self.twin.corrupt_turns) if self.twin is not None else mine
 
 
 def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float) -> RunResult:
@@ -97,7 +105,21 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
     run_dir = dirs[-1]
     codes, first = read_findings(run_dir, set() if clean else recipe.expect)
     verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
-    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir)
+    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=read_corrupt_turns(run_dir))
+
+
+def read_corrupt_turns(run_dir: Path) -> dict[tuple[str, int, str], float]:
+    """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's end."""
+    events = (run_dir / "events.jsonl").read_text().splitlines()
+    start = next(json.loads(e)["t_ns"] for e in events if '"run_start"' in e)
+    out = {}
+    with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
+        for line in f:
+            turn = json.loads(line)
+            end = (turn["timings"].get("end_ns") or start) - start
+            out |= {(turn["session"], turn["turn"], v["code"]): end / 1e9 for v in turn.get("verdicts") or []
+                    if v["code"] in CORRUPTION_CODES}
+    return out
 
 
 def read_findings(run_dir: Path, expect: set[str]) -> tuple[dict[str, int], float | None]:
@@ -136,18 +158,26 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
             "|---|---|---|---|---|---|"]
     for r in recipes:
         mine = [x for x in results if x.recipe == r.fault and not x.clean]
-        found = [x for x in mine if set(x.codes) & r.expect]
+        found = [x for x in mine if (x.attributable(r.expect) if x.twin is not None else set(x.codes) & r.expect)]
         seen: dict[str, int] = {}
         for x in mine:
             for c in x.codes:
                 seen[c] = seen.get(c, 0) + 1
-        times = [x.first_detection_s for x in found if x.first_detection_s is not None]
+        times = [min(x.corrupt_turns[t] for t in x.attributable(r.expect)) if x.twin is not None
+                 else x.first_detection_s for x in found]
+        times = [t for t in times if t is not None]
         when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
         expect = "any corruption code" if r.expect == frozenset(CORRUPTION_CODES) else ", ".join(sorted(r.expect))
         recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine), *r.load])
+        twins = [x.twin for x in mine if x.twin is not None]
+        if twins:
+            twin_codes = sum(len([t for t in tw.corrupt_turns if t[2] in r.expect]) for tw in twins)
+            own = sum(len({t for t in x.corrupt_turns if t[2] in r.expect}) for x in mine)
+            expect += (f"; attributed only when the clean twin (same seed, fault off) lacks it: fault runs "
+                       f"{own} turns, twins {twin_codes}")
         rows.append(f"| `{r.fault}` | {expect} | {len(found)}/{len(mine)} | "
                     f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
-    clean = [x for x in results if x.clean]
+    clean = [x for x in results if x.clean] + [x.twin for x in results if x.twin is not None]
     bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
     seen_clean = sorted({c for x in clean for c in x.codes})
     rows.append(f"| clean (recipes' settings, no fault) | none | {len(clean) - len(bad)}/{len(clean)} clean | "
@@ -165,6 +195,8 @@ def main() -> int:
     p.add_argument("--reports", type=Path, default=None, help="Keep the first run of each fault as <dir>/fault-<name>/.")
     p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
     p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
+    p.add_argument("--twins", action="store_true", help="For corruption faults, also run each fault run's clean twin "
+                   "(same seed and settings, fault off) and count only corrupt turns the twin does not have.")
     a = p.parse_args()
     recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
     if not recipes or a.runs < 1:
@@ -180,6 +212,12 @@ def main() -> int:
             out.mkdir()
             res = run_once(recipe, clean, a.seed + i, out, a.timeout)
             results.append(res)
+            if a.twins and not clean and recipe.expect <= frozenset(CORRUPTION_CODES) and res.run_dir is not None:
+                twin_out = Path(tmp) / f"{recipe.fault}-twin-{i}"
+                twin_out.mkdir()
+                res.twin = run_once(recipe, True, a.seed + i, twin_out, a.timeout)
+                print(f"    clean twin: {res.twin.verdict} codes={res.twin.codes or {}} "
+                      f"attributable to the fault: {len(res.attributable(recipe.expect))} turns", file=sys.stderr, flush=True)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
             print(f"[{n}/{len(plan)}] {recipe.fault}{' (clean)' if clean else ''} run {i + 1}: {res.verdict} "
                   f"codes={res.codes or {}} found={found or '-'} first={res.first_detection_s} "
@@ -190,8 +228,12 @@ def main() -> int:
     print(text)
     if a.table:
         a.table.write_text(text + "\n", encoding="utf-8")
-    missed = [r for r in recipes if sum(1 for x in results if x.recipe == r.fault and not x.clean and set(x.codes) & r.expect) < a.runs]
-    dirty = [x for x in results if x.clean and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
+    found = {r.fault: sum(1 for x in results if x.recipe == r.fault and not x.clean
+                          and (x.attributable(r.expect) if x.twin is not None else set(x.codes) & r.expect))
+             for r in recipes}
+    missed = [r for r in recipes if found[r.fault] < a.runs]
+    dirty = [x for x in [*results, *(x.twin for x in results if x.twin)] if x and x.clean
+             and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
     return 1 if missed or dirty else 0
 
 
