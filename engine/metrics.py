@@ -54,7 +54,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("sglang:prompt_tokens", "The number of prefill (prompt) tokens.", "prompt_tokens_total"),
 )
 
-# Every exposed family name (histograms expose _bucket/_sum/_count samples under these).
+# Every family a server always exposes (histograms expose _bucket/_sum/_count samples under these);
+# the HICACHE_* families come on top with --hicache.
 METRIC_NAMES: tuple[str, ...] = (
     *(g[0] for g in GAUGES), "sglang:num_used_tokens", "sglang:gen_throughput",
     *(c[0] for c in COUNTERS), "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
@@ -78,6 +79,22 @@ class _ThroughputWindow:
             return (total - n0) / (now - t0) if now - t0 > 0 else 0.0
 
 
+# The HiCache host tier (--hicache) has no SGLang counterpart here: our own prefix, so no
+# dashboard mistakes them for SGLang's. (metric name without _total, help, HiCacheStats field)
+HICACHE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("dsv4mini:hicache_host_pages_used", "Host-tier pages holding a backed-up prefix page.", "host_pages_used"),
+    ("dsv4mini:hicache_host_pages", "Host-tier capacity in pages.", "host_pages_total"),
+)
+HICACHE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("dsv4mini:hicache_loads", "Host-to-device loads started.", "loads_total"),
+    ("dsv4mini:hicache_pages_loaded", "Pages loaded back from the host tier.", "pages_loaded_total"),
+    ("dsv4mini:hicache_pages_backed_up", "Evicted pages backed up to the host tier.", "pages_backed_up_total"),
+    ("dsv4mini:hicache_load_bytes", "Bytes loaded from the host tier.", "load_bytes_total"),
+    ("dsv4mini:hicache_unguarded_index_k_reads", "Index-K reads that went ahead of a load in flight "
+     "(the hicache-index-race fault; an upper bound on stale reads).", "unguarded_index_k_reads_total"),
+)
+
+
 class EngineCollector(Collector):
     """Reads `stats()` once per scrape and turns it into SGLang's gauges and counters."""
 
@@ -99,6 +116,14 @@ class EngineCollector(Collector):
             family = CounterMetricFamily(name, doc, labels=LABELS)
             family.add_metric(self.labels, float(getattr(s, attr, 0)))
             yield family
+        hicache = getattr(s, "hicache", None)
+        if hicache is not None:
+            for name, doc, attr in HICACHE_GAUGES:
+                yield self._gauge(name, doc, float(getattr(hicache, attr)))
+            for name, doc, attr in HICACHE_COUNTERS:
+                family = CounterMetricFamily(name, doc, labels=LABELS)
+                family.add_metric(self.labels, float(getattr(hicache, attr)))
+                yield family
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=LABELS)

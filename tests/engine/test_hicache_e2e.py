@@ -43,3 +43,7 @@ def test_a_prefix_pushed_to_the_host_tier_is_served_from_it_with_the_same_answer
     again, usage2 = ask(engine, "alpha beta gamma ")
     assert usage2["prompt_cache_hit_tokens"] == (usage["prompt_tokens"] - 1) // PAGE * PAGE
     assert again == first
+    metrics = httpx.get(engine.metrics_url, timeout=10).text
+    loaded = [line for line in metrics.splitlines() if line.startswith("dsv4mini:hicache_pages_loaded_total{")]
+    assert loaded and float(loaded[0].rsplit(" ", 1)[1]) >= usage2["prompt_cache_hit_tokens"] // PAGE > 0
+    assert "dsv4mini:hicache_unguarded_index_k_reads_total{" in metrics
