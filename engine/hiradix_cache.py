@@ -24,7 +24,6 @@ step while the loader copies layer by layer; every reader waits at the pools' pe
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from typing import NamedTuple, Protocol
 
@@ -193,21 +192,7 @@ class HiRadixCache(RadixCache):
         """Free at least `num_pages` device pages if possible: unreferenced device leaves,
         least recently used first, move to the host tier and stay in the tree (host-only); a
         parent left without device children becomes a candidate. Returns device pages freed."""
-        if num_pages <= 0:
-            return 0
-        heap = [(n.last_access, n.uid, n) for n in self._nodes() if self._evictable(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_pages:
-            _, _, node = heapq.heappop(heap)
-            if not self._evictable(node):
-                continue
-            parent = node.parent
-            assert parent is not None
-            freed += self._demote(self._hi(node))
-            if self._evictable(parent):
-                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
-        return freed
+        return self._evict_lru(num_pages, self._evictable, lambda node: self._demote(self._hi(node)))
 
     def _demote(self, node: _HiNode) -> int:
         """Move an evictable node's pages off the device (to the host, or nowhere when the host
@@ -246,23 +231,17 @@ class HiRadixCache(RadixCache):
     def _evict_host(self, num_slots: int) -> int:
         """Free at least `num_slots` host slots if possible, least recently used first.
         Returns the slots freed."""
-        heap = [(n.last_access, n.uid, n) for n in self._nodes() if self._host_evictable(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_slots:
-            _, _, node = heapq.heappop(heap)
-            if not self._host_evictable(node):
-                continue
-            hi, parent = self._hi(node), node.parent
-            assert parent is not None
-            freed += len(hi.host)
-            if node.pages:
-                self.host_slots.decref(hi.host)
-                hi.host = []
-            else:
-                self._discard(node)
-                if self._host_evictable(parent):
-                    heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+        return self._evict_lru(num_slots, self._host_evictable, self._drop_host_copy)
+
+    def _drop_host_copy(self, node: _Node) -> int:
+        """A device-resident node loses its host copy; a host-only leaf leaves the tree."""
+        hi = self._hi(node)
+        freed = len(hi.host)
+        if node.pages:
+            self.host_slots.decref(hi.host)
+            hi.host = []
+        else:
+            self._discard(node)
         return freed
 
     def _discard(self, node: _Node) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .memory import PageAllocator
@@ -185,21 +186,33 @@ class RadixCache:
         """Free at least `num_pages` pages if possible by removing unreferenced leaves, least
         recently used first (a parent left childless becomes a candidate). Whole nodes are
         removed, so more than `num_pages` may be freed. Returns the number of pages freed."""
-        if num_pages <= 0:
+        return self._evict_lru(num_pages, self._evictable, self._remove_leaf)
+
+    def _remove_leaf(self, leaf: _Node) -> int:
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[self._page(leaf.key, 0)]
+        released = self.allocator.decref(leaf.pages)
+        assert len(released) == len(leaf.pages), "evicted a page someone still holds"
+        self._num_pages -= len(released)
+        return len(released)
+
+    def _evict_lru(self, want: int, evictable: Callable[[_Node], bool], drop: Callable[[_Node], int]) -> int:
+        """Drop nodes that `evictable` allows, least recently used first, until `drop` (which
+        returns what one node freed) has freed at least `want`; a parent that becomes evictable
+        joins the candidates. The device pool and the host tier evict through this one loop."""
+        if want <= 0:
             return 0
-        heap = [(n.last_access, n.uid, n) for n in self._nodes() if self._evictable(n)]
+        heap = [(n.last_access, n.uid, n) for n in self._nodes() if evictable(n)]
         heapq.heapify(heap)
         freed = 0
-        while heap and freed < num_pages:
-            _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            assert parent is not None
-            del parent.children[self._page(leaf.key, 0)]
-            released = self.allocator.decref(leaf.pages)
-            assert len(released) == len(leaf.pages), "evicted a page someone still holds"
-            freed += len(released)
-            self._num_pages -= len(released)
-            if self._evictable(parent):
+        while heap and freed < want:
+            _, _, node = heapq.heappop(heap)
+            if not evictable(node):
+                continue
+            parent = node.parent
+            freed += drop(node)
+            if parent is not None and evictable(parent):
                 heapq.heappush(heap, (parent.last_access, parent.uid, parent))
         return freed
 
