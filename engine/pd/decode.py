@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,13 +67,8 @@ class DecodeEngine(ServerLoop):
         """A request whose room the router has opened; its TokenEvents go to `sink`."""
         self.inbox.put(("add", DecodeEntry(req, sink)))
 
-    def abort(self, rid: str) -> Future[bool]:
-        """Abort `rid` wherever it is here; the Future says whether it was known."""
-        return self.call(lambda: self._abort(rid))
-
-    def abort_all(self) -> Future[list[str]]:
-        return self.call(lambda: [rid for rid in [*self.prealloc_queue, *self.transfer_queue, *self.decoding]
-                                  if self._abort(rid)])
+    def rids(self) -> list[str]:
+        return [*self.prealloc_queue, *self.transfer_queue, *self.decoding]
 
     # ---- the engine thread ----------------------------------------------------------------
 

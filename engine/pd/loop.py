@@ -105,6 +105,14 @@ class ServerLoop(ABC):
         self.inbox.put(("call", (fn, done)))
         return done
 
+    def abort(self, rid: str) -> Future[bool]:
+        """Abort `rid` wherever it is here; the Future says whether it was known."""
+        return self.call(lambda: self._abort(rid))
+
+    def abort_all(self) -> Future[list[str]]:
+        """Abort every request here, in whatever queue; the Future lists the ones aborted."""
+        return self.call(lambda: [rid for rid in self.rids() if self._abort(rid)])
+
     def run_once(self, block: bool = True) -> None:
         """One round: apply inbox messages (blocking up to `wait_s()` for the first when
         `block`), then work."""
@@ -156,3 +164,11 @@ class ServerLoop(ABC):
 
     @abstractmethod
     def fail_all(self) -> None: ...
+
+    @abstractmethod
+    def rids(self) -> list[str]:
+        """Every request here, queue by queue (engine thread)."""
+
+    @abstractmethod
+    def _abort(self, rid: str) -> bool:
+        """Abort `rid` in whatever queue holds it; False when it is not here (engine thread)."""

@@ -75,13 +75,8 @@ class PrefillEngine(ServerLoop):
         """A request (the prefill's own copy) whose room the router has opened."""
         self.inbox.put(("add", PrefillEntry(req, room)))
 
-    def abort(self, rid: str) -> Future[bool]:
-        """Abort `rid` wherever it is here; the Future says whether it was known."""
-        return self.call(lambda: self._abort(rid))
-
-    def abort_all(self) -> Future[list[str]]:
-        return self.call(lambda: [rid for rid in [*self.bootstrap_queue, *self.prefilling, *self.inflight_queue]
-                                  if self._abort(rid)])
+    def rids(self) -> list[str]:
+        return [*self.bootstrap_queue, *self.prefilling, *self.inflight_queue]
 
     def flush_cache(self) -> Future[bool]:
         """Drop the prefix cache when no request is here; False otherwise."""
