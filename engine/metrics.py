@@ -113,20 +113,21 @@ class EngineCollector(Collector):
         gen = self.throughput.update(int(getattr(s, "gen_tokens_total", 0)), time.monotonic())
         yield self._gauge("sglang:gen_throughput", "The generation throughput (token/s).", gen)
         for name, doc, attr in COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=LABELS)
-            family.add_metric(self.labels, float(getattr(s, attr, 0)))
-            yield family
+            yield self._counter(name, doc, float(getattr(s, attr, 0)))
         hicache = getattr(s, "hicache", None)
         if hicache is not None:
             for name, doc, attr in HICACHE_GAUGES:
                 yield self._gauge(name, doc, float(getattr(hicache, attr)))
             for name, doc, attr in HICACHE_COUNTERS:
-                family = CounterMetricFamily(name, doc, labels=LABELS)
-                family.add_metric(self.labels, float(getattr(hicache, attr)))
-                yield family
+                yield self._counter(name, doc, float(getattr(hicache, attr)))
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self.labels, value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=LABELS)
         family.add_metric(self.labels, value)
         return family
 
