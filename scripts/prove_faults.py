@@ -77,7 +77,7 @@ class RunResult:
     wall_s: float = 0.0
     run_dir: Path | None = None
     error: str | None = None
-    corrupt_turns: dict[tuple[str, int, str], float] = field(default_factory=dict)  # (session, turn, code) -> s after start
+    corrupt_turns: dict[tuple[str, int, str], float | None] = field(default_factory=dict)  # -> s after start
     twin: RunResult | None = None  # the same seed and settings with the fault off (--twins)
 
     def attributable(self, expect: frozenset[str]) -> set[tuple[str, int, str]]:
@@ -103,44 +103,44 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return RunResult(recipe.fault, clean, "FAILED", wall_s=wall, error=tail)
     run_dir = dirs[-1]
-    codes, first = read_findings(run_dir, set() if clean else recipe.expect)
+    corrupt_turns = read_corrupt_turns(run_dir)
+    codes, first = read_findings(run_dir, set() if clean else recipe.expect, corrupt_turns)
     verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
-    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=read_corrupt_turns(run_dir))
+    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=corrupt_turns)
 
 
-def read_corrupt_turns(run_dir: Path) -> dict[tuple[str, int, str], float]:
-    """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's end."""
-    events = (run_dir / "events.jsonl").read_text().splitlines()
-    start = next(json.loads(e)["t_ns"] for e in events if '"run_start"' in e)
+def read_corrupt_turns(run_dir: Path) -> dict[tuple[str, int, str], float | None]:
+    """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's
+    end (None when the turn has no end time)."""
+    start = next(e["t_ns"] for e in _events(run_dir) if e["kind"] == "run_start")
     out = {}
     with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
         for line in f:
             turn = json.loads(line)
-            end = (turn["timings"].get("end_ns") or start) - start
-            out |= {(turn["session"], turn["turn"], v["code"]): end / 1e9 for v in turn.get("verdicts") or []
-                    if v["code"] in CORRUPTION_CODES}
+            end = turn["timings"].get("end_ns")
+            out |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
+                    for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
     return out
 
 
-def read_findings(run_dir: Path, expect: set[str]) -> tuple[dict[str, int], float | None]:
+def read_findings(run_dir: Path, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None]
+                  ) -> tuple[dict[str, int], float | None]:
     """(count per corruption or wedge code found, seconds from run start to the first expected one)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     codes = {c: n for c, n in summary["counts"].items() if n and c in CORRUPTION_CODES}
     wedge_codes = {c for ep in (summary.get("wedge") or {}).values() for c in ep.get("codes", [])}
     for c in wedge_codes:
         codes[c] = codes.get(c, 0) + 1
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    start = next(e["t_ns"] for e in events if e["kind"] == "run_start")
-    times = []
-    if expect & set(CORRUPTION_CODES):
-        with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
-            for line in f:
-                turn = json.loads(line)
-                if any(v["code"] in expect for v in turn.get("verdicts") or []) and turn["timings"].get("end_ns"):
-                    times.append(turn["timings"]["end_ns"])
+    times = [t for (_, _, code), t in corrupt_turns.items() if code in expect and t is not None]
     if expect & wedge_codes & set(WEDGE_CODES):
-        times += [e["t_ns"] for e in events if e["kind"] == "drain_end"]
-    return codes, ((min(times) - start) / 1e9 if times else None)
+        events = _events(run_dir)
+        start = next(e["t_ns"] for e in events if e["kind"] == "run_start")
+        times += [(e["t_ns"] - start) / 1e9 for e in events if e["kind"] == "drain_end"]
+    return codes, (min(times) if times else None)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 def keep_report(result: RunResult, dest: Path) -> None:
@@ -163,8 +163,8 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
         for x in mine:
             for c in x.codes:
                 seen[c] = seen.get(c, 0) + 1
-        times = [min(x.corrupt_turns[t] for t in x.attributable(r.expect)) if x.twin is not None
-                 else x.first_detection_s for x in found]
+        times = [min((x.corrupt_turns[t] for t in x.attributable(r.expect) if x.corrupt_turns[t] is not None),
+                     default=None) if x.twin is not None else x.first_detection_s for x in found]
         times = [t for t in times if t is not None]
         when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
         expect = "any corruption code" if r.expect == frozenset(CORRUPTION_CODES) else ", ".join(sorted(r.expect))
