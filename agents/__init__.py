@@ -23,6 +23,7 @@ from .base import (
     is_error,
     observations_from_messages,
 )
+from .call_gate import CallGate
 from .coding import CodingFamily
 from .data import DataFamily
 from .ops import OpsFamily
@@ -92,6 +93,7 @@ def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16,
     fam = get_family(family) if isinstance(family, str) else family
     world = fam.build_world(seed)
     session = ExpertSession(fam, fam.make_task(world, seed), world)
+    gate = CallGate(fam.tool_schemas())  # a slipped call is refused as the harness refuses it
     seen: list[Observation] = []
     for n in range(max_turns):
         step = fam.expert_step(session.task, list(seen))
@@ -103,10 +105,13 @@ def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16,
             break
         turn = []
         for action in step.calls:
-            try:
-                result = world.execute(action.name, dict(action.arguments))
-            except ToolError as exc:
-                result = format_tool_error(exc)
+            args, result = gate.check(action.name, json.dumps(action.arguments))
+            if args is not None:
+                try:
+                    result = world.execute(action.name, args)
+                except ToolError as exc:
+                    result = format_tool_error(exc)
+            assert result is not None
             turn.append(Observation(action, result))
         session.results.append(turn)
         seen += turn

@@ -266,8 +266,10 @@ class AgentRun:
             outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines,
                                       headers, probe)
         slot.scope = slot.probe = None
-        if outcome is None or scope.cancelled_caught:
-            outcome = _killed_outcome(probe, slot)
+        # NOTE: a kill that lands after the last byte but before the turn returns cancels
+        # nothing; the killed agent still never acts on that reply, so the turn is killed too.
+        if outcome is None or scope.cancelled_caught or slot.killed_by is not None:
+            outcome = _killed_outcome(outcome, probe, slot)
         ctx = TurnContext(
             response=outcome.response,
             tools=sess.schemas,
@@ -332,13 +334,15 @@ class AgentRun:
             return None  # no oracle for this turn; the chat turn is still judged
 
 
-def _killed_outcome(probe: TurnProbe, slot: Slot) -> TurnOutcome:
-    """The outcome of a turn the nemesis cancelled: timings and the partial response kept, unjudged."""
-    out = probe.outcome or TurnOutcome(status=TurnStatus.KILLED,
+def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:
+    """The outcome of a turn the nemesis killed (`done`: its outcome if it finished anyway):
+    timings and the partial response kept, unjudged."""
+    out = done or probe.outcome or TurnOutcome(status=TurnStatus.KILLED,
                                        timings=Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns()))
     out.status = TurnStatus.KILLED
     out.error_kind = None
     out.error = f"killed by the nemesis ({slot.killed_by.text})" if slot.killed_by else "killed"
-    out.response = probe.assembler.response if probe.assembler is not None else None
-    out.timings.end_ns = time.monotonic_ns()
+    if done is None:
+        out.response = probe.assembler.response if probe.assembler is not None else None
+    out.timings.end_ns = out.timings.end_ns or time.monotonic_ns()
     return out

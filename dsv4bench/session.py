@@ -9,14 +9,11 @@ its world and appends the results, exactly as a real coding agent's loop does.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
-from .checks.arguments import json_path
+from .agents.call_gate import CallGate
 from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
 
 
@@ -77,7 +74,7 @@ class AgentSession:
         self.task = family.make_task(self.world, seed)
         self.tools = family.openai_tools()
         self.schemas = family.tool_schemas()
-        self._validators = {n: Draft202012Validator(s) for n, s in self.schemas.items()}
+        self.gate = CallGate(self.schemas)
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": family.system_prompt},
             {"role": "user", "content": self.task.prompt},
@@ -152,24 +149,8 @@ class AgentSession:
 
     def _run_tool_call(self, call_id: str, name: str, raw_args: str) -> None:
         """Execute one call against the world; bad calls get an error result, as agents do."""
-        result: str
-        if name not in self.schemas:
-            result = format_tool_error(f"unknown tool {name!r}; available: {', '.join(self.schemas)}")
-        else:
-            try:
-                args = json.loads(raw_args) if raw_args.strip() else {}
-            except ValueError as e:
-                args, result = None, format_tool_error(f"arguments are not valid JSON ({e})")
-            if isinstance(args, dict):
-                # NOTE: the world only ever sees schema-valid arguments, as in agent frameworks
-                # that validate before dispatch; anything else comes back as an error result.
-                err = next(iter(self._validators[name].iter_errors(args)), None)
-                if err is not None:
-                    result = format_tool_error(f"invalid arguments at {json_path(err)}: {err.message}")
-                else:
-                    result = self._execute(name, args)
-            elif args is not None:
-                result = format_tool_error("arguments must be a JSON object")
+        args, refusal = self.gate.check(name, raw_args)
+        result = refusal if args is None else self._execute(name, args)
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
 
     def _execute(self, name: str, args: dict[str, Any]) -> str:

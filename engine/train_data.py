@@ -43,11 +43,11 @@ def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = F
                    rename: bool = False) -> EncodedSession:
     """Play, render and encode one expert session with its loss mask.
 
-    With `perturb`, one to three turns of the session are mistakes (a call with a wrong argument
-    value, so the tool answers with an error) that carry no loss, and the expert recovers from
-    each in the turns after: the model learns to recover from its own slips instead of
-    collapsing. With `rename`, the world's names are consistently replaced by made-up ones
-    (train_renames.py), so copying from context is the only way to get them right.
+    With `perturb`, one to three turns of the session are mistakes (a wrong argument value, a
+    missing or mistyped argument, a tool of another family: see _slip) that carry no loss, and
+    the expert recovers from each in the turns after: the model learns to recover from its own
+    slips instead of collapsing. With `rename`, the world's names are consistently replaced by
+    made-up ones (train_renames.py), so copying from context is the only way to get them right.
     """
     fam = FAMILIES[family]
     session, slipped = play_with_slips(family, seed) if perturb else (play_expert(fam, seed), set())
@@ -88,7 +88,7 @@ READ_ONLY = frozenset({"list_dir", "read_file", "search_code", "list_tables", "d
 
 
 def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, set[int]]:
-    """The expert's session with one to three slipped turns (a wrong string argument) and up to
+    """The expert's session with one to three slipped turns (_slip) and up to
     three detours (an earlier read-only call made again, so the session runs longer than the
     expert's own, as a model's sessions do); returns the session and the indices of those turns,
     which carry no loss. A perturbed session the expert no longer solves falls back to the
@@ -102,9 +102,9 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     def alter(n: int, step: Step) -> Step:
         if step.is_final:
             return step
-        if n in slip_at and (wrong := _slip(step.calls[0], rng)) is not None:
+        if n in slip_at:
             perturbed.add(n)
-            return Step(calls=(wrong,))
+            return Step(calls=(_slip(family, step.calls[0], rng),))
         reads = [c for c in earlier if c.name in READ_ONLY]
         if n in detour_at and reads:
             perturbed.add(n)
@@ -119,14 +119,31 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     return session, perturbed
 
 
-def _slip(call: ToolAction, rng: random.Random) -> ToolAction | None:
-    keys = [k for k, v in call.arguments.items() if isinstance(v, str) and v]
-    if not keys:
-        return None
-    k = rng.choice(keys)
-    v = call.arguments[k]
-    wrong = rng.choice([v + "_old", v[: max(1, len(v) // 2)], "tmp/" + v, v.upper() + "2"])
-    return ToolAction(call.name, {**call.arguments, k: wrong})
+def _slip(family: str, call: ToolAction, rng: random.Random) -> ToolAction:
+    """A wrong version of the expert's call, of a kind the model makes: a wrong string value
+    (the tool answers with an error), a required argument left out, a number written as a
+    string, or a tool of another family (the harness refuses those three before any tool runs;
+    agents/call_gate.py)."""
+    schema = FAMILIES[family].tool_schemas()[call.name]
+    strings = [k for k, v in call.arguments.items() if isinstance(v, str) and v]
+    required = [k for k in schema.get("required", []) if k in call.arguments]
+    numbers = [k for k, v in call.arguments.items() if isinstance(v, int) and not isinstance(v, bool)]
+    kinds = (["value"] * 3 if strings else []) + (["missing"] if required else []) + \
+        (["as_string"] if numbers else []) + ["foreign"]
+    kind = rng.choice(kinds)
+    if kind == "value":
+        k = rng.choice(strings)
+        v = call.arguments[k]
+        wrong = rng.choice([v + "_old", v[: max(1, len(v) // 2)], "tmp/" + v, v.upper() + "2"])
+        return ToolAction(call.name, {**call.arguments, k: wrong})
+    if kind == "missing":
+        k = rng.choice(required)
+        return ToolAction(call.name, {a: v for a, v in call.arguments.items() if a != k})
+    if kind == "as_string":
+        k = rng.choice(numbers)
+        return ToolAction(call.name, {**call.arguments, k: str(call.arguments[k])})
+    others = sorted(t for f, fam in FAMILIES.items() if f != family for t in fam.tool_schemas())
+    return ToolAction(rng.choice(others), dict(call.arguments))
 
 
 def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, frontend: Frontend | None = None,

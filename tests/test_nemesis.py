@@ -116,3 +116,20 @@ def test_config_rejects_bad_spec() -> None:
     with pytest.raises(ConfigError, match="drain-timeout"):
         RunConfig(url="http://h/v1", duration=5, drain_timeout=-1)
     assert RunConfig(url="http://h/v1", duration=5, kill=("all@3s",)).to_json()["kill"] == ["all@3s"]
+
+
+def test_a_kill_landing_after_the_last_byte_still_kills_the_turn() -> None:
+    """The turn finished before the cancel could catch anything: the killed agent never acts on
+    the reply, so the turn is recorded killed, with its response and its own end time kept."""
+    from dsv4bench.client import TurnOutcome, TurnProbe
+    from dsv4bench.driver import _killed_outcome
+    from dsv4bench.nemesis import Slot
+    from dsv4bench.records import AssembledResponse, Timings, TurnStatus
+
+    done = TurnOutcome(status=TurnStatus.OK, timings=Timings(start_wall_ns=1, start_ns=10, end_ns=99),
+                       response=AssembledResponse(content="all done"))
+    slot = Slot("s00001", killed_by=parse_kill_spec("all@4s"))
+    out = _killed_outcome(done, TurnProbe(), slot)
+    assert out.status is TurnStatus.KILLED and "all@4s" in (out.error or "")
+    assert out.response is not None and out.response.content == "all done"
+    assert out.timings.end_ns == 99

@@ -4,6 +4,7 @@ round-trip, and clear errors for missing or mismatched weights."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -23,6 +24,30 @@ TINY = ModelConfig(d_model=32, n_layers=2, n_heads=2, head_dim=16, rope_dim=8, w
 @pytest.fixture(scope="module")
 def frontend():
     return Frontend(load_tokenizer())
+
+
+def test_slips_are_refused_exactly_as_the_harness_refuses_them():
+    """Slips of every kind occur over a few seeds, and each slipped call's result is the one a
+    harness session sends back for that call: the model trains on the refusals it will read."""
+    from dsv4bench.agents import FAMILIES
+    from dsv4bench.session import AgentSession, SessionConfig
+
+    seen = set()
+    for family in FAMILIES:
+        for seed in range(100_000, 100_012):
+            session, slipped = play_with_slips(family, seed)
+            for n in slipped:
+                call, result = session.steps[n].calls[0], session.results[n][0].result
+                if not result.startswith("error"):
+                    continue  # a detour
+                seen |= {k for k, needle in (("foreign", "unknown tool"), ("missing", "is a required property"),
+                                            ("invalid", "invalid arguments at $"), ("world", "no such"))
+                         if needle in result}
+                harness = AgentSession("s", FAMILIES[family], seed, SessionConfig(model="m"))
+                _, refusal = harness.gate.check(call.name, json.dumps(call.arguments))
+                if refusal is not None:  # else a wrong value the world itself refused
+                    assert result == refusal
+    assert seen == {"foreign", "missing", "invalid", "world"}
 
 
 def test_loss_mask_covers_exactly_what_the_model_writes(frontend):

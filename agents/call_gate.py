@@ -1,0 +1,38 @@
+"""What an agent framework does with a tool call before any tool runs.
+
+A call to a tool the session does not offer, arguments that are not a JSON object, or
+arguments that break the tool's JSON Schema never reach the world: the framework answers with
+an error result instead. The harness's sessions and the expert's played sessions (training
+data) both go through this gate, so the model learns from exactly the refusals it will read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from ..checks.arguments import json_path
+from .base import format_tool_error
+
+
+class CallGate:
+    def __init__(self, schemas: dict[str, dict[str, Any]]) -> None:
+        self.schemas = schemas
+        self._validators = {n: Draft202012Validator(s) for n, s in schemas.items()}
+
+    def check(self, name: str, raw_args: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(arguments, None) for a call the world may run, or (None, the error result to send back)."""
+        if name not in self._validators:
+            return None, format_tool_error(f"unknown tool {name!r}; available: {', '.join(self.schemas)}")
+        try:
+            args = json.loads(raw_args) if raw_args.strip() else {}
+        except ValueError as e:
+            return None, format_tool_error(f"arguments are not valid JSON ({e})")
+        if not isinstance(args, dict):
+            return None, format_tool_error("arguments must be a JSON object")
+        err = next(iter(self._validators[name].iter_errors(args)), None)
+        if err is not None:
+            return None, format_tool_error(f"invalid arguments at {json_path(err)}: {err.message}")
+        return args, None
