@@ -40,6 +40,10 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.05
     indexer_loss_weight: float = 0.5
+    # Share of the steps (from the start) in which CSA layers attend every eligible compressed
+    # entry, not the indexer's top-k: DSV4's dense warm-up. Attention learns where far tokens
+    # are, the indexer is distilled from it, and the sparse steps after it lean on the picks.
+    csa_dense_share: float = 0.0
     bias_step: float = 1e-3
     seed: int = 0
     device: str = "cuda"
@@ -131,6 +135,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
         lr = cfg.lr * _schedule(step, cfg.warmup, total_steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
+        model.set_csa_pick("all" if step < cfg.csa_dense_share * total_steps else "indexer")
         with autocast:
             lm, idx_loss = loss_on_written_tokens(model, ids, mask, "fp8")
             loss = lm + cfg.indexer_loss_weight * idx_loss
@@ -168,11 +173,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
 
 
 @torch.no_grad()
-def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384) -> dict:
+def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384,
+                   csa_pick: str = "indexer") -> dict:
     """Teacher-forced greedy errors on held-out sessions: the share of assistant-written tokens
     whose argmax is not the expert's token, and the share of assistant turns with any such
-    token. A turn with none is one the model would write exactly as the expert did."""
+    token. A turn with none is one the model would write exactly as the expert did. `csa_pick`
+    swaps the indexer's picks for others (Attention.csa_pick) to measure how much they matter."""
     model.eval()
+    model.set_csa_pick(csa_pick)
     wrong = total = turns = bad_turns = 0
     for ids_np, mask_np in load_corpus(corpus_path, max_len):
         ids = torch.from_numpy(ids_np).to(device)
@@ -189,6 +197,7 @@ def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max
         n = int(turn_of.max()) + 1 if turn_of.numel() else 0
         turns += n
         bad_turns += int(torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, turn_of[miss], True).sum())
+    model.set_csa_pick("indexer")
     model.train()
     return {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
 
@@ -226,10 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
     p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
     p.add_argument("--window", type=int, default=ModelConfig.window, help="Sliding window of the model.")
+    p.add_argument("--csa-dense-share", type=float, default=TrainConfig.csa_dense_share,
+                   help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
     p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      lr=a.lr, device=a.device, warmup=a.warmup)
+                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share)
     model_cfg = dataclasses.replace(ModelConfig(), window=a.window)
     r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))

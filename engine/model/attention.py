@@ -49,6 +49,11 @@ class Attention(nn.Module):
         self.compressor = Compressor(cfg.head_dim, self.rate)
         self.indexer = (Indexer(cfg.d_model, cfg.head_dim, cfg.index_heads, cfg.index_dim,
                                 cfg.index_topk) if cfg.is_csa(layer) else None)
+        # Which compressed entries a CSA query attends on the dense path (the pooled path always
+        # takes the indexer's top-k): "indexer"; "all" eligible ones, DSV4's dense warm-up that
+        # teaches attention where far tokens are before the indexer decides; or, to measure how
+        # much the model leans on the indexer, "random" top-k or "none".
+        self.csa_pick = "indexer"
 
     # --- pooled path ----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
@@ -210,7 +215,12 @@ class Attention(nn.Module):
             if self.indexer is not None:
                 chosen, scores = self.indexer.select_dense(x, comp, eligible, index_k_dtype,
                                                            with_scores=want_aux)
-                mask_c = mask_c & chosen
+                if self.csa_pick == "random":
+                    noise = torch.rand(chosen.shape, device=dev).masked_fill(~eligible, -1.0)
+                    chosen = torch.zeros_like(chosen).scatter_(
+                        -1, noise.topk(min(self.indexer.topk, NB), -1).indices, True)
+                if self.csa_pick != "all":
+                    mask_c = mask_c & chosen & (self.csa_pick != "none")
                 if scores is not None:
                     aux = distill_loss(scores, lc * self.scale, eligible)
             logits.append(lc)

@@ -84,6 +84,12 @@ class DSV4Mini(nn.Module):
         """forward(..., all_logits=True)."""
         return self.forward(batch, pools, all_logits=True)
 
+    def set_csa_pick(self, mode: str) -> None:
+        """Which compressed entries CSA layers attend on the dense path (Attention.csa_pick)."""
+        assert mode in ("indexer", "all", "random", "none")
+        for block in self.blocks:
+            block.attn.csa_pick = mode
+
     def forward_dense(self, token_ids: torch.Tensor, index_k_dtype: str | None = "fp8",
                       return_indexer_loss: bool = False
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

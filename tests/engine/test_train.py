@@ -112,7 +112,7 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     assert info["sessions"] == 4 and info["loss_tokens"] > 0
     out = tmp_path / "w.safetensors"
     r = train(TINY, TrainConfig(max_steps=12, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=2,
-                                device="cpu", log_every=4), corpus, out, log=lambda m: None)
+                                device="cpu", log_every=4, csa_dense_share=0.5), corpus, out, log=lambda m: None)
     assert r.steps == 12 and r.losses[-1][1] < r.losses[0][1]
     model = load_weights(TINY, out)
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -123,6 +123,27 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     assert np.load(corpus)["tokens"].dtype == np.uint16
     errors = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400)
     assert 0.0 < errors["token_error"] <= errors["turn_error"] <= 1.0 and errors["turns"] >= 4
+
+
+def test_dense_path_csa_picks():
+    """The indexer's top-k, a random top-k, none and all eligible entries give four different
+    outputs once a query has more eligible blocks than top-k."""
+    import torch
+
+    from dsv4bench.engine.model.model import DSV4Mini
+
+    torch.manual_seed(0)
+    model = DSV4Mini(TINY).eval()
+    ids = torch.randint(0, TINY.vocab_size, (1, 200))  # 100 CSA blocks at rate 2 against top-4
+    out = {}
+    with torch.no_grad():
+        for mode in ("indexer", "random", "none", "all"):
+            model.set_csa_pick(mode)
+            out[mode] = model.forward_dense(ids)[0, -1]
+    modes = list(out)
+    assert all(not torch.allclose(out[a], out[b]) for i, a in enumerate(modes) for b in modes[i + 1:])
+    with pytest.raises(AssertionError):
+        model.set_csa_pick("bogus")
 
 
 def test_shipped_weights_load_with_the_default_config():

@@ -1,0 +1,44 @@
+"""How much do DSV4-mini's weights lean on the lightning indexer's picks?
+
+Teacher-forced greedy errors on held-out expert sessions (train.heldout_errors) with the CSA
+layers attending the indexer's top-k (as served), a random top-k, no compressed entry at all,
+and every eligible entry. If random picks cost about as little as the indexer's, a fault that
+corrupts the picks (`hicache-index-race`: stale index keys) cannot corrupt what the model
+writes either. Torch only, like train.py, so it runs on a bare GPU machine:
+
+    python -m dsv4bench.engine.indexer_reliance --weights W --heldout heldout.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from .train import heldout_errors
+from .weights import load_weights, read_config
+
+MODES = ("indexer", "random", "none", "all")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Held-out errors of DSV4-mini's weights with other CSA picks.")
+    p.add_argument("--weights", type=Path, required=True)
+    p.add_argument("--heldout", type=Path, required=True, help="Held-out corpus (train_data.build_corpus).")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--modes", default=",".join(MODES), help=f"Comma-separated, of {', '.join(MODES)}.")
+    a = p.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        p.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    torch.manual_seed(0)
+    net = load_weights(read_config(a.weights), a.weights).to(a.device)
+    for mode in modes:
+        r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=mode)
+        print(json.dumps({"weights": str(a.weights), "csa_pick": mode, **r}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
