@@ -125,6 +125,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
     budget_s = cfg.minutes * 60
     total_steps = cfg.max_steps
     step, tokens_seen, loss_tokens, window = 0, 0, 0, []
+    paced_from = start
     losses: list[tuple[int, float]] = []
     batches: list[list[int]] = []
     while step < total_steps:
@@ -150,10 +151,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
         tokens_seen += ids.numel()
         loss_tokens += int(mask[:, 1:].sum())
         window.append(float(lm.detach()))
-        if step == 20 and cfg.max_steps > 20:
-            # Fit the schedule to the time budget from the first steps' pace.
-            per_step = (time.monotonic() - start) / step
-            total_steps = max(step + 1, min(cfg.max_steps, int(budget_s / per_step)))
+        if step == 5:
+            paced_from = time.monotonic()
+        if step == 25 and cfg.max_steps > 25:
+            # Fit the schedule to the time budget from the pace of steps 6-25 (the first steps
+            # carry one-time CUDA and allocator warm-up and would make the fit too short).
+            per_step = (time.monotonic() - paced_from) / 20
+            left = budget_s - (time.monotonic() - start)
+            total_steps = max(step + 1, min(cfg.max_steps, step + int(left / per_step)))
             log(f"step time {per_step * 1e3:.0f} ms -> {total_steps} steps in {cfg.minutes:g} min")
         if step % cfg.log_every == 0 or step == total_steps:
             mean = sum(window) / len(window)
@@ -235,12 +240,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
     p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
     p.add_argument("--window", type=int, default=ModelConfig.window, help="Sliding window of the model.")
+    p.add_argument("--seed", type=int, default=TrainConfig.seed, help="Batch order and initialisation.")
     p.add_argument("--csa-dense-share", type=float, default=TrainConfig.csa_dense_share,
                    help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
     p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share)
+                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed)
     model_cfg = dataclasses.replace(ModelConfig(), window=a.window)
     r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))

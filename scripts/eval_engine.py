@@ -8,7 +8,7 @@ For each family it reports:
   - sessions that reach the expert's final state (the family's own `solved` check);
   - turns, and sessions that ended with a final answer.
 
-    python scripts/eval_engine.py [--seeds 20] [--url URL]   (no --url: starts the engine)
+    python scripts/eval_engine.py [--seeds 20] [--url URL | --weights W]   (no --url: starts the engine)
 """
 
 from __future__ import annotations
@@ -73,13 +73,14 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=16)
     p.add_argument("--url", default=None)
     p.add_argument("--json", type=Path, default=None, help="Also write per-family figures and every flagged turn here.")
+    p.add_argument("--weights", type=Path, default=None, help="Weights for the started engine; default: the shipped ones.")
     p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="Only this family (repeatable).")
     a = p.parse_args()
     engine = None
     if a.url is None:
         from dsv4bench.engine.launcher import start_engine
 
-        engine = start_engine(["--num-pages", "8192"])
+        engine = start_engine(["--num-pages", "8192", *(["--weights", str(a.weights)] if a.weights else [])])
     url = a.url or engine.url
     t0 = time.monotonic()
     try:
