@@ -284,38 +284,64 @@ def engine_train(
     out_path: Path = typer.Option(None, "--out", help="Weights file to write; default: the shipped weights' path."),
     corpus: Path = typer.Option(Path("runs/train/corpus.npz"), help="Corpus file; built from expert sessions if missing."),
     seeds: int = typer.Option(1000, help="Training seeds per family when the corpus is built."),
-    slip_share: float = typer.Option(0.6, help="Share of sessions with one slipped turn the expert recovers from."),
+    first_seed: int = typer.Option(100_000, help="First training seed when the corpus is built (held-out seeds are below 100000)."),
+    slip_share: float = typer.Option(0.6, help="Share of sessions with slipped turns the expert recovers from."),
+    rename_share: float = typer.Option(0.5, help="Share of sessions whose world names are replaced by made-up ones."),
     minutes: float = typer.Option(8.0, help="Training time budget; the LR schedule is fitted to it."),
     max_len: int = typer.Option(8192, help="Longest session in tokens; longer ones lose their later turns."),
     batch_tokens: int = typer.Option(32768, help="Padded tokens per step."),
     lr: float = typer.Option(2e-3, help="Peak learning rate."),
+    warmup: int = typer.Option(50, help="Warm-up steps of the learning rate."),
+    csa_dense_share: float = typer.Option(0.0, help="Share of steps in which CSA attends every compressed entry (dense warm-up)."),
+    seed: int = typer.Option(0, help="Batch order and initialisation."),
     init: Optional[Path] = typer.Option(None, help="Continue from these weights instead of from scratch."),
+    heldout_seeds: int = typer.Option(0, help="Held-out seeds per family (0..N-1) to report teacher-forced errors on; 0: none."),
     device: str = typer.Option("cuda", help="cuda or cpu (cpu only for tiny smoke runs)."),
 ) -> None:
-    """Rebuild DSV4-mini's weights: expert-session corpus, then training (an H200 takes ~8 min)."""
+    """Rebuild DSV4-mini's weights: expert-session corpus, then training (an H200 takes ~8 min).
+
+    The shipped weights are a chain of such runs, each on from the last (bench-plan.md lists
+    every run's arguments)."""
     from .engine.config import ModelConfig
-    from .engine.train import TrainConfig, train
+    from .engine.train import CorpusError, TrainConfig, heldout_errors, train
     from .engine.train_data import TRAIN_SEED_BASE, build_corpus
-    from .engine.weights import DEFAULT_WEIGHTS, WeightsError
+    from .engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
 
     if device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise fail("--device cuda asked for, but torch sees no CUDA device (use --device cpu for a smoke run)")
+    if first_seed < TRAIN_SEED_BASE or not 0 <= heldout_seeds <= TRAIN_SEED_BASE:
+        raise fail(f"--first-seed must be at least {TRAIN_SEED_BASE} and --heldout-seeds at most that: "
+                   "the seeds below it are held out for evaluation")
+    for name, share in (("--slip-share", slip_share), ("--rename-share", rename_share), ("--csa-dense-share", csa_dense_share)):
+        if not 0.0 <= share <= 1.0:
+            raise fail(f"{name} must be between 0 and 1; got {share}")
     if not corpus.exists():
         err.print(f"building the corpus: {seeds} seeds x 3 families -> {corpus}", highlight=False)
-        info = build_corpus(["coding", "data", "ops"], range(TRAIN_SEED_BASE, TRAIN_SEED_BASE + seeds), corpus,
-                            slip_share=slip_share)
+        info = build_corpus(["coding", "data", "ops"], range(first_seed, first_seed + seeds), corpus,
+                            slip_share=slip_share, rename_share=rename_share)
         err.print(f"corpus: {info}", highlight=False)
+    weights = out_path or DEFAULT_WEIGHTS
     try:
         result = train(ModelConfig(), TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
-                                                  device=device), corpus, out_path or DEFAULT_WEIGHTS,
+                                                  warmup=warmup, csa_dense_share=csa_dense_share, seed=seed,
+                                                  device=device), corpus, weights,
                        log=lambda m: err.print(m, highlight=False), init=init)
-    except WeightsError as e:
+    except (WeightsError, CorpusError) as e:
         raise fail(str(e))
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "
-              f"final loss {result.final_loss:.4f}; weights: {out_path or DEFAULT_WEIGHTS}", highlight=False)
+              f"final loss {result.final_loss:.4f}; weights: {weights}", highlight=False)
+    if heldout_seeds > 0:
+        import torch
+
+        heldout = corpus.with_name(f"heldout-{heldout_seeds}.npz")
+        if not heldout.exists():
+            build_corpus(["coding", "data", "ops"], range(heldout_seeds), heldout, slip_share=0.0)
+        e = heldout_errors(load_weights(ModelConfig(), weights).to(device), heldout, torch.device(device))
+        out.print(f"held-out: token error {e['token_error']:.2%}, turn error {e['turn_error']:.2%} "
+                  f"({e['tokens']} tokens, {e['turns']} turns)", highlight=False)
 
 
 def _check_faults(names: list[str]) -> list[str]:

@@ -61,9 +61,16 @@ class TrainResult:
     losses: list[tuple[int, float]]
 
 
+class CorpusError(ValueError):
+    """The corpus file is missing or is not one build_corpus wrote."""
+
+
 def load_corpus(path: Path, max_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    d = np.load(path)
-    tokens, mask, offsets = d["tokens"], d["loss_mask"], d["offsets"]
+    try:
+        d = np.load(path)
+        tokens, mask, offsets = d["tokens"], d["loss_mask"], d["offsets"]
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as e:
+        raise CorpusError(f"{path} is not a training corpus (build_corpus writes one): {e}") from None
     return [(tokens[a:b][:max_len].astype(np.int64), mask[a:b][:max_len]) for a, b in zip(offsets[:-1], offsets[1:])]
 
 
