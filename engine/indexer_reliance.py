@@ -1,8 +1,10 @@
-"""How much do DSV4-mini's weights lean on the lightning indexer's picks?
+"""How much do DSV4-mini's weights lean on the lightning indexer's picks, and on compressed
+entries at all?
 
 Teacher-forced greedy errors on held-out expert sessions (train.heldout_errors) with the CSA
 layers attending the indexer's top-k (as served), a random top-k, no compressed entry at all,
-and every eligible entry. If random picks cost about as little as the indexer's, a fault that
+and every eligible entry; and with HCA layers' compressed entries hidden ("no-hca"). A model
+that loses nothing without them reads only its sliding window. If random picks cost about as little as the indexer's, a fault that
 corrupts the picks (`hicache-index-race`: stale index keys) cannot corrupt what the model
 writes either. Torch only, like train.py, so it runs on a bare GPU machine:
 
@@ -20,7 +22,8 @@ import torch
 from .train import heldout_errors
 from .weights import load_weights, read_config
 
-MODES = ("indexer", "random", "none", "all")
+# CSA picks, and "no-hca": the indexer's picks with HCA layers' compressed entries hidden.
+MODES = ("indexer", "random", "none", "all", "no-hca")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     net = load_weights(read_config(a.weights), a.weights).to(a.device)
     for mode in modes:
-        r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=mode)
+        pick, hca = ("indexer", False) if mode == "no-hca" else (mode, True)
+        r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=pick, hca=hca)
         print(json.dumps({"weights": str(a.weights), "csa_pick": mode, **r}), flush=True)
 
 

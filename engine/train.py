@@ -186,13 +186,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
 
 @torch.no_grad()
 def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384,
-                   csa_pick: str = "indexer") -> dict:
+                   csa_pick: str = "indexer", hca: bool = True) -> dict:
     """Teacher-forced greedy errors on held-out sessions: the share of assistant-written tokens
     whose argmax is not the expert's token, and the share of assistant turns with any such
     token. A turn with none is one the model would write exactly as the expert did. `csa_pick`
-    swaps the indexer's picks for others (Attention.csa_pick) to measure how much they matter."""
+    swaps the indexer's picks for others (Attention.csa_pick), `hca=False` hides HCA layers'
+    compressed entries: to measure how much the model leans on them."""
     model.eval()
-    model.set_csa_pick(csa_pick)
+    model.set_csa_pick(csa_pick, hca)
     wrong = total = turns = bad_turns = 0
     for ids_np, mask_np in load_corpus(corpus_path, max_len):
         ids = torch.from_numpy(ids_np).to(device)

@@ -54,6 +54,7 @@ class Attention(nn.Module):
         # teaches attention where far tokens are before the indexer decides; or, to measure how
         # much the model leans on the indexer, "random" top-k or "none".
         self.csa_pick = "indexer"
+        self.read_compressed = True  # False: the dense path reads no compressed entry (measurement)
 
     # --- pooled path ----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
@@ -205,7 +206,7 @@ class Attention(nn.Module):
         masks = [((s <= t) & (s > t - W)).unsqueeze(1).expand(B, T, 1, T)]
         values = [kv]
         aux = None
-        NB = T // r
+        NB = T // r if self.read_compressed else 0
         if NB > 0:
             comp = self.compressor(kv[:, : NB * r].reshape(B, NB, r, hd))
             blocks = torch.arange(NB, device=dev)

@@ -84,11 +84,13 @@ class DSV4Mini(nn.Module):
         """forward(..., all_logits=True)."""
         return self.forward(batch, pools, all_logits=True)
 
-    def set_csa_pick(self, mode: str) -> None:
-        """Which compressed entries CSA layers attend on the dense path (Attention.csa_pick)."""
+    def set_csa_pick(self, mode: str, hca: bool = True) -> None:
+        """Which compressed entries CSA layers attend on the dense path (Attention.csa_pick),
+        and whether HCA layers read theirs."""
         assert mode in ("indexer", "all", "random", "none")
         for block in self.blocks:
             block.attn.csa_pick = mode
+            block.attn.read_compressed = hca or block.attn.indexer is not None
 
     def forward_dense(self, token_ids: torch.Tensor, index_k_dtype: str | None = "fp8",
                       return_indexer_loss: bool = False

@@ -140,6 +140,8 @@ def test_dense_path_csa_picks():
         for mode in ("indexer", "random", "none", "all"):
             model.set_csa_pick(mode)
             out[mode] = model.forward_dense(ids)[0, -1]
+        model.set_csa_pick("indexer", hca=False)
+        out["no-hca"] = model.forward_dense(ids)[0, -1]
     modes = list(out)
     assert all(not torch.allclose(out[a], out[b]) for i, a in enumerate(modes) for b in modes[i + 1:])
     with pytest.raises(AssertionError):
