@@ -44,6 +44,10 @@ class TrainConfig:
     # entry, not the indexer's top-k: DSV4's dense warm-up. Attention learns where far tokens
     # are, the indexer is distilled from it, and the sparse steps after it lean on the picks.
     csa_dense_share: float = 0.0
+    # Share of steps in which HCA layers read no compressed entry, so far context can only come
+    # through CSA's picks: it teaches the model to lean on the indexer, which HCA's coarse view
+    # of everything otherwise lets it skip.
+    hca_drop: float = 0.0
     bias_step: float = 1e-3
     seed: int = 0
     device: str = "cuda"
@@ -143,7 +147,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
         lr = cfg.lr * _schedule(step, cfg.warmup, total_steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        model.set_csa_pick("all" if step < cfg.csa_dense_share * total_steps else "indexer")
+        model.set_csa_pick("all" if step < cfg.csa_dense_share * total_steps else "indexer",
+                           hca=not (cfg.hca_drop and rng.random() < cfg.hca_drop))
         with autocast:
             lm, idx_loss = loss_on_written_tokens(model, ids, mask, "fp8")
             loss = lm + cfg.indexer_loss_weight * idx_loss
@@ -251,10 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=TrainConfig.seed, help="Batch order and initialisation.")
     p.add_argument("--csa-dense-share", type=float, default=TrainConfig.csa_dense_share,
                    help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
+    p.add_argument("--hca-drop", type=float, default=TrainConfig.hca_drop,
+                   help="Share of steps in which HCA layers read no compressed entry.")
     p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed)
+                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed,
+                      hca_drop=a.hca_drop)
     model_cfg = dataclasses.replace(ModelConfig(), window=a.window)
     r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
