@@ -122,15 +122,21 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
 def _slip(family: str, call: ToolAction, rng: random.Random) -> ToolAction:
     """A wrong version of the expert's call, of a kind the model makes: a wrong string value
     (the tool answers with an error), a required argument left out, a number written as a
-    string, or a tool of another family (the harness refuses those three before any tool runs;
-    agents/call_gate.py)."""
+    string, an item repeated in a list that must hold unique items, or a tool of another family
+    (the harness refuses all but the first before any tool runs; agents/call_gate.py)."""
     schema = FAMILIES[family].tool_schemas()[call.name]
     strings = [k for k, v in call.arguments.items() if isinstance(v, str) and v]
     required = [k for k in schema.get("required", []) if k in call.arguments]
     numbers = [k for k, v in call.arguments.items() if isinstance(v, int) and not isinstance(v, bool)]
+    unique = [k for k, v in call.arguments.items()
+              if isinstance(v, list) and v and schema["properties"].get(k, {}).get("uniqueItems")]
     kinds = (["value"] * 3 if strings else []) + (["missing"] if required else []) + \
-        (["as_string"] if numbers else []) + ["foreign"]
+        (["as_string"] if numbers else []) + ["foreign"] + ["repeated_item"] * 4 * bool(unique)
     kind = rng.choice(kinds)
+    if kind == "repeated_item":  # e.g. the same service twice where the schema wants unique items
+        k = rng.choice(unique)
+        items = call.arguments[k]
+        return ToolAction(call.name, {**call.arguments, k: [*items, rng.choice(items)]})
     if kind == "value":
         k = rng.choice(strings)
         v = call.arguments[k]

@@ -41,13 +41,14 @@ def test_slips_are_refused_exactly_as_the_harness_refuses_them():
                 if not result.startswith("error"):
                     continue  # a detour
                 seen |= {k for k, needle in (("foreign", "unknown tool"), ("missing", "is a required property"),
-                                            ("invalid", "invalid arguments at $"), ("world", "no such"))
+                                            ("invalid", "invalid arguments at $"), ("world", "no such"),
+                                            ("repeated", "has non-unique elements"))
                          if needle in result}
                 harness = AgentSession("s", FAMILIES[family], seed, SessionConfig(model="m"))
                 _, refusal = harness.gate.check(call.name, json.dumps(call.arguments))
                 if refusal is not None:  # else a wrong value the world itself refused
                     assert result == refusal
-    assert seen == {"foreign", "missing", "invalid", "world"}
+    assert seen == {"foreign", "missing", "invalid", "world", "repeated"}
 
 
 def test_loss_mask_covers_exactly_what_the_model_writes(frontend):
