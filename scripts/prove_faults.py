@@ -87,8 +87,9 @@ class RunResult:
         return mine - set(self.twin.corrupt_turns) if self.twin is not None else mine
 
 
-def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float) -> RunResult:
-    engine_args = [f"--engine-arg={a}" for a in recipe.engine]
+def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float,
+             weights: Path | None = None) -> RunResult:
+    engine_args = [f"--engine-arg={a}" for a in (*recipe.engine, *([f"--weights={weights}"] if weights else []))]
     faults = [] if clean else [f"--engine-fault={f}" for f in recipe.faults]
     cmd = [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
            *engine_args, *faults]
@@ -195,6 +196,7 @@ def main() -> int:
     p.add_argument("--reports", type=Path, default=None, help="Keep the first run of each fault as <dir>/fault-<name>/.")
     p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
     p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
+    p.add_argument("--weights", type=Path, default=None, help="Weights for every engine; default: the shipped ones.")
     p.add_argument("--twins", action="store_true", help="For corruption faults, also run each fault run's clean twin "
                    "(same seed and settings, fault off) and count only corrupt turns the twin does not have.")
     a = p.parse_args()
@@ -210,12 +212,12 @@ def main() -> int:
         for n, (recipe, clean, i) in enumerate(plan, 1):
             out = Path(tmp) / f"{recipe.fault}-{'clean' if clean else 'fault'}-{i}"
             out.mkdir()
-            res = run_once(recipe, clean, a.seed + i, out, a.timeout)
+            res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights)
             results.append(res)
             if a.twins and not clean and recipe.expect <= frozenset(CORRUPTION_CODES) and res.run_dir is not None:
                 twin_out = Path(tmp) / f"{recipe.fault}-twin-{i}"
                 twin_out.mkdir()
-                res.twin = run_once(recipe, True, a.seed + i, twin_out, a.timeout)
+                res.twin = run_once(recipe, True, a.seed + i, twin_out, a.timeout, a.weights)
                 print(f"    clean twin: {res.twin.verdict} codes={res.twin.codes or {}} "
                       f"attributable to the fault: {len(res.attributable(recipe.expect))} turns", file=sys.stderr, flush=True)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
