@@ -78,7 +78,15 @@ class RunResult:
     run_dir: Path | None = None
     error: str | None = None
     corrupt_turns: dict[tuple[str, int, str], float | None] = field(default_factory=dict)  # -> s after start
+    outputs: dict[tuple[str, int], str] = field(default_factory=dict)  # (session, turn) -> what the model wrote
     twin: RunResult | None = None  # the same seed and settings with the fault off (--twins)
+
+    def differing_turns(self) -> tuple[int, int]:
+        """(turns whose output differs from the clean twin's, turns both runs have): whether the
+        fault changed what the model wrote at all, corrupt or not."""
+        assert self.twin is not None
+        shared = self.outputs.keys() & self.twin.outputs.keys()
+        return sum(self.outputs[k] != self.twin.outputs[k] for k in shared), len(shared)
 
     def attributable(self, expect: frozenset[str]) -> set[tuple[str, int, str]]:
         """Expected corrupt turns of this run that its clean twin does not also have: the fault's
@@ -104,24 +112,29 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return RunResult(recipe.fault, clean, "FAILED", wall_s=wall, error=tail)
     run_dir = dirs[-1]
-    corrupt_turns = read_corrupt_turns(run_dir)
+    corrupt_turns, outputs = read_turns(run_dir)
     codes, first = read_findings(run_dir, set() if clean else recipe.expect, corrupt_turns)
     verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
-    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=corrupt_turns)
+    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
+                     outputs=outputs)
 
 
-def read_corrupt_turns(run_dir: Path) -> dict[tuple[str, int, str], float | None]:
+def read_turns(run_dir: Path) -> tuple[dict[tuple[str, int, str], float | None], dict[tuple[str, int], str]]:
     """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's
-    end (None when the turn has no end time)."""
+    end (None when the turn has no end time); and (session, turn) of every finished turn -> what
+    the model wrote (text and tool calls)."""
     start = next(e["t_ns"] for e in _events(run_dir) if e["kind"] == "run_start")
-    out = {}
+    corrupt, outputs = {}, {}
     with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
         for line in f:
             turn = json.loads(line)
             end = turn["timings"].get("end_ns")
-            out |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
-                    for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
-    return out
+            corrupt |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
+                        for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
+            if turn["status"] == "ok" and (resp := turn.get("response")):
+                calls = [(c.get("name"), c.get("arguments")) for c in resp.get("tool_calls") or []]
+                outputs[(turn["session"], turn["turn"])] = json.dumps([resp.get("content"), calls])
+    return corrupt, outputs
 
 
 def read_findings(run_dir: Path, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None]
@@ -174,8 +187,10 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
         if twins:
             twin_codes = sum(len([t for t in tw.corrupt_turns if t[2] in r.expect]) for tw in twins)
             own = sum(len({t for t in x.corrupt_turns if t[2] in r.expect}) for x in mine)
+            pairs = [x.differing_turns() for x in mine if x.twin is not None]
             expect += (f"; attributed only when the clean twin (same seed, fault off) lacks it: fault runs "
-                       f"{own} turns, twins {twin_codes}")
+                       f"{own} turns, twins {twin_codes}; the fault runs wrote {sum(d for d, _ in pairs)} of "
+                       f"{sum(n for _, n in pairs)} turns differently from their twins")
         rows.append(f"| `{r.fault}` | {expect} | {len(found)}/{len(mine)} | "
                     f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
     clean = [x for x in results if x.clean] + [x.twin for x in results if x.twin is not None]
@@ -218,8 +233,10 @@ def main() -> int:
                 twin_out = Path(tmp) / f"{recipe.fault}-twin-{i}"
                 twin_out.mkdir()
                 res.twin = run_once(recipe, True, a.seed + i, twin_out, a.timeout, a.weights)
+                differ, shared = res.differing_turns()
                 print(f"    clean twin: {res.twin.verdict} codes={res.twin.codes or {}} "
-                      f"attributable to the fault: {len(res.attributable(recipe.expect))} turns", file=sys.stderr, flush=True)
+                      f"attributable to the fault: {len(res.attributable(recipe.expect))} turns; "
+                      f"output differs from the twin's in {differ} of {shared} turns", file=sys.stderr, flush=True)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
             print(f"[{n}/{len(plan)}] {recipe.fault}{' (clean)' if clean else ''} run {i + 1}: {res.verdict} "
                   f"codes={res.codes or {}} found={found or '-'} first={res.first_detection_s} "
