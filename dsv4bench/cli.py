@@ -293,6 +293,7 @@ def engine_train(
     lr: float = typer.Option(2e-3, help="Peak learning rate."),
     warmup: int = typer.Option(50, help="Warm-up steps of the learning rate."),
     csa_dense_share: float = typer.Option(0.0, help="Share of steps in which CSA attends every compressed entry (dense warm-up)."),
+    hca_drop: float = typer.Option(0.0, help="Share of steps in which HCA layers read no compressed entry."),
     seed: int = typer.Option(0, help="Batch order and initialisation."),
     init: Optional[Path] = typer.Option(None, help="Continue from these weights instead of from scratch."),
     heldout_seeds: int = typer.Option(0, help="Held-out seeds per family (0..N-1) to report teacher-forced errors on; 0: none."),
@@ -315,7 +316,8 @@ def engine_train(
     if first_seed < TRAIN_SEED_BASE or not 0 <= heldout_seeds <= TRAIN_SEED_BASE:
         raise fail(f"--first-seed must be at least {TRAIN_SEED_BASE} and --heldout-seeds at most that: "
                    "the seeds below it are held out for evaluation")
-    for name, share in (("--slip-share", slip_share), ("--rename-share", rename_share), ("--csa-dense-share", csa_dense_share)):
+    for name, share in (("--slip-share", slip_share), ("--rename-share", rename_share),
+                        ("--csa-dense-share", csa_dense_share), ("--hca-drop", hca_drop)):
         if not 0.0 <= share <= 1.0:
             raise fail(f"{name} must be between 0 and 1; got {share}")
     if not corpus.exists():
@@ -326,7 +328,8 @@ def engine_train(
     weights = out_path or DEFAULT_WEIGHTS
     try:
         result = train(ModelConfig(), TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
-                                                  warmup=warmup, csa_dense_share=csa_dense_share, seed=seed,
+                                                  warmup=warmup, csa_dense_share=csa_dense_share, hca_drop=hca_drop,
+                                                  seed=seed,
                                                   device=device), corpus, weights,
                        log=lambda m: err.print(m, highlight=False), init=init)
     except (WeightsError, CorpusError) as e:

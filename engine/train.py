@@ -45,8 +45,8 @@ class TrainConfig:
     # are, the indexer is distilled from it, and the sparse steps after it lean on the picks.
     csa_dense_share: float = 0.0
     # Share of steps in which HCA layers read no compressed entry, so far context can only come
-    # through CSA's picks: it teaches the model to lean on the indexer, which HCA's coarse view
-    # of everything otherwise lets it skip.
+    # through CSA's picks: HCA's view of everything otherwise lets the model skip the indexer
+    # (bench-plan.md measures how far it moves that).
     hca_drop: float = 0.0
     bias_step: float = 1e-3
     seed: int = 0
