@@ -188,8 +188,10 @@ class Frontend:
 
     def _check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
         if prompt_tokens + (max_tokens or 1) > self.max_context:
-            raise RequestError(400, f"This model's maximum context length is {self.max_context} tokens. However, you "
-                                    f"requested {prompt_tokens} in the prompt and {max_tokens} to generate.",
+            asked = (f"requested {prompt_tokens} in the prompt and {max_tokens} to generate" if max_tokens
+                     else f"your prompt has {prompt_tokens} tokens")
+            raise RequestError(400, f"This model's maximum context length is {self.max_context} tokens. "
+                                    f"However, {asked}.",
                                "max_tokens" if max_tokens and prompt_tokens < self.max_context else param,
                                "context_length_exceeded")
 

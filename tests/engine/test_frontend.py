@@ -225,3 +225,11 @@ def test_completion_stop_strings_and_utf8(fe):
 def test_bad_completion_bodies(fe, body):
     with pytest.raises(RequestError):
         fe.prepare_completion(body)
+
+
+def test_a_prompt_past_the_context_is_refused_in_plain_words(fe):
+    with pytest.raises(RequestError) as e:
+        fe.prepare_chat({"messages": [{"role": "user", "content": "word " * 5000}]})
+    msg = e.value.body()["error"]["message"]
+    assert e.value.status == 400 and "maximum context length is 4096 tokens" in msg
+    assert "your prompt has" in msg and "None" not in msg
