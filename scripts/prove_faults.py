@@ -79,6 +79,7 @@ class RunResult:
     error: str | None = None
     corrupt_turns: dict[tuple[str, int, str], float | None] = field(default_factory=dict)  # -> s after start
     outputs: dict[tuple[str, int], str] = field(default_factory=dict)  # (session, turn) -> what the model wrote
+    unguarded_reads: int | None = None  # HiCache runs: index-K reads that went ahead of a load (the race firing)
     twin: RunResult | None = None  # the same seed and settings with the fault off (--twins)
 
     def differing_turns(self) -> tuple[int, int]:
@@ -116,7 +117,21 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
     codes, first = read_findings(run_dir, set() if clean else recipe.expect, corrupt_turns)
     verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
     return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
-                     outputs=outputs)
+                     outputs=outputs, unguarded_reads=read_unguarded_reads(run_dir))
+
+
+def read_unguarded_reads(run_dir: Path) -> int | None:
+    """The engine's last `dsv4mini:hicache_unguarded_index_k_reads_total` scraped in the run
+    (None without HiCache): how often the index-K read went ahead of a load in flight."""
+    path = run_dir / "metrics.jsonl"
+    last = None
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            values = json.loads(line).get("values") or {}
+            found = [v for k, v in values.items() if k.startswith("dsv4mini:hicache_unguarded_index_k_reads_total")]
+            if found:
+                last = int(sum(found))
+    return last
 
 
 def read_turns(run_dir: Path) -> tuple[dict[tuple[str, int, str], float | None], dict[tuple[str, int], str]]:
@@ -240,7 +255,9 @@ def main() -> int:
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
             print(f"[{n}/{len(plan)}] {recipe.fault}{' (clean)' if clean else ''} run {i + 1}: {res.verdict} "
                   f"codes={res.codes or {}} found={found or '-'} first={res.first_detection_s} "
-                  f"wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}", file=sys.stderr, flush=True)
+                  f"wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}"
+                  f"{'' if res.unguarded_reads is None else f' unguarded index-K reads={res.unguarded_reads}'}",
+                  file=sys.stderr, flush=True)
             if a.reports and not clean and i == 0 and res.run_dir is not None:
                 keep_report(res, a.reports / f"fault-{recipe.fault}")
     text = table(results, recipes, a.runs)

@@ -40,3 +40,12 @@ def test_twins_credit_only_the_faults_own_corruption_and_count_changed_turns(tmp
     expect = frozenset(prove.CORRUPTION_CODES)
     assert run.attributable(expect) == {("s1", 1, "schema_violation")}  # s2's mistake is the model's own
     assert run.differing_turns() == (1, 3)  # s1 turn 1 changed; s3 has no twin turn to compare
+
+
+def test_unguarded_reads_come_from_the_last_scrape(tmp_path):
+    key = 'dsv4mini:hicache_unguarded_index_k_reads_total{engine_type="unified",model_name="dsv4-mini"}'
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps({"values": {key: v, "sglang:num_running_reqs": 3.0}})
+                                                      for v in (0.0, 17.0, 42.0)) + "\n")
+    assert prove.read_unguarded_reads(tmp_path) == 42
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"values": {"sglang:num_running_reqs": 0.0}}) + "\n")
+    assert prove.read_unguarded_reads(tmp_path) is None
