@@ -320,9 +320,10 @@ def engine_train(
                         ("--csa-dense-share", csa_dense_share), ("--hca-drop", hca_drop)):
         if not 0.0 <= share <= 1.0:
             raise fail(f"{name} must be between 0 and 1; got {share}")
+    families = ["coding", "data", "ops"]
     if not corpus.exists():
-        err.print(f"building the corpus: {seeds} seeds x 3 families -> {corpus}", highlight=False)
-        info = build_corpus(["coding", "data", "ops"], range(first_seed, first_seed + seeds), corpus,
+        err.print(f"building the corpus: {seeds} seeds x {len(families)} families -> {corpus}", highlight=False)
+        info = build_corpus(families, range(first_seed, first_seed + seeds), corpus,
                             slip_share=slip_share, rename_share=rename_share)
         err.print(f"corpus: {info}", highlight=False)
     weights = out_path or DEFAULT_WEIGHTS
@@ -341,7 +342,7 @@ def engine_train(
 
         heldout = corpus.with_name(f"heldout-{heldout_seeds}.npz")
         if not heldout.exists():
-            build_corpus(["coding", "data", "ops"], range(heldout_seeds), heldout, slip_share=0.0)
+            build_corpus(families, range(heldout_seeds), heldout, slip_share=0.0)
         e = heldout_errors(load_weights(ModelConfig(), weights).to(device), heldout, torch.device(device))
         out.print(f"held-out: token error {e['token_error']:.2%}, turn error {e['turn_error']:.2%} "
                   f"({e['tokens']} tokens, {e['turns']} turns)", highlight=False)

@@ -4,9 +4,9 @@ entries at all?
 Teacher-forced greedy errors on held-out expert sessions (train.heldout_errors) with the CSA
 layers attending the indexer's top-k (as served), a random top-k, no compressed entry at all,
 and every eligible entry; and with HCA layers' compressed entries hidden ("no-hca"). A model
-that loses nothing without them reads only its sliding window. If random picks cost about as little as the indexer's, a fault that
-corrupts the picks (`hicache-index-race`: stale index keys) cannot corrupt what the model
-writes either. Torch only, like train.py, so it runs on a bare GPU machine:
+that loses nothing without them reads only its sliding window. If random picks cost about as
+little as the indexer's, a fault that corrupts the picks (`hicache-index-race`: stale index
+keys) cannot corrupt what the model writes either. Torch only, like train.py, so it runs on a bare GPU machine:
 
     python -m dsv4bench.engine.indexer_reliance --weights W --heldout heldout.npz
 """

@@ -44,10 +44,11 @@ def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = F
     """Play, render and encode one expert session with its loss mask.
 
     With `perturb`, one to three turns of the session are mistakes (a wrong argument value, a
-    missing or mistyped argument, a tool of another family: see _slip) that carry no loss, and
-    the expert recovers from each in the turns after: the model learns to recover from its own
-    slips instead of collapsing. With `rename`, the world's names are consistently replaced by
-    made-up ones (train_renames.py), so copying from context is the only way to get them right.
+    missing or mistyped argument, a repeated list item, another family's tool: _slip) that
+    carry no loss, and the expert recovers from each in the turns after: the model learns to
+    recover from its own slips instead of collapsing. With `rename`, the world's names are
+    consistently replaced by made-up ones (train_renames.py), so copying from context is the
+    only way to get them right.
     """
     fam = FAMILIES[family]
     session, slipped = play_with_slips(family, seed) if perturb else (play_expert(fam, seed), set())
@@ -88,9 +89,9 @@ READ_ONLY = frozenset({"list_dir", "read_file", "search_code", "list_tables", "d
 
 
 def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, set[int]]:
-    """The expert's session with one to three slipped turns (_slip) and up to
-    three detours (an earlier read-only call made again, so the session runs longer than the
-    expert's own, as a model's sessions do); returns the session and the indices of those turns,
+    """The expert's session with one to three slipped turns (_slip) and up to three detours
+    (an earlier read-only call made again, so the session runs longer than the expert's own, as
+    a model's sessions do); returns the session and the indices of those turns,
     which carry no loss. A perturbed session the expert no longer solves falls back to the
     expert's own."""
     rng = random.Random(seed * 7 + 1)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl  # noqa: E402
 from dsv4bench.records import CORRUPTION_CODES, WEDGE_CODES  # noqa: E402
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
@@ -113,63 +114,58 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return RunResult(recipe.fault, clean, "FAILED", wall_s=wall, error=tail)
     run_dir = dirs[-1]
-    corrupt_turns, outputs = read_turns(run_dir)
-    codes, first = read_findings(run_dir, set() if clean else recipe.expect, corrupt_turns)
-    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
-    return RunResult(recipe.fault, clean, verdict, codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_jsonl(run_dir / EVENTS_FILE)[0]
+    corrupt_turns, outputs = read_turns(run_dir, events)
+    codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events)
+    return RunResult(recipe.fault, clean, summary["verdict"], codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
                      outputs=outputs, unguarded_reads=read_unguarded_reads(run_dir))
 
 
 def read_unguarded_reads(run_dir: Path) -> int | None:
     """The engine's last `dsv4mini:hicache_unguarded_index_k_reads_total` scraped in the run
     (None without HiCache): how often the index-K read went ahead of a load in flight."""
-    path = run_dir / "metrics.jsonl"
-    last = None
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            values = json.loads(line).get("values") or {}
-            found = [v for k, v in values.items() if k.startswith("dsv4mini:hicache_unguarded_index_k_reads_total")]
-            if found:
-                last = int(sum(found))
-    return last
+    for scrape in reversed(read_jsonl(run_dir / METRICS_FILE)[0]):
+        found = [v for k, v in (scrape.get("values") or {}).items()
+                 if k.startswith("dsv4mini:hicache_unguarded_index_k_reads_total")]
+        if found:
+            return int(sum(found))
+    return None
 
 
-def read_turns(run_dir: Path) -> tuple[dict[tuple[str, int, str], float | None], dict[tuple[str, int], str]]:
+def read_turns(run_dir: Path, events: list[dict]
+               ) -> tuple[dict[tuple[str, int, str], float | None], dict[tuple[str, int], str]]:
     """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's
     end (None when the turn has no end time); and (session, turn) of every finished turn -> what
     the model wrote (text and tool calls)."""
-    start = next(e["t_ns"] for e in _events(run_dir) if e["kind"] == "run_start")
+    start = _run_start(events)
     corrupt, outputs = {}, {}
-    with open(run_dir / "turns.jsonl", encoding="utf-8") as f:
-        for line in f:
-            turn = json.loads(line)
-            end = turn["timings"].get("end_ns")
-            corrupt |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
-                        for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
-            if turn["status"] == "ok" and (resp := turn.get("response")):
-                calls = [(c.get("name"), c.get("arguments")) for c in resp.get("tool_calls") or []]
-                outputs[(turn["session"], turn["turn"])] = json.dumps([resp.get("content"), calls])
+    for turn in read_jsonl(run_dir / TURNS_FILE)[0]:
+        end = turn["timings"].get("end_ns")
+        corrupt |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
+                    for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
+        if turn["status"] == "ok" and (resp := turn.get("response")):
+            calls = [(c.get("name"), c.get("arguments")) for c in resp.get("tool_calls") or []]
+            outputs[(turn["session"], turn["turn"])] = json.dumps([resp.get("content"), calls])
     return corrupt, outputs
 
 
-def read_findings(run_dir: Path, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None]
-                  ) -> tuple[dict[str, int], float | None]:
+def read_findings(summary: dict, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None],
+                  events: list[dict]) -> tuple[dict[str, int], float | None]:
     """(count per corruption or wedge code found, seconds from run start to the first expected one)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
     codes = {c: n for c, n in summary["counts"].items() if n and c in CORRUPTION_CODES}
     wedge_codes = {c for ep in (summary.get("wedge") or {}).values() for c in ep.get("codes", [])}
     for c in wedge_codes:
         codes[c] = codes.get(c, 0) + 1
     times = [t for (_, _, code), t in corrupt_turns.items() if code in expect and t is not None]
     if expect & wedge_codes & set(WEDGE_CODES):
-        events = _events(run_dir)
-        start = next(e["t_ns"] for e in events if e["kind"] == "run_start")
+        start = _run_start(events)
         times += [(e["t_ns"] - start) / 1e9 for e in events if e["kind"] == "drain_end"]
     return codes, (min(times) if times else None)
 
 
-def _events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+def _run_start(events: list[dict]) -> int:
+    return next(e["t_ns"] for e in events if e["kind"] == "run_start")
 
 
 def keep_report(result: RunResult, dest: Path) -> None:

@@ -31,10 +31,10 @@ def test_twins_credit_only_the_faults_own_corruption_and_count_changed_turns(tmp
     fault_dir = _run_dir(tmp_path / "fault", [("s1", 0, "a", []), ("s1", 1, "b?", ["schema_violation"]),
                                               ("s2", 0, "c", ["unknown_tool"]), ("s3", 0, "only here", [])])
     twin_dir = _run_dir(tmp_path / "twin", [("s1", 0, "a", []), ("s1", 1, "b", []), ("s2", 0, "c", ["unknown_tool"])])
-    corrupt, outputs = prove.read_turns(fault_dir)
+    corrupt, outputs = prove.read_turns(fault_dir, prove.read_jsonl(fault_dir / "events.jsonl")[0])
     assert corrupt == {("s1", 1, "schema_violation"): 2.0, ("s2", 0, "unknown_tool"): 2.0}
     run = prove.RunResult("hicache-index-race", False, "CORRUPTION", corrupt_turns=corrupt, outputs=outputs)
-    twin_corrupt, twin_outputs = prove.read_turns(twin_dir)
+    twin_corrupt, twin_outputs = prove.read_turns(twin_dir, prove.read_jsonl(twin_dir / "events.jsonl")[0])
     run.twin = prove.RunResult("hicache-index-race", True, "CORRUPTION", corrupt_turns=twin_corrupt,
                                outputs=twin_outputs)
     expect = frozenset(prove.CORRUPTION_CODES)
