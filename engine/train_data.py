@@ -93,19 +93,38 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     (an earlier read-only call made again, so the session runs longer than the expert's own, as
     a model's sessions do); returns the session and the indices of those turns,
     which carry no loss. A perturbed session the expert no longer solves falls back to the
-    expert's own."""
+    expert's own.
+
+    Two kinds of slip are planted on purpose, because a model that makes them tends to loop:
+    half the sessions whose expert writes a list that must hold unique items get that call
+    with an item repeated, once or twice in a row, before the expert's own; and a third of the
+    slips are made again on the next turn, word for word, after the refusal. The model then
+    learns that the turn after a refusal, even a second one, is the corrected call."""
     rng = random.Random(seed * 7 + 1)
     slip_at = set(rng.sample(range(1, 12), rng.choice((1, 1, 2, 3))))
     detour_at = set(rng.sample(range(2, 12), rng.choice((0, 1, 2, 3)))) - slip_at
+    unique_slips = rng.choice((0, 0, 1, 2))
     perturbed: set[int] = set()
     earlier: list[ToolAction] = []
+    again: list[ToolAction] = []  # a slip to be made once more on the next turn
 
     def alter(n: int, step: Step) -> Step:
+        nonlocal unique_slips
         if step.is_final:
             return step
+        if again:
+            perturbed.add(n)
+            return Step(calls=(again.pop(),))
+        if unique_slips and _unique_lists(family, step.calls[0]):
+            unique_slips -= 1
+            perturbed.add(n)
+            return Step(calls=(_slip(family, step.calls[0], rng, kind="repeated_item"),))
         if n in slip_at:
             perturbed.add(n)
-            return Step(calls=(_slip(family, step.calls[0], rng),))
+            slipped = _slip(family, step.calls[0], rng)
+            if rng.random() < 1 / 3:
+                again.append(slipped)
+            return Step(calls=(slipped,))
         reads = [c for c in earlier if c.name in READ_ONLY]
         if n in detour_at and reads:
             perturbed.add(n)
@@ -120,20 +139,26 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     return session, perturbed
 
 
-def _slip(family: str, call: ToolAction, rng: random.Random) -> ToolAction:
+def _unique_lists(family: str, call: ToolAction) -> list[str]:
+    """The call's non-empty list arguments whose schema wants unique items."""
+    props = FAMILIES[family].tool_schemas().get(call.name, {}).get("properties", {})
+    return [k for k, v in call.arguments.items() if isinstance(v, list) and v and props.get(k, {}).get("uniqueItems")]
+
+
+def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = None) -> ToolAction:
     """A wrong version of the expert's call, of a kind the model makes: a wrong string value
     (the tool answers with an error), a required argument left out, a number written as a
     string, an item repeated in a list that must hold unique items, or a tool of another family
-    (the harness refuses all but the first before any tool runs; agents/call_gate.py)."""
+    (the harness refuses all but the first before any tool runs; agents/call_gate.py).
+    `kind` picks one; by default it is drawn."""
     schema = FAMILIES[family].tool_schemas()[call.name]
     strings = [k for k, v in call.arguments.items() if isinstance(v, str) and v]
     required = [k for k in schema.get("required", []) if k in call.arguments]
     numbers = [k for k, v in call.arguments.items() if isinstance(v, int) and not isinstance(v, bool)]
-    unique = [k for k, v in call.arguments.items()
-              if isinstance(v, list) and v and schema["properties"].get(k, {}).get("uniqueItems")]
+    unique = _unique_lists(family, call)
     kinds = (["value"] * 3 if strings else []) + (["missing"] if required else []) + \
         (["as_string"] if numbers else []) + ["foreign"] + ["repeated_item"] * 4 * bool(unique)
-    kind = rng.choice(kinds)
+    kind = kind or rng.choice(kinds)
     if kind == "repeated_item":  # e.g. the same service twice where the schema wants unique items
         k = rng.choice(unique)
         items = call.arguments[k]

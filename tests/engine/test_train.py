@@ -4,6 +4,7 @@ round-trip, and clear errors for missing or mismatched weights."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import numpy as np
@@ -85,6 +86,30 @@ def test_slipped_turns_carry_no_loss_and_the_expert_recovers(frontend, family, s
     n_turns = lambda s: sum(1 for k in range(1, len(s.mask)) if s.mask[k] and not s.mask[k - 1])  # noqa: E731
     assert n_turns(slip) == len(session.steps) - len(slipped)  # every turn but the slipped ones is learned
     assert n_turns(clean) >= 5
+
+
+def test_loop_prone_slips_are_planted_and_followed_by_the_corrected_call():
+    """A list that must hold unique items gets an item repeated, once or twice in a row, and
+    some slips are made again word for word; after the last refusal comes the expert's call,
+    which the world accepts."""
+    runs, echoes = [], 0
+    for seed in range(100_000, 100_040):
+        session, slipped = play_with_slips("ops", seed)
+        for n in slipped:
+            if n - 1 in slipped and session.steps[n].calls == session.steps[n - 1].calls:
+                echoes += session.results[n][0].result.startswith("error")
+        refused = [n for n in sorted(slipped) if "has non-unique elements" in session.results[n][0].result]
+        if not refused:
+            continue
+        runs.append(max(len(list(g)) for _, g in itertools.groupby(enumerate(refused), key=lambda p: p[1] - p[0])))
+        learned = next(n for n in range(refused[-1] + 1, len(session.steps)) if n not in slipped)
+        after = session.steps[learned].calls[0]  # the first turn after the refusals that carries loss
+        assert after.name == "open_incident"
+        services = after.arguments["affected_services"]
+        assert len(set(services)) == len(services)
+        assert not session.results[learned][0].result.startswith("error")
+    assert 1 in runs and 2 in runs  # one refusal, and two in a row
+    assert echoes >= 1
 
 
 def test_renamed_sessions_stay_coherent_and_leave_tools_alone():
