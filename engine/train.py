@@ -222,14 +222,22 @@ def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max
 
 def _initial_model(model_cfg: ModelConfig, init: Path | None) -> DSV4Mini:
     """A fresh model, or the weights at `init`. Weights of another sliding window are accepted:
-    the window is a span, not a weight, so training on widens or narrows what the model uses."""
+    the window is a span, not a weight, so training on widens or narrows what the model uses.
+    So are weights of an HCA rate that divides the new one: each HCA compressor's per-slot bias
+    is stretched over the longer block (slot i of the new block takes the bias of the old slot
+    at the same relative place), and training on learns the coarser compression."""
     if init is None:
         return DSV4Mini(model_cfg)
     file_cfg = read_config(init)
-    if dataclasses.replace(file_cfg, window=model_cfg.window) != model_cfg:
+    stretch = model_cfg.hca_rate // file_cfg.hca_rate if model_cfg.hca_rate % file_cfg.hca_rate == 0 else 0
+    if not stretch or dataclasses.replace(file_cfg, window=model_cfg.window, hca_rate=model_cfg.hca_rate) != model_cfg:
         return load_weights(model_cfg, init)  # refused with the config difference spelled out
+    state = load_weights(file_cfg, init).state_dict()
+    for name, value in state.items():
+        if name.endswith("compressor.slot_bias") and value.shape[0] == file_cfg.hca_rate and stretch > 1:
+            state[name] = value.repeat_interleave(stretch, dim=0)
     model = DSV4Mini(model_cfg)
-    model.load_state_dict(load_weights(file_cfg, init).state_dict())
+    model.load_state_dict(state)
     return model
 
 
@@ -253,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
     p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
     p.add_argument("--window", type=int, default=ModelConfig.window, help="Sliding window of the model.")
+    p.add_argument("--hca-rate", type=int, default=ModelConfig.hca_rate,
+                   help="HCA compression rate; --init weights of a rate that divides it are stretched to it.")
     p.add_argument("--seed", type=int, default=TrainConfig.seed, help="Batch order and initialisation.")
     p.add_argument("--csa-dense-share", type=float, default=TrainConfig.csa_dense_share,
                    help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
@@ -263,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
                       lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed,
                       hca_drop=a.hca_drop)
-    model_cfg = dataclasses.replace(ModelConfig(), window=a.window)
+    model_cfg = dataclasses.replace(ModelConfig(), window=a.window, hca_rate=a.hca_rate)
     r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
     if a.heldout:

@@ -177,3 +177,31 @@ def test_dense_path_csa_picks():
 def test_shipped_weights_load_with_the_default_config():
     model = load_weights(ModelConfig())
     assert sum(p.numel() for p in model.parameters()) == 9_884_688
+
+
+def test_training_on_to_a_coarser_hca_rate_stretches_the_slot_bias(tmp_path):
+    import torch
+
+    from dsv4bench.engine.model import DSV4Mini
+    from dsv4bench.engine.model.compressor import Compressor
+    from dsv4bench.engine.train import _initial_model
+    from dsv4bench.engine.weights import save_weights
+
+    def compressors(m, rate):
+        return [c for c in m.modules() if isinstance(c, Compressor) and c.rate == rate]
+
+    torch.manual_seed(0)
+    model = DSV4Mini(TINY)
+    hca = compressors(model, TINY.hca_rate)[0]
+    with torch.no_grad():
+        hca.slot_bias.copy_(torch.arange(TINY.hca_rate).float().unsqueeze(1).expand_as(hca.slot_bias))
+    path = tmp_path / "w.safetensors"
+    save_weights(model, path, dtype=torch.float32)
+    coarse = _initial_model(dataclasses.replace(TINY, hca_rate=16), path)
+    stretched = compressors(coarse, 16)[0]
+    assert stretched.slot_bias[:, 0].tolist() == [i // 2 for i in range(16)]  # slot i takes old slot i // 2
+    csa_before = [c.slot_bias for c in compressors(model, TINY.csa_rate)]
+    csa_after = [c.slot_bias for c in compressors(coarse, TINY.csa_rate)]
+    assert all(torch.equal(a, b) for a, b in zip(csa_before, csa_after)) and csa_before
+    with pytest.raises(WeightsError):  # a rate the old one does not divide is refused
+        _initial_model(dataclasses.replace(TINY, hca_rate=12, window=36), path)
