@@ -62,6 +62,7 @@ def agents(
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream responses over SSE."),
     max_tokens: int = typer.Option(1024, help="max_tokens of each turn."),
+    context_length: Optional[int] = typer.Option(None, help="The server's context in tokens; a session whose next turn would not fit ends there (context_full). Default: what /v1/models or /get_model_info reports."),
     temperature: float = typer.Option(0.0, help="Sampling temperature."),
     ttft_timeout: float = typer.Option(60.0, help="Seconds to the first token before a turn is timeout_ttft."),
     total_timeout: float = typer.Option(300.0, help="Seconds to the end of a turn before it is timeout_total."),
@@ -94,7 +95,7 @@ def agents(
     try:
         config = RunConfig(
             url=url or "http://127.0.0.1:0/v1", concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
-            scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
+            scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens, context_length=context_length,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
             metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,

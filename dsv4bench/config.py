@@ -29,6 +29,8 @@ class RunConfig:
     thinking: bool = False
     stream: bool = True
     max_tokens: int = 1024
+    # The server's context in tokens; None: what the server reports (/v1/models, /get_model_info).
+    context_length: int | None = None
     temperature: float = 0.0
     ttft_timeout: float = 60.0
     total_timeout: float = 300.0
@@ -64,6 +66,8 @@ class RunConfig:
             raise ConfigError("--max-turns must be at least 1")
         if self.max_tokens < 1:
             raise ConfigError("--max-tokens must be at least 1")
+        if self.context_length is not None and self.context_length <= self.max_tokens:
+            raise ConfigError(f"--context-length must be more than --max-tokens ({self.max_tokens})")
         if self.ttft_timeout <= 0 or self.total_timeout <= 0:
             raise ConfigError("timeouts must be positive")
         if self.on_corrupt not in ("continue", "stop"):

@@ -56,7 +56,8 @@ def make_client(config: RunConfig) -> httpx.AsyncClient:
 class AgentRun:
     """Drives all the sessions of one run and writes their history."""
 
-    def __init__(self, config: RunConfig, model: str, history: HistoryWriter, stats: LiveStats, run_id: str) -> None:
+    def __init__(self, config: RunConfig, model: str, history: HistoryWriter, stats: LiveStats, run_id: str,
+                 context_tokens: int | None = None) -> None:
         self.config = config
         self.history = history
         self.stats = stats
@@ -70,6 +71,7 @@ class AgentRun:
             max_tokens=config.max_tokens,
             temperature=config.temperature,
             on_corrupt=config.on_corrupt,
+            context_tokens=config.context_length or context_tokens,
         )
         self.deadlines = Deadlines(ttft_s=config.ttft_timeout, total_s=config.total_timeout)
         self._next_index = 0

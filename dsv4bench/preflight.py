@@ -32,10 +32,12 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         if r.status_code >= 400:
             raise ServerError(f"{base_url}/models answered HTTP {r.status_code}; is this an OpenAI-compatible /v1 URL?")
         try:
-            models = [m["id"] for m in r.json().get("data", [])]
+            data = r.json().get("data", [])
+            models = [m["id"] for m in data]
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ServerError(f"{base_url}/models did not return an OpenAI model list") from None
         facts["models"] = models
+        context = data[0].get("max_model_len") if data else None  # vLLM and SGLang report it here
         root = root_of(base_url)
         for name in ("get_server_info", "get_model_info"):
             try:
@@ -44,4 +46,9 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
                     facts[name.removeprefix("get_")] = r.json()
             except (httpx.HTTPError, ValueError):
                 pass  # optional: vLLM and others do not serve these
+    info = facts.get("model_info")
+    if not isinstance(context, int) and isinstance(info, dict):
+        context = info.get("context_length")  # SGLang's /get_model_info
+    if isinstance(context, int) and not isinstance(context, bool) and context > 0:
+        facts["context_length"] = context
     return facts

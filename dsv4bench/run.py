@@ -49,7 +49,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str) -> tuple[
             history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
             history.close()
             raise
-    driver = AgentRun(config, model, history, stats, run_id)
+    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"))
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):

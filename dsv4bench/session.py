@@ -30,6 +30,7 @@ class EndReason(str, enum.Enum):
     ERROR = "error"  # HTTP error, timeout or connection failure
     KILLED = "killed"  # the nemesis killed it
     DURATION = "duration"  # the run's time was up
+    CONTEXT_FULL = "context_full"  # the next turn would not fit the server's context
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class SessionConfig:
     # What the agent does after a corrupt turn: "continue" (feed back an error, as real agents
     # do) or "stop" (end the session).
     on_corrupt: str = "continue"
+    # The server's context in tokens (None: unknown). A session whose next request would not fit
+    # ends there, as an agent framework stops or compacts its history, instead of sending a
+    # request the server must refuse: a refusal of an oversized prompt is not the server's fault.
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -53,7 +58,16 @@ class SessionConfig:
             raise ValueError("max_tokens must be at least 1")
         if self.on_corrupt not in ("continue", "stop"):
             raise ValueError("on_corrupt must be 'continue' or 'stop'")
+        if self.context_tokens is not None and self.context_tokens < 1:
+            raise ValueError("context_tokens must be at least 1")
 
+
+# Bounds for the next prompt's size from the last turn's usage: every character added since
+# counts as half a token (BPE vocabularies average 3-4 characters per token on these tool
+# results), plus a few tokens of chat markup per message. Over-estimating ends a session a turn
+# early; under-estimating would send a request the server refuses.
+_CHARS_PER_TOKEN_FLOOR = 2
+_TOKENS_PER_MESSAGE = 16
 
 # What a real agent framework sends back when the model's output could not be used.
 _NUDGE_MALFORMED = (
@@ -83,6 +97,8 @@ class AgentSession:
         self.tool_calls_run = 0
         self.state = SessionState.READY
         self.end_reason: EndReason | None = None
+        self._tokens_used: int | None = None  # prompt + completion tokens of the last turn, as reported
+        self._messages_counted = 0  # messages the reported usage covers
 
     def next_request(self) -> dict[str, Any]:
         """The chat-completions body for the next turn."""
@@ -115,6 +131,7 @@ class AgentSession:
         if corrupt and self.config.on_corrupt == "stop":
             return self._end(EndReason.CORRUPT)
         self._append_assistant(response)
+        self._note_usage(response)
         if response.tool_calls:
             for call in response.tool_calls:
                 self._run_tool_call(call.id or f"call_{self.turn}_{call.index}", call.name or "", call.arguments)
@@ -126,7 +143,27 @@ class AgentSession:
             return self._end(EndReason.FINAL)
         if self.turn >= self.config.max_turns:
             return self._end(EndReason.MAX_TURNS)
+        if self._next_prompt_overflows():
+            return self._end(EndReason.CONTEXT_FULL)
         self.state = SessionState.READY
+
+    def _note_usage(self, response: AssembledResponse) -> None:
+        usage = response.usage or {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and isinstance(completion, int):
+            self._tokens_used, self._messages_counted = prompt + completion, len(self.messages)
+        else:  # no usage this turn: no bound
+            self._tokens_used = None
+
+    def _next_prompt_overflows(self) -> bool:
+        """Whether the next request, with max_tokens, surely or nearly exceeds the context."""
+        if self.config.context_tokens is None or self._tokens_used is None:
+            return False
+        added = self.messages[self._messages_counted:]
+        chars = sum(len(str(m.get("content") or "")) for m in added)
+        estimate = (self._tokens_used + -(-chars // _CHARS_PER_TOKEN_FLOOR) + _TOKENS_PER_MESSAGE * len(added)
+                    + self.config.max_tokens)
+        return estimate > self.config.context_tokens
 
     def stop(self, reason: EndReason) -> None:
         """End the session from outside (the run's time is up, the nemesis killed it)."""

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4bench.agents import FAMILIES  # noqa: E402
 from dsv4bench.checks import run_checks  # noqa: E402
+from dsv4bench.preflight import server_facts  # noqa: E402
 from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
 from dsv4bench.records import TurnContext, TurnStatus  # noqa: E402
 from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
@@ -34,14 +35,15 @@ from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E4
 BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments"}
 
 
-async def eval_family(url: str, family: str, seeds: range, max_turns: int) -> dict:
+async def eval_family(url: str, family: str, seeds: range, max_turns: int, context: int | None) -> dict:
     fam = FAMILIES[family]
     c: Counter[str] = Counter()
     codes: Counter[str] = Counter()
     bad_turns: list[dict] = []
     async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
         for seed in seeds:
-            sess = AgentSession(f"eval-{family}-{seed}", fam, seed, SessionConfig(model="dsv4-mini", max_turns=max_turns))
+            config = SessionConfig(model="dsv4-mini", max_turns=max_turns, context_tokens=context)
+            sess = AgentSession(f"eval-{family}-{seed}", fam, seed, config)
             while not sess.done:
                 body = sess.next_request()
                 out = await chat_turn(client, f"{url}/chat/completions", body, Deadlines(120, 300))
@@ -81,10 +83,11 @@ def main() -> None:
         from dsv4bench.engine.launcher import start_engine
 
         engine = start_engine(["--num-pages", "8192", *(["--weights", str(a.weights)] if a.weights else [])])
-    url = a.url or engine.url
+    url = (a.url or engine.url).rstrip("/")
     t0 = time.monotonic()
     try:
-        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns) for f in (a.family or FAMILIES)]
+        context = server_facts(url).get("context_length")  # sessions end before it, as in `dsv4bench agents`
+        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns, context) for f in (a.family or FAMILIES)]
     finally:
         if engine:
             engine.stop()

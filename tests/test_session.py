@@ -125,6 +125,34 @@ def test_max_turns_cuts_off():
     assert s.done and s.end_reason is EndReason.MAX_TURNS
 
 
+def used(prompt, completion, calls=(), content=""):
+    r = resp(content=content, calls=calls, finish="tool_calls" if calls else "stop")
+    r.usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return r
+
+
+def test_session_ends_context_full_when_the_next_turn_would_not_fit():
+    # 1,000 tokens used + "value is now 8" (14 chars: 7 tokens at 2 chars each) + one message's
+    # markup (16) + max_tokens 100 = 1,123: the turn after fits a context of 1,123, not 1,122.
+    for context, ends in ((1123, False), (1122, True)):
+        s = make(max_tokens=100, context_tokens=context)
+        s.next_request()
+        s.observe(TurnStatus.OK, used(990, 10, calls=[("add", '{"n": 3}')]), [])
+        assert s.done is ends and s.end_reason is (EndReason.CONTEXT_FULL if ends else None)
+        assert s.world.digest() == "8"  # the call of the last turn still ran
+
+
+def test_without_usage_or_a_known_context_the_session_goes_on():
+    s = make(max_tokens=100)  # context unknown
+    s.next_request()
+    s.observe(TurnStatus.OK, used(10**6, 10, calls=[("add", '{"n": 3}')]), [])
+    assert not s.done
+    s = make(max_tokens=100, context_tokens=200)
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(calls=[("add", '{"n": 3}')], finish="tool_calls"), [])  # no usage
+    assert not s.done
+
+
 def test_request_summary_is_small_and_exact():
     s = make()
     summary = request_summary(s.next_request())

@@ -84,6 +84,23 @@ def test_clean_server_gives_clean_report_without_stream(clean_replay, tmp_path):
     assert summary["verdict"] == "CLEAN" and summary["turns"]["corrupt"] == 0 and summary["turns"]["total"] >= 30
 
 
+def test_sessions_end_before_the_context_is_full_and_the_report_stays_clean(clean_replay, tmp_path):
+    """A context too small for a second turn: every session ends context_full after its first,
+    no request is refused, and the verdict is CLEAN (the workload, not the server, ran out)."""
+    out = tmp_path / "runs"
+    r = run_cli("agents", "--url", clean_replay.url, "--concurrency", "4", "--sessions", "6", "--max-tokens", "1000",
+                "--context-length", "1100", "--quiet", "--out", str(out), "--fail-on", "corruption,errors")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((only_run_dir(out) / "summary.json").read_text())
+    assert summary["verdict"] == "CLEAN" and summary["turns"]["error"] == 0
+    ended = summary["sessions"]["ended_by"]
+    assert ended.get("context_full", 0) >= 1 and sum(ended.values()) == 6
+    bad = run_cli("agents", "--url", clean_replay.url, "--sessions", "1", "--context-length", "500", "--quiet",
+                  "--out", str(out))
+    assert bad.returncode == 2 and "--context-length must be more than --max-tokens" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.Popen(

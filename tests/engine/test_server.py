@@ -85,6 +85,13 @@ def still_serving(url: str) -> None:
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == MODEL
 
 
+def test_the_harness_preflight_reads_the_context_length(url, engine):
+    from dsv4bench.preflight import server_facts
+
+    facts = server_facts(f"{url}/v1")
+    assert facts["models"] == [MODEL] and facts["context_length"] == engine.max_context
+
+
 def test_streaming_tool_call_with_usage(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True,
                                                  stream_options={"include_usage": True}))
