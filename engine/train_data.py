@@ -96,8 +96,8 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     expert's own.
 
     Two kinds of slip are planted on purpose, because a model that makes them tends to loop:
-    half the sessions whose expert writes a list that must hold unique items get that call
-    with an item repeated, once or twice in a row, before the expert's own; and a third of the
+    half the sessions whose expert writes a short list that must hold unique items get that
+    call with an item repeated, once or twice in a row, before the expert's own; and a third of the
     slips are made again on the next turn, word for word, after the refusal. The model then
     learns that the turn after a refusal, even a second one, is the corrected call."""
     rng = random.Random(seed * 7 + 1)
@@ -139,10 +139,16 @@ def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[Expert
     return session, perturbed
 
 
+# A model repeats an item in a short list it assembles itself (the services an incident
+# touched); a long list it copies (a table's columns) it copies whole. Slips follow suit.
+_SHORT_LIST = 3
+
+
 def _unique_lists(family: str, call: ToolAction) -> list[str]:
-    """The call's non-empty list arguments whose schema wants unique items."""
+    """The call's short, non-empty list arguments whose schema wants unique items."""
     props = FAMILIES[family].tool_schemas().get(call.name, {}).get("properties", {})
-    return [k for k, v in call.arguments.items() if isinstance(v, list) and v and props.get(k, {}).get("uniqueItems")]
+    return [k for k, v in call.arguments.items()
+            if isinstance(v, list) and 0 < len(v) <= _SHORT_LIST and props.get(k, {}).get("uniqueItems")]
 
 
 def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = None) -> ToolAction:
