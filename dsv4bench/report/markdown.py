@@ -110,6 +110,12 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     return notes
 
 
+# How a session ended (session_end events), in words.
+_ENDED_BY = {"final": "final answer", "max_turns": "turn limit", "context_full": "context full (next turn would not fit)",
+             "corrupt": "corrupt turn", "error": "error", "killed": "killed", "duration": "run's time up",
+             "cancelled": "cancelled"}
+
+
 def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
     start, _ = run_window(history)
     sessions = summary["sessions"]
@@ -117,6 +123,8 @@ def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
         ["started", datetime.fromtimestamp(start / 1e9, timezone.utc).isoformat(timespec="seconds") if start else "–"],
         ["duration", fmt_seconds(summary["duration_s"])],
         ["sessions", f"{fmt_int(sessions['count'])} ({fmt_int(sessions['finished'])} finished)"],
+        ["sessions ended by", ", ".join(f"{_ENDED_BY.get(k, k)} {fmt_int(v)}" for k, v in sessions["ended_by"].items())
+         or "–"],
         ["turns", ", ".join(f"{k} {fmt_int(v)}" for k, v in summary["turns"].items())],
         ["tool calls", fmt_int(summary["tool_calls"])],
     ]

@@ -30,6 +30,7 @@ def test_corruption_report(corruption_run: Path) -> None:
     assert lines[2].startswith("**CORRUPTION** — 3 of 6 completed turns (50.0%) corrupt; 3 of 7 tool calls bad")
     assert "; 1 turn killed by the nemesis (not judged)." in lines[2]
     assert "Partial history" not in md
+    assert "| sessions ended by | final answer 1, killed 1 |" in md
     # Code table: count, rate per turn, rate per tool call, meaning.
     assert "| `schema_violation` | corruption | 2 | 33.33% | 28.57% | A tool call's arguments are JSON" in md
     assert "| `http_error` | availability | 1 | 14.29% | – |" in md
