@@ -233,9 +233,10 @@ def _initial_model(model_cfg: ModelConfig, init: Path | None) -> DSV4Mini:
     if not stretch or dataclasses.replace(file_cfg, window=model_cfg.window, hca_rate=model_cfg.hca_rate) != model_cfg:
         return load_weights(model_cfg, init)  # refused with the config difference spelled out
     state = load_weights(file_cfg, init).state_dict()
-    for name, value in state.items():
-        if name.endswith("compressor.slot_bias") and value.shape[0] == file_cfg.hca_rate and stretch > 1:
-            state[name] = value.repeat_interleave(stretch, dim=0)
+    for layer in range(model_cfg.n_layers):
+        if not model_cfg.is_csa(layer) and stretch > 1:
+            name = f"blocks.{layer}.attn.compressor.slot_bias"
+            state[name] = state[name].repeat_interleave(stretch, dim=0)
     model = DSV4Mini(model_cfg)
     model.load_state_dict(state)
     return model

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4bench.agents import FAMILIES  # noqa: E402
 from dsv4bench.checks import run_checks  # noqa: E402
-from dsv4bench.preflight import server_facts  # noqa: E402
 from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
+from dsv4bench.preflight import server_facts  # noqa: E402
 from dsv4bench.records import TurnContext, TurnStatus  # noqa: E402
 from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
 
