@@ -329,11 +329,9 @@ def engine_train(
         err.print(f"corpus: {info}", highlight=False)
     weights = out_path or DEFAULT_WEIGHTS
     try:
-        result = train(ModelConfig(), TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
-                                                  warmup=warmup, csa_dense_share=csa_dense_share, hca_drop=hca_drop,
-                                                  seed=seed,
-                                                  device=device), corpus, weights,
-                       log=lambda m: err.print(m, highlight=False), init=init)
+        cfg = TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr, warmup=warmup,
+                          csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device)
+        result = train(ModelConfig(), cfg, corpus, weights, log=lambda m: err.print(m, highlight=False), init=init)
     except (WeightsError, CorpusError) as e:
         raise fail(str(e))
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "

@@ -233,8 +233,8 @@ def _initial_model(model_cfg: ModelConfig, init: Path | None) -> DSV4Mini:
     if not stretch or dataclasses.replace(file_cfg, window=model_cfg.window, hca_rate=model_cfg.hca_rate) != model_cfg:
         return load_weights(model_cfg, init)  # refused with the config difference spelled out
     state = load_weights(file_cfg, init).state_dict()
-    for layer in range(model_cfg.n_layers):
-        if not model_cfg.is_csa(layer) and stretch > 1:
+    if stretch > 1:
+        for layer in (n for n in range(model_cfg.n_layers) if not model_cfg.is_csa(n)):
             name = f"blocks.{layer}.attn.compressor.slot_bias"
             state[name] = state[name].repeat_interleave(stretch, dim=0)
     model = DSV4Mini(model_cfg)
