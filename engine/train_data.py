@@ -167,7 +167,13 @@ def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = 
     kind = kind or rng.choice(kinds)
     if kind == "repeated_item":  # e.g. the same service twice where the schema wants unique items
         k = rng.choice(unique)
-        items = call.arguments[k]
+        items = list(call.arguments[k])
+        if len(items) > 1 and rng.random() < 0.5:
+            # The form a model writes when it misses one item (a dependency's root cause): the
+            # item it did find written in its place, as [symptom, symptom] for [symptom, root].
+            at = rng.randrange(len(items))
+            items[at] = rng.choice(items[:at] + items[at + 1:])
+            return ToolAction(call.name, {**call.arguments, k: items})
         return ToolAction(call.name, {**call.arguments, k: [*items, rng.choice(items)]})
     if kind == "value":
         k = rng.choice(strings)

@@ -89,11 +89,11 @@ def test_slipped_turns_carry_no_loss_and_the_expert_recovers(frontend, family, s
 
 
 def test_loop_prone_slips_are_planted_and_followed_by_the_corrected_call():
-    """A list that must hold unique items gets an item repeated, once or twice in a row, and
-    some slips are made again word for word; after the last refusal comes the expert's call,
+    """A list that must hold unique items gets an item repeated (added, or written in place of
+    another), once or twice in a row, and some slips are made again word for word; after the last refusal comes the expert's call,
     which the world accepts."""
-    runs, echoes = [], 0
-    for seed in range(100_000, 100_040):
+    runs, echoes, in_place = [], 0, 0
+    for seed in range(100_000, 100_060):
         session, slipped = play_with_slips("ops", seed)
         for n in slipped:
             if n - 1 in slipped and session.steps[n].calls == session.steps[n - 1].calls:
@@ -108,8 +108,11 @@ def test_loop_prone_slips_are_planted_and_followed_by_the_corrected_call():
         services = after.arguments["affected_services"]
         assert len(set(services)) == len(services)
         assert not session.results[learned][0].result.startswith("error")
+        slipped_lists = [session.steps[n].calls[0].arguments["affected_services"] for n in refused]
+        in_place += any(len(s) == len(services) > 1 for s in slipped_lists)  # [a, a] for [a, b]
     assert 1 in runs and 2 in runs  # one refusal, and two in a row
     assert echoes >= 1
+    assert in_place >= 1
 
 
 def test_renamed_sessions_stay_coherent_and_leave_tools_alone():
