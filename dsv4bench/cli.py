@@ -297,6 +297,8 @@ def engine_train(
     hca_drop: float = typer.Option(0.0, help="Share of steps in which HCA layers read no compressed entry."),
     seed: int = typer.Option(0, help="Batch order and initialisation."),
     init: Optional[Path] = typer.Option(None, help="Continue from these weights instead of from scratch."),
+    freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings",
+                                           help="With --init: leave its token embedding as it is (keeps rare tokens writable)."),
     heldout_seeds: int = typer.Option(0, help="Held-out seeds per family (0..N-1) to report teacher-forced errors on; 0: none."),
     device: str = typer.Option("cuda", help="cuda or cpu (cpu only for tiny smoke runs)."),
 ) -> None:
@@ -321,6 +323,8 @@ def engine_train(
                         ("--csa-dense-share", csa_dense_share), ("--hca-drop", hca_drop)):
         if not 0.0 <= share <= 1.0:
             raise fail(f"{name} must be between 0 and 1; got {share}")
+    if freeze_embeddings and init is None:
+        raise fail("--freeze-embeddings needs --init: a fresh model's embedding must be trained")
     families = ["coding", "data", "ops"]
     if not corpus.exists():
         err.print(f"building the corpus: {seeds} seeds x {len(families)} families -> {corpus}", highlight=False)
@@ -330,7 +334,8 @@ def engine_train(
     weights = out_path or DEFAULT_WEIGHTS
     try:
         cfg = TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr, warmup=warmup,
-                          csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device)
+                          csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device,
+                          freeze_embeddings=freeze_embeddings)
         result = train(ModelConfig(), cfg, corpus, weights, log=lambda m: err.print(m, highlight=False), init=init)
     except (WeightsError, CorpusError) as e:
         raise fail(str(e))

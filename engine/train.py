@@ -48,6 +48,12 @@ class TrainConfig:
     # through CSA's picks: HCA's view of everything otherwise lets the model skip the indexer
     # (bench-plan.md measures how far it moves that).
     hca_drop: float = 0.0
+    # Keep the (tied) token embedding as it is: training on from weights whose embedding already
+    # fits the vocabulary. Rare tokens (most of the vocabulary's numbers, as ` 5479`) appear in
+    # few batches, yet the softmax pushes their rows down on every step, and Adam scales those
+    # small gradients up: a fine-tune on other sessions then loses the ability to write them
+    # (`"value": un.92` for 5479.92; bench-plan.md).
+    freeze_embeddings: bool = False
     bias_step: float = 1e-3
     seed: int = 0
     device: str = "cuda"
@@ -127,8 +133,15 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
     corpus = load_corpus(corpus_path, cfg.max_len)
     model = _initial_model(model_cfg, init).to(device)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    if cfg.freeze_embeddings:
+        if init is None:
+            raise ValueError("freezing the embeddings needs --init weights to train on from")
+        for m in (model.embed, model.lm_head):
+            if m is not None:
+                m.weight.requires_grad_(False)
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.dim() >= 2 and "embed" not in n]
+    other = [p for n, p in trained if not (p.dim() >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -269,11 +282,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
     p.add_argument("--hca-drop", type=float, default=TrainConfig.hca_drop,
                    help="Share of steps in which HCA layers read no compressed entry.")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="Leave the token embedding as --init has it (training on).")
     p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
     a = p.parse_args(argv)
     cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
                       lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed,
-                      hca_drop=a.hca_drop)
+                      hca_drop=a.hca_drop, freeze_embeddings=a.freeze_embeddings)
     model_cfg = dataclasses.replace(ModelConfig(), window=a.window, hca_rate=a.hca_rate)
     r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
     print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))

@@ -208,3 +208,28 @@ def test_training_on_to_a_coarser_hca_rate_stretches_the_slot_bias(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(csa_before, csa_after)) and csa_before
     with pytest.raises(WeightsError):  # a rate the old one does not divide is refused
         _initial_model(dataclasses.replace(TINY, hca_rate=12, window=36), path)
+
+
+def test_training_on_with_frozen_embeddings_leaves_the_embedding_alone(tmp_path, frontend):
+    """--freeze-embeddings: the token embedding (tied to the output) comes out exactly as --init
+    had it while the rest of the model trains; without --init it is refused."""
+    import torch
+
+    from dsv4bench.engine.model import DSV4Mini
+    from dsv4bench.engine.weights import save_weights
+
+    corpus = tmp_path / "c.npz"
+    build_corpus(["ops"], range(100_000, 100_002), corpus, frontend, max_tokens=1400)
+    torch.manual_seed(0)
+    init = tmp_path / "init.safetensors"
+    save_weights(DSV4Mini(TINY), init, dtype=torch.float32)
+    cfg = TrainConfig(max_steps=4, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=1, device="cpu",
+                      freeze_embeddings=True)
+    out = tmp_path / "w.safetensors"
+    train(TINY, cfg, corpus, out, log=lambda m: None, init=init)
+    before, after = load_weights(TINY, init).state_dict(), load_weights(TINY, out).state_dict()
+    as_saved = lambda t: t.to(torch.bfloat16).float()  # noqa: E731 (train writes bf16)
+    assert torch.equal(as_saved(before["embed.weight"]), as_saved(after["embed.weight"]))
+    assert any(not torch.equal(as_saved(before[k]), as_saved(after[k])) for k in before if k != "embed.weight")
+    with pytest.raises(ValueError, match="--init"):
+        train(TINY, cfg, corpus, out, log=lambda m: None)
