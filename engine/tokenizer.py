@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepseek_recipe as dr
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
 
@@ -35,17 +35,27 @@ SPECIAL_TOKEN_KINDS: tuple[str, ...] = (
 SPECIAL_TOKENS: tuple[str, ...] = tuple(getattr(dr.SpecialToken, k).default_str() for k in SPECIAL_TOKEN_KINDS)
 
 
-def new_bpe() -> Tokenizer:
-    """An untrained byte-level BPE with DSV4's special tokens and no normalizer or post-processor."""
+def new_bpe(digit_groups: int = 0) -> Tokenizer:
+    """An untrained byte-level BPE with DSV4's special tokens and no normalizer or post-processor.
+
+    `digit_groups` > 0 cuts every run of digits into pieces of at most that many before the
+    merges, as DeepSeek's own tokenizers do (groups of 3). Without it, BPE on the scenarios'
+    tables learns whole numbers (` 5479`): more than half of an 8,192-token vocabulary, each
+    number rare, and a small model then fails to copy them (bench-plan.md)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if digit_groups > 0:
+        digits = pre_tokenizers.Split(Regex(rf"\p{{N}}{{1,{digit_groups}}}"), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     return tok
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int, digit_groups: int = 0) -> Tokenizer:
     """Train the byte-level BPE on `texts`; special tokens get ids 0..17, then the 256 bytes."""
-    tok = new_bpe()
+    tok = new_bpe(digit_groups)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,

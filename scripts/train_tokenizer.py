@@ -6,7 +6,7 @@ tool results, final answer), which deepseek-recipe renders as a full DSV4 conver
 of them in thinking mode so both prompt shapes are covered. A few hand-written lines of
 Chinese and code broaden the byte merges beyond the scenarios' English.
 
-    python scripts/train_tokenizer.py [--seeds 300] [--out engine/assets/tokenizer.json]
+    python scripts/train_tokenizer.py [--seeds 300] [--first-seed 0] [--digit-groups 0] [--out engine/assets/tokenizer.json]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ EXTRA_TEXT = [
 ]
 
 
-def rendered_prompts(seeds: int) -> Iterator[str]:
+def rendered_prompts(seeds: int, first_seed: int = 0) -> Iterator[str]:
     """DSV4 prompts of `seeds` expert sessions per family, alternating thinking mode."""
     encoding = dr.DeepseekV4Encoding()
     options = {
@@ -49,7 +49,7 @@ def rendered_prompts(seeds: int) -> Iterator[str]:
     }
     for family in FAMILIES.values():
         tools = family.openai_tools()
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             body = {"model": MODEL_ALIAS, "messages": session_messages(play_expert(family, seed)), "tools": tools}
             conv = dr.ChatCompletionRequest(body).convert(options[seed % 2 == 1])
             yield encoding.render_conversation(conv.conversation).prompt
@@ -59,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=300, help="expert sessions per scenario family")
     p.add_argument("--vocab-size", type=int, default=ModelConfig().vocab_size)
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="first expert-session seed (the engine's training seeds start at 100000; 0-99999 are held out)")
+    p.add_argument("--digit-groups", type=int, default=0,
+                   help="cut digit runs into pieces of at most N digits before the merges (DeepSeek: 3); 0: whole numbers")
     p.add_argument("--out", type=Path, default=DEFAULT_PATH)
     a = p.parse_args(argv)
+    if a.digit_groups < 0 or a.seeds < 1 or a.first_seed < 0:
+        p.error("--digit-groups, --first-seed must be >= 0 and --seeds >= 1")
 
     t0 = time.monotonic()
-    corpus = list(rendered_prompts(a.seeds)) + EXTRA_TEXT * 20
+    corpus = list(rendered_prompts(a.seeds, a.first_seed)) + EXTRA_TEXT * 20
     t1 = time.monotonic()
-    tok = train_bpe(corpus, a.vocab_size)
+    tok = train_bpe(corpus, a.vocab_size, a.digit_groups)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(a.out), pretty=False)
     t2 = time.monotonic()

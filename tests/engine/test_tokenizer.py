@@ -95,3 +95,22 @@ def test_training_is_fast_and_puts_specials_first():
     trained = train_bpe(corpus, vocab_size=400)
     assert [trained.token_to_id(s) for s in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
     assert trained.get_vocab_size() <= 400
+
+
+def test_digit_groups_cut_numbers_and_both_libraries_agree(tmp_path):
+    """With digit groups of 3 no token holds more than 3 digits (whole numbers would, since the
+    corpus repeats them), and deepseek-recipe reads the saved file exactly as `tokenizers` does."""
+    import re
+
+    corpus = [f"amount {n}.92 rows {n % 97}\n" * 30 for n in (5479, 4825, 3174, 1234567)] + [DSML_CALL * 20]
+    whole = train_bpe(corpus, vocab_size=600)
+    grouped = train_bpe(corpus, vocab_size=600, digit_groups=3)
+    longest = lambda t: max(len(d) for k in t.get_vocab() for d in re.findall(r"\d+", k))  # noqa: E731
+    assert longest(whole) >= 4 and longest(grouped) == 3
+    path = tmp_path / "tokenizer.json"
+    grouped.save(str(path))
+    loaded = load_tokenizer(path)
+    text = "The largest order was 5479.92 USD (1234567 rows) on 2024-06."
+    ids = loaded.encode(text)
+    assert loaded.recipe.encode(text) == ids and loaded.decode(ids) == text
+    assert all(len(d) <= 3 for i in ids for d in re.findall(r"\d+", loaded.decode([i])))
