@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .train import heldout_errors
+from .train import digit_token_ids, heldout_errors
 from .weights import load_weights, read_config
 
 # CSA picks, and "no-hca": the indexer's picks with HCA layers' compressed entries hidden.
@@ -32,15 +32,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout", type=Path, required=True, help="Held-out corpus (train_data.build_corpus).")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default=",".join(MODES), help=f"Comma-separated, of {', '.join(MODES)}.")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="The corpus's tokenizer.json: also report the share of written numbers with a wrong token.")
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
     if bad := [m for m in modes if m not in MODES]:
         p.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
     torch.manual_seed(0)
     net = load_weights(read_config(a.weights), a.weights).to(a.device)
+    digits = digit_token_ids(a.tokenizer) if a.tokenizer else []
     for mode in modes:
         pick, hca = ("indexer", False) if mode == "no-hca" else (mode, True)
-        r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=pick, hca=hca)
+        r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=pick, hca=hca, digit_ids=digits)
         print(json.dumps({"weights": str(a.weights), "csa_pick": mode, **r}), flush=True)
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,15 +205,20 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
 
 @torch.no_grad()
 def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384,
-                   csa_pick: str = "indexer", hca: bool = True) -> dict:
+                   csa_pick: str = "indexer", hca: bool = True, digit_ids: Collection[int] = ()) -> dict:
     """Teacher-forced greedy errors on held-out sessions: the share of assistant-written tokens
     whose argmax is not the expert's token, and the share of assistant turns with any such
     token. A turn with none is one the model would write exactly as the expert did. `csa_pick`
     swaps the indexer's picks for others (Attention.csa_pick), `hca=False` hides HCA layers'
-    compressed entries: to measure how much the model leans on them."""
+    compressed entries: to measure how much the model leans on them.
+
+    With `digit_ids` (the ids of tokens holding a digit) it also gives `number_error`: the share
+    of written numbers (runs of adjacent digit tokens) with any token wrong. Counted per number,
+    it compares tokenizers that cut numbers differently."""
     model.eval()
     model.set_csa_pick(csa_pick, hca)
-    wrong = total = turns = bad_turns = 0
+    wrong = total = turns = bad_turns = numbers = bad_numbers = 0
+    digits = torch.tensor(sorted(digit_ids), dtype=torch.long, device=device)
     for ids_np, mask_np in load_corpus(corpus_path, max_len):
         ids = torch.from_numpy(ids_np).to(device)
         mask = torch.from_numpy(mask_np.astype(bool)).to(device)
@@ -222,15 +228,36 @@ def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max
         pred = model.logits(x[0, :-1][target]).argmax(-1)
         miss = pred != ids[1:][target]
         wrong, total = wrong + int(miss.sum()), total + int(target.sum())
-        # Turn boundaries: a masked span starts where the mask goes 0 -> 1.
-        starts = (target[1:] & ~target[:-1]).cumsum(0)
-        turn_of = torch.cat([torch.zeros(1, dtype=starts.dtype, device=device), starts])[target]
+        # Turn boundaries: a masked span starts where the mask goes 0 -> 1 (or at position 0).
+        opens = target.clone()
+        opens[1:] &= ~target[:-1]
+        turn_of = (opens.cumsum(0) - 1)[target]
         n = int(turn_of.max()) + 1 if turn_of.numel() else 0
         turns += n
         bad_turns += int(torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, turn_of[miss], True).sum())
+        if digits.numel():
+            where = target.nonzero().squeeze(1)
+            is_digit = torch.isin(ids[1:][target], digits)
+            follows = torch.zeros_like(is_digit)  # a digit token right after another one
+            follows[1:] = is_digit[:-1] & (where[1:] == where[:-1] + 1)
+            number_of = ((is_digit & ~follows).cumsum(0) - 1)[is_digit]
+            k = int(number_of.max()) + 1 if number_of.numel() else 0
+            numbers += k
+            bad_numbers += int(torch.zeros(k, dtype=torch.bool, device=device)
+                               .index_fill_(0, number_of[miss[is_digit]], True).sum())
     model.set_csa_pick("indexer")
     model.train()
-    return {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
+    out = {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
+    if digits.numel():
+        out |= {"number_error": bad_numbers / max(1, numbers), "numbers": numbers}
+    return out
+
+
+def digit_token_ids(tokenizer_json: Path) -> list[int]:
+    """Ids of the tokens that hold a digit, read from a tokenizer.json (byte-level: digits are
+    spelled as themselves), so that GPU-side tools need no tokenizer library."""
+    vocab = json.loads(tokenizer_json.read_text())["model"]["vocab"]
+    return sorted(i for t, i in vocab.items() if any(c in "0123456789" for c in t))
 
 
 def _initial_model(model_cfg: ModelConfig, init: Path | None) -> DSV4Mini:

@@ -13,7 +13,7 @@ import pytest
 from dsv4bench.engine.config import ModelConfig
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.engine.train import TrainConfig, heldout_errors, train
+from dsv4bench.engine.train import TrainConfig, digit_token_ids, heldout_errors, train
 from dsv4bench.engine.train_data import READ_ONLY, build_corpus, encode_session, play_with_slips
 from dsv4bench.engine.train_renames import rename_entities, rename_map
 from dsv4bench.engine.weights import WeightsError, load_weights
@@ -152,6 +152,11 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     assert np.load(corpus)["tokens"].dtype == np.uint16
     errors = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400)
     assert 0.0 < errors["token_error"] <= errors["turn_error"] <= 1.0 and errors["turns"] >= 4
+    # Every id a "digit": each turn is one run of digit tokens, so numbers are the turns.
+    every = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400,
+                           digit_ids=range(TINY.vocab_size))
+    assert every["numbers"] == every["turns"] and every["number_error"] == every["turn_error"]
+
 
 
 def test_dense_path_csa_picks():
@@ -233,3 +238,31 @@ def test_training_on_with_frozen_embeddings_leaves_the_embedding_alone(tmp_path,
     assert any(not torch.equal(as_saved(before[k]), as_saved(after[k])) for k in before if k != "embed.weight")
     with pytest.raises(ValueError, match="--init"):
         train(TINY, cfg, corpus, out, log=lambda m: None)
+
+
+def test_heldout_errors_count_turns_and_numbers_exactly(tmp_path):
+    """One session, two written turns ([3 4 5] and [7 8]); the model misses only token 4.
+    Digit tokens {4, 5, 8} make two numbers ([4 5] and [8]), one of them wrong."""
+    import torch
+
+    from dsv4bench.engine.tokenizer import DEFAULT_PATH
+
+    ids = np.array([1, 2, 3, 4, 5, 6, 7, 8], dtype=np.uint16)
+    mask = np.array([0, 0, 1, 1, 1, 0, 1, 1], dtype=np.uint8)
+    corpus = tmp_path / "h.npz"
+    np.savez(corpus, tokens=ids, loss_mask=mask, offsets=np.array([0, len(ids)]), meta=np.asarray("[]"))
+
+    class EchoNextToken:  # predicts each next token, except that it writes 9 for 4
+        def eval(self): return self
+        def train(self): return self
+        def set_csa_pick(self, *a): pass
+        def logits(self, h): return h
+        def hidden_dense(self, x, _):
+            nxt = torch.cat([x[0, 1:], x[0, :1]])
+            return torch.nn.functional.one_hot(torch.where(nxt == 4, 9, nxt), 10).float().unsqueeze(0), None
+
+    r = heldout_errors(EchoNextToken(), corpus, torch.device("cpu"), digit_ids={4, 5, 8})
+    assert (r["turns"], r["turn_error"], r["tokens"], r["token_error"]) == (2, 0.5, 5, 0.2)
+    assert (r["numbers"], r["number_error"]) == (2, 0.5)
+    assert "numbers" not in heldout_errors(EchoNextToken(), corpus, torch.device("cpu"))
+    assert len(digit_token_ids(DEFAULT_PATH)) > 4000  # the shipped vocabulary's whole numbers
