@@ -38,9 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m for m in a.modes.split(",") if m]
     if bad := [m for m in modes if m not in MODES]:
         p.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    try:
+        digits = digit_token_ids(a.tokenizer) if a.tokenizer else []
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        p.error(f"--tokenizer {a.tokenizer}: not a BPE tokenizer.json ({e})")
     torch.manual_seed(0)
     net = load_weights(read_config(a.weights), a.weights).to(a.device)
-    digits = digit_token_ids(a.tokenizer) if a.tokenizer else []
     for mode in modes:
         pick, hca = ("indexer", False) if mode == "no-hca" else (mode, True)
         r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=pick, hca=hca, digit_ids=digits)
