@@ -41,7 +41,7 @@ def new_bpe(digit_groups: int = 0) -> Tokenizer:
     `digit_groups` > 0 cuts every run of digits into pieces of at most that many before the
     merges, as DeepSeek's own tokenizers do (groups of 3). Without it, BPE on the scenarios'
     tables learns whole numbers (` 5479`): more than half of an 8,192-token vocabulary, each
-    number rare, and a small model then fails to copy them (bench-plan.md)."""
+    one rare. bench-plan.md compares the two for copying numbers."""
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if digit_groups > 0:
