@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .train import digit_token_ids, heldout_errors
-from .weights import load_weights, read_config
+from .weights import WeightsError, load_weights, read_config
 
 # CSA picks, and "no-hca": the indexer's picks with HCA layers' compressed entries hidden.
 MODES = ("indexer", "random", "none", "all", "no-hca")
@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         p.error(f"--tokenizer {a.tokenizer}: not a BPE tokenizer.json ({e})")
     torch.manual_seed(0)
-    net = load_weights(read_config(a.weights), a.weights).to(a.device)
+    try:
+        net = load_weights(read_config(a.weights), a.weights).to(a.device)
+    except WeightsError as e:
+        p.error(str(e))
     for mode in modes:
         pick, hca = ("indexer", False) if mode == "no-hca" else (mode, True)
         r = heldout_errors(net, a.heldout, torch.device(a.device), csa_pick=pick, hca=hca, digit_ids=digits)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
@@ -32,8 +32,11 @@ def save_weights(model: DSV4Mini, path: Path, info: dict[str, Any] | None = None
 
 
 def read_config(path: Path) -> ModelConfig:
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (OSError, SafetensorError) as e:  # missing, or not a safetensors file at all
+        raise WeightsError(f"cannot read {path} as safetensors weights: {e}") from None
     if "model_config" not in meta:
         raise WeightsError(f"{path} has no model config in its metadata; it was not written by dsv4bench")
     return ModelConfig(**json.loads(meta["model_config"]))
@@ -47,7 +50,7 @@ def load_weights(cfg: ModelConfig, path: Path | None = None, device: str = "cpu"
                            "or serve untrained weights with --random-weights")
     try:
         file_cfg = read_config(path)
-    except (OSError, ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:  # metadata that is no config
         raise WeightsError(f"cannot read {path}: {e}") from None
     if file_cfg != cfg:
         diff = [f"{f.name} {getattr(file_cfg, f.name)} != {getattr(cfg, f.name)}"

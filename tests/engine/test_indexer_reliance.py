@@ -38,7 +38,8 @@ def test_one_line_per_mode_with_number_errors(files, capsys):
 
 @pytest.mark.parametrize("args,message", [(["--modes", "bogus"], "unknown mode"),
                                           (["--tokenizer", "README.md"], "not a BPE tokenizer.json"),
-                                          (["--tokenizer", "missing.json"], "not a BPE tokenizer.json")])
+                                          (["--tokenizer", "missing.json"], "not a BPE tokenizer.json"),
+                                          (["--weights", "README.md"], "cannot read README.md as safetensors")])
 def test_bad_arguments_get_one_line(files, capsys, args, message):
     with pytest.raises(SystemExit):
         indexer_reliance.main(["--weights", str(files / "w.safetensors"), "--heldout", str(files / "h.npz"),

@@ -149,6 +149,9 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
         load_weights(dataclasses.replace(TINY, d_model=64), out)
     with pytest.raises(WeightsError, match="engine train"):
         load_weights(TINY, tmp_path / "missing.safetensors")
+    (tmp_path / "not.safetensors").write_text("# not weights\n")
+    with pytest.raises(WeightsError, match="cannot read .* as safetensors"):
+        load_weights(TINY, tmp_path / "not.safetensors")
     assert np.load(corpus)["tokens"].dtype == np.uint16
     errors = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400)
     assert 0.0 < errors["token_error"] <= errors["turn_error"] <= 1.0 and errors["turns"] >= 4

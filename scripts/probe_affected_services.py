@@ -1,0 +1,94 @@
+"""Does the model write an ops incident's root cause as the second affected service when the
+context is the expert's own session?
+
+In the closed loop the model opens dependency incidents as `[symptom, symptom]` and repeats the
+refused call (bench-plan.md). This probe separates two causes: a model that cannot write
+`[symptom, root]` at all, and one that can but drifts there on its own trajectory. For each
+held-out ops task whose root cause is not the alerting service it encodes the expert's session
+as the server would, finds the token that starts the second list item of `open_incident`'s
+`affected_services`, and reports the model's greedy token and the expert's token's probability
+there (teacher-forced, CPU).
+
+    python scripts/probe_affected_services.py [--weights W] [--sessions 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsv4bench.agents import FAMILIES  # noqa: E402
+from dsv4bench.engine.config import ModelConfig  # noqa: E402
+from dsv4bench.engine.frontend import Frontend  # noqa: E402
+from dsv4bench.engine.tokenizer import DSV4Tokenizer, load_tokenizer  # noqa: E402
+from dsv4bench.engine.train_data import encode_session  # noqa: E402
+from dsv4bench.engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights  # noqa: E402
+
+
+def dependency_seeds(n: int) -> list[int]:
+    """The first `n` held-out ops seeds whose root cause is not the alerting service."""
+    ops, seeds, seed = FAMILIES["ops"], [], 0
+    while len(seeds) < n:
+        goal = ops.make_task(ops.build_world(seed), seed).goal
+        if goal["root"] != goal["symptom"]:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+def second_item_position(tok: DSV4Tokenizer, ids: list[int], symptom: str) -> int | None:
+    """Index of the token that starts the list's second item, after `["symptom", "`."""
+    text = tok.decode(ids)
+    at = text.rfind(f'["{symptom}", "')
+    if at < 0:
+        return None
+    chars = at + len(symptom) + 6
+    lo, hi = 0, len(ids)
+    while lo < hi:  # the shortest prefix whose text runs past `chars`
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(tok.decode(ids[:mid])) > chars else (mid + 1, hi)
+    return lo - 1
+
+
+def probe(model, tok: DSV4Tokenizer, seed: int) -> dict | None:
+    goal = FAMILIES["ops"].make_task(FAMILIES["ops"].build_world(seed), seed).goal
+    ids = encode_session(Frontend(tok), "ops", seed).ids
+    p = second_item_position(tok, ids, goal["symptom"])
+    if p is None:
+        return None
+    with torch.no_grad():
+        x, _ = model.hidden_dense(torch.tensor([ids[:p]]), "fp8")
+        probs = torch.softmax(model.logits(x[0, -1]).float(), -1)
+    greedy = int(probs.argmax())
+    return {"seed": seed, "symptom": goal["symptom"], "root": goal["root"], "expert": tok.decode([ids[p]]),
+            "greedy": tok.decode([greedy]), "right": greedy == ids[p], "p_expert": float(probs[ids[p]])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
+    ap.add_argument("--sessions", type=int, default=12, help="held-out dependency tasks to probe")
+    a = ap.parse_args(argv)
+    if a.sessions < 1:
+        ap.error("--sessions must be at least 1")
+    try:
+        model = load_weights(ModelConfig(), a.weights).eval()
+    except WeightsError as e:
+        ap.error(str(e))
+    tok = load_tokenizer()
+    results = [r for seed in dependency_seeds(a.sessions) if (r := probe(model, tok, seed))]
+    for r in results:
+        print(f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, greedy {r['greedy']!r}, "
+              f"p(expert) {r['p_expert']:.2f}", flush=True)
+    right = sum(r["right"] for r in results)
+    print(f"greedy writes the root in {right} of {len(results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
