@@ -228,29 +228,28 @@ def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max
         pred = model.logits(x[0, :-1][target]).argmax(-1)
         miss = pred != ids[1:][target]
         wrong, total = wrong + int(miss.sum()), total + int(target.sum())
-        # Turn boundaries: a masked span starts where the mask goes 0 -> 1 (or at position 0).
-        opens = target.clone()
-        opens[1:] &= ~target[:-1]
-        turn_of = (opens.cumsum(0) - 1)[target]
-        n = int(turn_of.max()) + 1 if turn_of.numel() else 0
-        turns += n
-        bad_turns += int(torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, turn_of[miss], True).sum())
+        # Turns are runs of adjacent written positions; numbers, runs of adjacent digit tokens.
+        where = target.nonzero().squeeze(1)
+        n, bad = _runs_with_a_miss(torch.ones_like(miss), where, miss)
+        turns, bad_turns = turns + n, bad_turns + bad
         if digits.numel():
-            where = target.nonzero().squeeze(1)
-            is_digit = torch.isin(ids[1:][target], digits)
-            follows = torch.zeros_like(is_digit)  # a digit token right after another one
-            follows[1:] = is_digit[:-1] & (where[1:] == where[:-1] + 1)
-            number_of = ((is_digit & ~follows).cumsum(0) - 1)[is_digit]
-            k = int(number_of.max()) + 1 if number_of.numel() else 0
-            numbers += k
-            bad_numbers += int(torch.zeros(k, dtype=torch.bool, device=device)
-                               .index_fill_(0, number_of[miss[is_digit]], True).sum())
+            n, bad = _runs_with_a_miss(torch.isin(ids[1:][target], digits), where, miss)
+            numbers, bad_numbers = numbers + n, bad_numbers + bad
     model.set_csa_pick("indexer")
     model.train()
     out = {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
     if digits.numel():
         out |= {"number_error": bad_numbers / max(1, numbers), "numbers": numbers}
     return out
+
+
+def _runs_with_a_miss(member: torch.Tensor, where: torch.Tensor, miss: torch.Tensor) -> tuple[int, int]:
+    """Over the written tokens (at sequence positions `where`): the runs of tokens that are
+    `member` and adjacent in the sequence, and how many of those runs hold a `miss`."""
+    starts = member.clone()
+    starts[1:] &= ~(member[:-1] & (where[1:] == where[:-1] + 1))
+    run_of = (starts.cumsum(0) - 1)[member]
+    return int(starts.sum()), int(run_of[miss[member]].unique().numel())
 
 
 def digit_token_ids(tokenizer_json: Path) -> list[int]:
