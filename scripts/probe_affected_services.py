@@ -55,9 +55,10 @@ def second_item_position(tok: DSV4Tokenizer, ids: list[int], symptom: str) -> in
     return lo - 1
 
 
-def probe(model, tok: DSV4Tokenizer, seed: int) -> dict | None:
+def probe(model, frontend: Frontend, seed: int) -> dict | None:
+    tok = frontend.tokenizer
     goal = FAMILIES["ops"].make_task(FAMILIES["ops"].build_world(seed), seed).goal
-    ids = encode_session(Frontend(tok), "ops", seed).ids
+    ids = encode_session(frontend, "ops", seed).ids
     p = second_item_position(tok, ids, goal["symptom"])
     if p is None:
         return None
@@ -80,11 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         model = load_weights(ModelConfig(), a.weights).eval()
     except WeightsError as e:
         ap.error(str(e))
-    tok = load_tokenizer()
-    results = [r for seed in dependency_seeds(a.sessions) if (r := probe(model, tok, seed))]
-    for r in results:
-        print(f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, greedy {r['greedy']!r}, "
-              f"p(expert) {r['p_expert']:.2f}", flush=True)
+    frontend = Frontend(load_tokenizer())
+    results = []
+    for seed in dependency_seeds(a.sessions):  # each line as it comes: a session takes ~20 s on CPU
+        if r := probe(model, frontend, seed):
+            results.append(r)
+            print(f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, "
+                  f"greedy {r['greedy']!r}, p(expert) {r['p_expert']:.2f}", flush=True)
     right = sum(r["right"] for r in results)
     print(f"greedy writes the root in {right} of {len(results)}")
     return 0

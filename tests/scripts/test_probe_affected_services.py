@@ -28,11 +28,12 @@ def test_the_position_is_the_second_items_first_token():
 
 def test_the_shipped_weights_write_the_root_in_the_experts_context():
     from dsv4bench.engine.config import ModelConfig
+    from dsv4bench.engine.frontend import Frontend
     from dsv4bench.engine.tokenizer import load_tokenizer
     from dsv4bench.engine.weights import load_weights
 
     assert probe.dependency_seeds(2) == [4, 5]
-    r = probe.probe(load_weights(ModelConfig()).eval(), load_tokenizer(), 4)
+    r = probe.probe(load_weights(ModelConfig()).eval(), Frontend(load_tokenizer()), 4)
     assert (r["symptom"], r["root"], r["expert"]) == ("recommendations", "catalog", "catalog")
     assert r["right"] and r["p_expert"] > 0.5
 
