@@ -17,7 +17,6 @@ from .base import (
     ScenarioFamily,
     Step,
     Task,
-    ToolError,
     World,
     format_tool_error,
     is_error,
@@ -103,16 +102,7 @@ def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16,
         if step.is_final:
             session.results.append([])
             break
-        turn = []
-        for action in step.calls:
-            args, result = gate.check(action.name, json.dumps(action.arguments))
-            if args is not None:
-                try:
-                    result = world.execute(action.name, args)
-                except ToolError as exc:
-                    result = format_tool_error(exc)
-            assert result is not None
-            turn.append(Observation(action, result))
+        turn = [Observation(a, gate.run(world, a.name, json.dumps(a.arguments))) for a in step.calls]
         session.results.append(turn)
         seen += turn
     return session

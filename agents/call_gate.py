@@ -14,7 +14,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from ..checks.arguments import json_path
-from .base import format_tool_error
+from .base import ToolError, World, format_tool_error
 
 
 class CallGate:
@@ -36,3 +36,14 @@ class CallGate:
         if err is not None:
             return None, format_tool_error(f"invalid arguments at {json_path(err)}: {err.message}")
         return args, None
+
+    def run(self, world: World, name: str, raw_args: str) -> str:
+        """The call's result as the session sends it back: the refusal, the tool's error, or its output."""
+        args, refusal = self.check(name, raw_args)
+        if args is None:
+            assert refusal is not None
+            return refusal
+        try:
+            return world.execute(name, args)
+        except ToolError as exc:
+            return format_tool_error(exc)

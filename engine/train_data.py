@@ -55,11 +55,18 @@ def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = F
     messages = session_messages(session)
     if rename:
         messages = rename_entities(messages, rename_map(random.Random(seed * 13 + 5)))
-    body = {"model": frontend.model_name, "messages": messages, "tools": fam.openai_tools(),
+    return encode_messages(frontend, family, seed, messages, slipped)
+
+
+def encode_messages(frontend: Frontend, family: str, seed: int, messages: list[dict],
+                    skip_turns: set[int] | None = None) -> EncodedSession:
+    """Encode a finished transcript as the server would; the loss covers every assistant turn
+    except those numbered in `skip_turns`."""
+    body = {"model": frontend.model_name, "messages": messages, "tools": FAMILIES[family].openai_tools(),
             "chat_template_kwargs": {"thinking": False}}
     # The server's own path; it appends the next turn's `<｜Assistant｜></think>`, dropped here.
     ids = frontend.prepare_chat(body).prompt_ids[:-2]
-    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns=slipped))
+    return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns=skip_turns))
 
 
 def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int] | None = None) -> list[int]:
@@ -195,28 +202,50 @@ def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, front
     """Encode every (family, seed) session and write the .npz corpus; returns its summary.
     `slip_share` of the sessions have slipped turns, `rename_share` have their world renamed."""
     frontend = frontend or Frontend(load_tokenizer())
+
+    def sessions() -> Iterable[EncodedSession]:
+        for seed in seeds:
+            for fam in families:
+                pick = random.Random(f"{fam}/{seed}")
+                perturb, rename = pick.random() < slip_share, pick.random() < rename_share
+                try:
+                    yield encode_session(frontend, fam, seed, perturb=perturb, rename=rename)
+                except RequestError:  # detours pushed it past the model's context: the expert's own
+                    yield encode_session(frontend, fam, seed, rename=rename)
+
+    return write_corpus(sessions(), out, max_tokens)
+
+
+def write_corpus(sessions: Iterable[EncodedSession], out: Path, max_tokens: int | None = None) -> dict:
+    """Write encoded sessions as an .npz corpus; returns its summary. Sessions longer than
+    `max_tokens` keep their earlier turns whole and lose the later ones."""
     tokens: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     offsets = [0]
     meta = []
-    for seed in seeds:
-        for fam in families:
-            pick = random.Random(f"{fam}/{seed}")
-            perturb, rename = pick.random() < slip_share, pick.random() < rename_share
-            try:
-                s = encode_session(frontend, fam, seed, perturb=perturb, rename=rename)
-            except RequestError:  # detours pushed it past the model's context: the expert's own
-                s = encode_session(frontend, fam, seed, rename=rename)
-            ids, mask = s.ids, s.mask
-            if max_tokens is not None and len(ids) > max_tokens:
-                ids, mask = ids[:max_tokens], mask[:max_tokens]  # later turns dropped, earlier kept whole
-            tokens.append(np.asarray(ids, dtype=np.uint16))
-            masks.append(np.asarray(mask, dtype=np.uint8))
-            offsets.append(offsets[-1] + len(ids))
-            meta.append([fam, seed])
+    for s in sessions:
+        ids, mask = s.ids, s.mask
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, mask = ids[:max_tokens], mask[:max_tokens]
+        tokens.append(np.asarray(ids, dtype=np.uint16))
+        masks.append(np.asarray(mask, dtype=np.uint8))
+        offsets.append(offsets[-1] + len(ids))
+        meta.append([s.family, s.seed])
+    if not meta:
+        raise ValueError("no sessions to write")
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out, tokens=np.concatenate(tokens), loss_mask=np.concatenate(masks),
                         offsets=np.asarray(offsets, dtype=np.int64), meta=np.asarray(json.dumps(meta)))
     lengths = np.diff(offsets)
     return {"sessions": len(meta), "tokens": int(offsets[-1]), "loss_tokens": int(sum(m.sum() for m in masks)),
             "median_len": int(np.median(lengths)), "max_len": int(lengths.max())}
+
+
+def read_corpus(path: Path) -> list[EncodedSession]:
+    """The sessions of an .npz corpus written by write_corpus."""
+    with np.load(path) as z:
+        tokens, mask, offsets = z["tokens"], z["loss_mask"], z["offsets"]
+        meta = json.loads(str(z["meta"]))
+    # Array slices, not lists: a corpus holds tens of millions of tokens.
+    return [EncodedSession(fam, int(seed), tokens[a:b], mask[a:b])  # type: ignore[arg-type]
+            for (fam, seed), a, b in zip(meta, offsets[:-1], offsets[1:])]
