@@ -38,9 +38,9 @@ ONPOLICY_SEED_BASE = 500_000
 
 
 async def play(url: str, jobs: list[tuple[str, int, float]], concurrency: int, max_turns: int,
-               context: int | None, out: Path) -> None:
+               context: int | None, out: Path, minutes: float | None) -> None:
     """Play every (family, seed, temperature) job, `concurrency` at a time, appending each
-    finished session to `out` at once."""
+    finished session to `out` at once; after `minutes`, sessions still in play are dropped."""
     done = 0
     t0 = time.monotonic()
     lock = anyio.Lock()
@@ -70,9 +70,12 @@ async def play(url: str, jobs: list[tuple[str, int, float]], concurrency: int, m
                     rate = done / (time.monotonic() - t0)
                     print(f"  {done}/{len(jobs)} sessions played, {rate * 60:.1f}/min", flush=True)
 
-        async with anyio.create_task_group() as tg:
-            for job in jobs:
-                tg.start_soon(one, *job)
+        with anyio.move_on_after(minutes * 60 if minutes else None) as scope:
+            async with anyio.create_task_group() as tg:
+                for job in jobs:
+                    tg.start_soon(one, *job)
+        if scope.cancelled_caught:
+            print(f"  time is up: {done} of {len(jobs)} sessions played; a rerun plays the rest", flush=True)
 
 
 def read_rollouts(path: Path) -> list[Rollout]:
@@ -125,33 +128,41 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=16)
     p.add_argument("--url", default=None, help="A running server; default: start the bundled engine.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for the started engine.")
+    p.add_argument("--engine-arg", action="append", default=[],
+                   help="Extra flag for the started engine, repeatable, e.g. --engine-arg=--device=cuda.")
+    p.add_argument("--minutes", type=float, default=None, help="Stop playing after this long (finished sessions are kept).")
     p.add_argument("--out", type=Path, default=None, help="Write the relabelled corpus here.")
     p.add_argument("--mix", type=Path, default=None, help="Add sessions drawn from this corpus.")
     p.add_argument("--mix-sessions", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0, help="Seed for takeover points and the mix draw.")
     a = p.parse_args()
-    if a.sessions < 0 or a.concurrency < 1 or a.max_turns < 1:
-        p.error("--sessions must be >= 0, --concurrency and --max-turns >= 1")
+    if a.sessions < 0 or a.concurrency < 1 or a.max_turns < 1 or (a.minutes is not None and a.minutes <= 0):
+        p.error("--sessions must be >= 0, --concurrency and --max-turns >= 1, --minutes > 0")
     if a.mix is not None and not a.mix.is_file():
         p.error(f"--mix {a.mix}: no such file")
     temps = a.temperature or [0.0]
     have = {(r.family, r.seed, r.temperature) for r in read_rollouts(a.rollouts)}
-    jobs = [(f, a.first_seed + i, t) for t in temps for i in range(a.sessions) for f in (a.family or FAMILIES)]
-    # Each temperature gets its own seeds, so greedy and sampled sessions do not start alike.
-    jobs = [(f, s + 100_000 * k, t) for k, t in enumerate(temps) for (f, s, tt) in jobs if tt == t]
+    # Each temperature gets its own seeds (T=0.7 from first seed + 700000), so greedy and
+    # sampled sessions never replay the same task.
+    jobs = [(f, a.first_seed + round(t * 1000) * 1000 + i, t)
+            for t in temps for i in range(a.sessions) for f in (a.family or FAMILIES)]
     jobs = [j for j in jobs if j not in have]
     if jobs:
-        from dsv4bench.engine.launcher import start_engine
+        from dsv4bench.engine.launcher import EngineStartError, start_engine
         from dsv4bench.preflight import server_facts
 
         a.rollouts.parent.mkdir(parents=True, exist_ok=True)
         engine = None
         if a.url is None:
-            engine = start_engine([*(["--weights", str(a.weights)] if a.weights else [])])
+            try:
+                engine = start_engine([*(["--weights", str(a.weights)] if a.weights else []), *a.engine_arg])
+            except EngineStartError as exc:
+                sys.exit(f"onpolicy_corpus: {exc}")
         url = (a.url or engine.url).rstrip("/")
         print(f"playing {len(jobs)} sessions ({len(have)} already in {a.rollouts})", flush=True)
         try:
-            anyio.run(play, url, jobs, a.concurrency, a.max_turns, server_facts(url).get("context_length"), a.rollouts)
+            anyio.run(play, url, jobs, a.concurrency, a.max_turns, server_facts(url).get("context_length"), a.rollouts,
+                      a.minutes)
         finally:
             if engine:
                 engine.stop()
