@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from math import fsum
 from typing import Any
 
 from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
@@ -86,7 +87,7 @@ class DataWorld(ToolWorld):
             values = [r[c.name] for r in t.rows]
             distinct = sorted(set(values))
             if c.type != TEXT:
-                summary = f"min {fmt(min(values))}, max {fmt(max(values))}, mean {sum(values) / len(values):.2f}"
+                summary = f"min {fmt(min(values))}, max {fmt(max(values))}, mean {fsum(values) / len(values):.2f}"
             elif len(distinct) <= 12:
                 summary = "values: " + ", ".join(distinct)
             else:

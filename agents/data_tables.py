@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from math import fsum
 from typing import Any
 
 from .base import ToolError
@@ -141,9 +142,9 @@ def aggregate(rows: list[dict[str, Any]], column: str, function: str) -> float |
     if not values:
         return None
     if function == "sum":
-        return round(sum(values), 2)
+        return round(fsum(values), 2)
     if function == "avg":
-        return round(sum(values) / len(values), 2)
+        return round(fsum(values) / len(values), 2)
     return min(values) if function == "min" else max(values)
 
 

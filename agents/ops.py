@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 from datetime import timedelta
+from math import fsum
 from typing import Any
 
 from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
@@ -108,7 +109,7 @@ class OpsWorld(ToolWorld):
         values = f.metrics[service][metric][-window_minutes:]
         first = f.now - timedelta(minutes=len(values) - 1)
         body = [f"{(first + timedelta(minutes=i)).strftime('%H:%M')}  {v:>9.2f}" for i, v in enumerate(values)]
-        summary = (f"summary: min {min(values):.2f}, max {max(values):.2f}, mean {sum(values) / len(values):.2f}, "
+        summary = (f"summary: min {min(values):.2f}, max {max(values):.2f}, mean {fsum(values) / len(values):.2f}, "
                    f"last {values[-1]:.2f}")
         return "\n".join([f"{metric} ({METRICS[metric]}) of {service}, last {len(values)} min, 1-min samples:",
                           *body, summary])

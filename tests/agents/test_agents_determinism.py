@@ -55,3 +55,18 @@ def test_expert_sessions_replay_identically(name: str) -> None:
 def test_digest_tracks_changes(name: str) -> None:
     s = play_expert(name, 4)
     assert s.world.digest() != FAMILIES[name].build_world(4).digest()
+
+
+def test_averages_do_not_depend_on_the_python_version():
+    """Python 3.12 made sum() of floats compensated; a world that averaged with sum() printed
+    480.70 on 3.11 and 480.71 on 3.12 for these numbers (and a model's transcript recorded on
+    one could not be replayed on the other). Exact summation gives one answer everywhere, in any
+    order."""
+    from dsv4bench.agents.data_tables import aggregate
+
+    values = [540.6, 892.12, 704.22, 21.28, 207.32, 853.89, 585.47, 873.91, 411.4, 210.47, 4.14, 996.05,
+              136.38, 642.97, 489.71, 380.15, 537.2, 78.28, 970.03, 492.74, 15.29, 419.34, 757.2, 312.08,
+              745.02, 767.36, 239.12, 967.97, 27.89, 863.61, 512.65, 153.38, 258.39, 593.52, 278.46, 838.42,
+              219.53, 384.06, 506.81, 339.77]
+    rows = [{"amount": v} for v in values]
+    assert aggregate(rows, "amount", "avg") == aggregate(rows[::-1], "amount", "avg") == 480.71
