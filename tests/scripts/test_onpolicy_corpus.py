@@ -30,6 +30,9 @@ def test_plays_through_the_engine_keeps_each_session_and_never_plays_one_twice(t
         rollouts = tmp_path / "rollouts.jsonl"
         args = ("--rollouts", str(rollouts), "--url", engine.url, "--family", "ops", "--sessions", "2",
                 "--max-turns", "3", "--concurrency", "2")
+        cut = run(*args, "--minutes", "0.005")  # 0.3 s: over before a session's first turns are done
+        assert cut.returncode == 0, cut.stderr
+        assert "time is up: 0 of 2 sessions played" in cut.stdout and not rollouts.exists()
         first = run(*args)
         assert first.returncode == 0, first.stderr
         assert "playing 2 sessions" in first.stdout
