@@ -96,15 +96,17 @@ class Takeovers:
     turns: int  # assistant turns in the rollout
 
     def points(self, rng: random.Random, later: int = 2) -> list[int]:
-        """Turns at which the expert takes over: right after the divergence, right after the
-        first turn that went wrong, and up to `later` turns after that (the model, refused,
-        often makes the same call again: the state after two refusals is one it reaches)."""
+        """Turns at which the expert takes over: at the divergence (the state is still the
+        expert's, but it is one where this model goes wrong, so its label is worth more than a
+        random expert turn), right after it, right after the first turn that went wrong, and
+        up to `later` turns after that (the model, refused, often makes the same call again:
+        the state after two refusals is one it reaches)."""
         if self.diverged is None:
             return []
-        points = {self.diverged + 1}
+        points = {self.diverged, self.diverged + 1}
         if self.went_wrong is not None:
             points |= {self.went_wrong + 1 + k for k in range(rng.randint(0, later) + 1)}
-        return sorted(p for p in points if p <= self.turns)
+        return sorted(p for p in points if 0 < p <= self.turns)
 
 
 def takeovers(family: str, seed: int, messages: list[dict[str, Any]]) -> Takeovers:
