@@ -305,7 +305,8 @@ def engine_train(
     """Rebuild DSV4-mini's weights: expert-session corpus, then training (an H200 takes ~8 min).
 
     The shipped weights are a chain of such runs, each on from the last (bench-plan.md lists
-    every run's arguments)."""
+    every run's arguments); the last two train on corpora of the model's own sessions relabelled
+    by the expert (scripts/onpolicy_corpus.py)."""
     from .engine.config import ModelConfig
     from .engine.train import CorpusError, TrainConfig, heldout_errors, train
     from .engine.train_data import TRAIN_SEED_BASE, build_corpus

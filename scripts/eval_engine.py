@@ -8,7 +8,7 @@ For each family it reports:
   - sessions that reach the expert's final state (the family's own `solved` check);
   - turns, and sessions that ended with a final answer.
 
-    python scripts/eval_engine.py [--seeds 20] [--url URL | --weights W]   (no --url: starts the engine)
+    python scripts/eval_engine.py [--seeds 20] [--first-seed 0] [--url URL | --weights W]   (no --url: starts the engine)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4bench.agents import FAMILIES  # noqa: E402
 from dsv4bench.checks import run_checks  # noqa: E402
 from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
+from dsv4bench.engine.train_data import TRAIN_SEED_BASE  # noqa: E402
 from dsv4bench.preflight import server_facts  # noqa: E402
 from dsv4bench.records import TurnContext, TurnStatus  # noqa: E402
 from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
@@ -72,12 +73,15 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int, conte
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20, help="held-out seeds per family (seeds 0..N-1; training uses 100000+)")
+    p.add_argument("--first-seed", type=int, default=0, help="Start at this held-out seed instead of 0.")
     p.add_argument("--max-turns", type=int, default=16)
     p.add_argument("--url", default=None)
     p.add_argument("--json", type=Path, default=None, help="Also write per-family figures and every flagged turn here.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for the started engine; default: the shipped ones.")
     p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="Only this family (repeatable).")
     a = p.parse_args()
+    if a.seeds < 1 or a.first_seed < 0 or a.first_seed + a.seeds > TRAIN_SEED_BASE:
+        p.error(f"--first-seed and --seeds must pick held-out seeds, within 0..{TRAIN_SEED_BASE - 1}")
     engine = None
     if a.url is None:
         from dsv4bench.engine.launcher import start_engine
@@ -87,7 +91,7 @@ def main() -> None:
     t0 = time.monotonic()
     try:
         context = server_facts(url).get("context_length")  # sessions end before it, as in `dsv4bench agents`
-        rows = [anyio.run(eval_family, url, f, range(a.seeds), a.max_turns, context) for f in (a.family or FAMILIES)]
+        rows = [anyio.run(eval_family, url, f, range(a.first_seed, a.first_seed + a.seeds), a.max_turns, context) for f in (a.family or FAMILIES)]
     finally:
         if engine:
             engine.stop()
