@@ -47,6 +47,10 @@ class Rollout:
 
 
 class ReplayError(Exception):
+    """The expert cannot take over a rollout at the turn asked for."""
+
+
+class ReplayMismatch(ReplayError):
     """A rollout's recorded tool results do not match a fresh world's: it cannot be relabelled."""
 
 
@@ -106,7 +110,7 @@ class Takeovers:
         points = {self.diverged, self.diverged + 1}
         if self.went_wrong is not None:
             points |= {self.went_wrong + 1 + k for k in range(rng.randint(0, later) + 1)}
-        return sorted(p for p in points if 0 < p <= self.turns)
+        return sorted(p for p in points if p <= self.turns)
 
 
 def takeovers(family: str, seed: int, messages: list[dict[str, Any]]) -> Takeovers:
@@ -141,7 +145,7 @@ def expert_takeover(family: str, seed: int, messages: list[dict[str, Any]], turn
     task = fam.make_task(world, seed)
     gate = CallGate(fam.tool_schemas())
     positions = assistant_positions(messages)
-    if not 0 < turn <= len(positions) or turn >= max_turns:
+    if not 0 <= turn <= len(positions) or turn >= max_turns:
         raise ReplayError(f"turn {turn} is not a takeover point of a {len(positions)}-turn rollout")
     end = positions[turn] if turn < len(positions) else len(messages)
     prefix = [dict(m) for m in messages[:end]]
@@ -153,7 +157,7 @@ def expert_takeover(family: str, seed: int, messages: list[dict[str, Any]], turn
             fn = tc.get("function") or {}
             result = gate.run(world, fn.get("name") or "", fn.get("arguments") or "")
             if results.get(tc.get("id")) != result:
-                raise ReplayError(f"the replayed result of {fn.get('name')!r} differs from the recorded one")
+                raise ReplayMismatch(f"the replayed result of {fn.get('name')!r} differs from the recorded one")
     out = prefix
     for n in range(turn, max_turns):
         step = fam.expert_step(task, observations_from_messages(out))
@@ -189,18 +193,23 @@ class Relabelled:
 
 def relabel(rollout: Rollout, rng: random.Random, max_turns: int = 16) -> tuple[list[Relabelled], str]:
     """The training transcripts one rollout gives, and a word on why it gives none: "on path"
-    (the model made the expert's moves throughout), "unsolved" (no takeover point leads the
-    expert to a solved task, e.g. after a wrong write), "replay" (results did not replay)."""
+    (the model made the expert's moves throughout), "too late" (it left the path on its last
+    turn), "unsolved" (no takeover point leads the expert to a solved task, e.g. after a wrong
+    write), "replay" (results did not replay)."""
     where = takeovers(rollout.family, rollout.seed, rollout.messages)
+    if where.diverged is None:
+        return [], "on path"
     points = [p for p in where.points(rng) if p < max_turns]
     if not points:
-        return [], "on path"
+        return [], "too late"
     out, why = [], "unsolved"
     for turn in points:
         try:
             messages, solved = expert_takeover(rollout.family, rollout.seed, rollout.messages, turn, max_turns)
-        except ReplayError as exc:
-            why = "replay" if "differs" in str(exc) else why
+        except ReplayMismatch:
+            why = "replay"
+            continue
+        except ReplayError:  # e.g. the model's final answer at that turn
             continue
         if solved:
             assert where.diverged is not None

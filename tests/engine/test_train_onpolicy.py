@@ -116,3 +116,27 @@ def test_no_takeover_after_a_final_answer_or_past_the_turns():
         expert_takeover("ops", SEED, ended, 10)
     with pytest.raises(ReplayError, match="not a takeover point"):
         expert_takeover("ops", SEED, looping_rollout(), 16)
+
+
+def test_a_first_move_off_the_path_is_taken_over_from_the_start():
+    """The model's very first call is wrong: the expert's own session (takeover at turn 0)
+    and its recovery after the model's call (turn 1) are both kept."""
+    first = play_expert("ops", SEED).steps[0].calls[0]
+    wrong = ToolAction("get_logs", {"service": "no-such-service"})
+    assert wrong != first
+
+    def alter(n: int, step: Step) -> Step:
+        return Step(calls=(wrong,)) if n == 0 else step
+
+    rollout = session_messages(play_expert("ops", SEED, 16, alter))
+    relabelled, why = relabel(Rollout("ops", SEED, 0.0, rollout), random.Random(0))
+    assert why == "" and [x.turn for x in relabelled][:2] == [0, 1]
+    assert relabelled[0].no_loss == frozenset() and relabelled[1].no_loss == frozenset({0})
+    fn = relabelled[0].messages[2]["tool_calls"][0]["function"]
+    assert (fn["name"], json.loads(fn["arguments"])) == (first.name, first.arguments)
+    assert relabelled[1].messages[2]["tool_calls"][0]["function"]["name"] == "get_logs"
+
+
+def test_no_takeover_point_inside_the_turns_is_too_late():
+    relabelled, why = relabel(Rollout("ops", SEED, 0.0, looping_rollout()), random.Random(0), max_turns=AT)
+    assert (relabelled, why) == ([], "too late")
