@@ -55,12 +55,13 @@ async def play(url: str, jobs: list[tuple[str, int, float]], concurrency: int, m
                                        temperature=temperature)
                 sess = AgentSession(f"onpolicy-{family}-{seed}", FAMILIES[family], seed, config)
                 while not sess.done:
-                    out_ = await chat_turn(client, f"{url}/chat/completions", sess.next_request(),
-                                           Deadlines(300, 600))
+                    outcome = await chat_turn(client, f"{url}/chat/completions", sess.next_request(),
+                                              Deadlines(300, 600))
                     verdicts, _ = run_checks(TurnContext(
-                        response=out_.response, tools=sess.schemas, status=out_.status,
-                        http_status=out_.http_status, error=out_.error, error_kind=out_.error_kind, thinking=False))
-                    sess.observe(out_.status, out_.response, verdicts)
+                        response=outcome.response, tools=sess.schemas, status=outcome.status,
+                        http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
+                        thinking=False))
+                    sess.observe(outcome.status, outcome.response, verdicts)
             line = json.dumps(Rollout(family, seed, temperature, sess.messages).to_json(), ensure_ascii=False)
             async with lock:
                 with out.open("a") as f:
