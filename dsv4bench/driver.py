@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -30,11 +31,26 @@ from .preflight import root_of
 from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats
-from .records import Timings, TurnContext, TurnRecord, TurnStatus
+from .records import Timings, TurnContext, TurnRecord, TurnStatus, Verdict
 from .session import AgentSession, EndReason, SessionConfig, request_summary
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
 _SEED_STRIDE = 100_000
+
+
+async def play_session(client: httpx.AsyncClient, base_url: str, sess: AgentSession, deadlines: Deadlines,
+                       on_turn: Callable[[TurnOutcome, list[Verdict]], None] | None = None) -> None:
+    """Play one session to its end, a turn at a time, each turn judged by the checkers. The
+    loop of the tools that need no kills, history or run statistics (scripts/eval_engine.py,
+    scripts/onpolicy_corpus.py); `on_turn` sees each turn before the session takes it in."""
+    while not sess.done:
+        outcome = await chat_turn(client, f"{base_url}/chat/completions", sess.next_request(), deadlines)
+        verdicts, _ = run_checks(TurnContext(response=outcome.response, tools=sess.schemas, status=outcome.status,
+                                             http_status=outcome.http_status, error=outcome.error,
+                                             error_kind=outcome.error_kind, thinking=sess.config.thinking))
+        if on_turn is not None:
+            on_turn(outcome, verdicts)
+        sess.observe(outcome.status, outcome.response, verdicts)
 
 
 def session_seed(run_seed: int, index: int) -> int:

@@ -197,7 +197,8 @@ def relabel(rollout: Rollout, rng: random.Random, max_turns: int = 16) -> tuple[
     turn), "unsolved" (no takeover point leads the expert to a solved task, e.g. after a wrong
     write), "replay" (results did not replay)."""
     where = takeovers(rollout.family, rollout.seed, rollout.messages)
-    if where.diverged is None:
+    diverged = where.diverged
+    if diverged is None:
         return [], "on path"
     points = [p for p in where.points(rng) if p < max_turns]
     if not points:
@@ -212,7 +213,5 @@ def relabel(rollout: Rollout, rng: random.Random, max_turns: int = 16) -> tuple[
         except ReplayError:  # e.g. the model's final answer at that turn
             continue
         if solved:
-            assert where.diverged is not None
-            out.append(Relabelled(rollout.family, rollout.seed, turn, messages,
-                                  frozenset(range(where.diverged, turn))))
+            out.append(Relabelled(rollout.family, rollout.seed, turn, messages, frozenset(range(diverged, turn))))
     return out, "" if out else why

@@ -26,11 +26,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4bench.agents import FAMILIES  # noqa: E402
-from dsv4bench.checks import run_checks  # noqa: E402
-from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
+from dsv4bench.client import Deadlines, TurnOutcome  # noqa: E402
+from dsv4bench.driver import play_session  # noqa: E402
 from dsv4bench.engine.train_data import TRAIN_SEED_BASE  # noqa: E402
 from dsv4bench.preflight import server_facts  # noqa: E402
-from dsv4bench.records import TurnContext, TurnStatus  # noqa: E402
+from dsv4bench.records import TurnStatus, Verdict  # noqa: E402
 from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
 
 BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments"}
@@ -45,12 +45,8 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int, conte
         for seed in seeds:
             config = SessionConfig(model="dsv4-mini", max_turns=max_turns, context_tokens=context)
             sess = AgentSession(f"eval-{family}-{seed}", fam, seed, config)
-            while not sess.done:
-                body = sess.next_request()
-                out = await chat_turn(client, f"{url}/chat/completions", body, Deadlines(120, 300))
-                verdicts, _ = run_checks(TurnContext(response=out.response, tools=sess.schemas, status=out.status,
-                                                     http_status=out.http_status, error=out.error,
-                                                     error_kind=out.error_kind, thinking=False))
+
+            def tally(out: TurnOutcome, verdicts: list[Verdict]) -> None:
                 got = {v.code for v in verdicts}
                 codes.update(got)
                 if got:
@@ -63,7 +59,8 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int, conte
                 if out.response and out.response.tool_calls:
                     c["call_turns"] += 1
                     c["call_turns_valid"] += not (got & BAD_CALL or any(x.startswith("dsml_") for x in got))
-                sess.observe(out.status, out.response, verdicts)
+
+            await play_session(client, url, sess, Deadlines(120, 300), tally)
             c["sessions"] += 1
             c["final"] += sess.end_reason is EndReason.FINAL
             c["solved"] += bool(fam.solved(sess.task, sess.world))

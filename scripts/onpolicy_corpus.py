@@ -27,10 +27,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4bench.agents import FAMILIES  # noqa: E402
-from dsv4bench.checks import run_checks  # noqa: E402
-from dsv4bench.client import Deadlines, chat_turn  # noqa: E402
+from dsv4bench.client import Deadlines  # noqa: E402
+from dsv4bench.driver import play_session  # noqa: E402
 from dsv4bench.engine.train_onpolicy import Rollout, relabel  # noqa: E402
-from dsv4bench.records import TurnContext  # noqa: E402
 from dsv4bench.session import AgentSession, SessionConfig  # noqa: E402
 
 # Seeds no other corpus uses: expert corpora start at 100000 and run a few thousand seeds.
@@ -54,14 +53,7 @@ async def play(url: str, jobs: list[tuple[str, int, float]], concurrency: int, m
                 config = SessionConfig(model="dsv4-mini", max_turns=max_turns, context_tokens=context,
                                        temperature=temperature)
                 sess = AgentSession(f"onpolicy-{family}-{seed}", FAMILIES[family], seed, config)
-                while not sess.done:
-                    outcome = await chat_turn(client, f"{url}/chat/completions", sess.next_request(),
-                                              Deadlines(300, 600))
-                    verdicts, _ = run_checks(TurnContext(
-                        response=outcome.response, tools=sess.schemas, status=outcome.status,
-                        http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
-                        thinking=False))
-                    sess.observe(outcome.status, outcome.response, verdicts)
+                await play_session(client, url, sess, Deadlines(300, 600))
             line = json.dumps(Rollout(family, seed, temperature, sess.messages).to_json(), ensure_ascii=False)
             async with lock:
                 with out.open("a") as f:
