@@ -172,6 +172,43 @@ def expert_takeover(family: str, seed: int, messages: list[dict[str, Any]], turn
     return out, ended and fam.solved(task, world)
 
 
+@dataclass(frozen=True)
+class RolloutScore:
+    """How a rollout went, judged as the harness and the evaluation judge a session."""
+
+    turns: int  # assistant turns
+    call_turns: int  # of those, turns with at least one tool call
+    bad_turns: int  # of those, turns with a call the harness's call gate refuses
+    final_answer: bool  # the session ended with an answer, not with a call
+    solved: bool  # the family's own check holds on a fresh world the calls were replayed on
+    # (the world's state, as scripts/eval_engine.py judges it, final answer or not)
+
+
+def score(rollout: Rollout) -> RolloutScore:
+    """Replay the rollout's calls on a fresh world through the harness's call gate and score it."""
+    fam = FAMILIES[rollout.family]
+    world = fam.build_world(rollout.seed)
+    task = fam.make_task(world, rollout.seed)
+    gate = CallGate(fam.tool_schemas())
+    turns = call_turns = bad_turns = 0
+    for m in rollout.messages:
+        if m.get("role") != "assistant":
+            continue
+        turns += 1
+        calls = m.get("tool_calls") or []
+        call_turns += bool(calls)
+        bad = False
+        for tc in calls:
+            fn = tc.get("function") or {}
+            name, raw = fn.get("name") or "", fn.get("arguments") or ""
+            bad |= gate.check(name, raw)[0] is None
+            gate.run(world, name, raw)  # a refused call changes nothing, as in the session
+        bad_turns += bad
+    last = rollout.messages[-1] if rollout.messages else {}
+    final = last.get("role") == "assistant" and not last.get("tool_calls")
+    return RolloutScore(turns, call_turns, bad_turns, final, bool(fam.solved(task, world)))
+
+
 def _call_message(n: int, calls: tuple[ToolAction, ...]) -> dict[str, Any]:
     return {"role": "assistant", "content": "", "tool_calls": [
         {"id": f"call_x{n}_{i}", "type": "function",

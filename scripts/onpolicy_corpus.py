@@ -9,6 +9,8 @@ model reached, and the relabelled sessions are encoded as a training corpus.
 Rollouts are appended to the --rollouts file one line per finished session, so a run that dies
 loses nothing and a rerun plays only the sessions still missing. With --out the corpus is
 built from every rollout in the file; --mix adds a random subset of another corpus's sessions.
+With --stats it prints how the rollouts went, per temperature and family: tool-call turns the
+harness's call gate accepts, sessions with a refused call, final answers and solved tasks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4bench.agents import FAMILIES  # noqa: E402
 from dsv4bench.client import Deadlines  # noqa: E402
 from dsv4bench.driver import play_session  # noqa: E402
-from dsv4bench.engine.train_onpolicy import Rollout, relabel  # noqa: E402
+from dsv4bench.engine.train_onpolicy import Rollout, relabel, score  # noqa: E402
 from dsv4bench.session import AgentSession, SessionConfig  # noqa: E402
 
 # Seeds no other corpus uses: expert corpora start at 100000 and run a few thousand seeds.
@@ -110,6 +112,31 @@ def build(rollouts: list[Rollout], out: Path, mix: Path | None, mix_sessions: in
     print(f"wrote {out}: {summary}")
 
 
+def stats(rollouts: list[Rollout]) -> list[str]:
+    """A table of how the rollouts went, one row per (temperature, family) and one per temperature."""
+    groups: dict[tuple[float, str], Counter[str]] = {}
+    for r in rollouts:
+        sc = score(r)
+        for key in ((r.temperature, r.family), (r.temperature, "all")):
+            c = groups.setdefault(key, Counter())
+            c["sessions"] += 1
+            c["turns"] += sc.turns
+            c["call_turns"] += sc.call_turns
+            c["bad_turns"] += sc.bad_turns
+            c["bad_sessions"] += sc.bad_turns > 0
+            c["final"] += sc.final_answer
+            c["solved"] += sc.solved
+    lines = [f"{'T':>4} {'family':<7} {'sessions':>8} {'turns':>6} {'valid tool-call turns':>24} "
+             f"{'with a refused call':>19} {'final':>6} {'solved':>6}"]
+    for (t, fam), c in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "all", kv[0][1])):
+        ok = c["call_turns"] - c["bad_turns"]
+        share = f"{ok / c['call_turns']:.2%}" if c["call_turns"] else "-"
+        valid = f"{ok}/{c['call_turns']} = {share}"
+        lines.append(f"{t:>4g} {fam:<7} {c['sessions']:>8} {c['turns']:>6} {valid:>24} "
+                     f"{c['bad_sessions']:>19} {c['final']:>6} {c['solved']:>6}")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rollouts", type=Path, required=True, help="JSONL file of rollouts, appended to.")
@@ -128,6 +155,7 @@ def main() -> None:
     p.add_argument("--mix", type=Path, default=None, help="Add sessions drawn from this corpus.")
     p.add_argument("--mix-sessions", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0, help="Seed for takeover points and the mix draw.")
+    p.add_argument("--stats", action="store_true", help="Print how the rollouts in the file went.")
     a = p.parse_args()
     if a.sessions < 0 or a.concurrency < 1 or a.max_turns < 1 or (a.minutes is not None and a.minutes <= 0):
         p.error("--sessions must be >= 0, --concurrency and --max-turns >= 1, --minutes > 0")
@@ -159,6 +187,11 @@ def main() -> None:
         finally:
             if engine:
                 engine.stop()
+    if a.stats:
+        rollouts = read_rollouts(a.rollouts)
+        if not rollouts:
+            p.error(f"no rollouts in {a.rollouts}")
+        print("\n".join(stats(rollouts)))
     if a.out is not None:
         rollouts = read_rollouts(a.rollouts)
         if not rollouts:

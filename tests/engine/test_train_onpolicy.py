@@ -18,6 +18,7 @@ from dsv4bench.engine.train_onpolicy import (
     Rollout,
     expert_takeover,
     relabel,
+    score,
     takeovers,
 )
 
@@ -140,3 +141,13 @@ def test_a_first_move_off_the_path_is_taken_over_from_the_start():
 def test_no_takeover_point_inside_the_turns_is_too_late():
     relabelled, why = relabel(Rollout("ops", SEED, 0.0, looping_rollout()), random.Random(0), max_turns=AT)
     assert (relabelled, why) == ([], "too late")
+
+
+def test_score_counts_refused_turns_final_answers_and_solved_tasks():
+    expert = score(Rollout("ops", SEED, 0.0, session_messages(play_expert("ops", SEED))))
+    assert expert.bad_turns == 0 and expert.final_answer and expert.solved
+    assert expert.call_turns == expert.turns - 1  # every turn calls a tool but the final answer
+    looping = score(Rollout("ops", SEED, 0.0, looping_rollout()))
+    # turns AT..15 each send the refused [symptom, symptom] incident; no answer, not solved
+    assert (looping.turns, looping.call_turns, looping.bad_turns) == (16, 16, 16 - AT)
+    assert not looping.final_answer and not looping.solved

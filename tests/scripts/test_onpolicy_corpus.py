@@ -76,3 +76,27 @@ def test_builds_a_corpus_of_relabelled_rollouts_and_a_mix(tmp_path):
 def test_bad_arguments_get_one_line(tmp_path, args, message):
     r = run("--rollouts", str(tmp_path / "none.jsonl"), *args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stats_scores_the_rollouts_per_temperature_and_family(tmp_path):
+    from dsv4bench.agents import play_expert, session_messages
+
+    rollouts = tmp_path / "rollouts.jsonl"
+    rows = [Rollout("ops", SEED, 0.0, looping_rollout()),
+            Rollout("ops", SEED, 0.0, session_messages(play_expert("ops", SEED))),
+            Rollout("data", 100_000, 0.7, session_messages(play_expert("data", 100_000)))]
+    rollouts.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+    res = run("--rollouts", str(rollouts), "--stats")
+    assert res.returncode == 0, res.stderr
+    table = {tuple(line.split()[:2]): line.split() for line in res.stdout.splitlines()[1:]}
+    assert set(table) == {("0", "ops"), ("0", "all"), ("0.7", "data"), ("0.7", "all")}
+    ops = table[("0", "ops")]
+    # sessions, turns, then "ok/calls", "=", share, sessions with a refused call, final, solved
+    assert ops[2] == "2" and ops[-3:] == ["1", "1", "1"]
+    ok, calls = map(int, ops[4].split("/"))
+    assert calls - ok == 16 - 8  # the looping rollout's refused turns; the expert's are all valid
+    assert table[("0.7", "data")][-3:] == ["0", "1", "1"]
+    empty = tmp_path / "none.jsonl"
+    empty.write_text("")
+    bad = run("--rollouts", str(empty), "--stats")
+    assert bad.returncode == 2 and "no rollouts" in bad.stderr and "Traceback" not in bad.stderr
