@@ -201,8 +201,11 @@ def score(rollout: Rollout) -> RolloutScore:
         for tc in calls:
             fn = tc.get("function") or {}
             name, raw = fn.get("name") or "", fn.get("arguments") or ""
-            bad |= gate.check(name, raw)[0] is None
-            gate.run(world, name, raw)  # a refused call changes nothing, as in the session
+            args, _ = gate.check(name, raw)
+            if args is None:  # refused: the world never sees it, as in the session
+                bad = True
+            else:
+                gate.execute(world, name, args)
         bad_turns += bad
     last = rollout.messages[-1] if rollout.messages else {}
     final = last.get("role") == "assistant" and not last.get("tool_calls")

@@ -187,16 +187,14 @@ def main() -> None:
         finally:
             if engine:
                 engine.stop()
-    if a.stats:
+    if a.stats or a.out is not None:
         rollouts = read_rollouts(a.rollouts)
         if not rollouts:
             p.error(f"no rollouts in {a.rollouts}")
-        print("\n".join(stats(rollouts)))
-    if a.out is not None:
-        rollouts = read_rollouts(a.rollouts)
-        if not rollouts:
-            p.error(f"no rollouts in {a.rollouts}")
-        build(rollouts, a.out, a.mix, a.mix_sessions, a.seed)
+        if a.stats:
+            print("\n".join(stats(rollouts)))
+        if a.out is not None:
+            build(rollouts, a.out, a.mix, a.mix_sessions, a.seed)
 
 
 if __name__ == "__main__":
