@@ -143,8 +143,11 @@ class HostTier:
             b.wait(layer)
 
     def loads_in_flight(self) -> int:
+        """Loads whose last layer has not landed. NOTE: counted by the layer events, not by
+        `_inflight`, which the loader thread prunes only after the last event is set: right
+        after `wait_all` returns, a finished load may still be listed there."""
         with self._lock:
-            return len(self._inflight)
+            return sum(not b.done() for b in self._inflight)
 
     def wait_all(self) -> None:
         with self._lock:
