@@ -85,6 +85,12 @@ def agents(
     serve_metrics: Optional[int] = typer.Option(None, "--serve-metrics", metavar="PORT", help="Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts by code, kills)."),
     canary_timeout: float = typer.Option(10.0, help="Deadline of the one short completion sent after the drain window."),
     recover_cmd: Optional[str] = typer.Option(None, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
+    reference: Optional[Path] = typer.Option(None, "--reference", metavar="RUN", help=(
+        "A run folder (or an --out folder holding one run) whose answers this run must repeat: run the same "
+        "--seed and flags against a server without the suspect change (e.g. HiCache off), then again with it "
+        "and --reference. A greedy turn whose request RUN also sent and that gets a different answer is "
+        "reference_mismatch: wrong state the other checks cannot see (a cache or KV race). Needs --temperature 0 "
+        "and a deterministic server (the bundled engine is; SGLang: --enable-deterministic-inference).")),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
     engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
@@ -99,7 +105,7 @@ def agents(
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
             metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
-            canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics,
+            canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics, reference=reference,
         )
         _check_scenario(scenario)
         if (engine_fault or engine_pd) and url is not None:
@@ -110,7 +116,15 @@ def agents(
     except ConfigError as e:
         raise fail(str(e))
     from .exporter import ExporterError
+    from .reference import ReferenceAnswers, ReferenceError
     from .run import run_agents
+
+    answers = None
+    if reference is not None:  # read before anything starts: a bad folder fails at once
+        try:
+            answers = ReferenceAnswers.load(reference)
+        except ReferenceError as e:
+            raise fail(str(e))
 
     bundled = None
     if url is None:
@@ -124,7 +138,7 @@ def agents(
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
         try:
-            summary, run_dir = run_agents(config, facts, command=_command_line())
+            summary, run_dir = run_agents(config, facts, command=_command_line(), reference=answers)
         except ExporterError as e:
             raise fail(str(e))
     finally:

@@ -48,6 +48,7 @@ class RunConfig:
     canary_timeout: float = 10.0  # the post-drain canary's deadline
     serve_metrics: int | None = None  # port of the harness's own /metrics
     recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
+    reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference.py)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -90,6 +91,8 @@ class RunConfig:
                 parse_kill_spec(spec)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        if self.reference is not None and self.temperature != 0:
+            raise ConfigError("--reference compares greedy answers: it needs --temperature 0")
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
         if bad:
             raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
@@ -101,6 +104,7 @@ class RunConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["out"] = str(self.out)
+        d["reference"] = str(self.reference) if self.reference is not None else None
         d["fail_on"] = list(self.fail_on)
         d["metrics"] = list(self.metrics)
         d["kill"] = list(self.kill)

@@ -32,6 +32,7 @@ from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats
 from .records import Timings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .reference import ReferenceAnswers, is_greedy, request_key
 from .session import AgentSession, EndReason, SessionConfig, request_summary
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
@@ -73,8 +74,9 @@ class AgentRun:
     """Drives all the sessions of one run and writes their history."""
 
     def __init__(self, config: RunConfig, model: str, history: HistoryWriter, stats: LiveStats, run_id: str,
-                 context_tokens: int | None = None) -> None:
+                 context_tokens: int | None = None, reference: ReferenceAnswers | None = None) -> None:
         self.config = config
+        self.reference = reference
         self.history = history
         self.stats = stats
         self.run_id = run_id
@@ -302,8 +304,12 @@ class AgentRun:
         )
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await self._raw_completion(body, headers)
+        if self.reference is not None and is_greedy(body):
+            ctx.reference = self.reference.get(request_key(body))
         verdicts, check_errors = run_checks(ctx)
         rec = self._record(sess, body, outcome, verdicts, check_errors)
+        if ctx.reference is not None and outcome.status is TurnStatus.OK:
+            rec.request["compared"] = True  # the reference sent this same request: judged against it
         self.history.turn(rec)
         self.stats.add_turn(rec)
         sess.observe(outcome.status, outcome.response, verdicts)

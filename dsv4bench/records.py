@@ -35,6 +35,9 @@ CORRUPTION_CODES: tuple[str, ...] = (
     "truncated",
     "degenerate_repetition",
     "garbled_text",
+    # Beyond DESIGN's list, judged only with --reference: the same greedy request got a different
+    # answer from the reference run (dsv4bench/reference.py).
+    "reference_mismatch",
 )
 AVAILABILITY_CODES: tuple[str, ...] = (
     "http_error",
@@ -45,6 +48,7 @@ AVAILABILITY_CODES: tuple[str, ...] = (
 WEDGE_CODES: tuple[str, ...] = ("queue_stuck", "canary_timeout", "health_lies", "ghost_requests")
 # Not a verdict about the server: the --raw oracle disagreed with the server's own parser.
 ORACLE_CODE = "parser_disagreement"
+REFERENCE_CODE = "reference_mismatch"
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,32 @@ class Timings:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+@dataclass(frozen=True)
+class ReferenceAnswer:
+    """What a reference run's server wrote for a request (dsv4bench/reference.py), and where."""
+
+    content: str
+    reasoning: str
+    tool_calls: tuple[tuple[str, str], ...]  # (name, arguments); call ids are the server's own
+    finish_reason: str | None
+    run: str = ""
+    session: str = ""
+    turn: int | None = None
+
+    @property
+    def output(self) -> tuple[Any, ...]:
+        return (self.content, self.reasoning, self.tool_calls, self.finish_reason)
+
+    @classmethod
+    def of(cls, response: AssembledResponse, **where: Any) -> ReferenceAnswer:
+        calls = tuple((c.name or "", c.arguments) for c in response.tool_calls)
+        return cls(response.content, response.reasoning, calls, response.finish_reason, **where)
+
+    @classmethod
+    def from_response_json(cls, d: dict[str, Any], **where: Any) -> ReferenceAnswer:
+        return cls.of(AssembledResponse.from_json(d), **where)
+
+
 @dataclass
 class TurnContext:
     """What the checkers see of one turn: the response plus what the request allowed.
@@ -167,6 +197,7 @@ class TurnContext:
     thinking: bool | None = None  # the request's thinking flag; None when not known (audit)
     tool_choice: str = "auto"
     raw_completion: str | None = None  # the --raw oracle's completion text, when fetched
+    reference: ReferenceAnswer | None = None  # --reference: that run's answer to this same request
 
 
 @dataclass

@@ -15,6 +15,7 @@ from .exporter import ExporterError, HarnessExporter
 from .history import HistoryWriter
 from .progress import LiveStats, ProgressView
 from .recover import run_recovery
+from .reference import ReferenceAnswers
 from .report import build_report
 from .wedge import WedgeConfig, detect_wedge
 
@@ -26,8 +27,12 @@ def new_run_dir(config: RunConfig) -> tuple[str, Path]:
     return run_id, config.out / run_id
 
 
-def run_agents(config: RunConfig, facts: dict[str, Any], command: str) -> tuple[dict[str, Any], Path]:
-    """Run all sessions, then write summary.json, report.md and plots. Returns (summary, run dir)."""
+def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
+               reference: ReferenceAnswers | None = None) -> tuple[dict[str, Any], Path]:
+    """Run all sessions, then write summary.json, report.md and plots. Returns (summary, run dir).
+    `reference`: config.reference already loaded (the CLI loads it before starting anything)."""
+    if reference is None and config.reference is not None:
+        reference = ReferenceAnswers.load(config.reference)
     run_id, run_dir = new_run_dir(config)
     model = config.model or (facts.get("models") or ["default"])[0]
     run_info: dict[str, Any] = {
@@ -38,6 +43,9 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str) -> tuple[
         "server": facts,
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
     }
+    if reference is not None:
+        run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
+                                 "conflicts": reference.conflicts}
     history = HistoryWriter(run_dir, run_info)
     stats = LiveStats()
     exporter = None
@@ -49,7 +57,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str) -> tuple[
             history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
             history.close()
             raise
-    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"))
+    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference)
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):

@@ -14,7 +14,8 @@ from typing import Any
 
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .agents.call_gate import CallGate
-from .records import CORRUPTION_CODES, AssembledResponse, TurnStatus, Verdict
+from .reference import request_key
+from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 
 
 class SessionState(str, enum.Enum):
@@ -135,9 +136,10 @@ class AgentSession:
         if response.tool_calls:
             for call in response.tool_calls:
                 self._run_tool_call(call.id or f"call_{self.turn}_{call.index}", call.name or "", call.arguments)
-        elif corrupt:
-            # The reply was unusable (leaked markup, empty, truncated...): say so and go on.
-            why = ", ".join(sorted({v.code for v in corrupt}))
+        elif unusable := [v for v in corrupt if v.code != REFERENCE_CODE]:
+            # The reply was unusable (leaked markup, empty, truncated...): say so and go on. A
+            # reply that only differs from the reference run's is well formed: the agent uses it.
+            why = ", ".join(sorted({v.code for v in unusable}))
             self.messages.append({"role": "user", "content": _NUDGE_MALFORMED.format(why=why)})
         else:
             return self._end(EndReason.FINAL)
@@ -208,9 +210,12 @@ class AgentSession:
 
 
 def request_summary(body: dict[str, Any]) -> dict[str, Any]:
-    """What turns.jsonl keeps of a request: its shape, not its (large) transcript."""
+    """What turns.jsonl keeps of a request: its shape and key (dsv4bench/reference.py), not its
+    (large) transcript."""
     msgs = body.get("messages") or []
     return {
+        "key": request_key(body),
+        "temperature": body.get("temperature"),
         "messages": len(msgs),
         "prompt_chars": sum(len(str(m.get("content") or "")) for m in msgs),
         "tools": len(body.get("tools") or []),

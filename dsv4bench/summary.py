@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .history import History
-from .records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnRecord, TurnStatus
+from .records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TurnRecord, TurnStatus
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
@@ -226,4 +226,16 @@ def summarize(history: History) -> dict[str, Any]:
         },
         "events": dict(sorted(Counter(str(e.get("kind")) for e in history.events).items())),
         "wedge": wedge,
+        "reference": _reference(history, counts),
     }
+
+
+def _reference(history: History, counts: dict[str, int]) -> dict[str, Any] | None:
+    """--reference runs: how many completed turns repeated a request of the reference run, and how
+    many of those got a different answer; None for a run without --reference."""
+    ref = history.run.get("reference")
+    if not isinstance(ref, dict):
+        return None
+    compared = sum(1 for t in history.turns if t.status is TurnStatus.OK and t.request.get("compared"))
+    return {"run_dir": ref.get("run_dir"), "answers": ref.get("answers"), "conflicts": ref.get("conflicts", 0),
+            "compared": compared, "mismatched": counts.get(REFERENCE_CODE, 0)}

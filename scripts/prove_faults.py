@@ -4,10 +4,13 @@ nothing on the clean engine.
 For each fault, N runs of `dsv4bench agents` against the bundled engine with the recipe that
 triggers it (concurrency 80, multi-turn agent sessions, kills where the fault needs them,
 bounded time), then N clean runs: clean run k replays the k-th recipe's engine settings and load
-with no fault, so every recipe's stress is also seen clean. Prints a markdown table: runs where
-the expected code was found, the codes seen, and the time to first detection (from the start of
-the run to the end of the first turn carrying an expected corruption code, or to the end of the
-drain window that concluded a wedge).
+with no fault, so every recipe's stress is also seen clean. A fault whose corruption keeps every
+tool call well formed (`hicache-index-race`) is judged against a reference: fault run i and clean
+run i get `--reference` to a clean run of the same seed and settings made just before them, and
+that reference run counts as a clean run too. Prints a markdown table: runs where the expected
+code was found, the codes seen, and the time to first detection (from the start of the run to
+the end of the first turn carrying an expected corruption code, or to the end of the drain window
+that concluded a wedge).
 
     python scripts/prove_faults.py --runs 5 --table proof.md --reports reports/
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl  # noqa: E402
-from dsv4bench.records import CORRUPTION_CODES, WEDGE_CODES  # noqa: E402
+from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES  # noqa: E402
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
 
@@ -39,6 +42,7 @@ class Recipe:
     engine: tuple[str, ...] = ()  # engine settings the fault needs (kept in the clean replay)
     load: tuple[str, ...] = ()  # agents flags: duration, kills, drain window
     extra_faults: tuple[str, ...] = ()  # faults that set the stage (health-lies needs a wedge to lie about)
+    reference: bool = False  # judge runs against a clean run of the same seed and settings (--reference)
     why: str = ""
 
     @property
@@ -48,12 +52,12 @@ class Recipe:
 
 KILL = ("--duration", "30", "--kill", "all@20s", "--drain-timeout", "10", "--canary-timeout", "5")
 RECIPES: tuple[Recipe, ...] = (
-    Recipe("hicache-index-race", frozenset(CORRUPTION_CODES),
+    Recipe("hicache-index-race", frozenset({REFERENCE_CODE}),
            engine=("--hicache", "--num-pages=1024", "--hicache-host-pages=16384", "--hicache-load-gbps=0.02",
                    "--index-k-dtype=bf16"),
-           load=("--duration", "60", "--drain-timeout", "10"),
+           load=("--duration", "60", "--drain-timeout", "10"), reference=True,
            why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
-               "the host tier while the indexer reads it"),
+               "the host tier while the indexer reads it; the stale picks change answers, not their form"),
     Recipe("parser-split", frozenset({"dsml_leak_content"}), load=("--duration", "40", "--drain-timeout", "10"),
            why="every turn streams a DSML tool call; some tags arrive split across chunks"),
     Recipe("ghost-decode", frozenset({"ghost_requests"}), load=KILL,
@@ -79,30 +83,16 @@ class RunResult:
     run_dir: Path | None = None
     error: str | None = None
     corrupt_turns: dict[tuple[str, int, str], float | None] = field(default_factory=dict)  # -> s after start
-    outputs: dict[tuple[str, int], str] = field(default_factory=dict)  # (session, turn) -> what the model wrote
     unguarded_reads: int | None = None  # HiCache runs: index-K reads that went ahead of a load (the race firing)
-    twin: RunResult | None = None  # the same seed and settings with the fault off (--twins)
-
-    def differing_turns(self) -> tuple[int, int]:
-        """(turns whose output differs from the clean twin's, turns both runs have): whether the
-        fault changed what the model wrote at all, corrupt or not."""
-        assert self.twin is not None
-        shared = self.outputs.keys() & self.twin.outputs.keys()
-        return sum(self.outputs[k] != self.twin.outputs[k] for k in shared), len(shared)
-
-    def attributable(self, expect: frozenset[str]) -> set[tuple[str, int, str]]:
-        """Expected corrupt turns of this run that its clean twin does not also have: the fault's
-        doing, not the model's own mistakes on these tasks."""
-        mine = {t for t in self.corrupt_turns if t[2] in expect}
-        return mine - set(self.twin.corrupt_turns) if self.twin is not None else mine
+    reference: dict | None = None  # summary.json's `reference` (--reference runs): turns compared, mismatched
 
 
 def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float,
-             weights: Path | None = None) -> RunResult:
+             weights: Path | None = None, reference: Path | None = None) -> RunResult:
     engine_args = [f"--engine-arg={a}" for a in (*recipe.engine, *([f"--weights={weights}"] if weights else []))]
     faults = [] if clean else [f"--engine-fault={f}" for f in recipe.faults]
     cmd = [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
-           *engine_args, *faults]
+           *engine_args, *faults, *(["--reference", str(reference)] if reference else [])]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -116,10 +106,10 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
     run_dir = dirs[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
     events = read_jsonl(run_dir / EVENTS_FILE)[0]
-    corrupt_turns, outputs = read_turns(run_dir, events)
+    corrupt_turns = read_turns(run_dir, events)
     codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events)
     return RunResult(recipe.fault, clean, summary["verdict"], codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
-                     outputs=outputs, unguarded_reads=read_unguarded_reads(run_dir))
+                     unguarded_reads=read_unguarded_reads(run_dir), reference=summary.get("reference"))
 
 
 def read_unguarded_reads(run_dir: Path) -> int | None:
@@ -133,21 +123,16 @@ def read_unguarded_reads(run_dir: Path) -> int | None:
     return None
 
 
-def read_turns(run_dir: Path, events: list[dict]
-               ) -> tuple[dict[tuple[str, int, str], float | None], dict[tuple[str, int], str]]:
+def read_turns(run_dir: Path, events: list[dict]) -> dict[tuple[str, int, str], float | None]:
     """(session, turn, code) of every corruption verdict -> seconds from run start to the turn's
-    end (None when the turn has no end time); and (session, turn) of every finished turn -> what
-    the model wrote (text and tool calls)."""
+    end (None when the turn has no end time)."""
     start = _run_start(events)
-    corrupt, outputs = {}, {}
+    corrupt = {}
     for turn in read_jsonl(run_dir / TURNS_FILE)[0]:
         end = turn["timings"].get("end_ns")
         corrupt |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
                     for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
-        if turn["status"] == "ok" and (resp := turn.get("response")):
-            calls = [(c.get("name"), c.get("arguments")) for c in resp.get("tool_calls") or []]
-            outputs[(turn["session"], turn["turn"])] = json.dumps([resp.get("content"), calls])
-    return corrupt, outputs
+    return corrupt
 
 
 def read_findings(summary: dict, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None],
@@ -183,28 +168,26 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
             "|---|---|---|---|---|---|"]
     for r in recipes:
         mine = [x for x in results if x.recipe == r.fault and not x.clean]
-        found = [x for x in mine if (x.attributable(r.expect) if x.twin is not None else set(x.codes) & r.expect)]
+        found = [x for x in mine if set(x.codes) & r.expect]
         seen: dict[str, int] = {}
         for x in mine:
             for c in x.codes:
                 seen[c] = seen.get(c, 0) + 1
-        times = [min((x.corrupt_turns[t] for t in x.attributable(r.expect) if x.corrupt_turns[t] is not None),
-                     default=None) if x.twin is not None else x.first_detection_s for x in found]
-        times = [t for t in times if t is not None]
+        times = [x.first_detection_s for x in found if x.first_detection_s is not None]
         when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
-        expect = "any corruption code" if r.expect == frozenset(CORRUPTION_CODES) else ", ".join(sorted(r.expect))
+        expect = ", ".join(sorted(r.expect))
         recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine), *r.load])
-        twins = [x.twin for x in mine if x.twin is not None]
-        if twins:
-            twin_codes = sum(len([t for t in tw.corrupt_turns if t[2] in r.expect]) for tw in twins)
-            own = sum(len({t for t in x.corrupt_turns if t[2] in r.expect}) for x in mine)
-            pairs = [x.differing_turns() for x in mine if x.twin is not None]
-            expect += (f"; attributed only when the clean twin (same seed, fault off) lacks it: fault runs "
-                       f"{own} turns, twins {twin_codes}; the fault runs wrote {sum(d for d, _ in pairs)} of "
-                       f"{sum(n for _, n in pairs)} turns differently from their twins")
+        if r.reference:
+            compared = sum((x.reference or {}).get("compared", 0) for x in mine)
+            mismatched = sum((x.reference or {}).get("mismatched", 0) for x in mine)
+            reads = [x.unguarded_reads for x in mine if x.unguarded_reads is not None]
+            expect += (f" against a clean reference run (same seed and settings, fault off): {mismatched} of "
+                       f"{compared} compared turns answered differently"
+                       + (f"; {min(reads)}-{max(reads)} unguarded index-K reads per run" if reads else ""))
+            recipe += " --reference CLEAN_RUN"
         rows.append(f"| `{r.fault}` | {expect} | {len(found)}/{len(mine)} | "
                     f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
-    clean = [x for x in results if x.clean] + [x.twin for x in results if x.twin is not None]
+    clean = [x for x in results if x.clean]
     bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
     seen_clean = sorted({c for x in clean for c in x.codes})
     rows.append(f"| clean (recipes' settings, no fault) | none | {len(clean) - len(bad)}/{len(clean)} clean | "
@@ -223,8 +206,6 @@ def main() -> int:
     p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
     p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for every engine; default: the shipped ones.")
-    p.add_argument("--twins", action="store_true", help="For corruption faults, also run each fault run's clean twin "
-                   "(same seed and settings, fault off) and count only corrupt turns the twin does not have.")
     a = p.parse_args()
     recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
     if not recipes or a.runs < 1:
@@ -234,38 +215,42 @@ def main() -> int:
     if not a.no_clean:
         pool = RECIPES if a.clean_all else recipes
         plan += [(pool[i % len(pool)], True, i) for i in range(a.runs)]
+    references: dict[tuple[str, int], RunResult] = {}  # (recipe, seed) -> its clean reference run
     with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:
-        for n, (recipe, clean, i) in enumerate(plan, 1):
-            out = Path(tmp) / f"{recipe.fault}-{'clean' if clean else 'fault'}-{i}"
+        def one(recipe: Recipe, clean: bool, i: int, label: str, reference: Path | None = None) -> RunResult:
+            out = Path(tmp) / f"{recipe.fault}-{label}-{i}"
             out.mkdir()
-            res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights)
+            res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights, reference)
             results.append(res)
-            if a.twins and not clean and recipe.expect <= frozenset(CORRUPTION_CODES) and res.run_dir is not None:
-                twin_out = Path(tmp) / f"{recipe.fault}-twin-{i}"
-                twin_out.mkdir()
-                res.twin = run_once(recipe, True, a.seed + i, twin_out, a.timeout, a.weights)
-                differ, shared = res.differing_turns()
-                print(f"    clean twin: {res.twin.verdict} codes={res.twin.codes or {}} "
-                      f"attributable to the fault: {len(res.attributable(recipe.expect))} turns; "
-                      f"output differs from the twin's in {differ} of {shared} turns", file=sys.stderr, flush=True)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
-            print(f"[{n}/{len(plan)}] {recipe.fault}{' (clean)' if clean else ''} run {i + 1}: {res.verdict} "
-                  f"codes={res.codes or {}} found={found or '-'} first={res.first_detection_s} "
-                  f"wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}"
-                  f"{'' if res.unguarded_reads is None else f' unguarded index-K reads={res.unguarded_reads}'}",
+            ref = "" if res.reference is None else (f" reference: {res.reference['mismatched']} of "
+                                                     f"{res.reference['compared']} compared turns differ")
+            print(f"{recipe.fault} {label} run {i + 1}: {res.verdict} codes={res.codes or {}} found={found or '-'} "
+                  f"first={res.first_detection_s} wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}"
+                  f"{'' if res.unguarded_reads is None else f' unguarded index-K reads={res.unguarded_reads}'}{ref}",
                   file=sys.stderr, flush=True)
+            return res
+
+        for n, (recipe, clean, i) in enumerate(plan, 1):
+            print(f"[{n}/{len(plan)}]", file=sys.stderr, flush=True)
+            reference = None
+            if recipe.reference:
+                if (recipe.fault, i) not in references:
+                    references[(recipe.fault, i)] = one(recipe, True, i, "reference")
+                reference = references[(recipe.fault, i)].run_dir
+                if reference is None:
+                    continue  # the reference run failed; it shows in the table as a failed clean run
+            res = one(recipe, clean, i, "clean" if clean else "fault", reference)
             if a.reports and not clean and i == 0 and res.run_dir is not None:
                 keep_report(res, a.reports / f"fault-{recipe.fault}")
     text = table(results, recipes, a.runs)
     print(text)
     if a.table:
         a.table.write_text(text + "\n", encoding="utf-8")
-    found = {r.fault: sum(1 for x in results if x.recipe == r.fault and not x.clean
-                          and (x.attributable(r.expect) if x.twin is not None else set(x.codes) & r.expect))
+    found = {r.fault: sum(1 for x in results if x.recipe == r.fault and not x.clean and set(x.codes) & r.expect)
              for r in recipes}
     missed = [r for r in recipes if found[r.fault] < a.runs]
-    dirty = [x for x in [*results, *(x.twin for x in results if x.twin)] if x and x.clean
-             and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
+    dirty = [x for x in results if x.clean and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
     return 1 if missed or dirty else 0
 
 

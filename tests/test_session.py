@@ -6,6 +6,7 @@ import pytest
 
 from dsv4bench.agents.base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
 from dsv4bench.records import AssembledResponse, ToolCall, TurnStatus, Verdict
+from dsv4bench.reference import request_key
 from dsv4bench.session import AgentSession, EndReason, SessionConfig, SessionState, request_summary
 
 
@@ -155,10 +156,20 @@ def test_without_usage_or_a_known_context_the_session_goes_on():
 
 def test_request_summary_is_small_and_exact():
     s = make()
-    summary = request_summary(s.next_request())
-    assert summary == {"messages": 2, "prompt_chars": len("You add numbers.") + len("Add 3 to 5."), "tools": 1,
+    body = s.next_request()
+    summary = request_summary(body)
+    assert summary == {"key": request_key(body), "temperature": 0.0, "messages": 2,
+                       "prompt_chars": len("You add numbers.") + len("Add 3 to 5."), "tools": 1,
                        "stream": True, "max_tokens": 1024, "thinking": False}
     assert json.dumps(summary)
+
+
+def test_a_final_answer_that_only_differs_from_the_reference_still_ends_the_session():
+    """reference_mismatch is corruption in the verdict, but the reply is well formed: no nudge."""
+    s = make()
+    s.next_request()
+    s.observe(TurnStatus.OK, resp(content="the answer is 9"), [Verdict("reference_mismatch", "x")])
+    assert s.done and s.end_reason is EndReason.FINAL
 
 
 def test_config_validates():

@@ -31,6 +31,7 @@ from dsv4bench.checks.protocol import (
     check_stream_protocol,
     check_truncated,
 )
+from dsv4bench.checks.reference import check_reference_mismatch
 from dsv4bench.checks.text import check_degenerate_repetition, check_garbled_text
 from dsv4bench.records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnContext, TurnStatus, Verdict
 
@@ -49,6 +50,7 @@ CHECKERS: dict[str, Checker] = {
     "truncated": check_truncated,
     "degenerate_repetition": check_degenerate_repetition,
     "garbled_text": check_garbled_text,
+    "reference_mismatch": check_reference_mismatch,
     "http_error": check_http_error,
     "timeout_ttft": check_timeout_ttft,
     "timeout_total": check_timeout_total,

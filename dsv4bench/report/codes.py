@@ -21,6 +21,8 @@ CODE_MEANINGS: dict[str, str] = {
     "truncated": "The response stopped early (length limit or cut-off) mid tool call or mid sentence.",
     "degenerate_repetition": "The output falls into a repetition loop.",
     "garbled_text": "The text is garbled: invalid characters, mixed-up tokens or mojibake.",
+    "reference_mismatch": ("The reference run (--reference) got a different answer to this same greedy request: "
+                           "the server computed it from wrong state (a cache or KV race), or is not deterministic."),
     # Availability: the request did not complete.
     "http_error": "The server answered with an HTTP error status.",
     "timeout_ttft": "No first token arrived within the time-to-first-token limit.",

@@ -104,9 +104,26 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     if summary["skipped_lines"]:
         notes.append(f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
                      "(a torn last line is expected after SIGKILL).")
+    notes += _reference_notes(summary.get("reference"))
     if summary["check_errors"]:
         notes.append(f"> A checker raised on {fmt_int(summary['check_errors'])} turn(s): "
                      "their verdicts are incomplete (unknown, not clean).")
+    return notes
+
+
+def _reference_notes(ref: dict[str, Any] | None) -> list[str]:
+    """--reference: what was compared with which run, and when the comparison says little."""
+    if not ref:
+        return []
+    notes = [f"> **Reference run** `{ref['run_dir']}`: {fmt_int(ref['compared'])} completed turns sent a request "
+             f"the reference had answered; {fmt_int(ref['mismatched'])} got a different answer "
+             "(`reference_mismatch`). Sessions part ways at their first mismatch, so later turns are not compared."]
+    if not ref["compared"]:
+        notes.append("> No request matched the reference run's: was it made with the same `--seed`, `--scenario`, "
+                     "`--max-tokens`, `--thinking` and `--temperature 0`?")
+    if ref.get("conflicts"):
+        notes.append(f"> The reference run itself answered {fmt_int(ref['conflicts'])} request(s) two ways: its "
+                     "server was not deterministic, so a mismatch here may be noise, not wrong state.")
     return notes
 
 

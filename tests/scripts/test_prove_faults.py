@@ -1,5 +1,5 @@
-"""The proof's bookkeeping: a fault run's corrupt turns count only where its clean twin lacks
-them, and the twin comparison says how many turns the fault changed at all."""
+"""The proof's bookkeeping: corrupt turns and when they came, the reference recipe's row (found
+by reference_mismatch, with the compared-turn counts), and the race's own counter."""
 
 from __future__ import annotations
 
@@ -27,19 +27,29 @@ def _run_dir(path: Path, turns: list[tuple[str, int, str, list[str]]]) -> Path:
     return path
 
 
-def test_twins_credit_only_the_faults_own_corruption_and_count_changed_turns(tmp_path):
-    fault_dir = _run_dir(tmp_path / "fault", [("s1", 0, "a", []), ("s1", 1, "b?", ["schema_violation"]),
-                                              ("s2", 0, "c", ["unknown_tool"]), ("s3", 0, "only here", [])])
-    twin_dir = _run_dir(tmp_path / "twin", [("s1", 0, "a", []), ("s1", 1, "b", []), ("s2", 0, "c", ["unknown_tool"])])
-    corrupt, outputs = prove.read_turns(fault_dir, prove.read_jsonl(fault_dir / "events.jsonl")[0])
-    assert corrupt == {("s1", 1, "schema_violation"): 2.0, ("s2", 0, "unknown_tool"): 2.0}
-    run = prove.RunResult("hicache-index-race", False, "CORRUPTION", corrupt_turns=corrupt, outputs=outputs)
-    twin_corrupt, twin_outputs = prove.read_turns(twin_dir, prove.read_jsonl(twin_dir / "events.jsonl")[0])
-    run.twin = prove.RunResult("hicache-index-race", True, "CORRUPTION", corrupt_turns=twin_corrupt,
-                               outputs=twin_outputs)
-    expect = frozenset(prove.CORRUPTION_CODES)
-    assert run.attributable(expect) == {("s1", 1, "schema_violation")}  # s2's mistake is the model's own
-    assert run.differing_turns() == (1, 3)  # s1 turn 1 changed; s3 has no twin turn to compare
+def test_corrupt_turns_are_timed_from_the_run_start(tmp_path):
+    run_dir = _run_dir(tmp_path / "fault", [("s1", 0, "a", []), ("s1", 1, "b?", ["schema_violation"]),
+                                            ("s2", 0, "c", ["reference_mismatch", "parser_disagreement"])])
+    corrupt = prove.read_turns(run_dir, prove.read_jsonl(run_dir / "events.jsonl")[0])
+    # parser_disagreement is not a verdict about the server
+    assert corrupt == {("s1", 1, "schema_violation"): 2.0, ("s2", 0, "reference_mismatch"): 2.0}
+
+
+def test_the_reference_recipes_row_counts_mismatches_and_a_clean_mismatch_is_dirty():
+    [recipe] = [r for r in prove.RECIPES if r.reference]
+    assert recipe.expect == frozenset({"reference_mismatch"})
+    found = prove.RunResult(recipe.fault, False, "CORRUPTION", {"reference_mismatch": 2}, 31.5,
+                            unguarded_reads=400, reference={"compared": 300, "mismatched": 2})
+    missed = prove.RunResult(recipe.fault, False, "CLEAN", {}, None, unguarded_reads=350,
+                             reference={"compared": 310, "mismatched": 0})
+    clean = prove.RunResult(recipe.fault, True, "CLEAN", {}, None, reference={"compared": 320, "mismatched": 0})
+    dirty = prove.RunResult(recipe.fault, True, "CORRUPTION", {"reference_mismatch": 1}, None,
+                            reference={"compared": 320, "mismatched": 1})
+    text = prove.table([found, missed, clean, dirty], (recipe,), 2)
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{recipe.fault}`"))
+    assert "| 1/2 |" in row and "2 of 610 compared turns answered differently" in row
+    assert "350-400 unguarded index-K reads" in row and "31.5 s" in row and "--reference CLEAN_RUN" in row
+    assert "| 1/2 clean |" in text.splitlines()[-1]
 
 
 def test_unguarded_reads_come_from_the_last_scrape(tmp_path):
