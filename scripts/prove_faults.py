@@ -55,9 +55,10 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("hicache-index-race", frozenset({REFERENCE_CODE}),
            engine=("--hicache", "--num-pages=1024", "--hicache-host-pages=16384", "--hicache-load-gbps=0.02",
                    "--index-k-dtype=bf16"),
-           load=("--duration", "60", "--drain-timeout", "10"), reference=True,
+           load=("--duration", "90", "--drain-timeout", "10"), reference=True,
            why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
-               "the host tier while the indexer reads it; the stale picks change answers, not their form"),
+               "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
+               "every session several turns for them to change"),
     Recipe("parser-split", frozenset({"dsml_leak_content"}), load=("--duration", "40", "--drain-timeout", "10"),
            why="every turn streams a DSML tool call; some tags arrive split across chunks"),
     Recipe("ghost-decode", frozenset({"ghost_requests"}), load=KILL,
