@@ -14,8 +14,8 @@ from typing import Any
 
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .agents.call_gate import CallGate
-from .reference import request_key
 from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
+from .reference import request_key
 
 
 class SessionState(str, enum.Enum):
