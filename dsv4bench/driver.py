@@ -32,7 +32,7 @@ from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats
 from .records import Timings, TurnContext, TurnRecord, TurnStatus, Verdict
-from .reference import ReferenceAnswers, is_greedy, request_key
+from .reference import ReferenceAnswers
 from .session import AgentSession, EndReason, SessionConfig, request_summary
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
@@ -304,19 +304,21 @@ class AgentRun:
         )
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await self._raw_completion(body, headers)
-        if self.reference is not None and is_greedy(body):
-            ctx.reference = self.reference.get(request_key(body))
+        summary = request_summary(body)
+        # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.
+        if self.reference is not None:
+            ctx.reference = self.reference.get(summary["key"])
         verdicts, check_errors = run_checks(ctx)
-        rec = self._record(sess, body, outcome, verdicts, check_errors)
         if ctx.reference is not None and outcome.status is TurnStatus.OK:
-            rec.request["compared"] = True  # the reference sent this same request: judged against it
+            summary["compared"] = True  # the reference sent this same request: judged against it
+        rec = self._record(sess, body, summary, outcome, verdicts, check_errors)
         self.history.turn(rec)
         self.stats.add_turn(rec)
         sess.observe(outcome.status, outcome.response, verdicts)
 
-    def _record(self, sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome, verdicts: list, check_errors: list[str]) -> TurnRecord:
+    def _record(self, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any], outcome: TurnOutcome,
+                verdicts: list, check_errors: list[str]) -> TurnRecord:
         failing = bool(verdicts) or bool(check_errors) or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED)
-        summary = request_summary(body)
         if failing:
             summary["body"] = body  # the exact request, so the turn can be replayed and audited
         return TurnRecord(

@@ -159,7 +159,6 @@ class ReferenceAnswer:
     reasoning: str
     tool_calls: tuple[tuple[str, str], ...]  # (name, arguments); call ids are the server's own
     finish_reason: str | None
-    run: str = ""
     session: str = ""
     turn: int | None = None
 

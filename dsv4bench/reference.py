@@ -54,7 +54,8 @@ def request_key(body: dict[str, Any]) -> str:
 
 
 def is_greedy(body: dict[str, Any]) -> bool:
-    """Whether a deterministic server must give this request the same answer every time."""
+    """Whether a deterministic server must give this request the same answer every time (a
+    request body, or the summary turns.jsonl keeps of one)."""
     t = body.get("temperature", 1.0)  # OpenAI's default temperature is 1
     return isinstance(t, (int, float)) and t == 0
 
@@ -81,10 +82,10 @@ class ReferenceAnswers:
         for rec in records:
             req, resp = rec.get("request") or {}, rec.get("response")
             key = req.get("key")
-            if rec.get("status") != "ok" or not resp or not key or req.get("temperature") != 0:
+            if rec.get("status") != "ok" or not resp or not key or not is_greedy(req):
                 continue
-            answer = ReferenceAnswer.from_response_json(resp, run=str(rec.get("run", "")),
-                                                        session=str(rec.get("session", "")), turn=rec.get("turn"))
+            answer = ReferenceAnswer.from_response_json(resp, session=str(rec.get("session", "")),
+                                                        turn=rec.get("turn"))
             seen = answers.setdefault(key, answer)
             conflicts += seen.output != answer.output
         if not answers:
