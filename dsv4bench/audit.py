@@ -116,7 +116,8 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
     results: list[AuditResult] = []
     for line, rec in records:
         if not isinstance(rec, dict):
-            results.append(AuditResult(line, None, problem="not a JSON object"))
+            results.append(AuditResult(line, None, problem="not a JSON object" if rec is not None
+                                       else "not JSON (torn, binary or not UTF-8)"))
             continue
         try:
             ctx = exchange_context(rec)
@@ -132,22 +133,38 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
 
 
 def audit_file(path: Path) -> list[AuditResult]:
-    """Read and check every exchange of a JSONL file; unreadable lines are reported, not fatal."""
-    if not path.is_file():
+    """Read and check every exchange of a JSONL file; unreadable lines are reported as results
+    (`problem`), and a file with no readable exchange at all is an AuditError."""
+    if path.is_dir():
+        raise AuditError(f"{path} is a folder; give a JSONL file (a run's turns.jsonl, say)")
+    if not path.exists():
         raise AuditError(f"{path}: no such file")
     records: list[tuple[int, Any]] = []
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
                     continue
                 try:
-                    records.append((n, json.loads(line)))
-                except ValueError:
+                    records.append((n, json.loads(raw.decode("utf-8"))))
+                except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past reading
                     records.append((n, None))
     except OSError as e:
-        raise AuditError(f"{path}: {e.strerror}") from None
-    return audit_records(records)
+        raise AuditError(f"{path}: {e.strerror or e}") from None
+    results = audit_records(records)
+    if not any(r.problem is None for r in results):
+        raise AuditError(f"{path} holds no readable exchange ({len(results)} lines, none a JSON exchange): "
+                         "is it a JSONL capture?")
+    return results
+
+
+def unreadable_summary(results: list[AuditResult]) -> str | None:
+    """One line on the lines that could not be audited, or None when every line was."""
+    bad = [r for r in results if r.problem is not None]
+    if not bad:
+        return None
+    return (f"{len(bad)} of {len(results)} lines could not be audited (first: line {bad[0].line}, "
+            f"{bad[0].problem}); a torn or mixed file?")
 
 
 def render_audit(results: list[AuditResult], console: Console) -> None:

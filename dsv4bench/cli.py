@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
+import math
 import sys
 import time
 from pathlib import Path
@@ -14,8 +14,9 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .config import ConfigError, RunConfig, parse_fail_on
-from .preflight import ServerError, server_facts
+from .config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from .preflight import HostLimitError, ServerError, ensure_open_files, server_facts
+from .redact import redact_argv, shell_line
 
 app = typer.Typer(
     name="dsv4bench",
@@ -27,11 +28,12 @@ app = typer.Typer(
 err = Console(stderr=True)
 out = Console()
 
+BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
 VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold magenta", "ERRORS": "bold yellow"}
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -54,7 +56,7 @@ def agents(
     url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1."),
     concurrency: int = typer.Option(8, help="Sessions in flight at once (closed pool; with --rate, the cap)."),
     rate: Optional[float] = typer.Option(None, help="Open model: new sessions per second, Poisson arrivals."),
-    sessions: Optional[int] = typer.Option(None, help="Total sessions to run."),
+    sessions: Optional[int] = typer.Option(None, help="Total sessions to run. With neither --sessions nor --duration: one whole session per --concurrency slot."),
     duration: Optional[float] = typer.Option(None, help="Seconds to keep starting turns; in-flight turns finish."),
     max_turns: int = typer.Option(12, help="Turns per session before it is cut off."),
     scenario: str = typer.Option("mixed", help="Scenario family: coding, data, ops, or mixed (round robin)."),
@@ -100,7 +102,7 @@ def agents(
     With no --url, the bundled DSV4-mini engine is started on a free loopback port for the run."""
     try:
         config = RunConfig(
-            url=url or "http://127.0.0.1:0/v1", concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
+            url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
             scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens, context_length=context_length,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
@@ -108,13 +110,18 @@ def agents(
             canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics, reference=reference,
         )
         _check_scenario(scenario)
+        check_out_dir(out_dir)
+        ensure_open_files(concurrency)
         if (engine_fault or engine_pd) and url is not None:
             raise ConfigError("--engine-fault and --engine-pd are for the bundled engine; not with --url")
         engine_arg = [*engine_arg, *(f"--fault={name}" for name in _check_faults(engine_fault))]
         if engine_pd and "--pd" not in engine_arg:
             engine_arg.append("--pd")
-    except ConfigError as e:
+    except (ConfigError, HostLimitError) as e:
         raise fail(str(e))
+    if sessions is None and duration is None and not quiet:
+        err.print(f"no --sessions or --duration: one whole session per slot (--sessions {config.sessions})",
+                  highlight=False)
     from .exporter import ExporterError
     from .reference import ReferenceAnswers, ReferenceError
     from .run import run_agents
@@ -253,6 +260,14 @@ def engine_serve(
         if port in (pd_cfg.prefill_port, pd_cfg.decode_port):
             raise fail("--port (the router's), --prefill-port and --decode-port must differ")
     port = 30000 if port is None else port
+    ports = [("--port", port)] + ([("--prefill-port", pd_cfg.prefill_port), ("--decode-port", pd_cfg.decode_port)]
+                                  if pd_cfg is not None else [])
+    for name, v in ports:
+        if not 0 < v < 65536:
+            raise fail(f"{name} must be a port number (1-65535), got {v}")
+    for name, x in (("--hicache-load-gbps", hicache_load_gbps), ("--pd-link-gbps", pd_link_gbps)):
+        if x is not None and not math.isfinite(x):  # typer reads "nan" and "inf" as floats
+            raise fail(f"{name} must be a finite number, got {x}")
     for name, v in (("--port", port), ("--max-running-requests", max_running_requests), ("--num-pages", num_pages),
                     ("--page-size", page_size), ("--chunked-prefill-tokens", chunked_prefill_tokens)):
         if v < 1:
@@ -403,27 +418,32 @@ def audit(
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors."),
 ) -> None:
     """Run the checkers offline over traffic captured in production."""
-    from .audit import AuditError, audit_file, render_audit
+    from .audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
 
+    codes = parse_fail_on(fail_on)
+    bad = [c for c in codes if c not in ("corruption", "errors")]
+    if bad:
+        raise fail(f"audit --fail-on takes corruption,errors; got {', '.join(bad)}")
     try:
         results = audit_file(file)
     except AuditError as e:
         raise fail(str(e))
     render_audit(results, out)
     if out_file:
-        from .audit import write_results
-
-        write_results(results, out_file)
-    codes = parse_fail_on(fail_on)
-    bad = [c for c in codes if c not in ("corruption", "errors")]
-    if bad:
-        raise fail(f"audit --fail-on takes corruption,errors; got {', '.join(bad)}")
+        try:
+            write_results(results, out_file)
+        except OSError as e:
+            raise fail(f"--out {out_file}: cannot write ({e.strerror or e})")
+    torn = unreadable_summary(results)
+    if torn is not None:  # the verdicts above cover the readable lines only
+        raise fail(torn)
     if ("corruption" in codes and any(r.corrupt for r in results)) or ("errors" in codes and any(r.errors for r in results)):
         raise typer.Exit(1)
 
 
 def _command_line() -> str:
-    return shlex.join(["dsv4bench", *sys.argv[1:]])
+    """The reproduce line: this command with its secrets replaced by environment variables."""
+    return shell_line(["dsv4bench", *redact_argv(sys.argv[1:])])
 
 
 def _print_verdict(summary: dict, run_dir: Path) -> None:

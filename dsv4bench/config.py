@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from .redact import MASK, redact_command
+
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
+MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
 
 
 class ConfigError(ValueError):
@@ -51,8 +58,11 @@ class RunConfig:
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference.py)
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
+        check_http_url("--url", self.url)
+        for f in dataclasses.fields(self):  # typer reads "nan" and "inf" as floats
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name.replace('_', '-')} must be a finite number, got {value}")
         if self.concurrency < 1:
             raise ConfigError("--concurrency must be at least 1")
         if self.rate is not None and self.rate <= 0:
@@ -62,13 +72,16 @@ class RunConfig:
         if self.duration is not None and self.duration <= 0:
             raise ConfigError("--duration must be positive")
         if self.sessions is None and self.duration is None:
-            raise ConfigError("give --sessions N or --duration SECONDS (or both)")
+            # One whole session per slot: the run ends when each slot has played its session.
+            object.__setattr__(self, "sessions", self.concurrency)
         if self.max_turns < 1:
             raise ConfigError("--max-turns must be at least 1")
         if self.max_tokens < 1:
             raise ConfigError("--max-tokens must be at least 1")
         if self.context_length is not None and self.context_length <= self.max_tokens:
             raise ConfigError(f"--context-length must be more than --max-tokens ({self.max_tokens})")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"--temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature:g}")
         if self.ttft_timeout <= 0 or self.total_timeout <= 0:
             raise ConfigError("timeouts must be positive")
         if self.on_corrupt not in ("continue", "stop"):
@@ -76,10 +89,9 @@ class RunConfig:
         if self.metrics_interval <= 0:
             raise ConfigError("--metrics-interval must be positive")
         for m in self.metrics:
-            if not m.startswith(("http://", "https://")):
-                raise ConfigError(f"--metrics must be an http(s) URL, got {m!r}")
+            check_http_url("--metrics", m)
         if self.serve_metrics is not None and not 0 <= self.serve_metrics <= 65535:
-            raise ConfigError("--serve-metrics must be a port number")
+            raise ConfigError(f"--serve-metrics must be a port number (0-65535), got {self.serve_metrics}")
         if self.canary_timeout <= 0:
             raise ConfigError("--canary-timeout must be positive")
         if self.drain_timeout < 0:
@@ -109,8 +121,37 @@ class RunConfig:
         d["metrics"] = list(self.metrics)
         d["kill"] = list(self.kill)
         if d.get("api_key"):
-            d["api_key"] = "***"
+            d["api_key"] = MASK
+        if d.get("recover_cmd"):
+            d["recover_cmd"] = redact_command(d["recover_cmd"])
         return d
+
+
+def check_http_url(flag: str, url: str) -> None:
+    """An http(s) URL with a host that httpx can parse, or a ConfigError naming `flag`."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{flag} must be an http(s) URL (http://HOST:PORT/...), got {url!r}")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as e:
+        raise ConfigError(f"{flag} {url!r} is not a valid URL: {e}") from None
+    if not parsed.host:
+        raise ConfigError(f"{flag} {url!r} names no host")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ConfigError(f"{flag} {url!r}: port {parsed.port} is not a port number (1-65535)")
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> None:
+    """A folder the run can write in (created if missing), or a ConfigError naming `flag`:
+    checked before anything starts, so a bad --out never costs a run."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dsv4bench-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
 
 
 def parse_fail_on(text: str | None) -> tuple[str, ...]:

@@ -11,6 +11,36 @@ class ServerError(Exception):
     """The server cannot be used; the message is one line for the user."""
 
 
+class HostLimitError(Exception):
+    """This machine cannot carry the run as asked; the message is one line for the user."""
+
+
+# Beside one connection per session: the history, the scrapes, the bundled engine's pipes, ...
+_SPARE_FILES = 64
+
+
+def ensure_open_files(concurrency: int) -> None:
+    """Raise the soft open-file limit to what `concurrency` connections need, or refuse the run:
+    past the limit every new connection fails, and those failures would read as the server's
+    `connection_error`s, our own limit turned into a verdict about the server."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    need = concurrency + _SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < need:
+        raise HostLimitError(f"--concurrency {concurrency} needs about {need} open files, but this process may "
+                             f"open {target} (ulimit -n; hard limit {hard}): raise the limit or lower --concurrency")
+
+
 def root_of(base_url: str) -> str:
     """http://h:p/v1 -> http://h:p: SGLang's native endpoints (/health, /abort_request, ...)
     live at the server root."""
@@ -34,8 +64,11 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         try:
             data = r.json().get("data", [])
             models = [m["id"] for m in data]
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ServerError(f"{base_url}/models did not return an OpenAI model list") from None
+        if not all(isinstance(m, str) and m for m in models):
+            raise ServerError(f"{base_url}/models lists a model whose id is not a name: "
+                              f"{next(m for m in models if not (isinstance(m, str) and m))!r:.60}")
         facts["models"] = models
         context = data[0].get("max_model_len") if data else None  # vLLM and SGLang report it here
         root = root_of(base_url)
@@ -44,7 +77,7 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
                 r = c.get(f"{root}/{name}")
                 if r.status_code == 200:
                     facts[name.removeprefix("get_")] = r.json()
-            except (httpx.HTTPError, ValueError):
+            except (httpx.HTTPError, ValueError, RecursionError):
                 pass  # optional: vLLM and others do not serve these
     info = facts.get("model_info")
     if not isinstance(context, int) and isinstance(info, dict):

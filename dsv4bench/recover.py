@@ -13,12 +13,15 @@ import httpx
 
 from .canary import canary, health
 from .preflight import root_of
+from .redact import Redactor, redact_command, redact_credentials
 
 
-async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5) -> float | None:
+async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5,
+                       api_key: str | None = None) -> float | None:
     """Seconds until every base URL (…/v1) answers /health 200 and a canary; None on timeout."""
     t0 = time.monotonic()
-    async with httpx.AsyncClient(trust_env=False) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         while time.monotonic() - t0 < timeout:
             left = max(0.5, timeout - (time.monotonic() - t0))
             checks = [await health(client, root_of(u), timeout=min(5.0, left)) for u in base_urls]
@@ -30,9 +33,11 @@ async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, 
     return None
 
 
-def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: float = 300.0) -> dict[str, Any]:
+def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: float = 300.0,
+                 api_key: str | None = None) -> dict[str, Any]:
     """Run `cmd` in a shell, then time the way back to healthy. Never raises for the command's
-    own failure: its exit code and output tail are part of the record."""
+    own failure: its exit code and output tail are part of the record, credentials masked
+    (redact.py): the command and what it prints may carry them."""
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
@@ -40,6 +45,8 @@ def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: flo
     except subprocess.TimeoutExpired:
         code, tail = None, f"the command ran past {timeout:g} s"
     cmd_s = round(time.monotonic() - t0, 3)
-    healthy = anyio.run(wait_healthy, base_urls, model, max(1.0, timeout - cmd_s))
-    return {"cmd": cmd, "exit_code": code, "output_tail": tail, "cmd_s": cmd_s,
+    healthy = anyio.run(wait_healthy, base_urls, model, max(1.0, timeout - cmd_s), 0.5, api_key)
+    scrub = Redactor([api_key])
+    return {"cmd": scrub.text(redact_command(cmd)), "exit_code": code,
+            "output_tail": scrub.text(redact_credentials(tail)), "cmd_s": cmd_s,
             "healthy_after_s": None if healthy is None else round(cmd_s + healthy, 3)}

@@ -15,6 +15,7 @@ from .exporter import ExporterError, HarnessExporter
 from .history import HistoryWriter
 from .progress import LiveStats, ProgressView
 from .recover import run_recovery
+from .redact import redact_command
 from .reference import ReferenceAnswers
 from .report import build_report
 from .wedge import WedgeConfig, detect_wedge
@@ -67,8 +68,9 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             if wedge is not None:
                 run_info["wedge"] = wedge
                 if config.recover_cmd and any(w["codes"] for w in wedge.values()):
-                    history.event("recover_start", cmd=config.recover_cmd)
-                    run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model)
+                    history.event("recover_start", cmd=redact_command(config.recover_cmd))
+                    run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model,
+                                                        api_key=config.api_key)
                     history.event("recover_end", **run_info["recovery"])
                 history.update_run_info(run_info)
     except KeyboardInterrupt:
