@@ -145,7 +145,7 @@ def agents(
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
         try:
-            summary, run_dir = run_agents(config, facts, command=_command_line(), reference=answers)
+            summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
         except ExporterError as e:
             raise fail(str(e))
     finally:
@@ -441,9 +441,9 @@ def audit(
         raise typer.Exit(1)
 
 
-def _command_line() -> str:
+def _command_line(config: RunConfig) -> str:
     """The reproduce line: this command with its secrets replaced by environment variables."""
-    return shell_line(["dsv4bench", *redact_argv(sys.argv[1:])])
+    return config.redactor.text(shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]))
 
 
 def _print_verdict(summary: dict, run_dir: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from .redact import MASK, redact_command
+from .redact import MASK, Redactor, redact_command
 
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
 MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
@@ -124,7 +124,12 @@ class RunConfig:
             d["api_key"] = MASK
         if d.get("recover_cmd"):
             d["recover_cmd"] = redact_command(d["recover_cmd"])
-        return d
+        return self.redactor.value(d)
+
+    @property
+    def redactor(self) -> Redactor:
+        """Scrubs this run's secrets from anything it writes."""
+        return Redactor([self.api_key])
 
 
 def check_http_url(flag: str, url: str) -> None:

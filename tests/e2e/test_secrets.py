@@ -1,0 +1,77 @@
+"""No file a run writes holds the API key: every command that takes one, the key given as a
+flag or through its environment variable, with a recovery command that carries and prints it,
+and against a server that echoes the key back in its answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dsv4bench.engine.launcher import start_engine
+
+from .conftest import ROOT, only_run_dir, run_cli
+
+KEY = "sk-test-8c1f0e5d2b7a"
+
+
+def files_holding_the_key(folder: Path) -> list[str]:
+    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*"))
+            if p.is_file() and KEY.encode() in p.read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def keyed_engine(tmp_path_factory):
+    ep = start_engine(["--num-pages", "2048", "--api-key", KEY], log_dir=tmp_path_factory.mktemp("engine"))
+    yield ep
+    ep.stop()
+
+
+def test_agents_against_a_keyed_engine_writes_no_key(keyed_engine, tmp_path):
+    r = run_cli("agents", "--url", keyed_engine.url, "--api-key", KEY, "--sessions", "2", "--concurrency", "2",
+                "--max-turns", "2", "--metrics", keyed_engine.metrics_url, "--drain-timeout", "1", "--quiet",
+                "--kill", "all@4s,abort", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run_dir = only_run_dir(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["turns"]["total"] > 0  # the key worked: turns were served
+    assert files_holding_the_key(tmp_path) == []
+    # The reproduce line names the variable instead, and still runs as a command line.
+    run = json.loads((run_dir / "run.json").read_text())
+    assert '--api-key "$DSV4BENCH_API_KEY"' in run["command"]
+    assert '--api-key "$DSV4BENCH_API_KEY"' in (run_dir / "report.md").read_text()
+
+
+def test_key_from_the_environment_writes_no_key(keyed_engine, tmp_path):
+    env = {**os.environ, "DSV4BENCH_API_KEY": KEY}
+    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--url", keyed_engine.url, "--sessions", "1",
+                        "--max-turns", "1", "--quiet", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert files_holding_the_key(tmp_path) == []
+
+
+def test_probe_json_of_a_keyed_engine_writes_no_key(keyed_engine, tmp_path):
+    out = tmp_path / "probe.json"
+    r = run_cli("probe", keyed_engine.url.removesuffix("/v1"), "--api-key", KEY, "--json", str(out), "--timeout", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert out.exists() and files_holding_the_key(tmp_path) == []
+
+
+def test_recovery_command_and_its_output_lose_the_key(wedge_server, tmp_path):
+    httpx.post(f"{wedge_server}/control", json={"stuck": {"sglang:num_prefill_inflight_queue_reqs": 1}}, timeout=5)
+    fix = (f"API_TOKEN={KEY} {sys.executable} -c \"import httpx; print('using {KEY}'); "
+           f"httpx.post('{wedge_server}/control', json={{'reset': True}})\" --password {KEY}")
+    r = run_cli("agents", "--url", f"{wedge_server}/v1", "--metrics", f"{wedge_server}/metrics",
+                "--metrics-interval", "0.2", "--sessions", "1", "--max-turns", "1", "--no-stream", "--quiet",
+                "--api-key", KEY, "--drain-timeout", "6", "--recover-cmd", fix, "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = json.loads((only_run_dir(tmp_path) / "run.json").read_text())
+    assert run["recovery"]["exit_code"] == 0  # the command ran as given, key and all
+    assert "using ***" in run["recovery"]["output_tail"]
+    assert files_holding_the_key(tmp_path) == []
