@@ -75,7 +75,7 @@ def agents(
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress; print the verdict line only."),
-    metrics: list[str] = typer.Option([], "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode)."),
+    metrics: list[str] = typer.Option([], "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode). Default: the server's own /metrics when it serves SGLang's or vLLM's."),
     metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of each --metrics URL."),
     kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help=(
         "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
@@ -144,6 +144,11 @@ def agents(
             raise fail(str(e))
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
+        elif not config.metrics and facts.get("metrics_url"):
+            config = dataclasses.replace(config, metrics=(facts["metrics_url"],))
+            if not quiet:
+                err.print(f"found {facts['metrics_url']}: its queues are watched for a wedge after the load "
+                          "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False)
         try:
             summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
         except ExporterError as e:

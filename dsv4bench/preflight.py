@@ -15,6 +15,9 @@ class HostLimitError(Exception):
     """This machine cannot carry the run as asked; the message is one line for the user."""
 
 
+# A /metrics page is a serving engine's when it carries one of these (SGLang, vLLM, SGLang's router).
+_SERVER_METRIC_PREFIXES = ("sglang:", "vllm:", "smg_")
+
 # Beside one connection per session: the history, the scrapes, the bundled engine's pipes, ...
 _SPARE_FILES = 64
 
@@ -49,7 +52,8 @@ def root_of(base_url: str) -> str:
 
 
 def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
-    """GET /v1/models (required) and /get_server_info, /get_model_info (where present)."""
+    """GET /v1/models (required) and /get_server_info, /get_model_info and /metrics (where
+    present; `metrics_url` when the root serves an engine's Prometheus metrics)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     facts: dict[str, Any] = {"base_url": base_url}
     with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as c:
@@ -79,6 +83,13 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
                     facts[name.removeprefix("get_")] = r.json()
             except (httpx.HTTPError, ValueError, RecursionError):
                 pass  # optional: vLLM and others do not serve these
+        metrics_url = f"{root}/metrics"
+        try:
+            r = c.get(metrics_url)
+            if r.status_code == 200 and any(m in r.text for m in _SERVER_METRIC_PREFIXES):
+                facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
+        except httpx.HTTPError:
+            pass
     info = facts.get("model_info")
     if not isinstance(context, int) and isinstance(info, dict):
         context = info.get("context_length")  # SGLang's /get_model_info
