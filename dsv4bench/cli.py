@@ -29,7 +29,8 @@ err = Console(stderr=True)
 out = Console()
 
 BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
-VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold magenta", "ERRORS": "bold yellow"}
+VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold magenta", "ERRORS": "bold yellow",
+                 "INCOMPLETE": "bold red"}
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -73,7 +74,7 @@ def agents(
     model: Optional[str] = typer.Option(None, help="Model name; default: the first id of /v1/models."),
     api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge."),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress; print the verdict line only."),
     metrics: list[str] = typer.Option([], "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode). Default: the server's own /metrics when it serves SGLang's or vLLM's."),
     metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of each --metrics URL."),
@@ -174,12 +175,15 @@ def _start_bundled_engine(engine_args: list[str], quiet: bool):
 
 @app.command()
 def probe(
-    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:30000 (router, prefill, decode)."),
+    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode)."),
     timeout: float = typer.Option(10.0, help="Seconds each check (metrics, health, canary) may take."),
+    stuck_s: float = typer.Option(2.0, "--stuck-s", help="Seconds a queue holding requests is watched, when nothing hangs, for a counter to move."),
+    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
 ) -> None:
-    """One-shot wedge check: queue and PD gauges, /health, /health_generate and a canary per
-    endpoint. Exit 0 healthy, 1 wedged, 2 unreachable."""
+    """One-shot wedge check of each endpoint by its role (read from the server): gauges,
+    /health and /health_generate everywhere, a canary on a router or unified server.
+    Exit 0 healthy, 1 wedged or unhealthy, 2 unreachable or not judged."""
     from .probe import probe_main
 
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
@@ -187,7 +191,9 @@ def probe(
         raise fail(f"probe takes http(s) server roots; got {', '.join(bad)}")
     if timeout <= 0:
         raise fail("--timeout must be positive")
-    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out))
+    if stuck_s < 0:
+        raise fail("--stuck-s must not be negative")
+    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key))
 
 
 @app.command()
@@ -196,8 +202,10 @@ def watch(
     duration: float = typer.Option(60.0, help="Seconds to watch, then exit."),
     interval: float = typer.Option(1.0, help="Seconds between scrapes."),
     stuck_s: float = typer.Option(5.0, "--stuck-s", help="Seconds a queue must stay above 0 with no counter moving to be marked."),
+    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
 ) -> None:
-    """Live sparklines of the queue gauges; marks a wedge as it forms. Exit 1 wedge, 0 healthy, 2 unreachable."""
+    """Live view per endpoint and role: its gauges with current values and sparklines, its
+    state in words; marks a wedge as it forms. Exit 1 wedge, 0 healthy, 2 unreachable."""
     from .watch import watch_main
 
     bad = [u for u in metrics_url if not u.startswith(("http://", "https://"))]
@@ -205,7 +213,7 @@ def watch(
         raise fail(f"watch takes http(s) /metrics URLs; got {', '.join(bad)}")
     if duration <= 0 or interval <= 0 or stuck_s <= 0:
         raise fail("--duration, --interval and --stuck-s must be positive")
-    raise typer.Exit(anyio.run(watch_main, list(metrics_url), duration, interval, stuck_s, err))
+    raise typer.Exit(anyio.run(watch_main, list(metrics_url), duration, interval, stuck_s, err, api_key))
 
 
 engine_app = typer.Typer(help="The bundled DSV4-mini engine.", no_args_is_help=True)
@@ -454,15 +462,18 @@ def _command_line(config: RunConfig) -> str:
 def _print_verdict(summary: dict, run_dir: Path) -> None:
     v = summary.get("verdict", "?")
     t = summary.get("turns", {})
-    line = (f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]  turns {t.get('total', 0)} (ok {t.get('ok', 0)}, "
-            f"corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, killed {t.get('killed', 0)})  "
-            f"report: {Path(run_dir) / 'report.md'}")
-    out.print(line, highlight=False)
+    unchecked = " (wedge not checked)" if summary.get("wedge_checked") is False and v in ("CLEAN", "ERRORS") else ""
+    line = (f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
+            f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "
+            f"killed {t.get('killed', 0)})  report: {Path(run_dir) / 'report.md'}")
+    out.print(line, highlight=False, soft_wrap=True)
 
 
 def _exit_code(summary: dict, fail_on: tuple[str, ...]) -> int:
     v = summary.get("verdict")
     t = summary.get("turns", {})
+    if fail_on and v == "INCOMPLETE":  # lost records: no --fail-on condition can be ruled out
+        return 1
     if "corruption" in fail_on and (v == "CORRUPTION" or t.get("corrupt", 0) > 0):
         return 1
     if "errors" in fail_on and (v == "ERRORS" or t.get("error", 0) > 0):

@@ -1,6 +1,9 @@
 """One chat-completions exchange over httpx: the only place the harness touches the network
 for a turn. Streams SSE, stamps timings, enforces the TTFT and total deadlines, and returns
 plain data; it never raises for anything the server does.
+
+What it reads is bounded (sse.StreamBounds): past a bound it stops reading, closes the
+response and returns what it has, flagged, so no answer can take the harness's memory.
 """
 
 from __future__ import annotations
@@ -12,10 +15,23 @@ from typing import Any
 
 import anyio
 import httpx
-from httpx_sse import EventSource, SSEError
 
 from .records import AssembledResponse, Timings, TurnStatus
-from .sse import DeltaAssembler, assemble_completion
+from .sse import (
+    DEFAULT_BOUNDS,
+    BoundExceeded,
+    DeltaAssembler,
+    RawLines,
+    SSEEventReader,
+    StreamBounds,
+    assemble_completion,
+    clip_raw,
+    replace_surrogates,
+)
+
+# Inter-token gaps kept per turn: enough for any max_tokens a user sets, bounded for a server
+# that streams tokens forever.
+MAX_TOKEN_GAPS = 65_536
 
 
 @dataclass
@@ -60,6 +76,7 @@ async def chat_turn(
     deadlines: Deadlines,
     headers: dict[str, str] | None = None,
     probe: TurnProbe | None = None,
+    bounds: StreamBounds = DEFAULT_BOUNDS,
 ) -> TurnOutcome:
     """POST `body` to `url` (a /chat/completions endpoint) and assemble the reply.
 
@@ -70,38 +87,40 @@ async def chat_turn(
     if probe is not None:
         probe.outcome = out
     stream = bool(body.get("stream"))
+    request_headers = {"Content-Type": "application/json", **(headers or {})}
     # One cancel scope carries both deadlines: it starts at the TTFT deadline and is moved
     # to the total deadline once the first token arrives.
     with anyio.CancelScope(deadline=anyio.current_time() + min(deadlines.ttft_s, deadlines.total_s)) as scope:
         total_deadline = anyio.current_time() + deadlines.total_s
         try:
-            async with client.stream("POST", url, json=body, headers=headers) as resp:
+            async with client.stream("POST", url, content=encode_body(body), headers=request_headers) as resp:
                 t.first_byte_ns = time.monotonic_ns()
                 out.http_status = resp.status_code
                 if resp.status_code >= 400:
-                    text = (await resp.aread()).decode("utf-8", "replace")
+                    raw, _ = await _read_body(resp, bounds.error_body_bytes)
+                    text = raw.decode("utf-8", "replace")
                     out.status, out.error_kind = TurnStatus.ERROR, "http_error"
-                    out.error = f"HTTP {resp.status_code}: {_error_message(text)}"
+                    out.error = f"HTTP {resp.status_code}: {_error_message(text)}{_retry_after(resp)}"
                     out.raw_lines = [text[:4000]]
+                elif stream and not _is_event_stream(resp):
+                    raw, _ = await _read_body(resp, 4096)
+                    content_type = resp.headers.get("content-type", "")
+                    out.response = AssembledResponse(
+                        stream=True, protocol_errors=[f"not an SSE stream: Content-Type {content_type[:80]!r}"])
+                    out.raw_lines = [raw.decode("utf-8", "replace")]
                 elif stream:
-                    out.response = await _read_stream(resp, t, out.raw_lines, scope, total_deadline, probe)
+                    out.response = await _read_stream(resp, t, out.raw_lines, scope, total_deadline, probe, bounds)
                 else:
-                    raw = await resp.aread()
+                    raw, over = await _read_body(resp, bounds.body_bytes)
                     t.first_token_ns = time.monotonic_ns()
                     if probe is not None:
                         probe.phase = "streaming"
                     scope.deadline = total_deadline
-                    text = raw.decode("utf-8", "replace")
-                    out.raw_lines = [text]
-                    try:
-                        out.response = assemble_completion(json.loads(text))
-                    except ValueError:
-                        out.response = AssembledResponse(stream=False, protocol_errors=["response body is not JSON"])
-        except httpx.TransportError as e:
+                    out.response = _read_completion(raw, over, bounds)
+                    out.raw_lines = [clip_raw(raw.decode("utf-8", "replace"), bounds)]
+        except httpx.RequestError as e:  # transport failures, and bodies that do not decode (gzip)
             out.status, out.error_kind = TurnStatus.ERROR, "connection_error"
             out.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        except SSEError as e:  # 200 but not text/event-stream
-            out.response = AssembledResponse(stream=True, protocol_errors=[f"not an SSE stream: {e}"])
     if scope.cancelled_caught:
         out.status = TurnStatus.TIMEOUT
         if t.first_token_ns is None:
@@ -109,8 +128,52 @@ async def chat_turn(
         else:
             out.error_kind, out.error = "timeout_total", f"not finished within {deadlines.total_s:g} s"
         out.response = None
+    if out.error is not None:
+        out.error = replace_surrogates(out.error)[0]
     t.end_ns = time.monotonic_ns()
     return out
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The request as JSON bytes (what httpx's `json=` sends), with ASCII escapes where the text
+    holds something UTF-8 cannot encode, so no request built from a server's reply can fail."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def _is_event_stream(resp: httpx.Response) -> bool:
+    return "text/event-stream" in resp.headers.get("content-type", "").partition(";")[0]
+
+
+def _retry_after(resp: httpx.Response) -> str:
+    value = resp.headers.get("retry-after")
+    return f" (Retry-After: {value[:40]})" if value else ""
+
+
+async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the body, and whether there was more (then unread: the
+    response is closed, not drained)."""
+    buf = bytearray()
+    async for piece in resp.aiter_bytes():
+        buf += piece
+        if len(buf) > limit:
+            return bytes(buf[:limit]), True
+    return bytes(buf), False
+
+
+def _read_completion(raw: bytes, over: bool, bounds: StreamBounds) -> AssembledResponse:
+    """A non-streamed body: assembled, or the reason it could not be."""
+    if over:
+        detail = f"a response body larger than {bounds.body_bytes:,} bytes"
+        return AssembledResponse(stream=False, stopped_at_bound=detail,
+                                 protocol_errors=[f"the harness stopped reading: {detail}"])
+    try:
+        parsed = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return AssembledResponse(stream=False, protocol_errors=["response body is not JSON"])
+    return assemble_completion(parsed, bounds)
 
 
 async def _read_stream(
@@ -120,31 +183,55 @@ async def _read_stream(
     scope: anyio.CancelScope,
     total_deadline: float,
     probe: TurnProbe | None = None,
+    bounds: StreamBounds = DEFAULT_BOUNDS,
 ) -> AssembledResponse:
-    asm = DeltaAssembler()
+    asm = DeltaAssembler(bounds)
     if probe is not None:
         probe.assembler = asm
+    reader = SSEEventReader(bounds)
+    raw = RawLines(raw_lines, bounds)
     last_token_ns: int | None = None
     try:
-        async for event in EventSource(resp).aiter_sse():
-            raw_lines.append(event.data)
-            if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in event.data:
-                probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
-            if asm.feed(event.data):
-                now = time.monotonic_ns()
-                if t.first_token_ns is None:
-                    t.first_token_ns = now
-                    scope.deadline = total_deadline
-                    if probe is not None and probe.phase == "waiting":
-                        probe.phase = "streaming"
-                elif last_token_ns is not None:
-                    t.token_gaps_ms.append((now - last_token_ns) / 1e6)
-                last_token_ns = now
-    except httpx.TransportError:
+        async for text in resp.aiter_text():
+            try:
+                events = reader.feed(text)
+            except BoundExceeded as e:
+                raw.add(e.head + "…")
+                asm.stop(e.detail)
+                break
+            for event in events:
+                raw.add(event.data)
+                if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in event.data:
+                    probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
+                if asm.feed(event.data):
+                    now = time.monotonic_ns()
+                    if t.first_token_ns is None:
+                        t.first_token_ns = now
+                        scope.deadline = total_deadline
+                        if probe is not None and probe.phase == "waiting":
+                            probe.phase = "streaming"
+                    elif last_token_ns is not None and len(t.token_gaps_ms) < MAX_TOKEN_GAPS:
+                        t.token_gaps_ms.append((now - last_token_ns) / 1e6)
+                    last_token_ns = now
+                if asm.stopped:
+                    break
+            if asm.stopped:
+                break
+        else:
+            try:
+                for event in reader.flush():
+                    raw.add(event.data)
+                    asm.feed(event.data)
+            except BoundExceeded as e:
+                raw.add(e.head + "…")
+                asm.stop(e.detail)
+    except httpx.RequestError:
         if asm.response.chunks == 0:
             raise
         # A stream the server cut after some output is a truncated response, not a
         # connection failure: what arrived is the finding, and the checkers judge it.
+    finally:
+        raw.close()
     return asm.finish()
 
 
@@ -157,6 +244,6 @@ def _error_message(text: str) -> str:
             return str(err["message"])[:300]
         if isinstance(body, dict) and body.get("detail"):
             return str(body["detail"])[:300]
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     return text.strip().splitlines()[0][:300] if text.strip() else "(empty body)"

@@ -28,6 +28,7 @@ from .config import RunConfig
 from .history import HistoryWriter
 from .canary import canary, health
 from .preflight import root_of
+from .roles import WORKERS, Role, discover_role
 from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .progress import LiveStats
@@ -100,6 +101,7 @@ class AgentRun:
         self.load_stopped_ns: int | None = None  # monotonic ns when the load stopped (drain start)
         self.health: list[dict[str, Any]] = []  # /health after the drain window
         self.canaries: list[dict[str, Any]] = []
+        self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
 
     async def run(self) -> None:
         c = self.config
@@ -161,7 +163,18 @@ class AgentRun:
         return True
 
     def _server_roots(self) -> list[str]:
+        """The root of every server the run touches: the target's and each /metrics endpoint's."""
         return sorted({root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics})
+
+    async def _role(self, client: httpx.AsyncClient, root: str) -> Role:
+        """The server's role, asked once and kept; its latest scrape fills in where it states none."""
+        role = self._roles.get(root)
+        if role is None or not role.known:
+            scraped = next((s.get("values") for m, s in self._latest.items()
+                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.get("ok")), None)
+            role = await discover_role(client, root, timeout=5.0, metrics=scraped)
+            self._roles[root] = role
+        return role
 
     async def _poll_health(self, client: httpx.AsyncClient) -> None:
         """/health of every server on the metrics interval, as events: a slow or dead endpoint
@@ -174,15 +187,34 @@ class AgentRun:
             await anyio.sleep(self.config.metrics_interval)
 
     async def _after_drain_checks(self, client: httpx.AsyncClient) -> None:
-        """After the drain window: /health of every server and one canary against the target.
-        A canary that hangs while /health says 200 is the incident's `health_lies`."""
+        """After the drain window, each server by its role (DESIGN §7): /health of every server,
+        /health_generate of a prefill or decode server (they take no chat), and one canary
+        against the target unless it is one of those. A canary that hangs while /health says
+        200 is the incident's `health_lies`; one answered with an error is an error of the
+        check, recorded as such (canary.py), never a hang."""
+        roles: dict[str, Role] = {}
+
+        async def ask(root: str) -> None:
+            roles[root] = await self._role(client, root)
+
+        async with anyio.create_task_group() as tg:  # a server that does not answer costs one timeout
+            for root in self._server_roots():
+                tg.start_soon(ask, root)
         for root in self._server_roots():
-            h = await health(client, root)
-            self.health.append(h)
-            self.history.event("health", **h)
+            role = roles[root]
+            paths = ("/health", "/health_generate") if role.name in WORKERS else ("/health",)
+            for path in paths:
+                h = await health(client, root, path)
+                self.health.append(h)
+                self.history.event("health", **h, role=role.name)
+        target = roles.get(root_of(self.config.base_url)) or Role()
+        if target.name in WORKERS:
+            self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
+                               reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
+            return
         c = await canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
         self.canaries.append(c)
-        self.history.event("canary", **c)
+        self.history.event("canary", **c, role=target.name)
 
     async def _drain(self) -> None:
         """Keep the monitors scraping up to drain_timeout after the load stopped, or until the queues empty."""

@@ -1,4 +1,4 @@
-"""The run folder: append-only JSONL files flushed per record, and a reader that tolerates a
+"""The run folder: append-only JSONL files written through per record, and a reader that tolerates a
 history cut short by SIGKILL (a torn last line is skipped, never fatal).
 
 Layout of one run folder (DESIGN §3):
@@ -17,9 +17,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from .records import TurnRecord
+from .redact import Redactor
 
 RUN_FILE = "run.json"
 TURNS_FILE = "turns.jsonl"
@@ -29,88 +30,191 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 
 
-class JsonlWriter:
-    """Appends one JSON object per line and flushes it to the OS before returning.
+def encode_json(obj: Any, redactor: Redactor | None = None, **kw: Any) -> tuple[bytes, bool]:
+    """`obj` as UTF-8 JSON bytes, and whether ASCII escapes had to be used.
 
-    Flush (not fsync) per record: a killed harness loses nothing the kernel has seen;
+    Text is written as itself where UTF-8 can encode it; a string holding a lone surrogate
+    (valid in a JSON escape, not in UTF-8) makes the whole object fall back to ASCII escapes,
+    which read back to the very same string. `redactor` scrubs the run's secrets from the text.
+    Raises TypeError / ValueError only for an object that is not JSON at all (too deep, a
+    circular reference).
+    """
+    text = json.dumps(obj, ensure_ascii=False, default=str, **kw)
+    if redactor:
+        text = redactor.json_text(text)
+    try:
+        return text.encode("utf-8"), False
+    except UnicodeEncodeError:
+        text = json.dumps(obj, ensure_ascii=True, default=str, **kw)
+        return (redactor.json_text(text) if redactor else text).encode("ascii"), True
+
+
+class JsonlWriter:
+    """Appends one JSON object per line and hands it to the OS before returning.
+
+    Unbuffered (not fsynced) per record: a killed harness loses nothing the kernel has seen;
     only a machine crash could. Thread-safe so monitors and sessions can share one file.
+    A write never raises: one that fails (disk full, an object that is not JSON) is counted in
+    `failed`, its error kept in `last_error`, and the run goes on.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
         self.path = path
-        self._f: TextIO = open(path, "a", encoding="utf-8")
+        self.redactor = redactor if redactor else None
+        self._f = open(path, "ab", buffering=0)
         self._lock = threading.Lock()
+        self.written = 0
+        self.failed = 0
+        self.escaped = 0  # records written with ASCII escapes (they held lone surrogates)
+        self.last_error: str | None = None
 
-    def write(self, obj: dict[str, Any]) -> None:
-        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+    def write(self, obj: dict[str, Any]) -> bool:
+        """Append one record; False (and counted) when it could not be written."""
+        try:
+            data, escaped = encode_json(obj, self.redactor, separators=(",", ":"))
+            data += b"\n"
+        except (TypeError, ValueError, RecursionError) as e:
+            return self._fail(e)
         with self._lock:
-            self._f.write(line)
-            self._f.flush()
+            try:
+                view = memoryview(data)
+                while view:
+                    n = self._f.write(view)
+                    view = view[n or 0:]  # FileIO.write may write less than asked
+            except (OSError, ValueError) as e:  # ValueError: the file is closed
+                return self._fail(e)
+            self.written += 1
+            self.escaped += escaped
+        return True
+
+    def _fail(self, e: BaseException) -> bool:
+        self.failed += 1
+        self.last_error = f"{type(e).__name__}: {e}"[:300]
+        return False
 
     def close(self) -> None:
         with self._lock:
             if not self._f.closed:
-                self._f.close()
+                try:
+                    self._f.close()
+                except OSError:
+                    pass
+
+
+# Events about failed turn writes written one by one; the rest are counted in run_end only.
+WRITE_ERROR_EVENTS = 20
 
 
 class HistoryWriter:
-    """Owns the files of one run folder while the run goes on."""
+    """Owns the files of one run folder while the run goes on.
 
-    def __init__(self, run_dir: Path, run_info: dict[str, Any]) -> None:
+    Nothing it does after the folder exists raises: a record it could not write is counted,
+    and the `run_end` event carries the counts (`turns_recorded`, `write_failures`), so that
+    `dsv4bench report` can tell a complete history from one that lost records.
+    """
+
+    def __init__(self, run_dir: Path, run_info: dict[str, Any], redactor: Redactor | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.redactor = redactor
         self.run_dir = run_dir
-        write_json_atomic(run_dir / RUN_FILE, run_info)
-        self.turns = JsonlWriter(run_dir / TURNS_FILE)
-        self.events = JsonlWriter(run_dir / EVENTS_FILE)
-        self.metrics = JsonlWriter(run_dir / METRICS_FILE)
+        write_json_atomic(run_dir / RUN_FILE, run_info, redactor)
+        self.turns = JsonlWriter(run_dir / TURNS_FILE, redactor)
+        self.events = JsonlWriter(run_dir / EVENTS_FILE, redactor)
+        self.metrics = JsonlWriter(run_dir / METRICS_FILE, redactor)
+        self.run_info_failures = 0
 
-    def turn(self, record: TurnRecord) -> None:
-        self.turns.write(record.to_json())
+    def turn(self, record: TurnRecord) -> bool:
+        """Append one turn record; False when it could not be written (counted, and noted as a
+        `history_write_error` event for the first few)."""
+        try:
+            obj = record.to_json()
+        except Exception as e:  # noqa: BLE001 - a record that cannot be built is a lost record, not a crash
+            self.turns._fail(e)
+            ok = False
+        else:
+            ok = self.turns.write(obj)
+        if not ok and self.turns.failed <= WRITE_ERROR_EVENTS:
+            self.event("history_write_error", file=TURNS_FILE, session=str(record.session), turn=record.turn,
+                       error=self.turns.last_error)
+        return ok
 
-    def event(self, kind: str, **fields: Any) -> None:
-        self.events.write({"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "kind": kind, **fields})
+    def event(self, kind: str, **fields: Any) -> bool:
+        """Append one event; `run_end` gets the record counts of the run added."""
+        if kind == "run_end":
+            fields = {**fields, **self.counts()}
+        return self.events.write({"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "kind": kind, **fields})
 
-    def update_run_info(self, run_info: dict[str, Any]) -> None:
-        write_json_atomic(self.run_dir / RUN_FILE, run_info)
+    def counts(self) -> dict[str, Any]:
+        """What was written and what failed, per file, so far."""
+        return {
+            "turns_recorded": self.turns.written,
+            "write_failures": {TURNS_FILE: self.turns.failed, EVENTS_FILE: self.events.failed,
+                               METRICS_FILE: self.metrics.failed, RUN_FILE: self.run_info_failures},
+            "ascii_escaped_records": self.turns.escaped + self.events.escaped + self.metrics.escaped,
+        }
+
+    def update_run_info(self, run_info: dict[str, Any]) -> bool:
+        """Rewrite run.json; False (and counted) when it could not be written."""
+        try:
+            write_json_atomic(self.run_dir / RUN_FILE, run_info, self.redactor)
+        except (OSError, TypeError, ValueError, RecursionError):
+            self.run_info_failures += 1
+            return False
+        return True
 
     def close(self) -> None:
         for w in (self.turns, self.events, self.metrics):
             w.close()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, redactor: Redactor | None = None) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
+    data, _ = encode_json(obj, redactor, indent=2)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_bytes(data + b"\n")
     os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Read a JSONL file; returns (records, number of unreadable lines skipped)."""
+    records, bad, _ = _read_jsonl(path)
+    return records, bad
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
+    """(records, unreadable lines, whether the last line is a torn write: unreadable and not
+    ended by a newline, what a SIGKILL mid-write leaves)."""
     if not path.exists():
-        return [], 0
+        return [], 0, False
     out: list[dict[str, Any]] = []
     bad = 0
+    torn = False
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
+        for raw in f:
+            line = raw.strip()
             if not line:
                 continue
+            torn = False
             try:
                 obj = json.loads(line)
-            except ValueError:
-                bad += 1  # a torn last line from a killed harness
+            except (ValueError, RecursionError):
+                bad += 1
+                torn = not raw.endswith("\n")
                 continue
             if isinstance(obj, dict):
                 out.append(obj)
             else:
                 bad += 1
-    return out, bad
+    return out, bad, torn
 
 
 @dataclass
 class History:
-    """A run folder read back into memory."""
+    """A run folder read back into memory.
+
+    `unreadable` counts the lines of each JSONL file that could not be read back (torn,
+    undecodable, or not a record); `torn_tail` names the files whose last line is a torn write.
+    """
 
     run_dir: Path
     run: dict[str, Any]
@@ -118,11 +222,57 @@ class History:
     events: list[dict[str, Any]]
     metrics: list[dict[str, Any]] = field(default_factory=list)
     skipped_lines: int = 0
+    unreadable: dict[str, int] = field(default_factory=dict)
+    torn_tail: frozenset[str] = frozenset()
 
     @property
     def complete(self) -> bool:
         """True when the run recorded its own end (it was not killed mid-way)."""
         return any(e.get("kind") == "run_end" for e in self.events)
+
+
+def history_gaps(history: History) -> list[str]:
+    """Why this history cannot be trusted to hold every turn of its run, one reason a line;
+    [] when nothing shows a loss.
+
+    A run that did not finish (no `run_end`: SIGKILL) is partial, not lossy: a torn last line
+    is what it leaves, and is not a gap. Gaps are: writes the run itself counted as failed
+    (`run_end.write_failures`, or `history_write_error` events); fewer readable turns than `run_end.turns_recorded`; a
+    session whose `session_end` counts more turns than the turns recorded for it; any other
+    unreadable line (of a finished run, or before the last line).
+    """
+    gaps: list[str] = []
+    ends = [e for e in history.events if e.get("kind") == "run_end"]
+    end = ends[-1] if ends else {}
+    failures = end.get("write_failures")
+    if isinstance(failures, dict):
+        failed = {str(k): v for k, v in failures.items() if isinstance(v, int) and v > 0}
+        if failed:
+            gaps.append("the run could not write " + ", ".join(f"{n:,} record(s) of {k}" for k, n in failed.items()))
+    elif lost := sum(1 for e in history.events if e.get("kind") == "history_write_error"):
+        gaps.append(f"the run could not write {lost:,} record(s) (history_write_error events)")
+    recorded = end.get("turns_recorded")
+    if isinstance(recorded, int) and recorded > len(history.turns):
+        gaps.append(f"the run wrote {recorded:,} turn records; {len(history.turns):,} can be read back")
+    per_session: dict[str, int] = {}
+    for t in history.turns:
+        per_session[t.session] = per_session.get(t.session, 0) + 1
+    short = []
+    for e in history.events:
+        n = e.get("turns")
+        if e.get("kind") == "session_end" and isinstance(n, int) and not isinstance(n, bool):
+            have = per_session.get(str(e.get("session")), 0)
+            if have < n:
+                short.append((str(e.get("session")), n, have))
+    if short:
+        sid, n, have = short[0]
+        more = f" (and {len(short) - 1:,} more sessions)" if len(short) > 1 else ""
+        gaps.append(f"session {sid} ended after {n:,} turns but {have:,} are recorded{more}")
+    for name, bad in history.unreadable.items():
+        lost = bad - (1 if name in history.torn_tail and not history.complete else 0)
+        if lost > 0:
+            gaps.append(f"{lost:,} unreadable line(s) in {name}")
+    return gaps
 
 
 class HistoryError(Exception):
@@ -139,16 +289,19 @@ def read_history(run_dir: Path) -> History:
     run: dict[str, Any] = {}
     if (run_dir / RUN_FILE).exists():
         try:
-            run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-        except ValueError:
+            loaded = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8", errors="replace"))
+            run = loaded if isinstance(loaded, dict) else {}
+        except (ValueError, RecursionError):
             run = {}
-    raw_turns, bad_t = read_jsonl(run_dir / TURNS_FILE)
+    raw_turns, bad_t, torn_t = _read_jsonl(run_dir / TURNS_FILE)
     turns: list[TurnRecord] = []
     for d in raw_turns:
         try:
             turns.append(TurnRecord.from_json(d))
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, AttributeError):
             bad_t += 1
-    events, bad_e = read_jsonl(run_dir / EVENTS_FILE)
-    metrics, bad_m = read_jsonl(run_dir / METRICS_FILE)
-    return History(run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m)
+    events, bad_e, torn_e = _read_jsonl(run_dir / EVENTS_FILE)
+    metrics, bad_m, torn_m = _read_jsonl(run_dir / METRICS_FILE)
+    unreadable = {TURNS_FILE: bad_t, EVENTS_FILE: bad_e, METRICS_FILE: bad_m}
+    torn = frozenset(n for n, flag in ((TURNS_FILE, torn_t), (EVENTS_FILE, torn_e), (METRICS_FILE, torn_m)) if flag)
+    return History(run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m, unreadable, torn)

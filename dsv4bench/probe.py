@@ -1,35 +1,49 @@
 """`dsv4bench probe`: the one-shot wedge check from the incident, for each server root URL.
 
 The manual probe during the incident was: read each server's queue gauges, hit `/health`,
-send one request and see whether it hangs. This does exactly that, concurrently per endpoint,
-and classifies each server as healthy, wedged or unreachable. Exit codes are for scripts and
-CI: 0 all healthy, 1 some wedged, 2 some unreachable (unreachable wins: we know least there).
+send one request and see whether it hangs. This does that, concurrently per endpoint, each
+endpoint judged by its role (roles.py, read from the server itself): a router or a unified
+server gets a canary; a prefill or a decode server takes no chat, so it is judged by its
+gauges, `/health` and `/health_generate`.
+
+The gauges are read twice, before and after the checks, and where a queue holds requests and
+nothing hung, a third time `stuck_s` later: a queue that never shrinks while a request hangs,
+or while no counter moves, is stuck. The canary, /health and /health_generate rules are
+wedge.detect_wedge's, so probe and run verdicts never disagree.
+
+States and exit codes (for scripts and CI; the highest wins):
+- 0 `healthy`;
+- 1 `wedged` (a wedge code) or `unhealthy` (the server says it is not well: /health not 200,
+  /health_generate failing, a canary answered with HTTP 5xx);
+- 2 `unreachable` (nothing answered) or `error` (a check got an answer it cannot judge by: a
+  canary answered 4xx or something that is no completion, a prefill or decode server whose
+  gauges cannot be read). We know least there.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .canary import canary, health
+from .canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, health, health_result
 from .monitor import parse_metrics
+from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, role_gauges, role_of, stated_role
 from .wedge import WedgeConfig, detect_wedge, is_queue_gauge, metric_name
 
-PD_GAUGES = (
-    "sglang:num_prefill_bootstrap_queue_reqs",
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-)
-RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
-WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
+DEFAULT_STUCK_S = 2.0
+STATES = ("healthy", "unhealthy", "wedged", "error", "unreachable")
+_EXIT = {"healthy": 0, "unhealthy": 1, "wedged": 1, "error": 2, "unreachable": 2}
+_NS = 1_000_000_000
 
 
 @dataclass
@@ -37,18 +51,37 @@ class EndpointProbe:
     """What one server answered, and the state we conclude from it."""
 
     root: str
+    role: str = UNKNOWN  # router | unified | prefill | decode | unknown
+    role_source: str = "not reported"
     metrics_error: str | None = None
-    gauges: dict[str, float] = field(default_factory=dict)  # queue gauge series -> value
+    gauges: dict[str, float] = field(default_factory=dict)  # queue gauge series -> value at the last look
     health: dict[str, Any] = field(default_factory=dict)
     health_generate: dict[str, Any] = field(default_factory=dict)
-    canary: dict[str, Any] = field(default_factory=dict)
-    state: str = "healthy"  # healthy | wedged | unreachable
+    canary: dict[str, Any] = field(default_factory=dict)  # {} when none was sent
+    canary_skipped: str | None = None  # why none was sent
+    state: str = "healthy"  # see STATES
     codes: list[str] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # the evidence, one line each
+    errors: list[str] = field(default_factory=list)  # checks that got an answer they cannot judge by
+    looks: list[tuple[int, dict[str, float]]] = field(default_factory=list, repr=False)  # (t_ns, queues + counters)
 
     def gauge_sum(self, names: tuple[str, ...]) -> float | None:
         vals = [v for k, v in self.gauges.items() if metric_name(k) in names]
         return sum(vals) if vals else None
+
+    def shown_gauges(self) -> list[str]:
+        """The role's gauges the server exports, then any other queue gauge holding requests."""
+        present = {metric_name(k) for k in self.gauges}
+        own = [g for g in role_gauges(self.role) if g in present]
+        # Two names of one meaning (SGLang's and vLLM's) show once, the first exported wins.
+        seen_labels: set[str] = set()
+        out = []
+        for g in own:
+            if GAUGE_LABELS[g] not in seen_labels:
+                seen_labels.add(GAUGE_LABELS[g])
+                out.append(g)
+        others = sorted({metric_name(k) for k, v in self.gauges.items() if v > 0} - set(own))
+        return out + others
 
 
 @dataclass
@@ -56,137 +89,342 @@ class ProbeResult:
     endpoints: list[EndpointProbe]
 
     def to_json(self) -> dict[str, Any]:
-        return {"exit_code": probe_exit_code(self), "endpoints": [asdict(e) for e in self.endpoints]}
+        eps = []
+        for e in self.endpoints:
+            d = asdict(e)
+            del d["looks"]
+            eps.append(d)
+        return {"exit_code": probe_exit_code(self), "endpoints": eps}
 
 
-async def _metrics(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
+def _kept(values: dict[str, float]) -> dict[str, float]:
+    """What a look keeps: the queue gauges and the counters (any counter moving is progress)."""
+    return {k: v for k, v in values.items() if is_queue_gauge(k) or metric_name(k).endswith("_total")}
+
+
+async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> dict[str, float] | None:
+    """One look at root/metrics: appended to ep.looks; the full parse returned, or None. A look
+    that fails after one succeeded is no evidence either way, and is dropped."""
+    error = None
     try:
         with anyio.fail_after(timeout):
             r = await client.get(ep.root + "/metrics", timeout=timeout)
-        r.raise_for_status()
-        ep.gauges = {k: v for k, v in sorted(parse_metrics(r.text).items()) if is_queue_gauge(k)}
-    except (httpx.HTTPError, ValueError, TimeoutError) as e:
-        ep.metrics_error = f"{type(e).__name__}: {e}"[:200]
+        if r.status_code != 200:
+            error = f"HTTP {r.status_code}"
+        else:
+            values = parse_metrics(r.text)
+    except TimeoutError:
+        error = f"timeout after {timeout:g} s"
+    except (httpx.HTTPError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"[:200]
+    if error is not None:
+        if not ep.looks:
+            ep.metrics_error = error
+        return None
+    ep.metrics_error = None
+    ep.looks.append((time.monotonic_ns(), _kept(values)))
+    ep.gauges = {k: v for k, v in sorted(values.items()) if is_queue_gauge(k)}
+    return values
+
+
+async def _first_look(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
+    """The gauges and the role: the scrape also tells the role where /get_server_info does not."""
+    got: dict[str, Any] = {}
+
+    async def scrape() -> None:
+        got["values"] = await _scrape(client, ep, timeout)
+
+    async def stated() -> None:
+        got["info"], got["workers"] = await stated_role(client, ep.root, timeout)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scrape)
+        tg.start_soon(stated)
+    role = role_of(got["info"], got["values"], got["workers"])
+    ep.role, ep.role_source = role.name, role.source
+
+
+async def _models(client: httpx.AsyncClient, root: str, timeout: float) -> tuple[str | None, int | None]:
+    """(first model id, HTTP status of /v1/models); status None when nothing answered."""
+    try:
+        with anyio.fail_after(timeout):
+            r = await client.get(root + "/v1/models", timeout=timeout)
+    except (httpx.HTTPError, TimeoutError):
+        return None, None
+    try:
+        data = r.json().get("data") if r.status_code == 200 else None
+        return (str(data[0]["id"]) if data else None), r.status_code
+    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
+        return None, r.status_code
 
 
 async def _canary(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
-    model = "default"  # SGLang serves any name; used when /v1/models itself is broken
-    try:
-        with anyio.fail_after(timeout):
-            r = await client.get(ep.root + "/v1/models", timeout=timeout)
-        if r.status_code == 200 and r.json().get("data"):
-            model = r.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, TimeoutError, KeyError, IndexError, TypeError):
-        pass
-    ep.canary = await canary(client, ep.root + "/v1", model, timeout=timeout)
-
-
-def _classify(ep: EndpointProbe) -> None:
-    nothing_answered = (ep.metrics_error is not None and ep.health.get("status") is None
-                        and ep.health_generate.get("status") is None and not ep.canary.get("ok")
-                        and not str(ep.canary.get("error") or "").startswith("HTTP "))
-    if nothing_answered:
-        ep.state = "unreachable"
-        ep.reasons.append(f"{ep.root}: nothing answered (metrics: {ep.metrics_error})")
+    if ep.role in WORKERS:
+        ep.canary_skipped = f"a {ep.role} server takes its requests from the router"
         return
-    # Reuse the detector's canary / health rules so probe and run verdicts never disagree.
-    found = detect_wedge([], 0, WedgeConfig(), health=[ep.health], canaries=[ep.canary])
+    model, status = await _models(client, ep.root, timeout)
+    if ep.role == UNKNOWN and status is not None and status != 200:
+        # The role is not stated and the server lists no models: it may be a worker, and a
+        # chat it would refuse says nothing about it.
+        ep.canary_skipped = f"role not stated and /v1/models answered HTTP {status}"
+        return
+    # SGLang serves any model name; "default" is used when /v1/models itself is broken.
+    ep.canary = await canary(client, ep.root + "/v1", model or "default", timeout=timeout)
+
+
+async def _checks(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
+    async def set_health(path: str, attr: str) -> None:
+        setattr(ep, attr, await health(client, ep.root, path, timeout=timeout))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(set_health, "/health", "health")
+        tg.start_soon(set_health, "/health_generate", "health_generate")
+        tg.start_soon(_canary, client, ep, timeout)
+
+
+def _hung(ep: EndpointProbe) -> str | None:
+    """What of this endpoint's own generation checks hung, if any."""
+    if ep.canary and canary_result(ep.canary) == TIMEOUT:
+        return "the canary hung"
+    if ep.health_generate and health_result(ep.health_generate) == TIMEOUT:
+        return "/health_generate hung"
+    return None
+
+
+def _nothing_answered(ep: EndpointProbe) -> bool:
+    answered = [ep.metrics_error is None,
+                ep.health.get("status") is not None, ep.health_generate.get("status") is not None,
+                bool(ep.canary) and canary_result(ep.canary) in (OK, ERROR)]
+    return not any(answered)
+
+
+def _holding(ep: EndpointProbe) -> bool:
+    return bool(ep.looks) and any(v > 0 for k, v in ep.looks[-1][1].items() if is_queue_gauge(k))
+
+
+def _counters(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if metric_name(k).endswith("_total")}
+
+
+def _judge_queues(ep: EndpointProbe, hang: str | None, stuck_s: float) -> set[str]:
+    """queue_stuck where a gauge holds requests and never shrank from look to look, while a
+    request hung (`hang`), or while no counter moved for at least stuck_s between the last two looks."""
+    if not ep.looks:
+        return set()
+    t_last, last = ep.looks[-1]
+    frozen_s = None
+    if len(ep.looks) >= 3:
+        t_prev, prev = ep.looks[-2]
+        if _counters(prev) == _counters(last):
+            frozen_s = (t_last - t_prev) / _NS
     codes: set[str] = set()
-    for f in found.values():
-        codes.update(f["codes"])
-        ep.reasons.extend(f["details"])
-    if not ep.canary.get("ok"):
-        # One look cannot measure a duration; a non-empty queue beside a hanging canary is the
-        # incident's signature, so it counts as stuck here.
-        for k, v in ep.gauges.items():
-            if v > 0:
-                codes.add("queue_stuck")
-                ep.reasons.append(f"{k}={v:g} on {ep.root}/metrics while the canary fails")
+    for key, value in sorted(last.items()):
+        if not is_queue_gauge(key) or value <= 0:
+            continue
+        seen = [look.get(key, 0.0) for _, look in ep.looks]
+        if any(b < a for a, b in zip(seen, seen[1:])):
+            continue  # shrinking: draining
+        name = metric_name(key)
+        if hang is not None:
+            codes.add("queue_stuck")
+            ep.reasons.append(f"queue_stuck: {name}={value:g}, not draining while {hang}")
+        elif frozen_s is not None and frozen_s >= stuck_s:
+            codes.add("queue_stuck")
+            ep.reasons.append(f"queue_stuck: {name}={value:g}, no counter moved for {frozen_s:.1f} s")
+    return codes
+
+
+def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
+    """Why the shared canary / health rules gave their codes, worded for this endpoint's block."""
+    out = []
+    if "canary_timeout" in codes:
+        out.append(f"canary_timeout: the canary got no answer in {ep.canary.get('latency_s') or 0:.1f} s")
+    if "health_lies" in codes:
+        what = "the canary" if "canary_timeout" in codes else "/health_generate"
+        out.append(f"health_lies: /health answered 200 while {what} hung")
+    return out
+
+
+def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) -> None:
+    if _nothing_answered(ep):
+        ep.state = "unreachable"
+        for what, error in (("metrics", ep.metrics_error), ("/health", ep.health.get("error")),
+                            ("canary", ep.canary.get("error") if ep.canary else None)):
+            if error:
+                ep.reasons.append(f"{what}: {error}")
+        return
+    # The canary and health rules are the run's (wedge.detect_wedge): probe and run agree.
+    probes = [h for h in (ep.health, ep.health_generate) if h]
+    found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=[ep.canary] if ep.canary else [])
+    codes = {c for f in found.values() for c in f["codes"]}
+    ep.reasons.extend(_code_evidence(ep, codes))
+    # A worker behind a router whose canary hung is part of that hang: its queues are judged by it.
+    hang = _hung(ep) or (deployment_hang if ep.role in WORKERS else None)
+    codes |= _judge_queues(ep, hang, stuck_s)
     ep.codes = sorted(codes)
-    ep.state = "wedged" if codes else "healthy"
+
+    unwell = False
+    for path, h in (("/health", ep.health), ("/health_generate", ep.health_generate)):
+        result = health_result(h) if h else None
+        if result == FAILING:
+            unwell = True
+            ep.reasons.append(f"{path} answered {h['status']}")
+        elif result in (TIMEOUT, UNREACHABLE, ERROR) and "health_lies" not in codes:
+            unwell = True
+            ep.reasons.append(f"{path}: {h.get('error') or result}")
+    unjudged = False
+    if ep.canary and canary_result(ep.canary) in (ERROR, UNREACHABLE):
+        status = ep.canary.get("http_status")
+        if isinstance(status, int) and status >= 500:
+            unwell = True  # the server answered that it failed: not a hang, but not serving
+            ep.reasons.append(f"the canary was answered with HTTP {status}")
+        else:
+            unjudged = True  # 4xx, HTML, not JSON, no choices: the check itself did not work
+        ep.errors.append(f"canary: {ep.canary.get('error')} (not a hang)")
+    if ep.metrics_error is not None and (ep.role in WORKERS or (ep.role == UNKNOWN and not ep.canary)):
+        unjudged = True
+        ep.errors.append(f"gauges: /metrics {ep.metrics_error}, and a {ep.role} server is judged by them")
+    elif ep.metrics_error is not None:
+        ep.reasons.append(f"no gauges: /metrics {ep.metrics_error}")
+    ep.state = "wedged" if ep.codes else "error" if unjudged else "unhealthy" if unwell else "healthy"
 
 
-async def probe_async(endpoints: list[str], timeout: float = 10.0) -> ProbeResult:
+async def _each(eps: list[EndpointProbe], fn: Any, client: httpx.AsyncClient, timeout: float) -> None:
+    """fn(client, ep, timeout) for every endpoint at once."""
+    async with anyio.create_task_group() as tg:
+        for ep in eps:
+            tg.start_soon(fn, client, ep, timeout)
+
+
+async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
+                      api_key: str | None = None) -> ProbeResult:
     """Probe every endpoint concurrently; each check is bounded by `timeout` seconds."""
     eps = [EndpointProbe(root=e.rstrip("/")) for e in endpoints]
-
-    async def one(client: httpx.AsyncClient, ep: EndpointProbe) -> None:
-        async def set_health(path: str, attr: str) -> None:
-            setattr(ep, attr, await health(client, ep.root, path, timeout=timeout))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_metrics, client, ep, timeout)
-            tg.start_soon(set_health, "/health", "health")
-            tg.start_soon(set_health, "/health_generate", "health_generate")
-            tg.start_soon(_canary, client, ep, timeout)
-        _classify(ep)
-
-    async with httpx.AsyncClient(trust_env=False) as client:
-        async with anyio.create_task_group() as tg:
-            for ep in eps:
-                tg.start_soon(one, client, ep)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
+        await _each(eps, _first_look, client, timeout)
+        await _each(eps, _checks, client, timeout)
+        await _each(eps, _scrape, client, timeout)
+        hang = _deployment_hang(eps)
+        waiting = [ep for ep in eps if _holding(ep) and _hung(ep) is None and not (hang and ep.role in WORKERS)]
+        if waiting and stuck_s > 0:
+            # Work is held and nothing hung: is it moving? One more look, stuck_s later.
+            await anyio.sleep(stuck_s)
+            await _each(waiting, _scrape, client, timeout)
+    for ep in eps:
+        _classify(ep, hang, stuck_s)
     return ProbeResult(eps)
 
 
-def probe(endpoints: list[str], timeout: float = 10.0) -> ProbeResult:
+def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
+    """A canary that hung on a router or unified server: the workers behind it hang with it."""
+    for ep in eps:
+        if ep.canary and canary_result(ep.canary) == TIMEOUT:
+            return f"the canary on {_host(ep.root)} hung"
+    return None
+
+
+def probe(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
+          api_key: str | None = None) -> ProbeResult:
     """Synchronous wrapper around probe_async (the CLI and tests call this)."""
-    return anyio.run(probe_async, endpoints, timeout)
+    return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key)
 
 
 def probe_exit_code(result: ProbeResult) -> int:
-    states = {e.state for e in result.endpoints}
-    return 2 if "unreachable" in states else 1 if "wedged" in states else 0
+    return max((_EXIT[e.state] for e in result.endpoints), default=0)
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:g}"
+# --- rendering: one block per endpoint, fit for an 80-column terminal ---------------------------
+
+_COLORS = {"healthy": "green", "unhealthy": "yellow", "wedged": "bold red", "error": "yellow",
+           "unreachable": "yellow"}
 
 
-def _short_error(error: str | None) -> str:
-    """Table cells stay narrow; the full error is in the JSON and the finding lines."""
-    if not error:
-        return "-"
-    if error.startswith("timeout"):
-        return "timeout"
-    if error.startswith("ConnectError"):
-        return "refused"
-    return error[:16]
+def _host(root: str) -> str:
+    parts = urlsplit(root)
+    return parts.netloc + parts.path.rstrip("/") if parts.netloc else root
 
 
-def _status(h: dict[str, Any]) -> str:
-    return str(h["status"]) if h.get("status") is not None else _short_error(h.get("error"))
+def _secs(v: Any) -> str:
+    return f"{v:.2f} s" if isinstance(v, (int, float)) else "?"
+
+
+def _health_cell(path: str, h: dict[str, Any]) -> str:
+    if not h:
+        return f"{path} -"
+    result = health_result(h)
+    if h.get("status") is not None:
+        return f"{path} {h['status']}"
+    if result == TIMEOUT:
+        return f"{path} no answer"
+    if result == UNREACHABLE:
+        return f"{path} refused"
+    return f"{path} error"
+
+
+def _canary_cell(ep: EndpointProbe) -> Text:
+    if not ep.canary:
+        return Text(f"not sent: {ep.canary_skipped or 'no check made'}", style="dim")
+    c = ep.canary
+    result = canary_result(c)
+    if result == OK:
+        return Text(f"ok in {_secs(c.get('latency_s'))}", style="green")
+    if result == TIMEOUT:
+        return Text(f"no answer in {_secs(c.get('latency_s'))}: hung", style="red")
+    if result == UNREACHABLE:
+        return Text(f"could not connect: {c.get('error')}", style="yellow")
+    return Text(f"error: {c.get('error')} (not a hang)", style="yellow")
+
+
+def _gauge_cell(ep: EndpointProbe) -> Text:
+    if not ep.gauges:
+        return Text(f"none read{f': /metrics {ep.metrics_error}' if ep.metrics_error else ''}", style="dim")
+    parts = []
+    for name in ep.shown_gauges():
+        value = ep.gauge_sum((name,)) or 0.0
+        label = GAUGE_LABELS.get(name, name)
+        parts.append((f"{label} {value:g}", "bold red" if value > 0 and ep.codes else ""))
+    text = Text()
+    for i, (part, style) in enumerate(parts):
+        if i:
+            text.append(" · ", style="dim")
+        text.append(part, style=style)
+    return text
 
 
 def render_probe(result: ProbeResult, console: Console) -> None:
-    """One row per endpoint, then one line per finding (full gauge names, never truncated)."""
-    table = Table(title="dsv4bench probe")
-    # Short headers so 80 columns fit; the PD queues in request order (prefill, then decode).
-    table.add_column("endpoint", overflow="fold")
-    for col in ("run", "queue", "bootstrap", "inflight", "prealloc", "transfer",
-                "/health", "/health_generate", "canary", "state"):
-        table.add_column(col, overflow="fold")
-    colors = {"healthy": "green", "wedged": "red", "unreachable": "yellow"}
-    for ep in result.endpoints:
-        c = ep.canary
-        canary_cell = f"{c['latency_s']:.2f} s" if c.get("ok") else _short_error(c.get("error"))
-        table.add_row(ep.root, _num(ep.gauge_sum(RUNNING)), _num(ep.gauge_sum(WAITING)),
-                      *(_num(ep.gauge_sum((g,))) for g in PD_GAUGES),
-                      _status(ep.health), _status(ep.health_generate), canary_cell,
-                      f"[{colors[ep.state]}]{ep.state}[/]")
-    console.print(table)
-    # Plain lines too: a narrow terminal squeezes the table, and scripts grep these.
+    """Per endpoint: `role  root: state (codes)`, then its gauges, health, canary and the evidence."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, min_width=8)
+    grid.add_column(overflow="fold")
     for ep in result.endpoints:
         codes = f" ({', '.join(ep.codes)})" if ep.codes else ""
-        console.print(f"{ep.root}: {ep.state}{codes}", markup=False, highlight=False, soft_wrap=True)
-        for reason in ep.reasons:
-            console.print(f"  {reason}", markup=False, highlight=False, soft_wrap=True)
+        head = Text(f"{ep.root}: ")
+        head.append(f"{ep.state}{codes}", style=_COLORS.get(ep.state, ""))
+        grid.add_row(Text(ep.role if ep.role in ROLES else "unknown", style="bold"), head)
+        grid.add_row("  gauges", _gauge_cell(ep))
+        grid.add_row("  health", Text(f"{_health_cell('/health', ep.health)} · "
+                                      f"{_health_cell('/health_generate', ep.health_generate)}"))
+        grid.add_row("  canary", _canary_cell(ep))
+        for i, reason in enumerate(ep.reasons):
+            grid.add_row("  why" if i == 0 else "", Text(reason))
+        # The canary's own error is on its row already.
+        errors = [e for e in ep.errors if not e.startswith("canary: ")]
+        for i, error in enumerate(errors):
+            grid.add_row("  check" if i == 0 else "", Text(error, style="yellow"))
+    console.print(grid)
+    counts = {s: sum(e.state == s for e in result.endpoints) for s in STATES}
+    words = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    console.print(f"{words or 'no endpoints'} (exit {probe_exit_code(result)})", highlight=False)
 
 
-def probe_main(endpoints: list[str], timeout: float, json_out: Path | None) -> int:
-    """CLI body of `dsv4bench probe`: table to stdout, optional JSON file, exit code returned."""
-    result = probe(endpoints, timeout)
-    render_probe(result, Console())
+def probe_main(endpoints: list[str], timeout: float, json_out: Path | None, stuck_s: float = DEFAULT_STUCK_S,
+               api_key: str | None = None, console: Console | None = None) -> int:
+    """CLI body of `dsv4bench probe`: blocks to stdout, optional JSON file, exit code returned."""
+    result = probe(endpoints, timeout, stuck_s, api_key)
+    render_probe(result, console or Console())
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
     return probe_exit_code(result)
+

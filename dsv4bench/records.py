@@ -91,6 +91,10 @@ class AssembledResponse:
     `protocol_errors` are the stream-protocol faults the assembler saw on the way
     (index gaps, missing id/name on a call's first delta, deltas after finish, no `[DONE]`,
     undecodable chunks). `saw_done` is False for a stream that ended without `[DONE]`.
+    `stopped_at_bound` names the harness bound (sse.StreamBounds) past which it stopped reading
+    this response; None when it was read to its end. `surrogates_replaced` lists the texts
+    (`content`, `reasoning`, `tool_calls[<index>].arguments`) in which lone UTF-16 surrogates
+    were replaced by U+FFFD on the way in.
     """
 
     response_id: str | None = None
@@ -104,6 +108,8 @@ class AssembledResponse:
     saw_done: bool = False
     chunks: int = 0
     protocol_errors: list[str] = field(default_factory=list)
+    stopped_at_bound: str | None = None
+    surrogates_replaced: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -11,6 +11,7 @@ echoes the Authorization header in an error, say).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -126,6 +127,15 @@ class Redactor:
         for secret in self.secrets:
             if secret in s:
                 s = s.replace(secret, MASK)
+        return s
+
+    def json_text(self, s: str) -> str:
+        """JSON text `s` with each secret masked as it is spelled inside a JSON string, in
+        either escaping (`ensure_ascii` or not)."""
+        for secret in self.secrets:
+            for spelled in {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
+                if spelled in s:
+                    s = s.replace(spelled, MASK)
         return s
 
     def value(self, v: Any) -> Any:

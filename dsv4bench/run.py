@@ -47,7 +47,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     if reference is not None:
         run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
                                  "conflicts": reference.conflicts}
-    history = HistoryWriter(run_dir, run_info)
+    history = HistoryWriter(run_dir, run_info, config.redactor)
     stats = LiveStats()
     exporter = None
     if config.serve_metrics is not None:
@@ -75,6 +75,9 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
                 history.update_run_info(run_info)
     except KeyboardInterrupt:
         reason = "interrupted"  # the history so far is kept and reported
+    except BaseException:
+        reason = "error"  # our own failure: the run_end says so, and the error goes on up
+        raise
     finally:
         history.event("run_end", run=run_id, reason=reason)
         history.close()

@@ -3,56 +3,319 @@
 The assembler is fed the `data:` payload of each SSE event in order and notes every breach
 of the streaming protocol it sees on the way, so the `stream_protocol` checker can report
 them. It never raises on bad input: a server's garbage is a finding, not a crash.
+
+Everything a server sends is bounded here (`StreamBounds`): an SSE line or event, the number
+of tool calls, one call's arguments, the text of a turn, the protocol errors noted and the raw
+lines kept as evidence. Past a bound the assembler stops taking input and says which bound in
+`stopped_at_bound`; the client stops reading and closes the response. Lone UTF-16 surrogates
+(valid JSON escapes, invalid text that nothing downstream can encode) are replaced by U+FFFD on
+the way in and noted, so the rest of the harness only ever holds encodable text.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
+
+from httpx_sse import ServerSentEvent
+from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from .records import AssembledResponse, ToolCall
 
 DONE = "[DONE]"
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True)
+class StreamBounds:
+    """What one turn may bring in before the harness stops reading (characters unless named)."""
+
+    line_chars: int = 1 * MIB  # one SSE line
+    event_chars: int = 1 * MIB  # the data of one event (all of its `data:` lines)
+    tool_calls: int = 128  # tool calls in one turn
+    argument_chars: int = 256 * KIB  # one tool call's arguments
+    text_chars: int = 4 * MIB  # content + reasoning + all arguments of one turn
+    body_bytes: int = 16 * MIB  # a non-streamed body
+    error_body_bytes: int = 64 * KIB  # the body of an HTTP error answer
+    protocol_errors: int = 64  # protocol errors noted one by one; the rest are counted
+    raw_head_chars: int = 128 * KIB  # raw SSE text kept from the start of a stream...
+    raw_tail_chars: int = 128 * KIB  # ... and from its end
+    raw_line_chars: int = 16 * KIB  # one kept raw line
+
+
+DEFAULT_BOUNDS = StreamBounds()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_surrogates(text: str) -> tuple[str, bool]:
+    """`text` with each lone surrogate replaced by U+FFFD, and whether there was one."""
+    if _SURROGATE.search(text) is None:
+        return text, False
+    return _SURROGATE.sub("\ufffd", text), True
+
+
+def clean_value(value: Any) -> Any:
+    """A decoded JSON value with lone surrogates replaced in every string, keys included."""
+    if isinstance(value, str):
+        return replace_surrogates(value)[0]
+    if isinstance(value, dict):
+        return {clean_value(k): clean_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_value(v) for v in value]
+    return value
+
+
+def safe_dumps(value: Any) -> str:
+    """JSON text of a decoded value, whatever it holds (too deep: a placeholder)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError):
+        return "<not serializable>"
+
+
+def clean_usage(value: Any) -> dict[str, Any] | None:
+    """A `usage` object cleaned of surrogates; None when it is not an object or too deep."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return clean_value(value)
+    except RecursionError:
+        return None
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """repr() of at most `limit` characters of a server's value, for a protocol error."""
+    text = value if isinstance(value, str) else str(value)
+    return repr(replace_surrogates(text[:limit])[0])
+
+
+class BoundExceeded(Exception):
+    """An SSE line or event passed its bound; `head` is the start of it, for evidence."""
+
+    def __init__(self, detail: str, head: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.head = head
+
+
+class SSEEventReader:
+    """Decoded stream text in, SSE events out (httpx-sse's decoders), with the line and event
+    bounds enforced before a line is ever held whole."""
+
+    def __init__(self, bounds: StreamBounds = DEFAULT_BOUNDS) -> None:
+        self.bounds = bounds
+        self._lines = SSELineDecoder()
+        self._events = SSEDecoder()
+        self._pending = 0  # characters of the line not yet ended
+        self._event_chars = 0
+
+    def feed(self, text: str) -> list[ServerSentEvent]:
+        """Events completed by `text`; raises BoundExceeded past a bound."""
+        lines = self._lines.decode(text)
+        if lines:
+            self._pending = sum(len(b) for b in self._lines.buffer)  # at most the tail after the last newline
+        else:
+            self._pending += len(text)
+        if self._pending > self.bounds.line_chars:
+            head = "".join(self._lines.buffer)[: self.bounds.raw_line_chars]
+            self._lines.buffer = []
+            raise BoundExceeded(f"an SSE line longer than {self.bounds.line_chars:,} characters", head)
+        return self._decode(lines)
+
+    def flush(self) -> list[ServerSentEvent]:
+        """Events completed by a last line without a newline. As in httpx-sse (and the SSE
+        spec), an event with no blank line after it is never dispatched."""
+        return self._decode(self._lines.flush())
+
+    def _decode(self, lines: list[str]) -> list[ServerSentEvent]:
+        out = []
+        for line in lines:
+            if len(line) > self.bounds.line_chars:
+                raise BoundExceeded(f"an SSE line longer than {self.bounds.line_chars:,} characters",
+                                    line[: self.bounds.raw_line_chars])
+            self._event_chars = 0 if not line else self._event_chars + len(line)
+            if self._event_chars > self.bounds.event_chars:
+                raise BoundExceeded(f"an SSE event longer than {self.bounds.event_chars:,} characters",
+                                    line[: self.bounds.raw_line_chars])
+            event = self._events.decode(line)
+            if event is not None:
+                out.append(event)
+        return out
+
+
+class RawLines:
+    """The raw SSE lines kept as evidence: every line up to `raw_head_chars`, then the last
+    lines up to `raw_tail_chars`, each line clipped; `close()` writes the kept tail (after a
+    line saying what was left out) into `out`, which holds the head meanwhile."""
+
+    def __init__(self, out: list[str], bounds: StreamBounds = DEFAULT_BOUNDS) -> None:
+        self.out = out
+        self.bounds = bounds
+        self._head_chars = 0
+        self._tail: deque[str] = deque()
+        self._tail_chars = 0
+        self._dropped = 0
+        self._dropped_chars = 0
+
+    def add(self, line: str) -> None:
+        b = self.bounds
+        if len(line) > b.raw_line_chars:
+            line = line[: b.raw_line_chars] + f"…[+{len(line) - b.raw_line_chars:,} chars]"
+        if self._head_chars + len(line) <= b.raw_head_chars:
+            self.out.append(line)
+            self._head_chars += len(line)
+            return
+        self._tail.append(line)
+        self._tail_chars += len(line)
+        while self._tail_chars > b.raw_tail_chars and self._tail:
+            gone = self._tail.popleft()
+            self._tail_chars -= len(gone)
+            self._dropped += 1
+            self._dropped_chars += len(gone)
+
+    def close(self) -> None:
+        if self._dropped:
+            self.out.append(f"… {self._dropped:,} lines ({self._dropped_chars:,} chars) not kept …")
+        self.out.extend(self._tail)
+        self._tail.clear()
+        self._tail_chars = self._dropped = self._dropped_chars = 0
+
+
+def clip_raw(text: str, bounds: StreamBounds = DEFAULT_BOUNDS) -> str:
+    """A raw body kept as evidence: its head and tail when longer than the raw bounds."""
+    head, tail = bounds.raw_head_chars, bounds.raw_tail_chars
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n… ({len(text) - head - tail:,} chars not kept) …\n{text[-tail:]}"
+
+
+def _loads(data: str) -> Any:
+    """json.loads that reports nesting too deep to decode as ValueError, like any bad JSON."""
+    try:
+        return json.loads(data)
+    except RecursionError as e:
+        raise ValueError("nested too deep to decode") from e
+
+
+class _Collector:
+    """What assembly shares between streamed and non-streamed bodies: bounded protocol-error
+    notes, the text budget, and the surrogate notes."""
+
+    def __init__(self, response: AssembledResponse, bounds: StreamBounds) -> None:
+        self.response = response
+        self.bounds = bounds
+        self._text_chars = 0
+        self._errors_left = 0
+
+    def error(self, text: str) -> None:
+        r = self.response
+        if len(r.protocol_errors) < self.bounds.protocol_errors:
+            r.protocol_errors.append(text)
+            return
+        self._errors_left += 1
+        note = f"… and {self._errors_left:,} more protocol errors"
+        if r.protocol_errors[-1].startswith("… and "):
+            r.protocol_errors[-1] = note
+        else:
+            r.protocol_errors.append(note)
+
+    def stop(self, detail: str) -> None:
+        """Past a bound: note it once and take no more input."""
+        r = self.response
+        if r.stopped_at_bound is None:
+            r.stopped_at_bound = detail
+            r.protocol_errors.append(f"the harness stopped reading: {detail}")
+
+    def text(self, owner: str, piece: str, have: int, limit: int | None = None) -> str:
+        """`piece` cleaned of surrogates and clipped to the bounds (`have`: characters the owner
+        already holds; `limit`: the owner's own bound, if any)."""
+        piece, had = replace_surrogates(piece)
+        if had and owner not in self.response.surrogates_replaced:
+            self.response.surrogates_replaced.append(owner)
+        room = self.bounds.text_chars - self._text_chars
+        reason = f"more than {self.bounds.text_chars:,} characters of text in one turn"
+        if limit is not None and limit - have < room:
+            room = limit - have
+            reason = f"{owner} longer than {limit:,} characters"
+        if len(piece) > room:
+            self.stop(reason)
+            piece = piece[: max(0, room)]
+        self._text_chars += len(piece)
+        return piece
+
+    def field(self, where: str, value: Any) -> str | None:
+        """A string field (id, name, model, finish_reason): None stays None, anything else is
+        made a string, noted, and cleaned of surrogates."""
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            value = safe_dumps(value)
+            self.error(f"{where} is not a string: {short_repr(value)}")
+        value, had = replace_surrogates(value[: self.bounds.raw_line_chars])
+        if had:
+            self.error(f"{where}: lone UTF-16 surrogate (invalid Unicode), recorded as U+FFFD")
+        return value
 
 
 class DeltaAssembler:
     """Accumulates chunks of one streamed choice (n=1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: StreamBounds = DEFAULT_BOUNDS) -> None:
         self.response = AssembledResponse(stream=True)
+        self.bounds = bounds
+        self._c = _Collector(self.response, bounds)
         self._calls: dict[int, ToolCall] = {}
         self._finished_at_chunk: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """True once a bound was passed: the caller should stop reading."""
+        return self.response.stopped_at_bound is not None
+
+    def stop(self, detail: str) -> None:
+        """The reader passed a bound of its own (an SSE line or event too long)."""
+        self._c.stop(detail)
 
     def feed(self, data: str) -> bool:
         """Consume one SSE data payload. Returns True when it carried model output (a token)."""
         r = self.response
+        if self.stopped:
+            return False
         if r.saw_done:
-            r.protocol_errors.append(f"data after [DONE]: {data[:80]!r}")
+            self._c.error(f"data after [DONE]: {short_repr(data)}")
             return False
         if data.strip() == DONE:
             r.saw_done = True
             return False
         r.chunks += 1
         try:
-            chunk = json.loads(data)
+            chunk = _loads(data)
         except ValueError:
-            r.protocol_errors.append(f"chunk {r.chunks} is not JSON: {data[:80]!r}")
+            self._c.error(f"chunk {r.chunks} is not JSON: {short_repr(data)}")
             return False
         if not isinstance(chunk, dict):
-            r.protocol_errors.append(f"chunk {r.chunks} is not an object")
+            self._c.error(f"chunk {r.chunks} is not an object")
             return False
         if "error" in chunk and "choices" not in chunk:
             err = chunk["error"]
             msg = err.get("message") if isinstance(err, dict) else err
-            r.protocol_errors.append(f"error event mid-stream: {str(msg)[:120]}")
+            self._c.error(f"error event mid-stream: {replace_surrogates(str(msg)[:120])[0]}")
             return False
         self._note_id(chunk)
         if isinstance(chunk.get("usage"), dict):
-            r.usage = chunk["usage"]
+            r.usage = clean_usage(chunk["usage"])
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            self._c.error(f"chunk {r.chunks}: choices is not a list")
+            return False
         carried = False
-        for choice in chunk.get("choices") or []:
+        for choice in choices:
             if not isinstance(choice, dict):
-                r.protocol_errors.append(f"chunk {r.chunks}: choice is not an object")
+                self._c.error(f"chunk {r.chunks}: choice is not an object")
                 continue
             if choice.get("index", 0) != 0:
                 continue  # n>1 is not what agents ask for; ignore other choices
@@ -61,40 +324,45 @@ class DeltaAssembler:
 
     def _note_id(self, chunk: dict[str, Any]) -> None:
         r = self.response
-        cid = chunk.get("id")
+        cid = self._c.field("id", chunk.get("id"))
         if r.response_id is None:
             r.response_id = cid
         elif cid is not None and cid != r.response_id:
-            r.protocol_errors.append(f"chunk {r.chunks}: id changed from {r.response_id!r} to {cid!r}")
+            self._c.error(f"chunk {r.chunks}: id changed from {short_repr(r.response_id)} to {short_repr(cid)}")
         if r.model is None and chunk.get("model"):
-            r.model = chunk["model"]
+            r.model = self._c.field("model", chunk["model"])
 
     def _feed_choice(self, choice: dict[str, Any]) -> bool:
         r = self.response
         delta = choice.get("delta") or {}
         carried = False
         if not isinstance(delta, dict):
-            r.protocol_errors.append(f"chunk {r.chunks}: delta is not an object")
+            self._c.error(f"chunk {r.chunks}: delta is not an object")
             delta = {}
         content = delta.get("content")
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         calls = delta.get("tool_calls") or []
         has_output = bool(content) or bool(reasoning) or bool(calls)
         if has_output and self._finished_at_chunk is not None:
-            r.protocol_errors.append(f"chunk {r.chunks}: delta after finish_reason (chunk {self._finished_at_chunk})")
+            self._c.error(f"chunk {r.chunks}: delta after finish_reason (chunk {self._finished_at_chunk})")
+        if content is not None and not isinstance(content, str):
+            self._c.error(f"chunk {r.chunks}: content is not a string")
         if isinstance(content, str) and content:
-            r.content += content
+            r.content += self._c.text("content", content, len(r.content))
             carried = True
         if isinstance(reasoning, str) and reasoning:
-            r.reasoning += reasoning
+            r.reasoning += self._c.text("reasoning", reasoning, len(r.reasoning))
             carried = True
         if isinstance(calls, list):
             for tc in calls:
+                if self.stopped:
+                    break
                 carried |= self._feed_call(tc)
-        fr = choice.get("finish_reason")
+        fr = self._c.field("finish_reason", choice.get("finish_reason"))
         if fr is not None:
             if self._finished_at_chunk is not None and fr != r.finish_reason:
-                r.protocol_errors.append(f"chunk {r.chunks}: second finish_reason {fr!r} after {r.finish_reason!r}")
+                self._c.error(f"chunk {r.chunks}: second finish_reason {short_repr(fr)} after "
+                              f"{short_repr(r.finish_reason)}")
             r.finish_reason = fr
             if self._finished_at_chunk is None:
                 self._finished_at_chunk = r.chunks
@@ -103,75 +371,113 @@ class DeltaAssembler:
     def _feed_call(self, tc: Any) -> bool:
         r = self.response
         if not isinstance(tc, dict):
-            r.protocol_errors.append(f"chunk {r.chunks}: tool call delta is not an object")
+            self._c.error(f"chunk {r.chunks}: tool call delta is not an object")
             return False
         idx = tc.get("index")
-        if not isinstance(idx, int):
-            r.protocol_errors.append(f"chunk {r.chunks}: tool call delta without an integer index")
+        if not isinstance(idx, int) or isinstance(idx, bool):
+            self._c.error(f"chunk {r.chunks}: tool call delta without an integer index")
             idx = max(self._calls, default=-1) + 1 if tc.get("id") else max(self._calls, default=0)
         fn = tc.get("function") or {}
-        name, args = fn.get("name"), fn.get("arguments")
+        if not isinstance(fn, dict):
+            self._c.error(f"chunk {r.chunks}: tool call delta's function is not an object")
+            fn = {}
         call = self._calls.get(idx)
+        name = self._c.field(f"tool_calls[{idx}].function.name", fn.get("name"))
+        call_id = self._c.field(f"tool_calls[{idx}].id", tc.get("id"))
+        args = fn.get("arguments")
         if call is None:
+            if len(self._calls) >= self.bounds.tool_calls:
+                self._c.stop(f"more than {self.bounds.tool_calls:,} tool calls in one turn")
+                return False
             expected = len(self._calls)
             if idx != expected:
-                r.protocol_errors.append(f"chunk {r.chunks}: tool call index {idx} where {expected} was next (index gap)")
-            if not tc.get("id"):
-                r.protocol_errors.append(f"tool_calls[{idx}]: first delta has no id")
+                self._c.error(f"chunk {r.chunks}: tool call index {idx} where {expected} was next (index gap)")
+            if not call_id:
+                self._c.error(f"tool_calls[{idx}]: first delta has no id")
             if not name:
-                r.protocol_errors.append(f"tool_calls[{idx}]: first delta has no function name")
-            call = ToolCall(index=idx, id=tc.get("id"), name=name or None, arguments="")
+                self._c.error(f"tool_calls[{idx}]: first delta has no function name")
+            call = ToolCall(index=idx, id=call_id, name=name or None, arguments="")
             self._calls[idx] = call
             r.tool_calls.append(call)
         else:
-            if tc.get("id") and call.id and tc["id"] != call.id:
-                r.protocol_errors.append(f"tool_calls[{idx}]: id changed from {call.id!r} to {tc['id']!r}")
-            if tc.get("id") and not call.id:
-                call.id = tc["id"]
+            if call_id and call.id and call_id != call.id:
+                self._c.error(f"tool_calls[{idx}]: id changed from {short_repr(call.id)} to {short_repr(call_id)}")
+            if call_id and not call.id:
+                call.id = call_id
             if name and call.name and name != call.name:
-                r.protocol_errors.append(f"tool_calls[{idx}]: name changed from {call.name!r} to {name!r}")
+                self._c.error(f"tool_calls[{idx}]: name changed from {short_repr(call.name)} to {short_repr(name)}")
             if name and not call.name:
                 call.name = name
         if isinstance(args, str):
-            call.arguments += args
+            call.arguments += self._c.text(f"tool_calls[{idx}].arguments", args, len(call.arguments),
+                                           self.bounds.argument_chars)
         elif args is not None:
-            r.protocol_errors.append(f"tool_calls[{idx}]: arguments fragment is not a string")
+            self._c.error(f"tool_calls[{idx}]: arguments fragment is not a string")
         return bool(name) or bool(args)
 
     def finish(self) -> AssembledResponse:
         """Close the stream (EOF). A finished stream that never said [DONE] is a protocol error;
         one that never finished at all is left for the `truncated` checker."""
         r = self.response
-        if r.finish_reason is not None and not r.saw_done:
-            r.protocol_errors.append("stream ended without [DONE]")
+        if r.finish_reason is not None and not r.saw_done and not self.stopped:
+            self._c.error("stream ended without [DONE]")
         r.tool_calls.sort(key=lambda c: c.index)
         return r
 
 
-def assemble_completion(body: Any) -> AssembledResponse:
+def assemble_completion(body: Any, bounds: StreamBounds = DEFAULT_BOUNDS) -> AssembledResponse:
     """Read a non-streamed chat completion body into the same shape as a stream."""
     r = AssembledResponse(stream=False, saw_done=True)
+    c = _Collector(r, bounds)
     if not isinstance(body, dict):
-        r.protocol_errors.append("response body is not a JSON object")
+        c.error("response body is not a JSON object")
         return r
-    r.response_id = body.get("id")
-    r.model = body.get("model")
-    r.usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    r.response_id = c.field("id", body.get("id"))
+    r.model = c.field("model", body.get("model"))
+    r.usage = clean_usage(body.get("usage"))
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        r.protocol_errors.append("response has no choices")
+        c.error("response has no choices")
         return r
     choice = choices[0]
     msg = choice.get("message") or {}
-    r.finish_reason = choice.get("finish_reason")
-    r.content = msg.get("content") or ""
-    r.reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
-    for i, tc in enumerate(msg.get("tool_calls") or []):
-        fn = (tc or {}).get("function") or {}
+    if not isinstance(msg, dict):
+        c.error("choices[0].message is not an object")
+        msg = {}
+    r.finish_reason = c.field("finish_reason", choice.get("finish_reason"))
+    r.content = c.text("content", _text_field(c, "content", msg.get("content")), 0)
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    r.reasoning = c.text("reasoning", _text_field(c, "reasoning_content", reasoning), 0)
+    calls = msg.get("tool_calls") or []
+    if not isinstance(calls, list):
+        c.error("message.tool_calls is not a list")
+        calls = []
+    for i, tc in enumerate(calls):
+        if i >= bounds.tool_calls:
+            c.stop(f"more than {bounds.tool_calls:,} tool calls in one turn")
+            break
+        if not isinstance(tc, dict):
+            c.error(f"tool_calls[{i}] is not an object")
+            tc = {}
+        fn = tc.get("function") or {}
+        if not isinstance(fn, dict):
+            c.error(f"tool_calls[{i}].function is not an object")
+            fn = {}
         args = fn.get("arguments")
         if args is not None and not isinstance(args, str):
-            args = json.dumps(args)  # some servers send an object; the args checker judges the string
-        r.tool_calls.append(ToolCall(index=i, id=(tc or {}).get("id"), name=fn.get("name"), arguments=args or ""))
-        if not (tc or {}).get("id"):
-            r.protocol_errors.append(f"tool_calls[{i}]: no id")
+            args = safe_dumps(args)  # some servers send an object; the args checker judges the string
+        call_id = c.field(f"tool_calls[{i}].id", tc.get("id"))
+        name = c.field(f"tool_calls[{i}].function.name", fn.get("name"))
+        arguments = c.text(f"tool_calls[{i}].arguments", args or "", 0, bounds.argument_chars)
+        r.tool_calls.append(ToolCall(index=i, id=call_id, name=name, arguments=arguments))
+        if not call_id:
+            c.error(f"tool_calls[{i}]: no id")
     return r
+
+
+def _text_field(c: _Collector, where: str, value: Any) -> str:
+    """content / reasoning of a message: a string, or noted and serialized (content parts)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    c.error(f"message.{where} is not a string")
+    return safe_dumps(value)

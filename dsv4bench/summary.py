@@ -3,6 +3,12 @@
 `verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (DESIGN §3):
 CI jobs and other tools read them. Everything else is an extra for the report and may grow.
 
+`verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
+is the harness's own failure, never the server's: the history lost turn records
+(history.history_gaps), so no absence of a finding can be claimed; what was found (a wedge,
+corruption) still wins over it. `wedge_checked` is False when no metrics sample was scraped:
+then no queue was judged, and a CLEAN says nothing about wedges.
+
 Conventions, chosen once here so the report and the plots agree:
 - Killed turns are indeterminate (Jepsen's `:info`): nothing found on them is counted.
 - Corruption codes count only on `ok` turns (as `TurnRecord.corrupt` does); availability
@@ -21,13 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .history import History
+from .history import History, history_gaps
 from .records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TurnRecord, TurnStatus
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
 # Worst first: the first verdict whose condition holds wins.
-VERDICTS: tuple[str, ...] = ("WEDGE", "CORRUPTION", "ERRORS", "CLEAN")
+VERDICTS: tuple[str, ...] = ("WEDGE", "CORRUPTION", "INCOMPLETE", "ERRORS", "CLEAN")
 _FAILED = (TurnStatus.ERROR, TurnStatus.TIMEOUT)
 _TOOL_CALL_WHERE = re.compile(r"^tool_calls\[(\d+)\]")
 
@@ -107,11 +113,20 @@ def run_window(history: History) -> tuple[int | None, int | None]:
     return start, end
 
 
+def is_good(turn: TurnRecord) -> bool:
+    """A completed turn that every checker judged and none found corrupt."""
+    return turn.status is TurnStatus.OK and not turn.corrupt and not turn.check_errors
+
+
 def outcome_counts(turns: list[TurnRecord]) -> dict[str, int]:
-    """The `turns` block: total, ok, killed, corrupt, error (error counts error + timeout)."""
+    """The `turns` block. `ok`: a complete response arrived, whatever the checkers found in it
+    (so it counts corrupt turns too); `good`: ok, judged by every checker and not corrupt;
+    `corrupt`: ok with a corruption code; `killed`: cancelled by our own nemesis, not judged;
+    `error`: HTTP error, connection failure or timeout. total = ok + killed + error."""
     return {
         "total": len(turns),
         "ok": sum(t.status is TurnStatus.OK for t in turns),
+        "good": sum(is_good(t) for t in turns),
         "killed": sum(t.status is TurnStatus.KILLED for t in turns),
         "corrupt": sum(t.corrupt for t in turns),
         "error": sum(t.status in _FAILED for t in turns),
@@ -166,11 +181,25 @@ def _sessions(history: History) -> dict[str, Any]:
     return {"count": len(ids), "finished": reasons.get("final", 0), "ended_by": dict(sorted(reasons.items()))}
 
 
-def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]]) -> str:
+def wedge_check(history: History, wedge: dict[str, dict[str, Any]]) -> tuple[bool, str | None]:
+    """(whether any queue could be judged, why not): judged when a metrics endpoint was
+    scraped at least once, or the wedge findings carry gauges."""
+    if any(m.get("ok") for m in history.metrics) or any(found["gauges"] for found in wedge.values()):
+        return True, None
+    config = history.run.get("config")
+    given = config.get("metrics") if isinstance(config, dict) else None
+    if given:
+        return False, "no --metrics endpoint could be scraped"
+    return False, "no --metrics endpoint"
+
+
+def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]], gaps: list[str]) -> str:
     if any(found["codes"] for found in wedge.values()):
         return "WEDGE"
     if turns["corrupt"]:
         return "CORRUPTION"
+    if gaps:
+        return "INCOMPLETE"
     if turns["error"]:
         return "ERRORS"
     return "CLEAN"
@@ -201,10 +230,15 @@ def summarize(history: History) -> dict[str, Any]:
 
     ok = [t for t in turns if t.status is TurnStatus.OK]
     start, end = run_window(history)
+    gaps = history_gaps(history)
+    checked, unchecked_reason = wedge_check(history, wedge)
     return {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
-        "verdict": _verdict(outcomes, wedge),
+        "verdict": _verdict(outcomes, wedge, gaps),
+        "wedge_checked": checked,
+        "wedge_unchecked_reason": unchecked_reason,
+        "history": {"complete": not gaps, "gaps": gaps, "finished": history.complete},
         "partial": not history.complete,
         "skipped_lines": history.skipped_lines,
         "duration_s": (end - start) / 1e9 if start is not None and end is not None else None,

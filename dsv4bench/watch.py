@@ -1,9 +1,13 @@
 """`dsv4bench watch`: a live terminal view of the queue gauges, marking a wedge as it forms.
 
 The incident (DESIGN §1) was visible only in hindsight: PD transfer/bootstrap queues sat at ~60
-while nothing moved. This view shows each endpoint's queue gauges as sparklines and marks a
-gauge red ("WEDGE?") once it has stayed > 0 for `stuck_s` seconds while no counter (`*_total`)
-moved, the same "no progress" rule the post-run wedge detector (wedge.py) applies.
+while nothing moved. This view shows each endpoint (host:port and its role, see roles.py) with
+only the gauges its role has (and any other that holds requests), labels collapsed (summed over
+ranks), each with its current value beside its sparkline, and the endpoint's state in words:
+"idle", "busy", "draining", "stuck 3 s", or "WEDGE: decode transfer queue stuck at 40 for 20 s"
+once a gauge has stayed > 0 without shrinking for `stuck_s` seconds while no counter (`*_total`)
+moved, the same "no progress" rule the post-run wedge detector (wedge.py) applies. It fits an
+80-column terminal.
 
 `WatchState` and `render_watch` are pure (fed monitor samples, see monitor.py) so they test on
 literal series; `watch_main` is the thin scraping loop around them.
@@ -15,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -24,10 +29,15 @@ from rich.table import Table
 from rich.text import Text
 
 from .monitor import QUEUE_GAUGES, scrape_once
+from .roles import (GAUGE_LABELS, GAUGE_WORDS, RUNNING, WAITING, Role, discover_role, part_labels, role_from_metrics,
+                    role_gauges)
 from .wedge import is_queue_gauge, metric_name
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 _NS = 1_000_000_000
+_FRONT_GAUGES = frozenset({*RUNNING, *WAITING})
+_LABEL_W = 11  # "  bootstrap": the longest label and its indent
+_VALUE_W = 6
 
 
 def sparkline(values: list[float]) -> str:
@@ -56,12 +66,17 @@ def _gauge_sort_key(series: str) -> tuple[int, str]:
 class _Endpoint:
     """What one endpoint has shown: recent values per gauge, and since when each stood still."""
 
-    gauges: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)
+    gauges: dict[str, deque[tuple[int, float]]] = field(default_factory=dict)  # series -> (t_ns, value)
+    sums: dict[str, deque[float]] = field(default_factory=dict)  # gauge name -> its series summed, per sample
     counters: dict[str, float] | None = None
     # t_ns since which the counters have not changed (reset on every counter move).
     counters_still_since: int | None = None
     # t_ns since which each gauge has been > 0 and never decreased; absent while it is 0.
     held_since: dict[str, int] = field(default_factory=dict)
+    in_flight: float = 0.0  # every queue gauge summed, at the last sample
+    shrank: bool = False  # the work in flight shrank at the last sample
+    counters_moved: bool = False  # a counter moved at the last sample
+    role: Role = field(default_factory=Role)
     last_ok: bool = False
     answered: bool = False
     last_t_ns: int | None = None
@@ -76,6 +91,11 @@ class WatchState:
         self.history = history
         self.endpoints: dict[str, _Endpoint] = {}
 
+    def set_role(self, endpoint: str, role: Role) -> None:
+        """The role the server stated; a role read from its metrics labels never replaces it."""
+        if role.known:
+            self.endpoints.setdefault(endpoint, _Endpoint()).role = role
+
     def add(self, sample: dict[str, Any]) -> None:
         """Feed one monitor sample (`{"t_ns", "endpoint", "ok", "values"}`)."""
         ep = self.endpoints.setdefault(sample["endpoint"], _Endpoint())
@@ -87,13 +107,18 @@ class WatchState:
             ep.last_ok, ep.error = False, sample.get("error") or "no answer"
             return
         ep.last_ok, ep.answered, ep.error = True, True, None
+        if not ep.role.known:
+            ep.role = role_from_metrics(values) or ep.role
         counters = {k: v for k, v in values.items() if metric_name(k).endswith("_total")}
+        ep.counters_moved = ep.counters is not None and counters != ep.counters
         if ep.counters is None or counters != ep.counters:
             ep.counters_still_since = t
         ep.counters = counters
+        sums: dict[str, float] = {}
         for key, value in values.items():
             if not is_queue_gauge(key):
                 continue
+            sums[metric_name(key)] = sums.get(metric_name(key), 0.0) + float(value)
             series = ep.gauges.setdefault(key, deque(maxlen=self.history))
             prev = series[-1][1] if series else None
             series.append((t, float(value)))
@@ -104,23 +129,88 @@ class WatchState:
                     ep.held_since[key] = t
             else:
                 ep.held_since.setdefault(key, t)
+        for name, total in sums.items():
+            ep.sums.setdefault(name, deque(maxlen=self.history)).append(total)
+        in_flight = sum(sums.values())
+        ep.shrank, ep.in_flight = in_flight < ep.in_flight, in_flight
+
+    def _frozen_for(self, ep: _Endpoint, key: str, now_ns: int) -> float:
+        """Seconds the gauge `key` has held without shrinking while no counter moved."""
+        since = ep.held_since.get(key)
+        if since is None or ep.counters_still_since is None:
+            return 0.0
+        # Both clocks must have run: a held gauge with moving counters is busy.
+        return max(0.0, (now_ns - max(since, ep.counters_still_since)) / _NS)
 
     def wedge_forming(self, now_ns: int) -> dict[str, list[str]]:
         """{endpoint: [gauge series]} for gauges > 0, not shrinking, with counters frozen >= stuck_s."""
         out: dict[str, list[str]] = {}
-        limit = int(self.stuck_s * _NS)
         for name, ep in self.endpoints.items():
-            if ep.counters_still_since is None:
-                continue
-            stuck = []
-            for key, since in ep.held_since.items():
-                # Both clocks must have run for stuck_s: a held gauge with moving counters is busy.
-                frozen_from = max(since, ep.counters_still_since)
-                if now_ns - frozen_from >= limit:
-                    stuck.append(key)
+            stuck = [key for key in ep.held_since if self._frozen_for(ep, key, now_ns) >= self.stuck_s]
             if stuck:
                 out[name] = sorted(stuck, key=_gauge_sort_key)
         return out
+
+    def shown_gauges(self, endpoint: str) -> list[str]:
+        """The gauge names to show: the role's that the server exports, then any other that has
+        held requests in the window (a gauge a role should not have but that holds work shows)."""
+        ep = self.endpoints[endpoint]
+        own = [g for g in role_gauges(ep.role.name) if g in ep.sums]
+        labels = set()
+        shown = []
+        for g in own:  # SGLang's and vLLM's name of one gauge show once
+            if GAUGE_LABELS[g] not in labels:
+                labels.add(GAUGE_LABELS[g])
+                shown.append(g)
+        others = sorted((g for g, vals in ep.sums.items() if g not in own and any(v > 0 for v in vals)),
+                        key=_gauge_sort_key)
+        return shown + others
+
+    def describe(self, endpoint: str, now_ns: int) -> Text:
+        """The endpoint's state in words."""
+        ep = self.endpoints[endpoint]
+        stuck = self.wedge_forming(now_ns).get(endpoint, [])
+        if stuck:
+            # Named by gauge, summed over its series; the longest held names the wedge, and among
+            # equals a PD queue before waiting and running.
+            ordered = sorted(stuck, key=lambda k: (metric_name(k) in _FRONT_GAUGES, _gauge_sort_key(k)))
+            key = max(ordered, key=lambda k: self._frozen_for(ep, k, now_ns))
+            name = metric_name(key)
+            value = ep.sums[name][-1] if ep.sums.get(name) else ep.gauges[key][-1][1]
+            words = f"WEDGE: {self._gauge_words(ep, key)} stuck at {value:g} " \
+                    f"for {self._frozen_for(ep, key, now_ns):.0f} s{self._ranks(ep, key, stuck)}"
+            others = {metric_name(k) for k in stuck} - {name}
+            if others:
+                words += f" (+{len(others)} more)"
+            return Text(words, style="bold red")
+        if not ep.answered:
+            return Text(f"no answer: {ep.error or 'not scraped yet'}"[:120], style="yellow")
+        if not ep.last_ok:
+            return Text(f"scrape failed: {ep.error}"[:120], style="yellow")
+        if ep.in_flight <= 0:
+            return Text("idle", style="green")
+        if ep.shrank:
+            return Text("draining", style="cyan")
+        held = [self._frozen_for(ep, k, now_ns) for k in ep.held_since]
+        if ep.counters_moved or not held or max(held) <= 0:
+            return Text("busy", style="green")
+        return Text(f"stuck {max(held):.0f} s", style="yellow")
+
+    @staticmethod
+    def _gauge_words(ep: _Endpoint, key: str) -> str:
+        name = metric_name(key)
+        role = f"{ep.role.name} " if ep.role.known else ""
+        return f"{role}{GAUGE_WORDS.get(name, name)}"
+
+    @staticmethod
+    def _ranks(ep: _Endpoint, key: str, stuck: list[str]) -> str:
+        """` (tp_rank=0)`: the stuck series of the gauge, only where others of it are not stuck."""
+        name = metric_name(key)
+        series = [k for k in ep.gauges if metric_name(k) == name]
+        held = [k for k in series if k in stuck]
+        if len(held) < len(series) and all(part_labels(k) for k in held):
+            return f" ({'; '.join(part_labels(k) for k in held)})"
+        return ""
 
     @property
     def any_answered(self) -> bool:
@@ -131,44 +221,78 @@ class WatchState:
         return max((ep.last_t_ns for ep in self.endpoints.values() if ep.last_t_ns is not None), default=0)
 
 
-def render_watch(state: WatchState, now_ns: int | None = None) -> Group:
-    """A table per run: endpoint, each queue gauge with its value and sparkline, WEDGE? marks."""
+def endpoint_label(url: str) -> str:
+    """http://10.0.0.1:30000/metrics -> 10.0.0.1:30000 (a path other than /metrics is kept)."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    return parts.netloc + ("" if path in ("", "/metrics") else path) if parts.netloc else url
+
+
+def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) -> Group:
+    """Per endpoint: `host:port  role  state`, then one line per gauge: label, value, sparkline."""
     now = state.now_ns() if now_ns is None else now_ns
     forming = state.wedge_forming(now)
-    t = Table(title="dsv4bench watch: queue gauges", expand=False)
-    for col in ("endpoint", "gauge", "now", "recent", "state"):
-        t.add_column(col, no_wrap=col != "endpoint")
+    spark_w = max(8, min(state.history, width - _LABEL_W - _VALUE_W - 4))
+    labels = {name: endpoint_label(name) for name in state.endpoints}
+    name_w = min(max((len(v) for v in labels.values()), default=10), max(10, width // 3))
+    parts: list[Any] = [Text(f"dsv4bench watch · {len(state.endpoints)} endpoint(s) · "
+                             f"WEDGE after {state.stuck_s:g} s with no progress", style="bold")]
     for name, ep in state.endpoints.items():
-        if not ep.gauges:
-            t.add_row(name, "–", "–", "", Text(ep.error or "no queue gauges", style="yellow"))
+        head = Table.grid(padding=(0, 1))
+        head.add_column(no_wrap=True, width=name_w, overflow="ellipsis")
+        head.add_column(no_wrap=True, width=7)
+        head.add_column(overflow="fold")
+        head.add_row(Text(labels[name], style="bold"), ep.role.name, state.describe(name, now))
+        parts.append(head)
+        shown = state.shown_gauges(name) if ep.sums else []
+        if not shown:
+            parts.append(Text("  no queue gauges" if ep.answered else "  –", style="dim"))
             continue
-        for i, key in enumerate(sorted(ep.gauges, key=_gauge_sort_key)):
-            values = [v for _, v in ep.gauges[key]]
-            if key in forming.get(name, []):
-                mark = Text(f"WEDGE? {metric_name(key)}", style="bold red")
-            elif not ep.last_ok:
-                mark = Text(f"scrape failed: {ep.error}"[:60], style="yellow")
-            else:
-                mark = Text("")
-            style = "red" if values[-1] > 0 and key in forming.get(name, []) else ""
-            t.add_row(name if i == 0 else "", key, Text(f"{values[-1]:g}", style=style), sparkline(values), mark)
+        rows = Table.grid(padding=(0, 1))
+        rows.add_column(no_wrap=True, width=_LABEL_W, overflow="ellipsis")
+        rows.add_column(no_wrap=True, justify="right", width=_VALUE_W, overflow="ellipsis")
+        rows.add_column(no_wrap=True, overflow="crop", max_width=spark_w)
+        stuck_names = {metric_name(k) for k in forming.get(name, [])}
+        for g in shown:
+            values = list(ep.sums[g])[-spark_w:]
+            style = "bold red" if g in stuck_names else ""
+            label = GAUGE_LABELS.get(g, g.split(":", 1)[-1])
+            rows.add_row(f"  {label}", Text(f"{values[-1]:g}", style=style), Text(sparkline(values), style=style))
+        parts.append(rows)
     n = sum(len(v) for v in forming.values())
-    foot = (Text(f"{n} gauge(s) stuck with no counter moving for >= {state.stuck_s:g} s", style="bold red")
-            if n else Text("no wedge forming", style="green"))
-    return Group(t, foot)
+    parts.append(Text(f"WEDGE forming: {n} gauge(s) held with no counter moving for >= {state.stuck_s:g} s",
+                      style="bold red") if n else Text("no wedge forming", style="green"))
+    return Group(*parts)
+
+
+def _root(metrics_url: str) -> str:
+    base = metrics_url.rstrip("/")
+    return base[: -len("/metrics")] if base.endswith("/metrics") else base
 
 
 async def watch_main(metrics_urls: list[str], duration: float, interval: float, stuck_s: float,
-                     console: Console | None = None) -> int:
+                     console: Console | None = None, api_key: str | None = None) -> int:
     """Scrape every URL each `interval` s for `duration` s under a live view.
 
     Returns 1 if a wedge was marked at the end, 0 if not, 2 if no endpoint ever answered.
     """
     console = console or Console(stderr=True)
     state = WatchState(stuck_s=stuck_s)
+    for url in metrics_urls:
+        state.endpoints.setdefault(url, _Endpoint())
     deadline = time.monotonic() + duration
-    async with httpx.AsyncClient(trust_env=False) as client:
-        with Live(render_watch(state), console=console, refresh_per_second=4, transient=False) as live:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def view() -> Group:
+        return render_watch(state, width=console.width)
+
+    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
+        async def role_of(url: str) -> None:
+            # Asked once: /get_server_info states it; the metrics labels fill in where it does not.
+            state.set_role(url, await discover_role(client, _root(url), timeout=min(2.0, max(interval, 0.5))))
+
+        with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
+            first = True
             while True:
                 t0 = time.monotonic()
                 samples: list[dict[str, Any]] = []
@@ -179,14 +303,20 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
                 async with anyio.create_task_group() as tg:
                     for url in metrics_urls:
                         tg.start_soon(one, url)
+                        if first:
+                            tg.start_soon(role_of, url)
+                first = False
                 for s in sorted(samples, key=lambda s: s["t_ns"]):
                     state.add(s)
-                live.update(render_watch(state))
+                live.update(view())
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 await anyio.sleep(min(left, max(0.0, interval - (time.monotonic() - t0))))
+        if not console.is_terminal:
+            console.line()  # Live ends a terminal's last line itself, not a file's
     if not state.any_answered:
         return 2
     # Judged at "now", not at the last sample: a gauge held through the final sleep counts too.
     return 1 if state.wedge_forming(time.monotonic_ns()) else 0
+

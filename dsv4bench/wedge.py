@@ -10,8 +10,13 @@ Verdicts (records.WEDGE_CODES):
   at least `min_stuck_s` while no counter (`*_total`) moved: nothing is being worked on.
 - `ghost_requests`: a running gauge stays > 0 (not decreasing) for `min_stuck_s` while the
   generation-token counter keeps rising after every client is gone: decoding for nobody.
-- `canary_timeout`: the last canary request after the drain window failed or hung.
-- `health_lies`: that canary failed while the same server's latest `/health` answered 200.
+- `canary_timeout`: the last canary request after the drain window got no answer in time. A
+  canary that got an answer that is no completion (an HTTP error, HTML, non-JSON) or no
+  connection is an error of the check: it goes into the finding's `check_errors` (and
+  `details`), never into the codes.
+- `health_lies`: that canary hung while the same server's latest `/health` answered 200; for a
+  server that gets no canary (a prefill or decode server), its `/health_generate` hung while
+  its `/health` answered 200.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .canary import OK, TIMEOUT, UNREACHABLE, canary_result, health_result
 from .monitor import QUEUE_GAUGES
 
 RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
@@ -120,6 +126,19 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
     return found
 
 
+def _latest(health: list[dict], origin: str, path: str) -> dict | None:
+    """The latest probe of `path` (/health or /health_generate) on the server at `origin`."""
+    same = [h for h in health
+            if urlsplit(h["endpoint"]).path.rstrip("/").endswith(path) and _origin(h["endpoint"]) == origin]
+    return max(same, key=lambda h: h["t_ns"]) if same else None
+
+
+def _check_error(found: dict[str, Any], text: str) -> None:
+    """A check that got an answer it cannot use: reported as what it is, never as a verdict."""
+    found["details"].append(text)
+    found.setdefault("check_errors", []).append(text)
+
+
 def _judge_probes(out: dict[str, dict[str, Any]], health: list[dict], canaries: list[dict],
                   load_stopped_ns: int) -> None:
     after = [h for h in health if h.get("t_ns", 0) >= load_stopped_ns]
@@ -130,17 +149,35 @@ def _judge_probes(out: dict[str, dict[str, Any]], health: list[dict], canaries: 
         last_canary[c["endpoint"]] = c
     for ep, c in last_canary.items():
         found = out.setdefault(ep, _finding())
-        if c.get("ok"):
+        result = canary_result(c)
+        if result == OK:
+            continue
+        if result != TIMEOUT:
+            # An answer, even an error, is not a hang: no verdict on the server from it.
+            what = "could not connect" if result == UNREACHABLE else "answered, but with no completion"
+            _check_error(found, f"canary on {ep} {what}: {c.get('error') or 'no detail'} (not a hang)")
             continue
         codes = set(found["codes"]) | {"canary_timeout"}
         found["details"].append(f"canary on {ep} failed after {c.get('latency_s') or 0:.1f} s: "
                                 f"{c.get('error') or 'no answer'}")
         # The latest /health of the same server decides: 200 then means it claims to be fine.
-        same = sorted((h for h in after if _origin(h["endpoint"]) == _origin(ep)), key=lambda h: h["t_ns"])
-        if same and same[-1].get("status") == 200:
+        h = _latest(after, _origin(ep), "/health")
+        if h is not None and h.get("status") == 200:
             codes.add("health_lies")
-            found["details"].append(f"{same[-1]['endpoint']} answered 200 while the canary on {ep} hung")
+            found["details"].append(f"{h['endpoint']} answered 200 while the canary on {ep} hung")
         found["codes"] = sorted(codes)
+    # A server that gets no canary (a prefill or decode server takes no chat) generates only in
+    # /health_generate: that one hanging while /health says 200 is the same lie.
+    canaried = {_origin(ep) for ep in last_canary}
+    for origin in sorted({_origin(h["endpoint"]) for h in after} - canaried):
+        gen = _latest(after, origin, "/health_generate")
+        h = _latest(after, origin, "/health")
+        if gen is None or health_result(gen) != TIMEOUT or h is None or h.get("status") != 200:
+            continue
+        found = out.setdefault(gen["endpoint"], _finding())
+        found["codes"] = sorted(set(found["codes"]) | {"health_lies"})
+        found["details"].append(f"{h['endpoint']} answered 200 while {gen['endpoint']} hung "
+                                f"({gen.get('error') or 'no answer'})")
 
 
 def detect_wedge(samples: list[dict], load_stopped_ns: int, cfg: WedgeConfig,

@@ -21,7 +21,7 @@ def run_cli(*args, timeout=60):
     (["engine", "serve", "--fault", "hicache-index-race"], "fault hicache-index-race needs HiCache (--hicache)"),
     (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "not with --url"),
-    (["agents", "--url", "ftp://x", "--sessions", "1"], "must start with http"),
+    (["agents", "--url", "ftp://x", "--sessions", "1"], "--url must be an http(s) URL"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--concurrency", "0"], "--concurrency"),
     (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--scenario", "poetry"], "--scenario must be one of"),

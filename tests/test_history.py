@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dsv4bench.history import HistoryError, HistoryWriter, read_history
+from dsv4bench.history import HistoryError, HistoryWriter, history_gaps, read_history
 from dsv4bench.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
 
 
@@ -47,3 +47,77 @@ def test_not_a_run_folder(tmp_path):
         read_history(tmp_path)
     with pytest.raises(HistoryError):
         read_history(tmp_path / "missing")
+
+
+def test_a_lone_surrogate_is_written_and_read_back_as_itself(tmp_path):
+    w = HistoryWriter(tmp_path, {"run": "r", "model": "m\ud800"})
+    rec = record(1)
+    rec.response.content = "a\ud800b\x00c"
+    assert w.turn(rec)
+    w.turn(record(2))
+    w.event("run_end", run="r")
+    w.close()
+    h = read_history(tmp_path)
+    assert h.turns[0].response.content == "a\ud800b\x00c" and h.turns[1].response.content == "c"
+    assert h.run["model"] == "m\ud800"
+    end = h.events[-1]
+    assert end["turns_recorded"] == 2 and end["ascii_escaped_records"] == 1
+    assert not any(end["write_failures"].values()) and history_gaps(h) == []
+    # Only the record that needed it is ASCII-escaped; the others keep their UTF-8 text.
+    w2 = HistoryWriter(tmp_path / "utf8", {"run": "r"})
+    rec = record(3)
+    rec.response.content = "日本"
+    w2.turn(rec)
+    w2.close()
+    assert "日本" in (tmp_path / "utf8" / "turns.jsonl").read_text(encoding="utf-8")
+
+
+def test_a_failed_write_is_counted_never_raised_and_makes_the_history_incomplete(tmp_path):
+    w = HistoryWriter(tmp_path, {"run": "r"})
+    w.turn(record(1))
+    rec = record(2)
+    loop: dict = {}
+    loop["self"] = loop
+    rec.request = loop  # not JSON: a circular reference
+    assert w.turn(rec) is False
+    w.metrics.close()
+    assert w.metrics.write({"endpoint": "x"}) is False  # a closed file: counted too
+    w.event("run_end", run="r")
+    w.close()
+    h = read_history(tmp_path)
+    kinds = [e["kind"] for e in h.events]
+    assert kinds == ["history_write_error", "run_end"]
+    assert h.events[-1]["write_failures"] == {"turns.jsonl": 1, "events.jsonl": 0, "metrics.jsonl": 1, "run.json": 0}
+    assert "could not write" in history_gaps(h)[0]
+
+
+def test_gaps_fewer_turns_than_run_end_or_session_end_counted(tmp_path):
+    w = HistoryWriter(tmp_path, {"run": "r"})
+    for i in (1, 2, 3):
+        w.turn(record(i))
+    w.event("session_end", session="s1", turns=1)
+    w.event("session_end", session="s9", turns=2)  # two turns of s9, none recorded
+    w.event("run_end", run="r")
+    w.close()
+    lines = (tmp_path / "turns.jsonl").read_text().splitlines()
+    (tmp_path / "turns.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    gaps = history_gaps(read_history(tmp_path))
+    assert gaps == ["the run wrote 3 turn records; 2 can be read back", "session s9 ended after 2 turns but 0 are recorded"]
+
+
+def test_torn_tail_of_a_killed_run_is_partial_not_a_gap_but_a_torn_middle_is(tmp_path):
+    w = HistoryWriter(tmp_path, {"run": "r"})
+    for i in (1, 2):
+        w.turn(record(i))
+    w.close()
+    text = (tmp_path / "turns.jsonl").read_text()
+    torn = json.dumps(record(3).to_json())[:57]
+    (tmp_path / "turns.jsonl").write_text(text + torn)
+    h = read_history(tmp_path)
+    assert not h.complete and h.torn_tail == {"turns.jsonl"} and history_gaps(h) == []
+    (tmp_path / "turns.jsonl").write_text(torn + "\n" + text)
+    assert history_gaps(read_history(tmp_path)) == ["1 unreadable line(s) in turns.jsonl"]
+    # A finished run leaves no torn line: there the last one is a lost record too.
+    (tmp_path / "turns.jsonl").write_text(text + torn)
+    (tmp_path / "events.jsonl").write_text(json.dumps({"kind": "run_end", "t_wall_ns": 1, "t_ns": 1}) + "\n")
+    assert history_gaps(read_history(tmp_path)) == ["1 unreadable line(s) in turns.jsonl"]

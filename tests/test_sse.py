@@ -1,8 +1,23 @@
-"""The delta assembler on literal chunk sequences, clean and broken."""
+"""The delta assembler on literal chunk sequences, clean and broken; the bounds on what one
+turn may bring in, and the client that enforces them against hostile answers."""
 
 import json
 
-from dsv4bench.sse import DeltaAssembler, assemble_completion
+import anyio
+import httpx
+import pytest
+
+from dsv4bench.client import Deadlines, chat_turn, encode_body
+from dsv4bench.records import TurnStatus
+from dsv4bench.sse import (
+    BoundExceeded,
+    DeltaAssembler,
+    RawLines,
+    SSEEventReader,
+    StreamBounds,
+    assemble_completion,
+    clip_raw,
+)
 
 
 def chunk(delta=None, finish=None, rid="r1", usage=None, choices=True):
@@ -105,3 +120,165 @@ def test_non_stream_body():
     assert r.tool_calls[0].arguments == '{"a": 1}' and r.finish_reason == "tool_calls" and not r.stream
     bad = assemble_completion({"choices": []})
     assert bad.protocol_errors == ["response has no choices"]
+
+
+# --- bounds, surrogates, hostile shapes -------------------------------------------------
+
+SMALL = StreamBounds(line_chars=1000, event_chars=2000, tool_calls=3, argument_chars=50, text_chars=200,
+                     body_bytes=5000, error_body_bytes=100, protocol_errors=4, raw_head_chars=100,
+                     raw_tail_chars=100, raw_line_chars=40)
+
+
+def test_reader_stops_a_long_line_before_it_is_whole():
+    reader = SSEEventReader(SMALL)
+    assert [e.data for e in reader.feed('data: {"a":1}\n\n')] == ['{"a":1}']
+    reader.feed("data: " + "x" * 600)  # no newline yet: pending, under the bound
+    with pytest.raises(BoundExceeded) as e:
+        reader.feed("x" * 600)
+    assert "SSE line longer than 1,000" in e.value.detail and len(e.value.head) == SMALL.raw_line_chars
+
+
+def test_reader_bounds_one_event_of_many_data_lines():
+    reader = SSEEventReader(SMALL)
+    with pytest.raises(BoundExceeded, match="SSE event longer"):
+        for _ in range(10):
+            reader.feed("data: " + "y" * 500 + "\n")
+
+
+def test_reader_does_not_dispatch_an_event_without_its_blank_line():
+    reader = SSEEventReader(SMALL)
+    assert reader.feed("data: [DONE]") == [] and reader.flush() == []
+
+
+def test_tool_call_bound_stops_the_assembler():
+    asm = DeltaAssembler(SMALL)
+    for i in range(10):
+        asm.feed(chunk({"tool_calls": [{"index": i, "id": f"c{i}", "function": {"name": "f", "arguments": "{}"}}]}))
+        if asm.stopped:
+            break
+    r = asm.finish()
+    assert len(r.tool_calls) == 3 and r.stopped_at_bound == "more than 3 tool calls in one turn"
+    assert r.protocol_errors[-1] == "the harness stopped reading: more than 3 tool calls in one turn"
+    assert asm.feed(chunk({"content": "late"})) is False and r.content == ""
+
+
+def test_argument_and_text_bounds_clip_and_stop():
+    asm = DeltaAssembler(SMALL)
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "a" * 80}}]}))
+    r = asm.finish()
+    assert len(r.tool_calls[0].arguments) == 50 and "tool_calls[0].arguments longer than 50" in r.stopped_at_bound
+    asm = DeltaAssembler(SMALL)
+    asm.feed(chunk({"content": "b" * 150}))
+    asm.feed(chunk({"reasoning_content": "c" * 150}))
+    r = asm.finish()
+    assert len(r.content) + len(r.reasoning) == 200 and "characters of text" in r.stopped_at_bound
+
+
+def test_protocol_errors_are_bounded_and_counted():
+    asm = DeltaAssembler(SMALL)
+    for _ in range(50):
+        asm.feed("not json")
+    r = asm.finish()
+    assert len(r.protocol_errors) == 5 and r.protocol_errors[-1] == "… and 46 more protocol errors"
+
+
+def test_lone_surrogates_are_replaced_and_noted():
+    r, _ = feed_all(['{"id":"r\\ud800","choices":[{"index":0,"delta":{"content":"a\\ud800b",'
+                     '"tool_calls":[{"index":0,"id":"c","function":{"name":"f\\udfff","arguments":"{\\"p\\": \\"\\udc00\\"}"}}]}}]}',
+                     chunk({}, finish="tool_calls"), "[DONE]"])
+    assert r.content == "a\ufffdb" and r.tool_calls[0].name == "f\ufffd" and r.response_id == "r\ufffd"
+    assert r.surrogates_replaced == ["content", "tool_calls[0].arguments"]
+    assert sum("surrogate" in e for e in r.protocol_errors) == 2  # the id and the name
+    json.dumps(r.to_json(), ensure_ascii=False).encode("utf-8")  # encodable throughout
+
+
+def test_fields_of_the_wrong_type_are_findings():
+    r, _ = feed_all([
+        json.dumps({"id": 7, "model": ["m"], "choices": [{"index": 0, "delta": {"content": ["x"], "tool_calls": [
+            {"index": 0, "id": "c", "function": "read_file"}]}, "finish_reason": ["stop"]}]}),
+        json.dumps({"choices": "abc"}),
+        "[" * 100_000,
+        "[DONE]",
+    ])
+    errs = " | ".join(r.protocol_errors)
+    assert "id is not a string" in errs and "content is not a string" in errs and "function is not an object" in errs
+    assert "finish_reason is not a string" in errs and "choices is not a list" in errs and "is not JSON" in errs
+    assert r.finish_reason == '["stop"]' and r.response_id == "7"
+
+
+def test_non_stream_hostile_bodies():
+    calls = [{"id": f"c{i}", "function": {"name": "f", "arguments": "{}"}} for i in range(10)]
+    r = assemble_completion({"choices": [{"message": {"content": "a\ud800", "tool_calls": calls}}]}, SMALL)
+    assert len(r.tool_calls) == 3 and "tool calls" in r.stopped_at_bound and r.content == "a\ufffd"
+    r = assemble_completion({"choices": [{"message": "text", "finish_reason": "stop"}]})
+    assert "message is not an object" in " ".join(r.protocol_errors)
+    r = assemble_completion({"choices": [{"message": {"content": [{"type": "text", "text": "hi"}],
+                                                      "tool_calls": ["x", {"function": 3}]}}]})
+    errs = " | ".join(r.protocol_errors)
+    assert "content is not a string" in errs and "tool_calls[0] is not an object" in errs
+    assert "tool_calls[1].function is not an object" in errs
+
+
+def test_raw_lines_keep_head_and_tail_only():
+    out: list[str] = []
+    raw = RawLines(out, SMALL)
+    for i in range(100):
+        raw.add(f"line {i:03d} " + "z" * 10)
+    raw.add("w" * 1000)
+    raw.close()
+    assert out[0].startswith("line 000") and out[-1].startswith("w" * 40 + "…[+960 chars]")
+    assert any("not kept" in line for line in out) and sum(map(len, out)) < 400
+    assert clip_raw("q" * 1000, SMALL).count("chars not kept") == 1
+
+
+def test_encode_body_survives_lone_surrogates():
+    assert json.loads(encode_body({"content": "a\ud800b"})) == {"content": "a\ud800b"}
+    assert encode_body({"content": "é"}) == '{"content":"é"}'.encode()
+
+
+def _turn(handler, body=None, bounds=SMALL):
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await chat_turn(client, "http://test/v1/chat/completions", body or {"stream": True},
+                                   Deadlines(ttft_s=5, total_s=5), bounds=bounds)
+    return anyio.run(main)
+
+
+def _sse_response(pieces, content_type="text/event-stream", status=200, headers=None):
+    async def stream():
+        for p in pieces:
+            yield p
+
+    return httpx.Response(status, headers={"content-type": content_type, **(headers or {})}, content=stream())
+
+
+def test_chat_turn_stops_reading_a_long_line_and_keeps_bounded_evidence():
+    sent = []
+
+    def pieces():
+        yield b"data: " + chunk({"content": "hi"}).encode() + b"\n\n"
+        for _ in range(1000):  # 1 MB in all, never a newline
+            sent.append(1)
+            yield b"x" * 1000
+
+    out = _turn(lambda req: _sse_response(pieces()))
+    assert out.status is TurnStatus.OK and "SSE line longer than 1,000" in out.response.stopped_at_bound
+    assert len(sent) < 10  # it stopped reading, it did not drain the stream
+    assert sum(map(len, out.raw_lines)) < 200 and out.response.content == "hi"
+
+
+def test_chat_turn_bounds_bodies_and_reports_retry_after():
+    out = _turn(lambda req: httpx.Response(200, json={"content": "x" * 10_000}), body={"stream": False})
+    assert "response body larger than 5,000 bytes" in out.response.stopped_at_bound
+    assert sum(map(len, out.raw_lines)) < 400
+    out = _turn(lambda req: httpx.Response(429, headers={"retry-after": "7"}, json={"error": {"message": "slow"}}))
+    assert out.status is TurnStatus.ERROR and out.error == "HTTP 429: slow (Retry-After: 7)"
+    out = _turn(lambda req: _sse_response([b"<html>hi</html>"], content_type="text/html"))
+    assert out.response.protocol_errors == ["not an SSE stream: Content-Type 'text/html'"]
+    assert out.raw_lines == ["<html>hi</html>"]
+
+
+def test_chat_turn_an_undecodable_body_is_a_connection_error():
+    out = _turn(lambda req: httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip"),
+                body={"stream": False})
+    assert out.status is TurnStatus.ERROR and out.error_kind == "connection_error" and "DecodingError" in out.error

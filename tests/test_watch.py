@@ -14,7 +14,8 @@ import uvicorn
 from rich.console import Console
 
 from dsv4bench.engine.launcher import free_port
-from dsv4bench.watch import SPARK_CHARS, WatchState, render_watch, sparkline, watch_main
+from dsv4bench.roles import DECODE, PREFILL, ROUTER, Role
+from dsv4bench.watch import SPARK_CHARS, WatchState, endpoint_label, render_watch, sparkline, watch_main
 from tests.fixtures.wedge_server import WedgeState, build_app
 
 S = 1_000_000_000
@@ -55,7 +56,7 @@ def test_stuck_transfer_queue_with_frozen_counters_is_marked_after_stuck_s() -> 
     # A failed scrape is no evidence of progress: the mark stays.
     st.add(_sample(5, 0, 0, 0, ok=False))
     assert st.wedge_forming(5 * S) == {EP: [TRANSFER]}
-    assert "WEDGE?" in _text(render_watch(st))
+    assert "WEDGE: decode transfer queue stuck at 58 for 4 s" in _text(render_watch(st))
 
 
 def test_draining_queue_is_unmarked() -> None:
@@ -82,10 +83,98 @@ def test_sparkline_of_a_known_series() -> None:
     assert sparkline([]) == ""
 
 
-def _text(renderable: object) -> str:
-    console = Console(width=200, record=True, file=io.StringIO())
+def _text(renderable: object, width: int = 200) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
     console.print(renderable)
     return console.export_text()
+
+
+# --- a PD deployment at 80 columns --------------------------------------------------------------
+
+ROUTER_EP, PREFILL_EP, DECODE_EP = (f"http://10.20.30.40:{p}/metrics" for p in (8000, 30000, 30002))
+GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs",
+          "sglang:num_prefill_inflight_queue_reqs", "sglang:num_decode_prealloc_queue_reqs",
+          "sglang:num_decode_transfer_queue_reqs")
+
+
+def _pd_sample(endpoint: str, engine_type: str, t_s: float, gauges: dict[str, list[float]], reqs: float) -> dict:
+    """Every gauge a bundled PD server exports (all six, whatever its role), over two tp ranks."""
+    values: dict[str, float] = {}
+    for name in GAUGES:
+        for rank, v in enumerate(gauges.get(name, [0.0, 0.0])):
+            values[f'{name}{{engine_type="{engine_type}",model_name="dsv4-mini",tp_rank="{rank}"}}'] = v
+    values[f'sglang:num_requests_total{{engine_type="{engine_type}",model_name="dsv4-mini"}}'] = reqs
+    return {"t_ns": int(t_s * S), "endpoint": endpoint, "ok": True, "values": values}
+
+
+def _pd_state(transfer: list[float]) -> WatchState:
+    st = WatchState(stuck_s=5)
+    st.set_role(ROUTER_EP, Role(ROUTER, "/get_server_info engine_type"))
+    for t in range(0, 21):
+        st.add(_pd_sample(ROUTER_EP, "router", t, {}, 100))
+        st.add(_pd_sample(PREFILL_EP, "prefill", t, {"sglang:num_prefill_inflight_queue_reqs": [1, 0]}, 100))
+        st.add(_pd_sample(DECODE_EP, "decode", t, {"sglang:num_decode_transfer_queue_reqs": transfer}, 100))
+    return st
+
+
+def test_pd_view_fits_80_columns_and_shows_each_role_its_own_gauges() -> None:
+    st = _pd_state([25, 15])
+    text = _text(render_watch(st, width=80), width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, text
+    assert "{" not in text and "engine_type" not in text and "model_name" not in text  # labels collapsed
+    blocks: dict[str, list[str]] = {}
+    for line in lines[1:-1]:
+        if not line.startswith(" "):
+            blocks[line.split()[0]] = [line]
+        else:
+            blocks[list(blocks)[-1]].append(line)
+    assert list(blocks) == ["10.20.30.40:8000", "10.20.30.40:30000", "10.20.30.40:30002"]
+    router, prefill, decode = blocks.values()
+    assert router[0].split()[1] == ROUTER and prefill[0].split()[1] == PREFILL and decode[0].split()[1] == DECODE
+    assert [r.split()[0] for r in router[1:]] == ["waiting", "running"]  # no PD queues on the router
+    assert [r.split()[0] for r in prefill[2:]] == ["bootstrap", "waiting", "running", "inflight"]
+    assert [r.split()[0] for r in decode[1:]] == ["prealloc", "transfer", "waiting", "running"]
+    # Current value beside its sparkline, summed over the ranks.
+    transfer = next(r for r in decode if r.split()[0] == "transfer").split()
+    assert transfer[1] == "40" and set(transfer[2]) == {"█"}
+    assert decode[0].split(None, 2)[2] == "WEDGE: decode transfer queue stuck at 40 for 20 s"
+    # One rank of two stuck: the words name it (wrapped below the state column, not cut).
+    assert " ".join(prefill[0].split()[2:] + prefill[1].split()) == \
+        "WEDGE: prefill inflight queue stuck at 1 for 20 s (tp_rank=0)"
+    assert prefill[2].split()[0] == "bootstrap"
+    assert router[0].endswith("idle")
+    assert lines[-1].startswith("WEDGE forming: 3 gauge(s)")
+
+
+def test_states_in_words() -> None:
+    st = WatchState(stuck_s=5)
+    _feed(st, [(0, 0, 0, 10)])
+    assert st.describe(EP, 0).plain == "idle"
+    _feed(st, [(1, 5, 3, 12)])  # work in flight, counters moving
+    assert st.describe(EP, 1 * S).plain == "busy"
+    _feed(st, [(2, 4, 2, 12)])  # shrinking
+    assert st.describe(EP, 2 * S).plain == "draining"
+    _feed(st, [(t, 4, 2, 12) for t in (3, 4, 5)])  # held, counters frozen since t=1
+    assert st.describe(EP, 5 * S).plain == "stuck 3 s"
+    _feed(st, [(t, 4, 2, 12) for t in range(6, 9)])
+    assert st.describe(EP, 8 * S).plain == "WEDGE: decode transfer queue stuck at 4 for 6 s (+1 more)"
+    assert WatchState().endpoints == {}
+    st.add({"t_ns": 0, "endpoint": "http://x:1/metrics", "ok": False, "error": "ConnectError: refused"})
+    assert st.describe("http://x:1/metrics", 0).plain == "no answer: ConnectError: refused"
+
+
+def test_a_gauge_outside_the_role_shows_once_it_holds_requests() -> None:
+    st = WatchState(stuck_s=5)
+    st.add(_pd_sample(ROUTER_EP, "router", 0, {}, 1))
+    assert st.shown_gauges(ROUTER_EP) == ["sglang:num_queue_reqs", "sglang:num_running_reqs"]
+    st.add(_pd_sample(ROUTER_EP, "router", 1, {"sglang:num_decode_transfer_queue_reqs": [3, 0]}, 1))
+    assert st.shown_gauges(ROUTER_EP)[-1] == "sglang:num_decode_transfer_queue_reqs"
+
+
+def test_endpoint_label() -> None:
+    assert endpoint_label("http://10.0.0.1:30000/metrics") == "10.0.0.1:30000"
+    assert endpoint_label("https://h:29000/custom/metrics") == "h:29000/custom/metrics"
 
 
 # --- watch_main against the fixture server -----------------------------------------------------

@@ -128,3 +128,27 @@ def test_vllm_names_are_judged_too():
                "values": {key: 7.0, 'vllm:generation_tokens_total{model_name="m"}': 100.0}} for t in range(0, 31)]
     found = detect_wedge(series, STOP, CFG)
     assert found[ep]["codes"] == ["queue_stuck"] and key in found[ep]["details"][0]
+
+
+def test_a_canary_answered_with_an_error_is_a_check_error_not_a_wedge():
+    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01}]
+    for result, error in (("error", "HTTP 200 but not JSON (text/html): an HTML page"),
+                          ("error", "HTTP 500: internal error"), ("unreachable", "ConnectError: refused")):
+        canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "result": result,
+                     "latency_s": 0.02, "error": error}]
+        found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)["http://d/v1"]
+        assert found["codes"] == [], result
+        assert found["check_errors"] == found["details"] and error in found["check_errors"][0]
+    # Written before `result` existed: an HTTP answer was never a hang either.
+    legacy = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 0.02,
+               "error": "HTTP 404: Not Found"}]
+    assert detect_wedge([], STOP, CFG, health=health, canaries=legacy)["http://d/v1"]["codes"] == []
+
+
+def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
+    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://p/health", "status": 200, "latency_s": 0.01},
+              {"t_ns": STOP + 31 * S, "endpoint": "http://p/health_generate", "status": None, "latency_s": 5.0,
+               "result": "timeout", "error": "timeout after 5 s"}]
+    found = detect_wedge([], STOP, CFG, health=health)
+    assert found["http://p/health_generate"]["codes"] == ["health_lies"]
+    assert found["http://p/health"]["codes"] == []

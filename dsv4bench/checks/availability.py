@@ -38,7 +38,10 @@ def check_http_error(ctx: TurnContext) -> list[Verdict]:
     """The server answered with an HTTP error status (labelled `http_error`, or unlabelled with a status >= 400)."""
     if not _is_http_error(ctx):
         return []
-    return [Verdict("http_error", f"HTTP {ctx.http_status}{_said(ctx)}", "http")]
+    status = f"HTTP {ctx.http_status}"
+    if ctx.error and ctx.error.startswith(status):  # the client's message already names the status
+        return [Verdict("http_error", clip(ctx.error, 200), "http")]
+    return [Verdict("http_error", f"{status}{_said(ctx)}", "http")]
 
 
 def check_connection_error(ctx: TurnContext) -> list[Verdict]:

@@ -62,8 +62,9 @@ def check_stream_protocol(ctx: TurnContext) -> list[Verdict]:
     """Stream-protocol faults: one verdict per `protocol_errors` entry, plus duplicate call ids.
 
     The SSE assembler records the faults it sees (index gaps, missing id or name on a call's
-    first delta, deltas after finish, no `[DONE]`, undecodable chunks); this checker maps
-    them to verdicts. It adds one check of its own: two calls of one turn sharing an id,
+    first delta, deltas after finish, no `[DONE]`, undecodable chunks, fields of the wrong
+    type, and a response past one of the harness's bounds, which it stopped reading: a line,
+    event, argument or text too long, too many tool calls); this checker maps them to verdicts. It adds one check of its own: two calls of one turn sharing an id,
     which breaks the agent's matching of tool results to calls.
     """
     resp = response_of(ctx)
@@ -81,9 +82,12 @@ def check_truncated(ctx: TurnContext) -> list[Verdict]:
 
     The detail says which, with `max_tokens` and the completion token count where known.
     A None finish_reason on a stream that saw `[DONE]` is still truncated: the server closed
-    the stream cleanly but never said how the turn ended.
+    the stream cleanly but never said how the turn ended. A response the harness stopped
+    reading at one of its bounds (`stopped_at_bound`) is not: `stream_protocol` reports it.
     """
     resp = response_of(ctx)
+    if resp.stopped_at_bound is not None:
+        return []  # the harness stopped reading, not the server: stream_protocol names the bound
     used = (resp.usage or {}).get("completion_tokens")
     limits = f" (max_tokens={ctx.max_tokens}, completion_tokens={used})"
     if resp.finish_reason == "length":

@@ -266,7 +266,9 @@ def check_garbled_text(ctx: TurnContext) -> list[Verdict]:
 
     Signals, first found wins:
     - any U+FFFD, control character other than \\n \\t \\r, lone surrogate or Unicode
-      noncharacter (a broken detokenizer or a UTF-8 sequence split across chunks);
+      noncharacter (a broken detokenizer or a UTF-8 sequence split across chunks); invalid
+      UTF-8 bytes arrive as U+FFFD, and a lone surrogate sent as a JSON escape (`\\ud800`),
+      which the assembler records as U+FFFD, is named as such;
     - >= 3 byte-level BPE marker characters in BPE positions: runs like `ĠĠĊ`, `Ġ`/`Ċ`
       between two non-space characters, or `â` followed by U+0100-U+0143 (`âĢĻ`), i.e.
       token bytes that were never decoded (a Maltese `Ġ` starting a word stays clean);
@@ -278,15 +280,25 @@ def check_garbled_text(ctx: TurnContext) -> list[Verdict]:
     Not detected: random ASCII (ids, hashes, base64 and minified code look alike) and
     random but valid CJK characters; both need a language model to judge.
     """
+    resp = response_of(ctx)
+    # Where the assembler replaced lone surrogates, by the owner names judged_texts uses.
+    replaced = {"content", "reasoning"} & set(resp.surrogates_replaced)
+    replaced |= {f"tool_calls[{i}].arguments" for i, c in enumerate(resp.tool_calls)
+                 if f"tool_calls[{c.index}].arguments" in resp.surrogates_replaced}
     verdicts = []
-    for where, texts in judged_texts(response_of(ctx)):
+    for where, texts in judged_texts(resp):
         for label, text in texts:
             found = find_garbled(text)
             if found is not None:
                 signal, offset = found
+                if where in replaced and signal.startswith("U+FFFD"):
+                    signal = "lone UTF-16 surrogate (invalid Unicode; recorded as U+FFFD)"
                 prefix = "" if label in ("raw", "json", where) else f"in {label}: "
                 detail = f"{prefix}{signal}: {excerpt(text, offset, offset + 1, 24)}"
                 at = f"{where}@{offset}" if label == where else where
                 verdicts.append(Verdict("garbled_text", detail, at))
                 break
+        else:
+            if where in replaced:  # the replacement was clipped away by a bound; the fact stands
+                verdicts.append(Verdict("garbled_text", "lone UTF-16 surrogate (invalid Unicode)", where))
     return verdicts

@@ -22,7 +22,7 @@ __all__ = ["build_report", "render_plots", "render_report"]
 def _write_text_atomic(path: Path, text: str) -> None:
     # Same rename trick as write_json_atomic: a reader never sees half a report.
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8", errors="backslashreplace")  # escape_text already made it safe
     os.replace(tmp, path)
 
 

@@ -17,10 +17,13 @@ CODE_MEANINGS: dict[str, str] = {
     "unknown_tool": "A tool call names a tool that the request did not offer.",
     "finish_reason_mismatch": "`finish_reason` disagrees with the content: `tool_calls` without calls, or calls with `stop`.",
     "empty_turn": "The turn finished with no content, no reasoning and no tool calls.",
-    "stream_protocol": "The SSE stream broke the protocol: index gaps, missing id or name, deltas after finish, no `[DONE]`.",
+    "stream_protocol": ("The response broke the streaming protocol (index gaps, missing id or name, deltas after "
+                        "finish, no `[DONE]`, a body that is not JSON or not SSE) or passed one of the harness's "
+                        "bounds on a turn (line, event, tool calls, arguments, text), where it stopped reading."),
     "truncated": "The response stopped early (length limit or cut-off) mid tool call or mid sentence.",
     "degenerate_repetition": "The output falls into a repetition loop.",
-    "garbled_text": "The text is garbled: invalid characters, mixed-up tokens or mojibake.",
+    "garbled_text": ("The text is garbled: control characters, invalid UTF-8, lone surrogates, undecoded tokens, "
+                     "mojibake or mixed-up scripts."),
     "reference_mismatch": ("The reference run (--reference) got a different answer to this same greedy request: "
                            "the server computed it from wrong state (a cache or KV race), or is not deterministic."),
     # Availability: the request did not complete.

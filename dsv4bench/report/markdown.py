@@ -15,6 +15,7 @@ from ..history import History
 from ..records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnRecord, Verdict
 from ..summary import counts_code, run_window
 from .codes import code_class, meaning
+from .escape import escape_text
 
 EXAMPLES_PER_CODE = 3
 EXCERPT_CHARS = 400
@@ -54,11 +55,28 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x * 1e3:.0f} ms" if x < 1.0 else f"{x:.2f} s"
 
 
+def inline(value: Any, limit: int = 300) -> str:
+    """Any value as one line of markdown text: escaped, whitespace collapsed, no HTML, clipped."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(escape_text(text).split())
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
 def cell(value: Any, limit: int = 120) -> str:
     """A value made safe for one markdown table cell."""
+    return inline(value, limit).replace("|", "\\|")
+
+
+def code_span(value: Any, limit: int = 120) -> str:
+    """A value as an inline code span that no backtick inside can end early."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = " ".join(escape_text(text).split())
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    bar = "`" * (longest + 1)
+    pad = " " if longest or text.startswith(" ") else ""
+    return f"{bar}{pad}{text}{pad}{bar}"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -68,7 +86,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def fence(text: str, lang: str = "") -> str:
-    """A fenced block whose fence is longer than any backtick run inside, so it cannot break."""
+    """An escaped fenced block whose fence is longer than any backtick run inside, so it cannot break."""
+    text = escape_text(text)
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     bar = "`" * max(3, longest + 1)
     return f"{bar}{lang}\n{text}\n{bar}"
@@ -84,7 +103,11 @@ def headline(summary: dict[str, Any]) -> str:
         figures = "no turns recorded; nothing was judged"
     elif verdict == "WEDGE":
         wedged = [ep for ep, found in summary["wedge"].items() if found["codes"]]
-        figures = f"{len(wedged)} of {len(summary['wedge'])} endpoints wedged ({', '.join(wedged)}); {corrupt}"
+        figures = f"{len(wedged)} of {len(summary['wedge'])} endpoints wedged ({inline(', '.join(wedged))}); {corrupt}"
+    elif verdict == "INCOMPLETE":
+        gaps = (summary.get("history") or {}).get("gaps") or ["turn records were lost"]
+        figures = (f"the history lost turn records ({inline(gaps[0], 160)}); no corruption in the "
+                   f"{fmt_int(t['ok'])} completed turns recorded, but what was lost was never judged")
     elif verdict == "CORRUPTION":
         figures = f"{corrupt}; {fmt_int(bad)} of {fmt_int(calls)} tool calls bad"
     elif verdict == "ERRORS":
@@ -93,14 +116,30 @@ def headline(summary: dict[str, Any]) -> str:
     else:
         figures = f"{corrupt}; {fmt_int(calls)} tool calls, none bad"
     extra = f"; {plural(t['killed'], 'turn')} killed by the nemesis (not judged)" if t["killed"] else ""
-    return f"**{verdict}** — {figures}{extra}."
+    qualified = f" ({'; '.join(q)})" if (q := qualifiers(summary)) else ""
+    return f"**{verdict}**{qualified} — {figures}{extra}."
+
+
+def qualifiers(summary: dict[str, Any]) -> list[str]:
+    """What limits the verdict, said beside it: a run that did not finish, and, beside a verdict
+    that claims no wedge (CLEAN, ERRORS), queues that were never judged."""
+    out = []
+    if summary.get("partial"):
+        out.append("partial: run did not finish")
+    if summary["verdict"] in ("CLEAN", "ERRORS") and summary.get("wedge_checked") is False:
+        out.append(f"wedge not checked: {summary.get('wedge_unchecked_reason') or 'no metrics scraped'}")
+    return out
 
 
 def _notes(summary: dict[str, Any]) -> list[str]:
     notes = []
+    gaps = (summary.get("history") or {}).get("gaps") or []
+    if gaps:
+        notes.append("> **Incomplete history:** the harness lost turn records, so this report cannot say that "
+                     "nothing else happened: " + "; ".join(inline(g, 200) for g in gaps) + ".")
     if summary["partial"]:
-        notes.append("> **Partial history:** no `run_end` event, so the harness stopped mid-run "
-                     "(killed?). The figures cover what was recorded before it stopped.")
+        notes.append("> **Partial history (run did not finish):** no `run_end` event, so the harness stopped "
+                     "mid-run (killed?). The figures cover what was recorded before it stopped.")
     if summary["skipped_lines"]:
         notes.append(f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
                      "(a torn last line is expected after SIGKILL).")
@@ -115,7 +154,7 @@ def _reference_notes(ref: dict[str, Any] | None) -> list[str]:
     """--reference: what was compared with which run, and when the comparison says little."""
     if not ref:
         return []
-    notes = [f"> **Reference run** `{ref['run_dir']}`: {fmt_int(ref['compared'])} completed turns sent a request "
+    notes = [f"> **Reference run** {code_span(ref['run_dir'], 300)}: {fmt_int(ref['compared'])} completed turns sent a request "
              f"the reference had answered; {fmt_int(ref['mismatched'])} got a different answer "
              "(`reference_mismatch`). Sessions part ways at their first mismatch, so later turns are not compared."]
     if not ref["compared"]:
@@ -140,17 +179,31 @@ def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
         ["started", datetime.fromtimestamp(start / 1e9, timezone.utc).isoformat(timespec="seconds") if start else "–"],
         ["duration", fmt_seconds(summary["duration_s"])],
         ["sessions", f"{fmt_int(sessions['count'])} ({fmt_int(sessions['finished'])} finished)"],
-        ["sessions ended by", ", ".join(f"{_ENDED_BY.get(k, k)} {fmt_int(v)}" for k, v in sessions["ended_by"].items())
-         or "–"],
-        ["turns", ", ".join(f"{k} {fmt_int(v)}" for k, v in summary["turns"].items())],
+        ["sessions ended by", cell(", ".join(f"{_ENDED_BY.get(k, k)} {fmt_int(v)}"
+                                             for k, v in sessions["ended_by"].items()) or "–", 300)],
+        ["turns", turns_phrase(summary["turns"])],
         ["tool calls", fmt_int(summary["tool_calls"])],
     ]
     if summary["events"]:
-        facts.append(["events", ", ".join(f"{k} {v}" for k, v in summary["events"].items())])
+        facts.append(["events", cell(", ".join(f"{k} {v}" for k, v in summary["events"].items()), 600)])
     config = history.run.get("config")
     if isinstance(config, dict):
-        facts += [[f"`{k}`", cell(v)] for k, v in config.items()]
-    return ["## Run", "", table(["setting", "value"], facts)]
+        facts += [[code_span(k), cell(v)] for k, v in config.items()]
+    return ["## Run", "", table(["setting", "value"], facts), "", TURN_COUNTS_LEGEND]
+
+
+# What each count of summary.json's `turns` means; the report says it beside every table of them.
+TURN_COUNTS_LEGEND = ("Turns: **ok** = a complete response arrived, whatever the checkers found in it (corrupt "
+                      "turns are ok turns too); **good** = ok, judged by every checker and not corrupt; "
+                      "**corrupt** = ok with a corruption code; **killed** = cancelled by the nemesis, not judged; "
+                      "**error** = HTTP error, connection failure or timeout. total = ok + killed + error.")
+
+
+def turns_phrase(t: dict[str, int]) -> str:
+    """'64 total: 3 good, 24 ok (21 corrupt), 0 killed, 40 error'."""
+    good = f"{fmt_int(t['good'])} good, " if "good" in t else ""
+    return (f"{fmt_int(t['total'])} total: {good}{fmt_int(t['ok'])} ok ({fmt_int(t['corrupt'])} corrupt), "
+            f"{fmt_int(t['killed'])} killed, {fmt_int(t['error'])} error")
 
 
 def _model_ids(models: Any) -> list[str]:
@@ -171,7 +224,7 @@ def _server_section(history: History) -> list[str]:
         rows.append(["models", cell(", ".join(ids))])
     info = server.get("server_info")
     if isinstance(info, dict):
-        rows += [[f"`{k}`", cell(info[k])] for k in SERVER_FACTS if k in info]
+        rows += [[code_span(k), cell(info[k])] for k in SERVER_FACTS if k in info]
     if not rows:
         return ["## Server", "", "No model ids or known server facts recorded."]
     return ["## Server", "", table(["fact", "value"], rows)]
@@ -188,7 +241,7 @@ def _codes_section(summary: dict[str, Any]) -> list[str]:
     rows = []
     for code in _codes_in_order(summary):
         rate = summary["rates"].get(code, {})
-        rows.append([f"`{code}`", code_class(code), fmt_int(summary["counts"].get(code, 0)),
+        rows.append([code_span(code), code_class(code), fmt_int(summary["counts"].get(code, 0)),
                      fmt_rate(rate.get("per_turn")), fmt_rate(rate.get("per_tool_call")), meaning(code)])
     note = ("Turns carrying each code. Corruption rates are per completed turn and per tool call; "
             "availability rates per attempted (not killed) turn.")
@@ -198,9 +251,11 @@ def _codes_section(summary: dict[str, Any]) -> list[str]:
 def _breakdown_section(title: str, key: str, groups: dict[str, dict[str, int]]) -> list[str]:
     if not groups:
         return [f"## {title}", "", "No turns."]
-    rows = [[cell(k), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_int(g["corrupt"]), fmt_pct(g["corrupt"], g["ok"]),
-             fmt_int(g["killed"]), fmt_int(g["error"])] for k, g in groups.items()]
-    return [f"## {title}", "", table([key, "turns", "ok", "corrupt", "corrupt / ok", "killed", "error"], rows)]
+    rows = [[cell(k), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_int(g.get("good", 0)), fmt_int(g["corrupt"]),
+             fmt_pct(g["corrupt"], g["ok"]), fmt_int(g["killed"]), fmt_int(g["error"])] for k, g in groups.items()]
+    header = [key, "turns", "ok", "good", "corrupt", "corrupt / ok", "killed", "error"]
+    return [f"## {title}", "", "ok: completed, corrupt or not; good: ok and not corrupt (see Run).", "",
+            table(header, rows)]
 
 
 def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> str:
@@ -230,27 +285,21 @@ def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> s
     return prefix + (text if len(text) <= limit else text[:limit] + "…")
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    # A detail with newlines would break the bullet it sits in.
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
     out = ["## Examples", ""]
     fired = [c for c in _codes_in_order(summary) if summary["counts"].get(c)]
     if not fired:
         return out + ["No verdict codes fired."]
     for code in fired:
-        out += [f"### `{code}`", ""]
+        out += [f"### {code_span(code)}", ""]
         shown = 0
         for turn in history.turns:
             v = next((v for v in turn.verdicts if v.code == code), None)
             if v is None or not counts_code(turn, code):
                 continue
-            where = f", at `{v.where}`" if v.where else ""
-            out += [f"- session `{turn.session}`, turn {turn.turn} ({turn.scenario}), "
-                    f"response id `{turn.response_id or '–'}`{where}: {_one_line(v.detail)}", "",
+            where = f", at {code_span(v.where)}" if v.where else ""
+            out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}), "
+                    f"response id {code_span(turn.response_id or '–')}{where}: {inline(v.detail)}", "",
                     fence(excerpt(turn, v)), ""]
             shown += 1
             if shown == EXAMPLES_PER_CODE:
@@ -309,18 +358,28 @@ def _gauges_brief(gauges: dict[str, Any]) -> str:
     return ", ".join(nonzero) or "all 0"
 
 
+def wedge_unchecked_hint(summary: dict[str, Any]) -> str:
+    """Why no queue was judged, and the flag that would have judged them."""
+    reason = summary.get("wedge_unchecked_reason") or "no metrics scraped"
+    if reason == "no --metrics endpoint":
+        fix = "give `dsv4bench agents` a `--metrics URL` for each server (router, prefill, decode)"
+    else:
+        fix = "check that each `--metrics` URL answers with Prometheus text"
+    return f"Wedge not checked ({reason}): no queue gauge could be judged; {fix}."
+
+
 def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
     """Verdict per endpoint, then its gauges at the end of the drain window and why it was judged."""
     out = ["## Wedge", ""]
-    if not history.metrics:
+    if not summary.get("wedge_checked", bool(history.metrics)):
         # Without samples no queue can be judged: say so, so a clean verdict is not over-read.
-        out += ["No metrics endpoints were scraped (no `--metrics-url`?): queue gauges could not be judged.", ""]
+        out += [wedge_unchecked_hint(summary), ""]
     if not summary["wedge"]:
         return out + ["The wedge monitor recorded no endpoints."]
     rows = []
     for endpoint, found in summary["wedge"].items():
         # Codes-then-gauges first: the one-line form other tools grep for; "none" reads as healthy.
-        codes = ", ".join(f"`{c}`" for c in found["codes"]) or "none"
+        codes = ", ".join(code_span(c) for c in found["codes"]) or "none"
         gauges = _gauges_brief(found["gauges"])
         drain = found.get("drain_s")
         drain_text = fmt_seconds(drain) if isinstance(drain, (int, float)) else "did not drain" if found["gauges"] else "–"
@@ -329,19 +388,19 @@ def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
             table(["endpoint", "codes", "gauges", "drain time", "canary"], rows)]
     wedged = sorted({c for f in summary["wedge"].values() for c in f["codes"]})
     if wedged:
-        out += ["", "Meaning: " + "; ".join(f"`{c}` = {WEDGE_VERDICT_WORDS.get(c, c)}" for c in wedged) + "."]
+        out += ["", "Meaning: " + "; ".join(f"{code_span(c)} = {inline(WEDGE_VERDICT_WORDS.get(c, c))}" for c in wedged) + "."]
     for endpoint, found in summary["wedge"].items():
         details = [d for d in found.get("details") or [] if isinstance(d, str)]
         if not found["gauges"] and not details:
             continue
-        out += ["", f"### `{endpoint}`", ""]
+        out += ["", f"### {code_span(endpoint, 300)}", ""]
         if found["gauges"]:
             stuck = " ".join(details)
-            grows = [[f"`{k}`", f"{v:g}" if isinstance(v, (int, float)) else cell(v),
+            grows = [[code_span(k, 300), f"{v:g}" if isinstance(v, (int, float)) else cell(v),
                       "**stuck**" if v and k in stuck else ""] for k, v in found["gauges"].items()]
             out += ["Gauges at the end of the drain window:", "", table(["gauge", "value", ""], grows)]
         if details:
-            out += ["", *(f"- {_one_line(d)}" for d in details)]
+            out += ["", *(f"- {inline(d)}" for d in details)]
     return out
 
 
@@ -353,7 +412,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
     """The markdown incident report for one run."""
     command = history.run.get("command")
     parts: list[list[str]] = [
-        [f"# dsv4bench report: {summary['run']}", "", headline(summary)],
+        [f"# dsv4bench report: {inline(summary['run'])}", "", headline(summary)],
         _notes(summary),
         _run_section(history, summary),
         _server_section(history),

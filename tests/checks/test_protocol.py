@@ -129,3 +129,12 @@ def test_duplicate_tool_call_ids() -> None:
 def test_missing_ids_are_not_duplicates() -> None:
     calls = [ToolCall(0, None, "read_file", "{}"), ToolCall(1, None, "read_file", "{}")]
     assert check_stream_protocol(turn(calls=calls)) == []
+
+
+def test_a_response_stopped_at_a_bound_is_stream_protocol_not_truncated() -> None:
+    ctx = turn("x" * 10, finish=None, saw_done=False)
+    ctx.response.stopped_at_bound = "an SSE line longer than 1,048,576 characters"
+    ctx.response.protocol_errors = ["the harness stopped reading: an SSE line longer than 1,048,576 characters"]
+    assert check_truncated(ctx) == [] and check_empty_turn(ctx) == []
+    [v] = check_stream_protocol(ctx)
+    assert "1,048,576" in v.detail

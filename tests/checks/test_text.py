@@ -202,3 +202,20 @@ def test_language_is_not_garbled(text: str) -> None:
 def test_garbled_text_verdicts(ctx, where: str, says: str) -> None:
     [v] = check_garbled_text(ctx)
     assert v.code == "garbled_text" and v.where == where and says in v.detail
+
+
+def test_a_lone_surrogate_the_assembler_replaced_is_named() -> None:
+    ctx = turn("a\ufffdb", calls=[("read_file", {"path": "x\ufffd"})])
+    ctx.response.tool_calls[0].index = 4  # the server's index, not the position
+    ctx.response.surrogates_replaced = ["content", "tool_calls[4].arguments"]
+    content, args = check_garbled_text(ctx)
+    assert content.where == "content@1" and content.detail.startswith("lone UTF-16 surrogate")
+    assert args.where == "tool_calls[0].arguments" and "lone UTF-16 surrogate" in args.detail
+    # The same U+FFFD without the note is invalid UTF-8 that arrived as U+FFFD.
+    [v] = check_garbled_text(turn("a\ufffdb"))
+    assert "U+FFFD replacement character" in v.detail
+    # A surrogate the text bound clipped away is still garbled.
+    clipped = turn("ab")
+    clipped.response.surrogates_replaced = ["content"]
+    [v] = check_garbled_text(clipped)
+    assert v.where == "content" and "lone UTF-16 surrogate" in v.detail

@@ -75,3 +75,21 @@ def test_recovery_command_and_its_output_lose_the_key(wedge_server, tmp_path):
     assert run["recovery"]["exit_code"] == 0  # the command ran as given, key and all
     assert "using ***" in run["recovery"]["output_tail"]
     assert files_holding_the_key(tmp_path) == []
+
+
+def test_a_server_that_echoes_the_key_back_leaves_no_key_in_the_run(tmp_path):
+    from .conftest import start_fixture_server
+
+    srv = start_fixture_server("hostile_server.py", tmp_path, "/health", "--modes", "echo_auth,normal")
+    try:
+        out = tmp_path / "runs"
+        r = run_cli("agents", "--url", f"{srv.root}/v1", "--api-key", KEY, "--sessions", "2", "--concurrency", "2",
+                    "--max-turns", "1", "--quiet", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        run_dir = only_run_dir(out)
+        turns = [json.loads(line) for line in (run_dir / "turns.jsonl").read_text().splitlines()]
+        echoed = [t for t in turns if t.get("http_status") == 403]
+        assert echoed and "key not accepted: 'Bearer ***'" in json.dumps(echoed[0])  # recorded, key masked
+        assert files_holding_the_key(out) == []
+    finally:
+        srv.stop()

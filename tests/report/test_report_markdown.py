@@ -36,8 +36,8 @@ def test_corruption_report(corruption_run: Path) -> None:
     assert "| `http_error` | availability | 1 | 14.29% | – |" in md
     assert "| `truncated` | corruption | 0 |" in md  # found only on a killed turn
     # Breakdowns.
-    assert "## Corruption by turn depth" in md and "| 1 | 3 | 3 | 2 | 66.7% | 0 | 0 |" in md
-    assert "## Corruption by scenario" in md and "| sql | 5 | 3 | 1 | 33.3% | 1 | 1 |" in md
+    assert "## Corruption by turn depth" in md and "| 1 | 3 | 3 | 1 | 2 | 66.7% | 0 | 0 |" in md
+    assert "## Corruption by scenario" in md and "| sql | 5 | 3 | 2 | 1 | 33.3% | 1 | 1 |" in md
     # Examples: one heading per fired code, with session, turn, response id and a raw excerpt.
     for code in ("dsml_leak_content", "args_not_json", "schema_violation", "http_error"):
         assert f"### `{code}`" in md
@@ -71,12 +71,14 @@ def test_wedge_section(run_folder, make_turn) -> None:
 def test_errors_headline(run_folder, make_turn) -> None:
     turns = [make_turn("s1", 0), make_turn("s1", 1, status="timeout", verdicts=[("timeout_total", "")])]
     md = render(run_folder(turns))
-    assert "**ERRORS** — 1 of 2 turns failed (error or timeout); no corruption in 1 completed turns" in md
+    assert ("**ERRORS** (wedge not checked: no --metrics endpoint) — 1 of 2 turns failed (error or timeout); "
+            "no corruption in 1 completed turns") in md
 
 
 def test_empty_history_renders(run_folder) -> None:
     md = render(run_folder([], run={}, duration_s=None))
-    assert "**CLEAN** — no turns recorded; nothing was judged." in md
+    assert ("**CLEAN** (partial: run did not finish; wedge not checked: no --metrics endpoint) — "
+            "no turns recorded; nothing was judged.") in md
     assert "Partial history" in md
     assert "No server facts recorded." in md and "run.json records no command." in md
     assert "No verdict codes fired." in md and "## Plots" not in md

@@ -18,7 +18,7 @@ def test_clean_run(run_folder, make_turn) -> None:
     turns = [make_turn(f"s{i}", d, tool_calls=2, start_s=i + d) for i in range(3) for d in range(2)]
     s = summarize(read_history(run_folder(turns)))
     assert s["verdict"] == "CLEAN"
-    assert s["turns"] == {"total": 6, "ok": 6, "killed": 0, "corrupt": 0, "error": 0}
+    assert s["turns"] == {"total": 6, "ok": 6, "good": 6, "killed": 0, "corrupt": 0, "error": 0}
     assert s["tool_calls"] == 12 and s["bad_tool_calls"] == 0
     assert all(n == 0 for n in s["counts"].values())
     assert s["corrupt_rate"] == 0.0
@@ -32,7 +32,7 @@ def test_corruption_counts_rates_and_breakdowns(corruption_run: Path) -> None:
     s = summarize(read_history(corruption_run))
     assert s["verdict"] == "CORRUPTION"  # an error turn is present too, but corruption is worse
     assert s["run"] == "run-test"
-    assert s["turns"] == {"total": 8, "ok": 6, "killed": 1, "corrupt": 3, "error": 1}
+    assert s["turns"] == {"total": 8, "ok": 6, "good": 3, "killed": 1, "corrupt": 3, "error": 1}
     assert s["tool_calls"] == 7  # ok turns only: 2 + 0 + 2 + 1 + 1 + 1
     assert s["bad_tool_calls"] == 3  # tool_calls[0] and [1] of s1/2, tool_calls[0] of s2/1
     fired = {c: n for c, n in s["counts"].items() if n}
@@ -43,13 +43,13 @@ def test_corruption_counts_rates_and_breakdowns(corruption_run: Path) -> None:
     assert s["rates"]["http_error"] == {"per_turn": pytest.approx(1 / 7), "per_tool_call": None}
     assert s["corrupt_rate"] == pytest.approx(0.5)
     assert s["by_depth"] == {
-        "0": {"total": 3, "ok": 2, "killed": 0, "corrupt": 0, "error": 1},
-        "1": {"total": 3, "ok": 3, "killed": 0, "corrupt": 2, "error": 0},
-        "2": {"total": 2, "ok": 1, "killed": 1, "corrupt": 1, "error": 0},
+        "0": {"total": 3, "ok": 2, "good": 2, "killed": 0, "corrupt": 0, "error": 1},
+        "1": {"total": 3, "ok": 3, "good": 1, "killed": 0, "corrupt": 2, "error": 0},
+        "2": {"total": 2, "ok": 1, "good": 0, "killed": 1, "corrupt": 1, "error": 0},
     }
     assert s["by_scenario"] == {
-        "coding": {"total": 3, "ok": 3, "killed": 0, "corrupt": 2, "error": 0},
-        "sql": {"total": 5, "ok": 3, "killed": 1, "corrupt": 1, "error": 1},
+        "coding": {"total": 3, "ok": 3, "good": 1, "killed": 0, "corrupt": 2, "error": 0},
+        "sql": {"total": 5, "ok": 3, "good": 2, "killed": 1, "corrupt": 1, "error": 1},
     }
     assert s["sessions"] == {"count": 3, "finished": 1, "ended_by": {"final": 1, "killed": 1}}
     assert s["events"] == {"kill": 1, "run_end": 1, "run_start": 1, "session_end": 2}
@@ -80,7 +80,7 @@ def test_errors_only(run_folder, make_turn) -> None:
              make_turn("s2", 0, status="timeout", verdicts=[("timeout_ttft", "")], ttft_s=None, e2e_s=None)]
     s = summarize(read_history(run_folder(turns)))
     assert s["verdict"] == "ERRORS"
-    assert s["turns"] == {"total": 3, "ok": 1, "killed": 0, "corrupt": 0, "error": 2}
+    assert s["turns"] == {"total": 3, "ok": 1, "good": 1, "killed": 0, "corrupt": 0, "error": 2}
     assert s["counts"]["http_error"] == 1 and s["counts"]["timeout_ttft"] == 1
 
 
@@ -112,7 +112,7 @@ def test_partial_history_with_torn_line(run_folder, make_turn) -> None:
 def test_empty_history(run_folder) -> None:
     s = summarize(read_history(run_folder([], duration_s=None)))
     assert s["verdict"] == "CLEAN"
-    assert s["turns"] == {"total": 0, "ok": 0, "killed": 0, "corrupt": 0, "error": 0}
+    assert s["turns"] == {"total": 0, "ok": 0, "good": 0, "killed": 0, "corrupt": 0, "error": 0}
     assert s["corrupt_rate"] is None and s["by_depth"] == {}
     assert s["latency"]["ttft_s"] == {"p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     assert all(r == {"per_turn": None, "per_tool_call": None} for r in s["rates"].values())

@@ -98,7 +98,7 @@ def test_no_metrics_means_no_queue_timeline_and_the_section_says_so(tmp_path: Pa
     run_dir = _write(tmp_path / "run", [], {})
     build_report(run_dir)
     md = (run_dir / "report.md").read_text()
-    assert "No metrics endpoints were scraped" in md
+    assert "Wedge not checked (no --metrics endpoint): no queue gauge could be judged" in md
     assert not (run_dir / "plots" / "timeline_queues.png").exists()
     assert "timeline_queues.png" not in md
 

@@ -1,0 +1,199 @@
+"""Which part of a deployment a server is: a router, a unified server, a prefill or a decode server.
+
+Each endpoint is judged by its role (DESIGN §7): only a router or a unified server takes a chat
+request, so only they get a canary; a prefill or decode server is judged by its own queue
+gauges, `/health` and `/health_generate`. The role is read from the server itself:
+
+1. a router: SGLang's router (`sglang-router`, the model gateway) exposes `smg_` metrics
+   (`sgl_router_` in older releases) and a `/workers` list. This comes first because a router
+   may pass `/get_server_info` on to one of its workers and so speak with a worker's voice.
+2. `/get_server_info`: SGLang's `disaggregation_mode` ("null", "prefill", "decode"); the
+   bundled engine's `engine_type` ("unified", "router", "prefill", "decode").
+3. the `engine_type` label of its `/metrics` series (SGLang and the bundled engine); a server
+   with vLLM's metrics is a unified server.
+
+The pure functions take what the server answered; `discover_role` asks it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+
+from .monitor import parse_metrics
+
+ROUTER, UNIFIED, PREFILL, DECODE, UNKNOWN = "router", "unified", "prefill", "decode", "unknown"
+ROLES = (ROUTER, UNIFIED, PREFILL, DECODE)
+SERVES_REQUESTS = frozenset({ROUTER, UNIFIED})
+WORKERS = frozenset({PREFILL, DECODE})
+ROUTER_METRIC_PREFIXES = ("smg_", "sgl_router_")
+
+RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
+WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
+BOOTSTRAP = "sglang:num_prefill_bootstrap_queue_reqs"
+INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
+PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
+TRANSFER = "sglang:num_decode_transfer_queue_reqs"
+
+# The queue gauges each role has, in the order a request passes through them.
+_FRONT = (WAITING[0], RUNNING[0], WAITING[1], RUNNING[1])
+ROLE_GAUGES: dict[str, tuple[str, ...]] = {
+    ROUTER: _FRONT,
+    UNIFIED: _FRONT,
+    PREFILL: (BOOTSTRAP, WAITING[0], RUNNING[0], INFLIGHT, WAITING[1], RUNNING[1]),
+    DECODE: (PREALLOC, TRANSFER, WAITING[0], RUNNING[0], WAITING[1], RUNNING[1]),
+    UNKNOWN: (BOOTSTRAP, WAITING[0], RUNNING[0], INFLIGHT, PREALLOC, TRANSFER, WAITING[1], RUNNING[1]),
+}
+
+# A gauge's name in a narrow column, and in a sentence ("decode transfer queue stuck at 40").
+GAUGE_LABELS = {
+    RUNNING[0]: "running", RUNNING[1]: "running", WAITING[0]: "waiting", WAITING[1]: "waiting",
+    BOOTSTRAP: "bootstrap", INFLIGHT: "inflight", PREALLOC: "prealloc", TRANSFER: "transfer",
+}
+GAUGE_WORDS = {
+    RUNNING[0]: "running requests", RUNNING[1]: "running requests",
+    WAITING[0]: "waiting queue", WAITING[1]: "waiting queue",
+    BOOTSTRAP: "bootstrap queue", INFLIGHT: "inflight queue", PREALLOC: "prealloc queue", TRANSFER: "transfer queue",
+}
+# Labels that name the server, not a part of it: every series of a server carries the same ones.
+SERVER_LABELS = frozenset({"model_name", "engine_type"})
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Role:
+    """A server's role and where it was read (`source`), for the reader of a verdict."""
+
+    name: str = UNKNOWN
+    source: str = "not reported"
+
+    @property
+    def serves_requests(self) -> bool:
+        return self.name in SERVES_REQUESTS
+
+    @property
+    def known(self) -> bool:
+        return self.name != UNKNOWN
+
+
+def series_labels(series: str) -> dict[str, str]:
+    """`name{a="1",b="2"}` -> {"a": "1", "b": "2"}."""
+    _, _, inner = series.partition("{")
+    return dict(_LABEL.findall(inner))
+
+
+def part_labels(series: str) -> str:
+    """The labels that tell series of one server apart (ranks and the like): `dp_rank=3`, or ''."""
+    labels = series_labels(series)
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in SERVER_LABELS)
+
+
+def role_gauges(role: str) -> tuple[str, ...]:
+    return ROLE_GAUGES.get(role, ROLE_GAUGES[UNKNOWN])
+
+
+def role_from_server_info(info: Any) -> Role | None:
+    """The role a `/get_server_info` answer states, or None when it states none."""
+    if not isinstance(info, dict):
+        return None
+    mode = info.get("disaggregation_mode")
+    if isinstance(mode, str) and mode.lower() in WORKERS:
+        return Role(mode.lower(), "/get_server_info disaggregation_mode")
+    engine_type = info.get("engine_type")
+    if isinstance(engine_type, str) and engine_type.lower() in ROLES:
+        return Role(engine_type.lower(), "/get_server_info engine_type")
+    if "disaggregation_mode" in info and (mode is None or (isinstance(mode, str) and mode.lower() == "null")):
+        return Role(UNIFIED, "/get_server_info disaggregation_mode")
+    return None
+
+
+def is_router_metrics(values: dict[str, float]) -> bool:
+    return any(k.startswith(ROUTER_METRIC_PREFIXES) for k in values)
+
+
+def role_from_metrics(values: dict[str, float]) -> Role | None:
+    """The role a `/metrics` scrape shows: a router's own metrics, else the `engine_type` label."""
+    if is_router_metrics(values):
+        return Role(ROUTER, "/metrics smg_ series")
+    types = {series_labels(k).get("engine_type", "").lower() for k in values if k.startswith("sglang:")}
+    known = sorted(types & set(ROLES))
+    if len(known) == 1:
+        return Role(known[0], "/metrics engine_type label")
+    if any(k.startswith("vllm:") for k in values):
+        return Role(UNIFIED, "/metrics vllm series")
+    return None
+
+
+def role_from_workers(payload: Any) -> Role | None:
+    """A `/workers` answer that lists workers names a router."""
+    workers = payload.get("workers") if isinstance(payload, dict) else payload
+    if isinstance(workers, list):
+        return Role(ROUTER, "/workers list")
+    return None
+
+
+async def _get_json(client: httpx.AsyncClient, url: str, timeout: float) -> Any:
+    """The JSON of a 200 answer, else None: a missing or broken endpoint only means "not stated"."""
+    try:
+        with anyio.fail_after(timeout):
+            r = await client.get(url, timeout=timeout)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, TimeoutError):
+        return None
+
+
+async def _get_metrics(client: httpx.AsyncClient, url: str, timeout: float) -> dict[str, float] | None:
+    try:
+        with anyio.fail_after(timeout):
+            r = await client.get(url, timeout=timeout)
+        return parse_metrics(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, TimeoutError):
+        return None
+
+
+async def stated_role(client: httpx.AsyncClient, root: str, timeout: float = 5.0) -> tuple[Any, Any]:
+    """(`/get_server_info`, `/workers`) of the server at `root`, each None where it gave none."""
+    root = root.rstrip("/")
+    answers: dict[str, Any] = {}
+
+    async def fetch(key: str, path: str) -> None:
+        answers[key] = await _get_json(client, root + path, timeout)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fetch, "info", "/get_server_info")
+        tg.start_soon(fetch, "workers", "/workers")
+    return answers.get("info"), answers.get("workers")
+
+
+async def discover_role(client: httpx.AsyncClient, root: str, timeout: float = 5.0,
+                        metrics: dict[str, float] | None = None) -> Role:
+    """Ask the server at `root` what it is (see the module docstring for the order); never raises.
+    `metrics`: a scrape already made of root/metrics, so it is not fetched again."""
+    root = root.rstrip("/")
+    scraped: dict[str, Any] = {}
+
+    async def fetch_metrics() -> None:
+        scraped["values"] = await _get_metrics(client, root + "/metrics", timeout)
+
+    async def fetch_stated() -> None:
+        scraped["info"], scraped["workers"] = await stated_role(client, root, timeout)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fetch_stated)
+        if metrics is None:
+            tg.start_soon(fetch_metrics)
+    values = metrics if metrics is not None else scraped.get("values") or {}
+    return role_of(scraped.get("info"), values, scraped.get("workers"))
+
+
+def role_of(server_info: Any, metrics: dict[str, float] | None, workers: Any) -> Role:
+    """The role from what a server answered (None where it did not answer)."""
+    values = metrics or {}
+    if is_router_metrics(values):
+        return Role(ROUTER, "/metrics smg_ series")
+    return (role_from_workers(workers) or role_from_server_info(server_info)
+            or role_from_metrics(values) or Role())
