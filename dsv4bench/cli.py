@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from .config import ConfigError, RunConfig, check_http_url, check_out_dir, parse_fail_on
 from .preflight import HostLimitError, ServerError, ensure_open_files, server_facts
 from .redact import redact_argv, shell_line
 
@@ -189,10 +189,15 @@ def probe(
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
         raise fail(f"probe takes http(s) server roots; got {', '.join(bad)}")
-    if timeout <= 0:
-        raise fail("--timeout must be positive")
-    if stuck_s < 0:
-        raise fail("--stuck-s must not be negative")
+    try:
+        for u in urls:
+            check_http_url("probe", u)
+    except ConfigError as e:
+        raise fail(str(e))
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise fail("--timeout must be a positive number")
+    if not math.isfinite(stuck_s) or stuck_s < 0:
+        raise fail("--stuck-s must be a number of seconds, 0 or more")
     raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key))
 
 
@@ -211,8 +216,13 @@ def watch(
     bad = [u for u in metrics_url if not u.startswith(("http://", "https://"))]
     if bad:
         raise fail(f"watch takes http(s) /metrics URLs; got {', '.join(bad)}")
-    if duration <= 0 or interval <= 0 or stuck_s <= 0:
-        raise fail("--duration, --interval and --stuck-s must be positive")
+    try:
+        for u in metrics_url:
+            check_http_url("watch", u)
+    except ConfigError as e:
+        raise fail(str(e))
+    if not all(math.isfinite(x) and x > 0 for x in (duration, interval, stuck_s)):
+        raise fail("--duration, --interval and --stuck-s must be positive numbers")
     raise typer.Exit(anyio.run(watch_main, list(metrics_url), duration, interval, stuck_s, err, api_key))
 
 

@@ -114,7 +114,8 @@ class AgentRun:
             self.client = client
             self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
             if c.metrics:
-                monitors.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval)
+                monitors.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None,
+                                     c.api_key)
                 monitors.start_soon(self._poll_health, client)
             nemesis_scope = anyio.CancelScope()
             if c.kill:

@@ -56,9 +56,11 @@ async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) 
 
 
 async def monitor(endpoints: list[str], write: Callable[[dict[str, Any]], None], interval: float = 1.0,
-                  stop: anyio.Event | None = None) -> None:
-    """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set."""
-    async with httpx.AsyncClient(trust_env=False) as client:
+                  stop: anyio.Event | None = None, api_key: str | None = None) -> None:
+    """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set
+    (`api_key`: for servers that guard /metrics too)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         while stop is None or not stop.is_set():
             t0 = anyio.current_time()
             async with anyio.create_task_group() as tg:

@@ -97,5 +97,5 @@ def _wedge(config: RunConfig, driver: AgentRun, history: HistoryWriter) -> dict[
         return None
     for c in driver.canaries:  # the report's canary column
         entry = wedge.setdefault(c["endpoint"], {"codes": [], "gauges": {}, "drain_s": None, "details": []})
-        entry["canary"] = {"ok": c["ok"], "latency_s": c["latency_s"], "error": c["error"]}
+        entry["canary"] = {k: c.get(k) for k in ("ok", "result", "http_status", "latency_s", "error")}
     return wedge

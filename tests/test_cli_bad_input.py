@@ -55,6 +55,12 @@ def assert_one_line_exit_2(result, needle: str) -> None:
     (["engine", "serve", "--pd", "--prefill-port", "65536"], "port"),
     (["engine", "serve", "--pd", "--pd-link-gbps", "nan"], "--pd-link-gbps must be a finite number"),
     (["engine", "serve", "--hicache", "--hicache-load-gbps", "inf"], "--hicache-load-gbps must be a finite"),
+    # probe and watch
+    (["probe", "http://[::1"], "is not a valid URL"),
+    (["probe", "http://127.0.0.1:99999"], "port 99999 is not a port number"),
+    (["probe", "--timeout", "nan", "http://127.0.0.1:1"], "--timeout must be a positive number"),
+    (["watch", "http://[::1/metrics"], "is not a valid URL"),
+    (["watch", "--duration", "inf", "http://127.0.0.1:1/metrics"], "must be positive numbers"),
     # files that are not what the command reads
     (["audit", "/tmp"], "is a folder"),
     (["report", "/etc/passwd"], "is not a directory"),

@@ -318,7 +318,7 @@ def _latency_section(summary: dict[str, Any]) -> list[str]:
 WEDGE_VERDICT_WORDS = {
     "queue_stuck": "a queue stuck with no progress",
     "ghost_requests": "decoding for clients that are gone",
-    "canary_timeout": "a fresh request after the drain hung or failed",
+    "canary_timeout": "a fresh request after the drain got no answer in time",
     "health_lies": "/health said 200 while requests hung",
 }
 
@@ -327,11 +327,18 @@ def _canary(found: dict[str, Any]) -> str:
     """The canary result: recorded as found["canary"] where the run made one, else from the codes."""
     c = found.get("canary")
     if isinstance(c, dict):
-        state = "ok" if c.get("ok") else "failed"
+        if c.get("ok"):
+            state = "ok"
+        elif c.get("result") == "timeout":
+            state = "hung"
+        elif c.get("result") in ("error", "unreachable"):  # an answer, not a hang: not a wedge sign
+            state = f"{c['result']}: {inline(str(c.get('error') or ''))}".rstrip(": ")
+        else:
+            state = "failed"
         latency = c.get("latency_s")
         return state + (f" in {fmt_seconds(latency)}" if isinstance(latency, (int, float)) else "")
     if "canary_timeout" in found["codes"]:
-        return "failed"
+        return "hung"
     return "not run"
 
 

@@ -108,3 +108,15 @@ def test_failed_scrapes_are_skipped(tmp_path: Path) -> None:
     history = read_history(_write(tmp_path / "run", bad + _samples()[:4], None))
     assert set(queue_series(history, T0_NS)) == {
         f"num_running_reqs @ {DECODE}", f"num_running_reqs @ {PREFILL}", f"num_prefill_bootstrap_queue_reqs @ {PREFILL}"}
+
+
+def test_the_canary_column_tells_a_hang_from_an_error_answer():
+    from dsv4bench.report.markdown import _canary
+
+    hung = {"codes": ["canary_timeout"], "canary": {"ok": False, "result": "timeout", "latency_s": 10.0,
+                                                     "error": "timeout after 10 s"}}
+    answered = {"codes": [], "canary": {"ok": False, "result": "error", "http_status": 404, "latency_s": 0.01,
+                                        "error": "HTTP 404: not found"}}
+    assert _canary(hung).startswith("hung")
+    assert _canary(answered).startswith("error: HTTP 404") and "hung" not in _canary(answered)
+    assert _canary({"codes": [], "canary": {"ok": True, "latency_s": 0.2}}).startswith("ok")
