@@ -147,9 +147,13 @@ def agents(
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
         elif not config.metrics and facts.get("metrics_url"):
             config = dataclasses.replace(config, metrics=(facts["metrics_url"],))
-            if not quiet:
+            if not quiet and facts.get("role") == "router":
+                err.print(f"found {facts['metrics_url']}, a router's: its workers' queues are not in it, so the "
+                          "wedge is not checked; give --metrics for each prefill and decode server", highlight=False,
+                          soft_wrap=True)
+            elif not quiet:
                 err.print(f"found {facts['metrics_url']}: its queues are watched for a wedge after the load "
-                          "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False)
+                          "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False, soft_wrap=True)
         try:
             summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
         except ExporterError as e:

@@ -6,6 +6,9 @@ from typing import Any
 
 import httpx
 
+from .monitor import parse_metrics
+from .roles import role_of
+
 
 class ServerError(Exception):
     """The server cannot be used; the message is one line for the user."""
@@ -88,7 +91,8 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
             r = c.get(metrics_url)
             if r.status_code == 200 and any(m in r.text for m in _SERVER_METRIC_PREFIXES):
                 facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
-        except httpx.HTTPError:
+                facts["role"] = role_of(facts.get("server_info"), parse_metrics(r.text), None).name
+        except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus text after all
             pass
     info = facts.get("model_info")
     if not isinstance(context, int) and isinstance(info, dict):

@@ -181,10 +181,23 @@ def _sessions(history: History) -> dict[str, Any]:
     return {"count": len(ids), "finished": reasons.get("final", 0), "ended_by": dict(sorted(reasons.items()))}
 
 
+def _router_roots(history: History) -> set[str]:
+    """Server roots that said they are a router (the role on the run's /health events)."""
+    roots = set()
+    for e in history.events:
+        if e.get("kind") == "health" and e.get("role") == "router" and isinstance(e.get("endpoint"), str):
+            roots.add(e["endpoint"].removesuffix("/health_generate").removesuffix("/health"))
+    return roots
+
+
 def wedge_check(history: History, wedge: dict[str, dict[str, Any]]) -> tuple[bool, str | None]:
-    """(whether any queue could be judged, why not): judged when a metrics endpoint was
-    scraped at least once, or the wedge findings carry gauges."""
-    if any(m.get("ok") for m in history.metrics) or any(found["gauges"] for found in wedge.values()):
+    """(whether any queue could be judged, why not): judged when a metrics endpoint other than
+    a router's was scraped at least once, or the wedge findings carry gauges."""
+    scraped = {str(m.get("endpoint", "")).removesuffix("/metrics") for m in history.metrics if m.get("ok")}
+    if scraped and scraped <= _router_roots(history):
+        # A router's gauges count its own requests; the queues a wedge sticks in are its workers'.
+        return False, "only a router was scraped"
+    if scraped or any(found["gauges"] for found in wedge.values()):
         return True, None
     config = history.run.get("config")
     given = config.get("metrics") if isinstance(config, dict) else None

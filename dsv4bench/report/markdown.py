@@ -370,6 +370,9 @@ def wedge_unchecked_hint(summary: dict[str, Any]) -> str:
     reason = summary.get("wedge_unchecked_reason") or "no metrics scraped"
     if reason == "no --metrics endpoint":
         fix = "give `dsv4bench agents` a `--metrics URL` for each server (router, prefill, decode)"
+    elif reason == "only a router was scraped":
+        fix = ("a router's gauges count its own requests, not the queues of its workers; give `--metrics URL` "
+               "for each prefill and decode (or unified) server too")
     else:
         fix = "check that each `--metrics` URL answers with Prometheus text"
     return f"Wedge not checked ({reason}): no queue gauge could be judged; {fix}."
