@@ -3,6 +3,12 @@ thread-safe queues. `step()` is three calls, as in nano-vllm: schedule, run, pos
 
 `AsyncEngine` is the asyncio face the server uses: `generate()` yields TokenEvents and aborts
 the request when its consumer goes away (a client disconnect), freeing everything at once.
+
+A request that fails on its own inside the step (its sampling raises: the runner names it) is
+ended with an error event (`TokenEvent.error`) and aborted; the step goes on for the others
+and the loop keeps serving (`run_batch`). Any other failure is the engine's own (the model
+raising for a whole batch, a broken invariant): the loop stops, every request hears ABORT,
+and /health says 503.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .hiradix_cache import HiCacheStats, HiRadixCache
-from .request import FinishReason, Request, SamplingParams, is_health_probe
+from .request import FinishReason, Request, RequestFailure, SamplingParams, is_health_probe
 
 log = logging.getLogger("dsv4bench.engine")
 
@@ -32,6 +38,23 @@ class TokenEvent:
     finish_reason: FinishReason | None
     prompt_tokens: int
     cached_tokens: int
+    error: str | None = None  # the engine failed this request (finish_reason ABORT): why
+
+
+def failure_text(err: BaseException) -> str:
+    """What a client hears of an error that ended its request in the loop."""
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def run_batch(runner: Callable[[Any], dict[str, int]], batch: Any) -> tuple[dict[str, int], dict[str, BaseException]]:
+    """Run one step's batch: (tokens of the requests served, errors of the requests that failed
+    on their own). A runner names such requests in a `RequestFailure` (model_runner.py: a
+    request's sampling raised); any other exception is the engine's and propagates."""
+    try:
+        return runner(batch), {}
+    except RequestFailure as f:
+        return f.sampled, f.failed
 
 
 @dataclass
@@ -157,7 +180,9 @@ class EngineLoop:
         batch = self.scheduler.schedule()
         if batch is None:
             return
-        sampled = self.runner(batch)
+        sampled, failed = run_batch(self.runner, batch)
+        for rid, err in failed.items():
+            self._fail(rid, err)
         events = self.scheduler.postprocess(batch, sampled)
         out: dict[str, list[int]] = {}
         finished: dict[str, FinishReason] = {}
@@ -179,6 +204,18 @@ class EngineLoop:
                 self._forget(rid)
         self.stats.last_step_ms = (time.perf_counter() - t0) * 1e3
         self._publish()
+
+    def _fail(self, rid: str, err: BaseException) -> None:
+        """End a request the step failed on: aborted in the scheduler, its client told why."""
+        log.error("request %s failed in the engine loop: %s", rid, failure_text(err), exc_info=err)
+        self.scheduler.abort(rid)
+        self._forget(rid)
+        sink = self.sinks.pop(rid, None)
+        if not is_health_probe(rid):
+            self._counts["aborted"] += 1
+        if sink is not None:
+            sink.push(TokenEvent([], FinishReason.ABORT, len(sink.req.prompt_ids), sink.req.num_cached,
+                                 failure_text(err)))
 
     def _forget(self, rid: str) -> None:
         forget = getattr(self.runner, "forget", None)

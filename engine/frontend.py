@@ -25,25 +25,36 @@ import deepseek_recipe as dr
 
 from .config import ModelConfig
 from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
-from .request import SamplingParams
+from .request import SEED_MAX, SamplingParams
+from .request_limits import NUMBER, Field, RequestError, check_fields, check_values
 from .tokenizer import DSV4Tokenizer
+
+__all__ = ["Frontend", "PreparedRequest", "RequestError"]
 
 _MAX_STOP = 16
 _TOOL_CHOICES = ("auto", "none", "required")
-_NUMBER = (int, float)
+_U32 = 2**32 - 1  # deepseek-recipe's max_tokens is a u32
 
-
-class RequestError(Exception):
-    """A request the server refuses: becomes an OpenAI-style error body with `status`."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.code = code or ("invalid_request_error" if status < 500 else "internal_error")
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+# Top-level fields and what they may hold. Fields the engine ignores are checked too where
+# OpenAI or deepseek-recipe define them, so that a wrong type is a 400 naming the field.
+_COMMON = {
+    "model": Field((str,)), "stream": Field((bool,)), "max_tokens": Field((int,), 1, _U32),
+    "temperature": Field(NUMBER, 0, 2), "top_p": Field(NUMBER, 0, 1, low_open=True), "seed": Field((int,), 0, SEED_MAX),
+    "stop": Field((str, list)), "stream_options": Field((dict,)), "stop_token_ids": Field((list,)),
+    "n": Field((int,), 1, 128), "presence_penalty": Field(NUMBER, -2, 2), "frequency_penalty": Field(NUMBER, -2, 2),
+    "user": Field((str,)), "logit_bias": Field((dict,)),
+}
+_CHAT = {**_COMMON, "messages": Field((list,)), "tools": Field((list,)), "tool_choice": Field((str, dict)),
+         "chat_template_kwargs": Field((dict,)), "max_completion_tokens": Field((int,), 1, _U32),
+         "logprobs": Field((bool,)), "top_logprobs": Field((int,), 0, 20), "parallel_tool_calls": Field((bool,)),
+         "response_format": Field((dict,)), "reasoning_effort": Field((str, dict)), "thinking": Field((dict,)),
+         "metadata": Field((dict,)), "store": Field((bool,))}
+_COMPLETION = {**_COMMON, "prompt": Field((str, list)), "skip_special_tokens": Field((bool,)),
+               "logprobs": Field((int,), 0, 5), "echo": Field((bool,)), "suffix": Field((str,))}
+# NOTE: what deepseek-recipe and the tokenizer raise on input they cannot take, besides
+# ConversionError. The edge (request_limits.py) keeps such input out; this is the last line.
+_INPUT_ERRORS = (OverflowError, RecursionError, UnicodeError, TypeError)
+_PROBE_MESSAGES = [{"role": "user", "content": "x"}]
 
 
 @dataclass
@@ -63,23 +74,6 @@ class PreparedRequest:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def _check_types(body: dict[str, Any], spec: dict[str, tuple[type, ...]]) -> None:
-    for name, types in spec.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            names = " or ".join(t.__name__ for t in types)
-            raise RequestError(400, f"'{name}' must be of type {names}, got {type(value).__name__}", name)
-
-
-_COMMON = {"model": (str,), "stream": (bool,), "max_tokens": (int,), "temperature": _NUMBER, "top_p": _NUMBER,
-           "seed": (int,), "stop": (str, list), "stream_options": (dict,), "stop_token_ids": (list,)}
-_CHAT = {**_COMMON, "messages": (list,), "tools": (list,), "tool_choice": (str, dict),
-         "chat_template_kwargs": (dict,), "max_completion_tokens": (int,)}
-_COMPLETION = {**_COMMON, "prompt": (str, list), "skip_special_tokens": (bool,)}
-
-
 def _from_conversion_error(exc: dr.ConversionError) -> RequestError:
     try:
         message = json.loads(exc.body)["error"]["message"]
@@ -89,9 +83,45 @@ def _from_conversion_error(exc: dr.ConversionError) -> RequestError:
     param = hit.group(1) if hit else None
     if param == "tool_call" or "tool_choice" in message:
         param = "tool_choice"
-    elif param is None and "messages" in message.lower():
-        param = "messages"
+    elif param not in _CHAT:
+        param = "tools" if "schema for function" in message else "messages" if "messages" in message.lower() else None
     return RequestError(exc.status_code if 400 <= exc.status_code < 500 else 400, message, param)
+
+
+def _converts(body: dict[str, Any], options: dr.ConversionOptions) -> bool:
+    try:
+        dr.ChatCompletionRequest(body).convert(options)
+    except Exception:  # noqa: BLE001 - any refusal counts; this only locates one
+        return False
+    return True
+
+
+def _locate(body: dict[str, Any], options: dr.ConversionOptions) -> str | None:
+    """The field (`messages[2]`, `tools[0]`, `response_format`, ...) that makes deepseek-recipe
+    refuse `body`, found by converting it field by field beside one plain message; None when
+    no single field does. Runs only for a refused body."""
+    base = {"model": body["model"], "messages": _PROBE_MESSAGES, "stream": body.get("stream") is True}
+    for name, value in body.items():
+        if name in ("model", "messages", "stream") or _converts({**base, name: value}, options):
+            continue
+        if name == "tools" and isinstance(value, list):
+            return next((f"tools[{i}]" for i, t in enumerate(value) if not _converts({**base, "tools": [t]}, options)),
+                        "tools")
+        return name
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, m in enumerate(messages):
+            if isinstance(m, dict) and m.get("role") in ("tool", "assistant"):
+                continue  # these need the turns before them: judged with the whole list below
+            if not _converts({**base, "messages": [m]}, options):
+                return f"messages[{i}]"
+        return "messages"
+    return None
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class Frontend:
@@ -112,9 +142,10 @@ class Frontend:
         if body.get("messages") is None:
             raise RequestError(400, "'messages' is a required property", "messages")
         choice = body.get("tool_choice")
-        named = isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str)
+        function = choice.get("function") if isinstance(choice, dict) else None
+        named = isinstance(function, dict) and isinstance(function.get("name"), str)
         if choice is not None and not (choice in _TOOL_CHOICES or named and choice.get("type") == "function"):
-            raise RequestError(400, f"tool_choice must be one of {_TOOL_CHOICES} or a function, got {choice!r}",
+            raise RequestError(400, f"tool_choice must be one of {_TOOL_CHOICES} or a function, got {_short(choice)}",
                                "tool_choice")
         thinking = self._thinking_flag(body.get("chat_template_kwargs") or {})
         model = body.get("model") or self.model_name
@@ -126,15 +157,20 @@ class Frontend:
         try:
             conv = dr.ChatCompletionRequest(converted).convert(options)
         except dr.ConversionError as exc:
-            raise _from_conversion_error(exc) from None
+            err = _from_conversion_error(exc)
+            err.param = err.param or _locate(converted, options)
+            raise err from None
         except ValueError as exc:  # the body does not parse as a chat request
-            raise RequestError(400, str(exc)) from None
+            raise RequestError(400, str(exc), _locate(converted, options)) from None
+        except _INPUT_ERRORS as exc:
+            raise RequestError(400, f"the request cannot be converted: {type(exc).__name__}",
+                               _locate(converted, options)) from None
         if any(m.image_sources for m in conv.conversation.messages):
             raise RequestError(400, "this model does not accept images", "messages")
         try:
             prompt_ids = self.encoding.encode(conv.conversation)
-        except RuntimeError as exc:
-            raise RequestError(400, f"cannot encode the prompt: {exc}", "messages") from None
+        except (RuntimeError, *_INPUT_ERRORS) as exc:
+            raise RequestError(400, f"cannot encode the prompt: {_short(str(exc))}", "messages") from None
         self._check_context(len(prompt_ids), "messages")
         try:
             max_tokens = conv.resolve_max_tokens(len(prompt_ids), self.max_context)
@@ -156,35 +192,41 @@ class Frontend:
         prompt = body.get("prompt")
         ids_given = isinstance(prompt, list) and all(type(i) is int and 0 <= i < self.tokenizer.vocab_size
                                                      for i in prompt)
-        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt) if ids_given else []
+        try:
+            prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt) if ids_given else []
+        except _INPUT_ERRORS as exc:
+            raise RequestError(400, f"cannot encode the prompt: {type(exc).__name__}", "prompt") from None
         if not prompt_ids:
             raise RequestError(400, "'prompt' must be a non-empty string or list of token ids", "prompt")
         requested = body.get("max_tokens")
         self._check_context(len(prompt_ids), "prompt", requested)
-        stop = body.get("stop")
-        stops = tuple([stop] if isinstance(stop, str) else stop or ())
-        if len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError(400, f"'stop' must be up to {_MAX_STOP} non-empty strings", "stop")
         params = self._sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
         return PreparedRequest(
             rid=f"cmpl-{uuid.uuid4().hex}", model=body.get("model") or self.model_name,
             prompt_ids=prompt_ids, params=params, stream=bool(body.get("stream")),
             include_usage=self._include_usage(body), skip_special_tokens=body.get("skip_special_tokens") is not False,
-            stop=stops)
+            stop=self._stops(body))
 
-    def _common_checks(self, body: Any, spec: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    def _common_checks(self, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
-        _check_types(body, spec)
-        for name, least in (("max_tokens", 1), ("max_completion_tokens", 1), ("seed", 0)):
-            if body.get(name) is not None and body[name] < least:
-                raise RequestError(400, f"'{name}' must be at least {least}, got {body[name]}", name)
+        check_values(body)  # what reached us without the HTTP edge (request_limits.parse_json) too
+        check_fields(body, fields)
         if body.get("stream_options") is not None and not body.get("stream"):
             raise RequestError(400, "stream_options should be set along with stream = true", "stream_options")
         ids = body.get("stop_token_ids") or []
         if not all(type(i) is int and 0 <= i < self.tokenizer.vocab_size for i in ids):
             raise RequestError(400, "'stop_token_ids' must be token ids of this model", "stop_token_ids")
+        self._stops(body)
         return body
+
+    @staticmethod
+    def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+        stop = body.get("stop")
+        stops = tuple([stop] if isinstance(stop, str) else stop or ())
+        if len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
+            raise RequestError(400, f"'stop' must be up to {_MAX_STOP} non-empty strings", "stop")
+        return stops
 
     def _check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
         if prompt_tokens + (max_tokens or 1) > self.max_context:

@@ -3,6 +3,10 @@
 Used by `dsv4bench agents` when no --url is given: the run then targets the engine, wires its
 /metrics into the run, and the engine goes away with the run (also on Ctrl-C). With `--pd` in
 the engine's flags it gets three ports (router, prefill, decode), and the run scrapes all three.
+
+The engine binds its ports before it loads anything and says so in one line when it cannot
+(engine/serve.py); a port taken by someone else between choosing it here and binding it there
+is chosen again, a few times.
 """
 
 from __future__ import annotations
@@ -95,10 +99,29 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+PORT_ATTEMPTS = 3  # tries with fresh ports when a chosen one was taken before the engine bound it
+_PORT_TAKEN = "Address already in use"
+
+
 def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 180.0,
                  log_dir: Path | None = None) -> EngineProcess:
     """Spawn `dsv4bench engine serve` on free ports and wait until every server's /health
-    answers 200."""
+    answers 200. EngineStartError, in one line, when it does not come up."""
+    attempt = 1
+    while True:
+        try:
+            return _start_once(extra_args, startup_timeout, log_dir)
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+class _PortTaken(EngineStartError):
+    """A port chosen as free was taken before the engine could bind it."""
+
+
+def _start_once(extra_args: list[str] | None, startup_timeout: float, log_dir: Path | None) -> EngineProcess:
     host = "127.0.0.1"
     pd = "--pd" in (extra_args or [])
     port, *server_ports = free_ports(3 if pd else 1, host)
@@ -117,7 +140,8 @@ def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 1
         if proc.poll() is not None:
             ep.stop()
             tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            raise EngineStartError(f"the bundled engine exited with code {proc.returncode}: {tail[0]} (log: {log_path})")
+            message = f"the bundled engine exited with code {proc.returncode}: {tail[0]} (log: {log_path})"
+            raise (_PortTaken if _PORT_TAKEN in tail[0] else EngineStartError)(message)
         try:
             if all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
                 return ep

@@ -1,5 +1,9 @@
 """The one bridge between the torch-free scheduler and the device: a scheduled batch in,
-one sampled token per sampling entry out."""
+one sampled token per sampling entry out.
+
+Sampling is per request: one request's sampling that raises (a seed the generator refuses,
+say) fails that request alone (`RequestFailure`), the others' tokens go on.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from .config import EngineConfig
 from .model.batch import ForwardBatch, SeqSlice
 from .model.kv_pools import KVPools
 from .model.model import DSV4Mini
+from .request import RequestFailure
 
 
 class ModelRunner:
@@ -29,9 +34,15 @@ class ModelRunner:
         fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages)) for e in batch.entries])
         logits = self.model.forward(fb, self.pools)
         out: dict[str, int] = {}
+        failed: dict[str, BaseException] = {}
         for i, e in enumerate(batch.entries):
             if e.sample:
-                out[e.req.rid] = self._sample(e.req, logits[i])
+                try:
+                    out[e.req.rid] = self._sample(e.req, logits[i])
+                except Exception as err:
+                    failed[e.req.rid] = err
+        if failed:
+            raise RequestFailure(failed, out)
         return out
 
     def _sample(self, req, logits: torch.Tensor) -> int:

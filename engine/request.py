@@ -53,6 +53,9 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
+SEED_MAX = 2**63 - 1  # what a torch.Generator and deepseek-recipe both take
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -63,12 +66,26 @@ class SamplingParams:
     ignore_eos: bool = False  # EOS does not finish the request (SGLang's flag); its caller ends it
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if not 0.0 <= self.temperature <= 2.0:
+        # NOTE: the loop samples with these; a value that passed here must not raise there.
+        if type(self.max_tokens) is not int or self.max_tokens < 1:
+            raise ValueError("max_tokens must be an integer of at least 1")
+        if not 0.0 <= self.temperature <= 2.0:  # NaN fails too
             raise ValueError("temperature must be in [0, 2]")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
+        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer in [0, {SEED_MAX}]")
+
+
+class RequestFailure(Exception):
+    """Some requests of a step failed on their own (their sampling raised, say) while the others
+    were served: `failed` maps each failed rid to its error, `sampled` holds the others' tokens.
+    The loop ends the failed requests with an error and goes on (engine_loop.run_batch)."""
+
+    def __init__(self, failed: dict[str, BaseException], sampled: dict[str, int]) -> None:
+        super().__init__(f"{len(failed)} request(s) failed: " + ", ".join(
+            f"{rid}: {type(e).__name__}: {e}" for rid, e in failed.items()))
+        self.failed, self.sampled = failed, sampled
 
 
 @dataclass(eq=False)

@@ -15,6 +15,16 @@ probe request (rid prefix `HEALTH_CHECK_`: not counted in the request counters o
 gauges) must produce its token within `health_generate_timeout_s`, else 503. A probe waits its
 turn like any request, so under saturation a poll may time out: a new request waits as long.
 
+Hostile input: every POST body crosses engine/request_limits.py (size, nesting depth, integer
+range, finite numbers, encodable strings) before anything reads it, so a client's bytes are a
+JSON 4xx naming the field (`param`), never a 500. A request the engine fails on its own (its
+sampling raised in the loop, say) is a 500 JSON, or an in-band error event ending a stream.
+
+Authentication: with `api_key` every path needs `Authorization: Bearer KEY` except `/health`
+and `/metrics`, open by default because Kubernetes probes and Prometheus scrapers usually
+carry no key; `auth_health_metrics` closes them too. The PD prefill and decode servers
+(engine/pd/http.py) use the same middleware and the same rule.
+
 Planted faults (engine/faults.py, engine/STRUCTURE.md "Faults") living here: `ghost-decode`
 (engine/runs.py), `health-lies` (`/health` answers from the liveness flag) and `parser-split`
 (streamed chat goes through engine/stream_parse_fault.py).
@@ -44,15 +54,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .frontend import Frontend, PreparedRequest, RequestError
+from .frontend import Frontend, PreparedRequest
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .outputs import TokenEventLike
 from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams
+from .request_limits import RequestError, parse_json, read_body
 from .runs import Run, Runs, SSEResponse, unless_disconnected
 from .stream_parse_fault import EagerParseChatOutput
 
 log = logging.getLogger("dsv4bench.engine.server")
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (unless auth_health_metrics)
 HEALTH_PROMPT = "<｜begin▁of▁sentence｜><｜User｜>ping<｜Assistant｜></think>"
 VERSION = "0.1.0"
 
@@ -68,20 +80,31 @@ class ServerConfig:
     engine_type: str = "unified"  # "prefill" / "decode" in PD mode; a metrics label
     max_body_bytes: int = 32 * 1024 * 1024
     health_generate_timeout_s: float = 10.0
+    # NOTE: off by default: Kubernetes probes and Prometheus scrapers usually carry no key.
+    auth_health_metrics: bool = False  # with api_key, /health and /metrics need the key too
+
+    @property
+    def open_paths(self) -> frozenset[str]:
+        """The paths served without the API key."""
+        return frozenset() if self.auth_health_metrics else OPEN_PATHS
+
+
+_PARSE_IN_THREAD_BYTES = 64 * 1024  # larger bodies are parsed and checked off the event loop
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     return JSONResponse(RequestError(status, message, param, code).body(), status_code=status)
 
 
-class _BearerAuth:
-    """Pure ASGI middleware: `Authorization: Bearer <api_key>` on every path but OPEN_PATHS."""
+class BearerAuth:
+    """Pure ASGI middleware: `Authorization: Bearer <api_key>` on every path but `open_paths`.
+    Every port of the engine (unified, PD router, prefill, decode) uses this one."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+        self.app, self.expected, self.open_paths = app, f"Bearer {api_key}".encode(), open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
             given = Headers(scope=scope).get("authorization", "").encode()
             if not secrets.compare_digest(given, self.expected):
                 await _error(401, "Incorrect API key provided.", None, "invalid_api_key")(scope, receive, send)
@@ -89,22 +112,51 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
+def auth_middleware(cfg: ServerConfig) -> list[Middleware]:
+    """The API-key middleware for an app served with `cfg` (none without a key)."""
+    return [Middleware(BearerAuth, api_key=cfg.api_key, open_paths=cfg.open_paths)] if cfg.api_key else []
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The request's JSON body through the edge checks (engine/request_limits.py)."""
+    try:
+        raw = await read_body(request.stream(), request.headers.get("content-length"), max_bytes)
+    except ClientDisconnect:
+        raise RequestError(400, "the client disconnected while sending the body") from None
+    if len(raw) > _PARSE_IN_THREAD_BYTES:
+        return await run_in_threadpool(parse_json, raw)
+    return parse_json(raw)
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler) -> Handler:
     """RequestError -> its 4xx; anything unexpected -> a logged 500. The server keeps serving."""
 
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
-        except RequestError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
         except Exception as exc:
+            refusal = request_error(exc)
+            if refusal is not None:
+                return JSONResponse(refusal.body(), status_code=refusal.status)
             log.exception("unhandled error in %s %s", request.method, request.url.path)
             return _error(500, f"internal server error: {type(exc).__name__}", code="internal_error")
 
     return run
+
+
+def request_error(exc: BaseException) -> RequestError | None:
+    """`exc` if it is a RequestError, or the first one inside an exception group (what an
+    anyio task group raises), else None."""
+    if isinstance(exc, RequestError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = request_error(inner)
+        if found is not None:
+            return found
+    return None
 
 
 class _Server:
@@ -122,21 +174,7 @@ class _Server:
         self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
 
     async def read_json(self, request: Request) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body_bytes):
-            raise RequestError(413 if length.isdigit() else 400, "request body too large or bad Content-Length")
-        data = bytearray()
-        try:
-            async for part in request.stream():
-                data += part
-                if len(data) > self.cfg.max_body_bytes:
-                    raise RequestError(413, f"request body exceeds {self.cfg.max_body_bytes} bytes")
-        except ClientDisconnect:
-            raise RequestError(400, "the client disconnected while sending the body") from None
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise RequestError(400, f"We could not parse the JSON body of your request: {exc}") from None
+        return await read_json(request, self.cfg.max_body_bytes)
 
     # ---- OpenAI ----------------------------------------------------------------------------
 
@@ -161,14 +199,15 @@ class _Server:
         log.info("request %s prompt_tokens=%d max_tokens=%d stream=%s %s", req.rid, len(req.prompt_ids),
                  req.params.max_tokens, req.stream, tags or "")
         run = self.runs.start(req, arrival)
+        events = _FailedRequests(run.events)
         if req.stream:
-            return SSEResponse(self._sse(run, stream(req, run.events)), run)
+            return SSEResponse(self._sse(run, stream(req, events)), run)
         result = None
         try:
             if self.runs.ghost_decode:  # the fault: nobody watches for the client leaving
-                result = await collect(req, run.events)
+                result = await collect(req, events)
             else:
-                result = await unless_disconnected(request, lambda: collect(req, run.events))
+                result = await unless_disconnected(request, lambda: collect(req, events))
         finally:
             await run.close(completed=result is not None)
         if result is None:
@@ -182,8 +221,11 @@ class _Server:
                 yield f"data: {data}\n\n"
                 completed = data == "[DONE]"
         except Exception as exc:  # the response has started: report in-band, end without [DONE]
-            log.exception("request %s failed mid-stream", run.req.rid)
-            yield f"data: {json.dumps(RequestError(500, f'internal server error: {type(exc).__name__}').body())}\n\n"
+            refusal = request_error(exc)
+            if refusal is None:
+                log.exception("request %s failed mid-stream", run.req.rid)
+                refusal = RequestError(500, f"internal server error: {type(exc).__name__}")
+            yield f"data: {json.dumps(refusal.body())}\n\n"
         finally:
             with anyio.CancelScope(shield=True):
                 await payloads.aclose()  # type: ignore[attr-defined]
@@ -263,7 +305,26 @@ class _Server:
         return Response(self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
+class _FailedRequests:
+    """A run's events, raising a 500 RequestError at an event that says the engine failed the
+    request (`TokenEvent.error`: it raised in the loop, which went on serving the others)."""
+
+    def __init__(self, events: AsyncIterator[TokenEventLike]) -> None:
+        self.events = events
+
+    def __aiter__(self) -> _FailedRequests:
+        return self
+
+    async def __anext__(self) -> TokenEventLike:
+        event = await self.events.__anext__()
+        error = getattr(event, "error", None)
+        if error is not None:
+            raise RequestError(500, f"the engine failed this request: {error}", code="engine_error")
+        return event
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """404 / 405 and the like as OpenAI-style JSON errors (Starlette's own are plain text)."""
     assert isinstance(exc, HTTPException)
     status = exc.status_code
     messages = {404: f"Not found: {request.url.path}", 405: f"Method {request.method} not allowed"}
@@ -277,18 +338,18 @@ def build_app(engine: Any, frontend: Frontend, server_cfg: ServerConfig) -> Star
     """The Starlette app serving `engine` through `frontend`."""
     s = _Server(engine, frontend, server_cfg)
     routes = [
-        Route("/v1/chat/completions", _guarded(s.chat), methods=["POST"]),
-        Route("/v1/completions", _guarded(s.completions), methods=["POST"]),
-        Route("/v1/models", _guarded(s.models), methods=["GET"]),
-        Route("/health", _guarded(s.health), methods=["GET"]),
-        Route("/health_generate", _guarded(s.health_generate), methods=["GET"]),
-        Route("/get_server_info", _guarded(s.server_info), methods=["GET"]),
-        Route("/get_model_info", _guarded(s.model_info), methods=["GET"]),
-        Route("/abort_request", _guarded(s.abort_request), methods=["POST"]),
-        Route("/flush_cache", _guarded(s.flush_cache), methods=["GET", "POST"]),
-        Route("/metrics", _guarded(s.metrics_text), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(s.chat), methods=["POST"]),
+        Route("/v1/completions", guarded(s.completions), methods=["POST"]),
+        Route("/v1/models", guarded(s.models), methods=["GET"]),
+        Route("/health", guarded(s.health), methods=["GET"]),
+        Route("/health_generate", guarded(s.health_generate), methods=["GET"]),
+        Route("/get_server_info", guarded(s.server_info), methods=["GET"]),
+        Route("/get_model_info", guarded(s.model_info), methods=["GET"]),
+        Route("/abort_request", guarded(s.abort_request), methods=["POST"]),
+        Route("/flush_cache", guarded(s.flush_cache), methods=["GET", "POST"]),
+        Route("/metrics", guarded(s.metrics_text), methods=["GET"]),
     ]
-    middleware = [Middleware(_BearerAuth, api_key=server_cfg.api_key)] if server_cfg.api_key else []
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, middleware=auth_middleware(server_cfg),
+                    exception_handlers={HTTPException: http_error})
     app.state.server = s
     return app

@@ -22,12 +22,13 @@ simply free again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import EngineConfig
-from ..engine_loop import TokenEvent
+from ..engine_loop import TokenEvent, failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
 from ..radix_cache import RadixCache
@@ -36,6 +37,8 @@ from ..scheduler import Scheduler
 from .bootstrap import BootstrapWorker
 from .loop import IDLE_WAIT_S, POLL_S, EventSink, PDStats, ServerLoop, count_users
 from .transfer import KVTransfer, TransferStatus, is_settled
+
+log = logging.getLogger("dsv4bench.engine.pd")
 
 
 @dataclass(eq=False)
@@ -147,7 +150,7 @@ class DecodeEngine(ServerLoop):
             self.bootstrap.close(rid)
             self.allocator.decref(t.dst_pages)
             if not e.aborted:  # failed, or aborted from the prefill side: the client learns now
-                e.sink.push(self._event(e.req, [], FinishReason.ABORT))
+                e.sink.push(self._event(e.req, [], FinishReason.ABORT, t.error))
                 if not is_health_probe(rid):
                     self.counts["aborted"] += 1
 
@@ -175,7 +178,9 @@ class DecodeEngine(ServerLoop):
         batch = self.scheduler.schedule()
         if batch is None:
             return
-        sampled = self.runner(batch)
+        sampled, failed = run_batch(self.runner, batch)
+        for rid, err in failed.items():
+            self._fail(rid, err)
         out: dict[str, list[int]] = {}
         finished: dict[str, FinishReason] = {}
         for ev in self.scheduler.postprocess(batch, sampled):
@@ -191,14 +196,26 @@ class DecodeEngine(ServerLoop):
                 self.runner.forget(rid)
                 self.bootstrap.close(rid)
 
+    def _fail(self, rid: str, err: BaseException) -> None:
+        """A request the step failed on: out of the Scheduler, its client told why."""
+        log.error("decode of %s failed: %s", rid, failure_text(err), exc_info=err)
+        e = self.decoding.pop(rid)
+        self.scheduler.abort(rid)
+        self.runner.forget(rid)
+        self.bootstrap.abort(rid)
+        self.bootstrap.close(rid)
+        e.sink.push(self._event(e.req, [], FinishReason.ABORT, failure_text(err)))
+        if not is_health_probe(rid):
+            self.counts["aborted"] += 1
+
     def _emit(self, rid: str, sink: EventSink, event: TokenEvent) -> None:
         if not is_health_probe(rid):
             self.counts["gen"] += len(event.token_ids)
         sink.push(event)
 
     @staticmethod
-    def _event(req: Request, token_ids: list[int], reason: FinishReason | None) -> TokenEvent:
-        return TokenEvent(token_ids, reason, len(req.prompt_ids), req.num_cached)
+    def _event(req: Request, token_ids: list[int], reason: FinishReason | None, error: str | None = None) -> TokenEvent:
+        return TokenEvent(token_ids, reason, len(req.prompt_ids), req.num_cached, error)
 
     def snapshot(self) -> PDStats:
         s = self.scheduler.stats()

@@ -7,6 +7,10 @@ engine/server.py's app over the PDRouter.
 bootstrap and transfer workers it depends on): a dead worker is a 503 even though the loop
 still turns. With the planted `health-lies` fault it answers from the loop's liveness flag
 alone, as the router then does too.
+
+Like the router's (engine/server.py), every endpoint needs the API key when one is set, but
+`/health` and `/metrics` unless `ServerConfig.auth_health_metrics`; `/abort_request` bodies
+cross the same edge checks (engine/request_limits.py); every error is an OpenAI-style JSON body.
 """
 
 from __future__ import annotations
@@ -18,17 +22,19 @@ from concurrent.futures import Future
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..frontend import RequestError
 from ..metrics import CONTENT_TYPE, ServerMetrics
-from ..server import VERSION
+from ..request_limits import RequestError
+from ..server import VERSION, ServerConfig, auth_middleware, guarded, http_error, read_json
 from .decode import DecodeEngine
 from .prefill import PrefillEngine
 
 ABORT_TIMEOUT_S = 5.0  # an engine thread that does not answer by then is not coming back
+MAX_BODY_BYTES = 64 * 1024  # /abort_request is the only body these servers read
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -40,9 +46,11 @@ async def _answer(future: Future[Any]) -> Any:
 
 
 def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, model_name: str,
-                     needs: Sequence[Callable[[], bool]], health_lies: bool = False) -> Starlette:
+                     needs: Sequence[Callable[[], bool]], health_lies: bool = False,
+                     server_cfg: ServerConfig = ServerConfig()) -> Starlette:
     """The app of the prefill or decode server. `needs` are the liveness checks of the
-    threads it depends on besides its own loop."""
+    threads it depends on besides its own loop; `server_cfg` gives the API key and whether
+    /health and /metrics need it (its ports and names are not read)."""
     metrics = ServerMetrics(lambda: engine.stats, model_name, engine_type, engine.cfg.page_size)
 
     async def health(request: Request) -> Response:
@@ -61,10 +69,7 @@ def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, mod
                              "model_config": model})
 
     async def abort_request(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "the request body must be JSON")
+        body = await read_json(request, min(MAX_BODY_BYTES, server_cfg.max_body_bytes))
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
         try:
@@ -78,9 +83,9 @@ def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, mod
             return _error(503, f"the {engine_type} engine is not answering")
 
     return Starlette(routes=[
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health, methods=["GET"]),
-        Route("/metrics", metrics_text, methods=["GET"]),
-        Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/abort_request", abort_request, methods=["POST"]),
-    ])
+        Route("/health", guarded(health), methods=["GET"]),
+        Route("/health_generate", guarded(health), methods=["GET"]),
+        Route("/metrics", guarded(metrics_text), methods=["GET"]),
+        Route("/get_server_info", guarded(server_info), methods=["GET"]),
+        Route("/abort_request", guarded(abort_request), methods=["POST"]),
+    ], middleware=auth_middleware(server_cfg), exception_handlers={HTTPException: http_error})

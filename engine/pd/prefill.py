@@ -10,6 +10,9 @@
 4. When the transfer is settled, the held references are dropped: full pages stay in the
    prefix cache for later turns, the rest are free.
 
+A request whose prefill step fails on its own (engine_loop.run_batch) leaves the Scheduler,
+its transfer records why and its room is aborted, so the decode side ends it with that error.
+
 Aborts, in every queue: in the bootstrap queue the room is aborted through the bootstrap
 worker (the request leaves once the worker confirms); in prefill the Scheduler aborts it and
 the room tells the decode side; in the inflight queue the transfer is aborted and the queue
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EngineConfig
+from ..engine_loop import failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
 from ..radix_cache import RadixCache
@@ -160,10 +164,12 @@ class PrefillEngine(ServerLoop):
         if batch is None:
             return
         assert batch.num_decode == 0, "a prefill request finishes at its first token"
-        sampled = self.runner(batch)
+        sampled, failed = run_batch(self.runner, batch)
+        for rid, err in failed.items():
+            self._fail(rid, err)
         # NOTE: postprocess finishes every request whose prompt completes here and releases its
         # pages; the transfer worker still has to read them, so they get one more reference.
-        held = {e.req.rid: list(e.req.pages) for e in batch.entries if e.sample}
+        held = {e.req.rid: list(e.req.pages) for e in batch.entries if e.sample and e.req.rid not in failed}
         for pages in held.values():
             self.allocator.incref(pages)
         for ev in self.scheduler.postprocess(batch, sampled):
@@ -176,6 +182,18 @@ class PrefillEngine(ServerLoop):
                 self.inflight_queue[ev.rid] = e
             else:  # the decode side gave up while the prompt was computed
                 self.allocator.decref(e.held_pages)
+
+    def _fail(self, rid: str, err: BaseException) -> None:
+        """A request the step failed on: out of the Scheduler; its transfer carries the error
+        to the decode side, whose client hears it; the room is aborted."""
+        log.error("prefill of %s failed: %s", rid, failure_text(err), exc_info=err)
+        e = self.prefilling.pop(rid)
+        self.scheduler.abort(rid)
+        self.runner.forget(rid)
+        e.transfer.error = failure_text(err)
+        self.bootstrap.abort(rid)
+        if not is_health_probe(rid):
+            self.counts["aborted"] += 1
 
     def _poll_inflight(self) -> None:
         for rid, e in list(self.inflight_queue.items()):

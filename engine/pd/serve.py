@@ -6,22 +6,17 @@ port like an SGLang PD deployment."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
-import socket
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import uvicorn
 from starlette.applications import Starlette
 
 from ..config import EngineConfig
 from ..frontend import Frontend
 from ..model_runner import ModelRunner
-from ..serve import load_model
+from ..serve import ServeError, listen, load_model, serve_together
 from ..server import ServerConfig, build_app
 from .bootstrap import BootstrapWorker
 from .decode import DecodeEngine
@@ -82,15 +77,18 @@ class PDEngine:
             part.stop()
 
     def apps(self, server_cfg: ServerConfig) -> dict[str, Starlette]:
-        """The router, prefill and decode apps (`server_cfg` is the router's)."""
+        """The router, prefill and decode apps (`server_cfg` is the router's; its API key
+        guards all three)."""
         lies = self.cfg.fault("health-lies")
         name = server_cfg.model_name
         return {
             "router": build_app(self.router, self.frontend,
                                 replace(server_cfg, engine_type="router",
                                         health_generate_timeout_s=self.pd.health_timeout_s)),
-            "prefill": build_worker_app(self.prefill, "prefill", name, (self.bootstrap.alive, self.transfers.alive), lies),
-            "decode": build_worker_app(self.decode, "decode", name, (self.transfers.alive,), lies),
+            "prefill": build_worker_app(self.prefill, "prefill", name, (self.bootstrap.alive, self.transfers.alive),
+                                        lies, replace(server_cfg, engine_type="prefill")),
+            "decode": build_worker_app(self.decode, "decode", name, (self.transfers.alive,), lies,
+                                       replace(server_cfg, engine_type="decode")),
         }
 
 
@@ -116,70 +114,19 @@ def build_pd_engine(cfg: EngineConfig, pd_cfg: PDConfig = PDConfig(), model_name
     return built
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A bound, listening socket, so a busy port fails here with an OSError, before the
-    engine is built and while the message can still name the port."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(e.errno, f"port {port}: {e.strerror}") from None
-    sock.listen(2048)
-    return sock
-
-
-class _SharedLoopServer(uvicorn.Server):
-    """One of several uvicorn servers in one asyncio loop: signals are handled once, for all."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def serve_together(apps: list[tuple[Starlette, socket.socket]], log_level: str = "warning",
-                         stop: asyncio.Event | None = None) -> None:
-    """Serve each app on its socket in this asyncio loop until SIGINT or SIGTERM, or until
-    `stop` is set when given (then signals are left alone)."""
-    servers = [_SharedLoopServer(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                                timeout_graceful_shutdown=5)) for app, _ in apps]
-
-    def stop_all() -> None:
-        for server in servers:
-            server.should_exit = True
-
-    async def run(server: uvicorn.Server, sock: socket.socket) -> None:
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            stop_all()  # one down, all down
-
-    async def stop_when_set(event: asyncio.Event) -> None:
-        await event.wait()
-        stop_all()
-
-    if stop is None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop_all)
-    watcher = asyncio.create_task(stop_when_set(stop)) if stop is not None else None
-    try:
-        await asyncio.gather(*(run(server, sock) for server, (_, sock) in zip(servers, apps)))
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-
-
 def serve_pd(cfg: EngineConfig, server_cfg: ServerConfig, pd_cfg: PDConfig, weights: Path | None = None,
              random_weights: bool = False, init_seed: int = 0, log_level: str = "warning") -> None:
-    """Run the router, prefill and decode servers in the foreground until interrupted."""
+    """Run the router, prefill and decode servers in the foreground until interrupted.
+    ServeError when one of the three cannot listen (engine/serve.py, "bind or fail")."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     ports = (server_cfg.port, pd_cfg.prefill_port, pd_cfg.decode_port)
+    if len(set(ports)) < len(ports):
+        raise ServeError("the router, prefill and decode ports must differ")
     sockets = []
     try:
         for port in ports:
             sockets.append(listen(server_cfg.host, port))
+        torch.set_num_threads(max(1, torch.get_num_threads()))
         built = build_pd_engine(cfg, pd_cfg, server_cfg.model_name, weights, random_weights, init_seed)
     except BaseException:
         for sock in sockets:

@@ -67,6 +67,7 @@ class KVTransfer:
     src_pages: list[int] = field(default_factory=list)
     first_token: int | None = None  # sampled by the prefill from the prompt's last logits
     cached_tokens: int = 0  # prompt tokens the prefill served from its prefix cache
+    error: str | None = None  # the prefill failed the request: why (the decode side's client hears it)
     _abort_requested: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
