@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .checks import run_checks
-from .records import AVAILABILITY_CODES, CORRUPTION_CODES, AssembledResponse, TurnContext, TurnStatus, Verdict
+from .codes import AVAILABILITY_CODES, CORRUPTION_CODES
+from .records import AssembledResponse, TurnContext, TurnStatus, Verdict
 from .sse import DeltaAssembler, assemble_completion
 
 # Without the offered tools, these two cannot be judged and are left out.

@@ -5,7 +5,8 @@ accepts the connection and then never answers, so only a real generation request
 serving server from one whose `/health` merely answers. Only a server that takes requests (a
 router or a unified server, see roles.py) gets one.
 
-What came back is told apart, because only one outcome is a sign of a wedge (DESIGN §7):
+What came back is told apart, because only one outcome is a sign of a wedge, and our own check
+failing is never a verdict about the server:
 - `ok`: a completion with choices;
 - `timeout`: no answer within the deadline: the hang a wedge makes (`canary_timeout`);
 - `error`: an answer that is no completion (an HTTP error status, HTML, non-JSON, no

@@ -1,4 +1,8 @@
-"""The one config object of a run, built from CLI flags in one place and validated here."""
+"""The one config object of a run, built from CLI flags in one place and validated here.
+
+Each default and each check is written once: the session's settings in session.SessionConfig,
+the turn deadlines in client.Deadlines, the rest here; the `agents` flags read their defaults
+from RunConfig."""
 
 from __future__ import annotations
 
@@ -11,7 +15,10 @@ from typing import Any
 
 import httpx
 
+from .agents import FAMILIES
+from .client import Deadlines
 from .redact import MASK, Redactor, redact_command
+from .session import SessionConfig, SessionConfigError
 
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
 MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
@@ -30,18 +37,18 @@ class RunConfig:
     rate: float | None = None  # sessions/s (open model); None = closed pool of `concurrency`
     sessions: int | None = None
     duration: float | None = None
-    max_turns: int = 12
+    max_turns: int = SessionConfig.max_turns
     scenario: str = "mixed"
     seed: int = 0
-    thinking: bool = False
-    stream: bool = True
-    max_tokens: int = 1024
+    thinking: bool = SessionConfig.thinking
+    stream: bool = SessionConfig.stream
+    max_tokens: int = SessionConfig.max_tokens
     # The server's context in tokens; None: what the server reports (/v1/models, /get_model_info).
     context_length: int | None = None
-    temperature: float = 0.0
-    ttft_timeout: float = 60.0
-    total_timeout: float = 300.0
-    on_corrupt: str = "continue"
+    temperature: float = SessionConfig.temperature
+    ttft_timeout: float = Deadlines.ttft_s
+    total_timeout: float = Deadlines.total_s
+    on_corrupt: str = SessionConfig.on_corrupt
     raw: bool = False
     model: str | None = None  # None: the first id of /v1/models
     api_key: str | None = None
@@ -55,14 +62,14 @@ class RunConfig:
     canary_timeout: float = 10.0  # the post-drain canary's deadline
     serve_metrics: int | None = None  # port of the harness's own /metrics
     recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
-    reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference.py)
+    reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
 
     def __post_init__(self) -> None:
         check_http_url("--url", self.url)
         for f in dataclasses.fields(self):  # typer reads "nan" and "inf" as floats
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{f.name.replace('_', '-')} must be a finite number, got {value}")
+                raise ConfigError(f"{flag_of(f.name)} must be a finite number, got {value}")
         if self.concurrency < 1:
             raise ConfigError("--concurrency must be at least 1")
         if self.rate is not None and self.rate <= 0:
@@ -74,18 +81,16 @@ class RunConfig:
         if self.sessions is None and self.duration is None:
             # One whole session per slot: the run ends when each slot has played its session.
             object.__setattr__(self, "sessions", self.concurrency)
-        if self.max_turns < 1:
-            raise ConfigError("--max-turns must be at least 1")
-        if self.max_tokens < 1:
-            raise ConfigError("--max-tokens must be at least 1")
+        try:  # the session's own settings: checked where they are defined
+            self.session_config(model="")
+        except SessionConfigError as e:
+            raise ConfigError(f"{flag_of(e.field)} {e.problem}") from None
         if self.context_length is not None and self.context_length <= self.max_tokens:
             raise ConfigError(f"--context-length must be more than --max-tokens ({self.max_tokens})")
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise ConfigError(f"--temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature:g}")
         if self.ttft_timeout <= 0 or self.total_timeout <= 0:
             raise ConfigError("timeouts must be positive")
-        if self.on_corrupt not in ("continue", "stop"):
-            raise ConfigError("--on-corrupt must be 'continue' or 'stop'")
         if self.metrics_interval <= 0:
             raise ConfigError("--metrics-interval must be positive")
         for m in self.metrics:
@@ -108,10 +113,22 @@ class RunConfig:
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
         if bad:
             raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
+        if self.scenario != "mixed" and self.scenario not in FAMILIES:
+            raise ConfigError(f"--scenario must be one of {', '.join([*FAMILIES, 'mixed'])}; got {self.scenario!r}")
 
     @property
     def base_url(self) -> str:
         return self.url.rstrip("/")
+
+    def session_config(self, model: str, context_tokens: int | None = None) -> SessionConfig:
+        """How this run's sessions talk to `model` in a context of `context_tokens` (None: unknown)."""
+        return SessionConfig(model=model, max_turns=self.max_turns, thinking=self.thinking, stream=self.stream,
+                             max_tokens=self.max_tokens, temperature=self.temperature, on_corrupt=self.on_corrupt,
+                             context_tokens=context_tokens)
+
+    @property
+    def deadlines(self) -> Deadlines:
+        return Deadlines(ttft_s=self.ttft_timeout, total_s=self.total_timeout)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -130,6 +147,11 @@ class RunConfig:
     def redactor(self) -> Redactor:
         """Scrubs this run's secrets from anything it writes."""
         return Redactor([self.api_key])
+
+
+def flag_of(field: str) -> str:
+    """The flag of a config field: max_turns -> --max-turns."""
+    return f"--{field.replace('_', '-')}"
 
 
 def check_http_url(flag: str, url: str) -> None:

@@ -1,14 +1,19 @@
 """The async driver: the thin, impure interpreter between sessions and the server.
 
-It runs a closed pool of `concurrency` sessions, or an open Poisson arrival of `rate`
-sessions per second, over one shared httpx client, and records every turn into the
-history as it happens. Everything it decides is delegated: the session says what to send,
-the checkers say what is wrong, the nemesis says whom to kill and when.
+A run has three phases, as a Jepsen test does:
+1. Load: a closed pool of `concurrency` sessions, or an open Poisson arrival of `rate`
+   sessions per second, over one shared httpx client, every turn recorded into the history as
+   it happens; the nemesis kills on its schedule, and the ServerWatch (observe.py) scrapes
+   the --metrics endpoints and polls /health throughout.
+2. Drain: the load has stopped; the watch keeps scraping until the queues empty or
+   --drain-timeout passes.
+3. Final checks: each server by its role (/health, /health_generate, a canary), and a last
+   scrape. run.py judges what the watch saw.
 
-Each in-flight turn runs in its own cancel scope; a nemesis kill cancels it, which closes the
-HTTP stream (the connection drops as a killed agent's would), and the turn is recorded
-`killed` with its timings and partial response. After the load stops, with --metrics, the
-monitors keep scraping through the drain window (see `_drain`).
+Everything the driver decides is delegated: the session says what to send, the checkers say
+what is wrong, the nemesis says whom to kill and when. Each in-flight turn runs in its own
+cancel scope; a nemesis kill cancels it, which closes the HTTP stream (the connection drops as
+a killed agent's would), and the turn is recorded `killed` with its timings and partial response.
 """
 
 from __future__ import annotations
@@ -26,15 +31,12 @@ from .checks import run_checks
 from .client import Deadlines, TurnOutcome, TurnProbe, chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
-from .canary import canary, health
-from .preflight import root_of
-from .roles import WORKERS, Role, discover_role
-from .monitor import QUEUE_GAUGES, monitor, scrape_once
 from .nemesis import Nemesis, Slot, parse_kill_spec
+from .observe import ServerWatch, raw_completion
 from .progress import LiveStats
 from .records import Timings, TurnContext, TurnRecord, TurnStatus, Verdict
-from .reference import ReferenceAnswers
-from .session import AgentSession, EndReason, SessionConfig, request_summary
+from .reference_run import ReferenceAnswers
+from .session import AgentSession, EndReason, request_summary
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
 _SEED_STRIDE = 100_000
@@ -82,61 +84,43 @@ class AgentRun:
         self.stats = stats
         self.run_id = run_id
         self.model = model
-        self.session_config = SessionConfig(
-            model=model,
-            max_turns=config.max_turns,
-            thinking=config.thinking,
-            stream=config.stream,
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-            on_corrupt=config.on_corrupt,
-            context_tokens=config.context_length or context_tokens,
-        )
-        self.deadlines = Deadlines(ttft_s=config.ttft_timeout, total_s=config.total_timeout)
+        self.session_config = config.session_config(model, config.context_length or context_tokens)
+        self.deadlines = config.deadlines
         self._next_index = 0
         self._stop_at: float | None = None
         self.nemesis: Nemesis | None = None
-        self.samples: list[dict[str, Any]] = []  # every metrics sample of the run, for the wedge check
-        self._latest: dict[str, dict[str, Any]] = {}  # endpoint -> its latest sample
-        self.load_stopped_ns: int | None = None  # monotonic ns when the load stopped (drain start)
-        self.health: list[dict[str, Any]] = []  # /health after the drain window
-        self.canaries: list[dict[str, Any]] = []
-        self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
+        self.watch = ServerWatch(config, model, history)
 
     async def run(self) -> None:
+        """The three phases: load, drain, final checks."""
         c = self.config
         self.stats.sessions_target = c.sessions
         self.stats.duration_s = c.duration
         self._stop_at = time.monotonic() + c.duration if c.duration else None
         self.history.event("run_start", run=self.run_id)
         started = anyio.current_time()
-        async with make_client(c) as client, anyio.create_task_group() as monitors:
+        async with make_client(c) as client, anyio.create_task_group() as background:
             self.client = client
             self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
-            if c.metrics:
-                monitors.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None,
-                                     c.api_key)
-                monitors.start_soon(self._poll_health, client)
+            self.watch.start(background, client)
             nemesis_scope = anyio.CancelScope()
             if c.kill:
-                monitors.start_soon(self._run_nemesis, nemesis_scope, started)
-            async with anyio.create_task_group() as tg:
-                if c.rate is None:
-                    for _ in range(c.concurrency):
-                        tg.start_soon(self._worker)
-                else:
-                    tg.start_soon(self._arrivals, tg)
+                background.start_soon(self._run_nemesis, nemesis_scope, started)
+            await self._load()
             nemesis_scope.cancel()  # the load is over: nothing left to kill
-            if c.metrics:
-                await self._drain()
+            await self.watch.drain()
+            await self.watch.final_checks(client)
+            background.cancel_scope.cancel()  # the monitors and health polls stop
+
+    async def _load(self) -> None:
+        """Phase 1: every session, a closed pool or Poisson arrivals, until the sessions are
+        played, the time is up or a kill-all ended the load."""
+        async with anyio.create_task_group() as tg:
+            if self.config.rate is None:
+                for _ in range(self.config.concurrency):
+                    tg.start_soon(self._worker)
             else:
-                self.load_stopped_ns = time.monotonic_ns()
-                self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=0)
-            await self._after_drain_checks(client)
-            # One last sample of every endpoint after the load, then the monitors stop.
-            for ep in c.metrics:
-                self._write_sample(await scrape_once(client, ep, timeout=5.0))
-            monitors.cancel_scope.cancel()
+                tg.start_soon(self._arrivals, tg)
 
     def _nemesis_event(self, kind: str, **fields: Any) -> None:
         if kind == "kill":
@@ -147,89 +131,6 @@ class AgentRun:
         assert self.nemesis is not None
         with scope:
             await self.nemesis.run(started)
-
-    def _write_sample(self, sample: dict[str, Any]) -> None:
-        self.history.metrics.write(sample)
-        self.samples.append(sample)
-        self._latest[sample["endpoint"]] = sample
-
-    def _queues_empty(self) -> bool:
-        """Every endpoint's latest sample (taken after the load stopped) has all queue gauges at 0."""
-        for ep in self.config.metrics:
-            s = self._latest.get(ep)
-            if s is None or not s.get("ok") or s["t_ns"] < (self.load_stopped_ns or 0):
-                return False
-            if any(v != 0 for k, v in s.get("values", {}).items() if k.split("{", 1)[0] in QUEUE_GAUGES):
-                return False
-        return True
-
-    def _server_roots(self) -> list[str]:
-        """The root of every server the run touches: the target's and each /metrics endpoint's."""
-        return sorted({root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics})
-
-    async def _role(self, client: httpx.AsyncClient, root: str) -> Role:
-        """The server's role, asked once and kept; its latest scrape fills in where it states none."""
-        role = self._roles.get(root)
-        if role is None or not role.known:
-            scraped = next((s.get("values") for m, s in self._latest.items()
-                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.get("ok")), None)
-            role = await discover_role(client, root, timeout=5.0, metrics=scraped)
-            self._roles[root] = role
-        return role
-
-    async def _poll_health(self, client: httpx.AsyncClient) -> None:
-        """/health of every server on the metrics interval, as events: a slow or dead endpoint
-        is a sample with status None, never an error of the run."""
-        while True:
-            for root in self._server_roots():
-                h = await health(client, root, timeout=max(1.0, self.config.metrics_interval))
-                self.health.append(h)
-                self.history.event("health", **h)
-            await anyio.sleep(self.config.metrics_interval)
-
-    async def _after_drain_checks(self, client: httpx.AsyncClient) -> None:
-        """After the drain window, each server by its role (DESIGN §7): /health of every server,
-        /health_generate of a prefill or decode server (they take no chat), and one canary
-        against the target unless it is one of those. A canary that hangs while /health says
-        200 is the incident's `health_lies`; one answered with an error is an error of the
-        check, recorded as such (canary.py), never a hang."""
-        roles: dict[str, Role] = {}
-
-        async def ask(root: str) -> None:
-            roles[root] = await self._role(client, root)
-
-        async with anyio.create_task_group() as tg:  # a server that does not answer costs one timeout
-            for root in self._server_roots():
-                tg.start_soon(ask, root)
-        for root in self._server_roots():
-            role = roles[root]
-            paths = ("/health", "/health_generate") if role.name in WORKERS else ("/health",)
-            for path in paths:
-                h = await health(client, root, path)
-                self.health.append(h)
-                self.history.event("health", **h, role=role.name)
-        target = roles.get(root_of(self.config.base_url)) or Role()
-        if target.name in WORKERS:
-            self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
-                               reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
-            return
-        c = await canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
-        self.canaries.append(c)
-        self.history.event("canary", **c, role=target.name)
-
-    async def _drain(self) -> None:
-        """Keep the monitors scraping up to drain_timeout after the load stopped, or until the queues empty."""
-        self.load_stopped_ns = time.monotonic_ns()
-        self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=self.config.drain_timeout)
-        deadline = anyio.current_time() + self.config.drain_timeout
-        reason = "timeout"
-        while (left := deadline - anyio.current_time()) > 0:
-            await anyio.sleep(min(left, self.config.metrics_interval / 2))
-            if self._queues_empty():
-                reason = "queues_empty"
-                break
-        drain_s = (time.monotonic_ns() - self.load_stopped_ns) / 1e9
-        self.history.event("drain_end", reason=reason, drain_s=round(drain_s, 3))
 
     def _take_index(self) -> int | None:
         """The next session to start, or None when the run has started all it should."""
@@ -336,7 +237,8 @@ class AgentRun:
             tool_choice=str(body.get("tool_choice", "auto")),
         )
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
-            ctx.raw_completion = await self._raw_completion(body, headers)
+            ctx.raw_completion = await raw_completion(self.client, self.config.base_url, body, headers,
+                                                      self.config.total_timeout)
         summary = request_summary(body)
         # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.
         if self.reference is not None:
@@ -371,26 +273,6 @@ class AgentRun:
             raw_sse=outcome.raw_lines if failing else None,
             check_errors=check_errors,
         )
-
-    async def _raw_completion(self, body: dict[str, Any], headers: dict[str, str]) -> str | None:
-        """The --raw oracle: the same conversation as a raw prompt to /v1/completions."""
-        from .checks.oracle import render_prompt
-
-        try:
-            prompt = render_prompt(body)
-            resp = await self.client.post(
-                f"{self.config.base_url}/completions",
-                # Special tokens must survive: the oracle parses </think> and the DSML markers itself.
-                json={"model": body["model"], "prompt": prompt, "max_tokens": body.get("max_tokens"),
-                      "temperature": 0.0, "stream": False, "skip_special_tokens": False},
-                headers=headers,
-                timeout=self.config.total_timeout,
-            )
-            if resp.status_code >= 400:
-                return None
-            return str(resp.json()["choices"][0]["text"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            return None  # no oracle for this turn; the chat turn is still judged
 
 
 def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:

@@ -1,7 +1,7 @@
 """The run folder: append-only JSONL files written through per record, and a reader that tolerates a
 history cut short by SIGKILL (a torn last line is skipped, never fatal).
 
-Layout of one run folder (DESIGN §3):
+Layout of one run folder (a stable format: other tools read it):
   run.json       written once at start: run id, command line, config, server facts
   turns.jsonl    one TurnRecord per agent turn
   events.jsonl   lifecycle and nemesis events: {"t_wall_ns", "t_ns", "kind", ...}
@@ -167,12 +167,17 @@ class HistoryWriter:
             w.close()
 
 
-def write_json_atomic(path: Path, obj: Any, redactor: Redactor | None = None) -> None:
-    """Write JSON through a temp file and rename, so readers never see half a file."""
-    data, _ = encode_json(obj, redactor, indent=2)
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write through a temp file and rename, so readers never see half a file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data + b"\n")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any, redactor: Redactor | None = None) -> None:
+    """Write JSON atomically (see `write_atomic`)."""
+    data, _ = encode_json(obj, redactor, indent=2)
+    write_atomic(path, data + b"\n")
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -16,18 +16,8 @@ import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# Gauges a wedge check reads, in SGLang's and vLLM's names, in display order: running,
-# waiting, then the PD pipeline in the order a request passes through it.
-QUEUE_GAUGES = (
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:num_prefill_bootstrap_queue_reqs",
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-)
+# The gauges a wedge check reads are the dialect's (dialect.py); importable from here too.
+from .dialect import QUEUE_GAUGES as QUEUE_GAUGES
 
 
 def series_key(name: str, labels: dict[str, str]) -> str:

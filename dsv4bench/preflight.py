@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from .dialect import SERVER_METRIC_PREFIXES
 from .monitor import parse_metrics
 from .roles import role_of
 
@@ -17,9 +18,6 @@ class ServerError(Exception):
 class HostLimitError(Exception):
     """This machine cannot carry the run as asked; the message is one line for the user."""
 
-
-# A /metrics page is a serving engine's when it carries one of these (SGLang, vLLM, SGLang's router).
-_SERVER_METRIC_PREFIXES = ("sglang:", "vllm:", "smg_")
 
 # Beside one connection per session: the history, the scrapes, the bundled engine's pipes, ...
 _SPARE_FILES = 64
@@ -89,7 +87,7 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         metrics_url = f"{root}/metrics"
         try:
             r = c.get(metrics_url)
-            if r.status_code == 200 and any(m in r.text for m in _SERVER_METRIC_PREFIXES):
+            if r.status_code == 200 and any(m in r.text for m in SERVER_METRIC_PREFIXES):
                 facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
                 facts["role"] = role_of(facts.get("server_info"), parse_metrics(r.text), None).name
         except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus text after all

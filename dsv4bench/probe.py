@@ -37,8 +37,9 @@ from rich.text import Text
 
 from .canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, health, health_result
 from .monitor import parse_metrics
-from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, role_gauges, role_of, stated_role
-from .wedge import WedgeConfig, detect_wedge, is_queue_gauge, metric_name
+from .dialect import counters, is_counter, is_queue_gauge, metric_name
+from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of, stated_role
+from .wedge import WedgeConfig, detect_wedge
 
 DEFAULT_STUCK_S = 2.0
 STATES = ("healthy", "unhealthy", "wedged", "error", "unreachable")
@@ -72,16 +73,8 @@ class EndpointProbe:
     def shown_gauges(self) -> list[str]:
         """The role's gauges the server exports, then any other queue gauge holding requests."""
         present = {metric_name(k) for k in self.gauges}
-        own = [g for g in role_gauges(self.role) if g in present]
-        # Two names of one meaning (SGLang's and vLLM's) show once, the first exported wins.
-        seen_labels: set[str] = set()
-        out = []
-        for g in own:
-            if GAUGE_LABELS[g] not in seen_labels:
-                seen_labels.add(GAUGE_LABELS[g])
-                out.append(g)
-        others = sorted({metric_name(k) for k, v in self.gauges.items() if v > 0} - set(own))
-        return out + others
+        others = sorted({metric_name(k) for k, v in self.gauges.items() if v > 0} - set(role_gauges(self.role)))
+        return own_gauges_shown(self.role, present) + others
 
 
 @dataclass
@@ -99,7 +92,7 @@ class ProbeResult:
 
 def _kept(values: dict[str, float]) -> dict[str, float]:
     """What a look keeps: the queue gauges and the counters (any counter moving is progress)."""
-    return {k: v for k, v in values.items() if is_queue_gauge(k) or metric_name(k).endswith("_total")}
+    return {k: v for k, v in values.items() if is_queue_gauge(k) or is_counter(k)}
 
 
 async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> dict[str, float] | None:
@@ -202,10 +195,6 @@ def _holding(ep: EndpointProbe) -> bool:
     return bool(ep.looks) and any(v > 0 for k, v in ep.looks[-1][1].items() if is_queue_gauge(k))
 
 
-def _counters(values: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in values.items() if metric_name(k).endswith("_total")}
-
-
 def _judge_queues(ep: EndpointProbe, hang: str | None, stuck_s: float) -> set[str]:
     """queue_stuck where a gauge holds requests and never shrank from look to look, while a
     request hung (`hang`), or while no counter moved for at least stuck_s between the last two looks."""
@@ -215,7 +204,7 @@ def _judge_queues(ep: EndpointProbe, hang: str | None, stuck_s: float) -> set[st
     frozen_s = None
     if len(ep.looks) >= 3:
         t_prev, prev = ep.looks[-2]
-        if _counters(prev) == _counters(last):
+        if counters(prev) == counters(last):
             frozen_s = (t_last - t_prev) / _NS
     codes: set[str] = set()
     for key, value in sorted(last.items()):

@@ -11,6 +11,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# The verdict codes' family views, kept importable from here; their one table is codes.py.
+from .codes import (
+    AVAILABILITY_CODES as AVAILABILITY_CODES,
+    CORRUPTION_CODES as CORRUPTION_CODES,
+    ORACLE_CODE as ORACLE_CODE,
+    REFERENCE_CODE as REFERENCE_CODE,
+    WEDGE_CODES as WEDGE_CODES,
+)
+
 
 class TurnStatus(str, enum.Enum):
     """How a turn ended, from the client's side (Jepsen's ok / info / fail)."""
@@ -19,36 +28,6 @@ class TurnStatus(str, enum.Enum):
     KILLED = "killed"  # our own nemesis cancelled it: indeterminate, never corruption
     ERROR = "error"  # HTTP error or connection failure
     TIMEOUT = "timeout"  # TTFT or total timeout
-
-
-# Verdict codes, DESIGN §3. One checker each; the names are a stable contract.
-CORRUPTION_CODES: tuple[str, ...] = (
-    "dsml_leak_content",
-    "dsml_leak_reasoning",
-    "dsml_in_arguments",
-    "args_not_json",
-    "schema_violation",
-    "unknown_tool",
-    "finish_reason_mismatch",
-    "empty_turn",
-    "stream_protocol",
-    "truncated",
-    "degenerate_repetition",
-    "garbled_text",
-    # Beyond DESIGN's list, judged only with --reference: the same greedy request got a different
-    # answer from the reference run (dsv4bench/reference.py).
-    "reference_mismatch",
-)
-AVAILABILITY_CODES: tuple[str, ...] = (
-    "http_error",
-    "timeout_ttft",
-    "timeout_total",
-    "connection_error",
-)
-WEDGE_CODES: tuple[str, ...] = ("queue_stuck", "canary_timeout", "health_lies", "ghost_requests")
-# Not a verdict about the server: the --raw oracle disagreed with the server's own parser.
-ORACLE_CODE = "parser_disagreement"
-REFERENCE_CODE = "reference_mismatch"
 
 
 @dataclass(frozen=True)
@@ -159,7 +138,7 @@ class Timings:
 
 @dataclass(frozen=True)
 class ReferenceAnswer:
-    """What a reference run's server wrote for a request (dsv4bench/reference.py), and where."""
+    """What a reference run's server wrote for a request (dsv4bench/reference_run.py), and where."""
 
     content: str
     reasoning: str
@@ -207,7 +186,7 @@ class TurnContext:
 
 @dataclass
 class TurnRecord:
-    """One line of `turns.jsonl`: one agent turn, DESIGN §3."""
+    """One line of `turns.jsonl`: one agent turn (history.py lays out the whole run folder)."""
 
     run: str
     session: str

@@ -1,8 +1,9 @@
 """Which part of a deployment a server is: a router, a unified server, a prefill or a decode server.
 
-Each endpoint is judged by its role (DESIGN §7): only a router or a unified server takes a chat
-request, so only they get a canary; a prefill or decode server is judged by its own queue
-gauges, `/health` and `/health_generate`. The role is read from the server itself:
+Each endpoint is judged by its role: only a router or a unified server takes a chat request, so
+only they get a canary; a prefill or decode server, which is not expected to answer a chat, is
+judged by its own queue gauges, `/health` and `/health_generate`. The role is read from the
+server itself:
 
 1. a router: SGLang's router (`sglang-router`, the model gateway) exposes `smg_` metrics
    (`sgl_router_` in older releases) and a `/workers` list. This comes first because a router
@@ -18,49 +19,42 @@ The pure functions take what the server answered; `discover_role` asks it.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import httpx
 
+from .dialect import (BOOTSTRAP, ENGINE_TYPE_LABEL, INFLIGHT, PREALLOC, SERVER_LABELS, SGLANG, SGLANG_RUNNING,
+                      SGLANG_WAITING, TRANSFER, VLLM, VLLM_RUNNING, VLLM_WAITING, is_router_metrics)
 from .monitor import parse_metrics
 
 ROUTER, UNIFIED, PREFILL, DECODE, UNKNOWN = "router", "unified", "prefill", "decode", "unknown"
 ROLES = (ROUTER, UNIFIED, PREFILL, DECODE)
 SERVES_REQUESTS = frozenset({ROUTER, UNIFIED})
 WORKERS = frozenset({PREFILL, DECODE})
-ROUTER_METRIC_PREFIXES = ("smg_", "sgl_router_")
-
-RUNNING = ("sglang:num_running_reqs", "vllm:num_requests_running")
-WAITING = ("sglang:num_queue_reqs", "vllm:num_requests_waiting")
-BOOTSTRAP = "sglang:num_prefill_bootstrap_queue_reqs"
-INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
-PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
-TRANSFER = "sglang:num_decode_transfer_queue_reqs"
 
 # The queue gauges each role has, in the order a request passes through them.
-_FRONT = (WAITING[0], RUNNING[0], WAITING[1], RUNNING[1])
+_FRONT = (SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING)
 ROLE_GAUGES: dict[str, tuple[str, ...]] = {
     ROUTER: _FRONT,
     UNIFIED: _FRONT,
-    PREFILL: (BOOTSTRAP, WAITING[0], RUNNING[0], INFLIGHT, WAITING[1], RUNNING[1]),
-    DECODE: (PREALLOC, TRANSFER, WAITING[0], RUNNING[0], WAITING[1], RUNNING[1]),
-    UNKNOWN: (BOOTSTRAP, WAITING[0], RUNNING[0], INFLIGHT, PREALLOC, TRANSFER, WAITING[1], RUNNING[1]),
+    PREFILL: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, VLLM_WAITING, VLLM_RUNNING),
+    DECODE: (PREALLOC, TRANSFER, SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING),
+    UNKNOWN: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, PREALLOC, TRANSFER, VLLM_WAITING, VLLM_RUNNING),
 }
 
 # A gauge's name in a narrow column, and in a sentence ("decode transfer queue stuck at 40").
 GAUGE_LABELS = {
-    RUNNING[0]: "running", RUNNING[1]: "running", WAITING[0]: "waiting", WAITING[1]: "waiting",
+    SGLANG_RUNNING: "running", VLLM_RUNNING: "running", SGLANG_WAITING: "waiting", VLLM_WAITING: "waiting",
     BOOTSTRAP: "bootstrap", INFLIGHT: "inflight", PREALLOC: "prealloc", TRANSFER: "transfer",
 }
 GAUGE_WORDS = {
-    RUNNING[0]: "running requests", RUNNING[1]: "running requests",
-    WAITING[0]: "waiting queue", WAITING[1]: "waiting queue",
+    SGLANG_RUNNING: "running requests", VLLM_RUNNING: "running requests",
+    SGLANG_WAITING: "waiting queue", VLLM_WAITING: "waiting queue",
     BOOTSTRAP: "bootstrap queue", INFLIGHT: "inflight queue", PREALLOC: "prealloc queue", TRANSFER: "transfer queue",
 }
-# Labels that name the server, not a part of it: every series of a server carries the same ones.
-SERVER_LABELS = frozenset({"model_name", "engine_type"})
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -96,6 +90,18 @@ def role_gauges(role: str) -> tuple[str, ...]:
     return ROLE_GAUGES.get(role, ROLE_GAUGES[UNKNOWN])
 
 
+def own_gauges_shown(role: str, present: Container[str]) -> list[str]:
+    """The role's gauges among the names `present`, in its order; SGLang's and vLLM's name of one
+    gauge show once, the first exported wins."""
+    labels: set[str] = set()
+    shown = []
+    for g in role_gauges(role):
+        if g in present and GAUGE_LABELS[g] not in labels:
+            labels.add(GAUGE_LABELS[g])
+            shown.append(g)
+    return shown
+
+
 def role_from_server_info(info: Any) -> Role | None:
     """The role a `/get_server_info` answer states, or None when it states none."""
     if not isinstance(info, dict):
@@ -111,19 +117,15 @@ def role_from_server_info(info: Any) -> Role | None:
     return None
 
 
-def is_router_metrics(values: dict[str, float]) -> bool:
-    return any(k.startswith(ROUTER_METRIC_PREFIXES) for k in values)
-
-
 def role_from_metrics(values: dict[str, float]) -> Role | None:
     """The role a `/metrics` scrape shows: a router's own metrics, else the `engine_type` label."""
     if is_router_metrics(values):
         return Role(ROUTER, "/metrics smg_ series")
-    types = {series_labels(k).get("engine_type", "").lower() for k in values if k.startswith("sglang:")}
+    types = {series_labels(k).get(ENGINE_TYPE_LABEL, "").lower() for k in values if k.startswith(SGLANG)}
     known = sorted(types & set(ROLES))
     if len(known) == 1:
         return Role(known[0], "/metrics engine_type label")
-    if any(k.startswith("vllm:") for k in values):
+    if any(k.startswith(VLLM) for k in values):
         return Role(UNIFIED, "/metrics vllm series")
     return None
 

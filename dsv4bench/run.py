@@ -13,10 +13,11 @@ from .config import RunConfig
 from .driver import AgentRun
 from .exporter import ExporterError, HarnessExporter
 from .history import HistoryWriter
+from .observe import ServerWatch
 from .progress import LiveStats, ProgressView
 from .recover import run_recovery
 from .redact import redact_command
-from .reference import ReferenceAnswers
+from .reference_run import ReferenceAnswers
 from .report import build_report
 from .wedge import WedgeConfig, detect_wedge
 
@@ -63,8 +64,8 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     try:
         with ProgressView(stats, config.quiet):
             anyio.run(driver.run)
-        if driver.load_stopped_ns is not None:
-            wedge = _wedge(config, driver, history)
+        if driver.watch.load_stopped_ns is not None:
+            wedge = _wedge(config, driver.watch, history)
             if wedge is not None:
                 run_info["wedge"] = wedge
                 if config.recover_cmd and any(w["codes"] for w in wedge.values()):
@@ -86,16 +87,16 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     return build_report(run_dir), run_dir
 
 
-def _wedge(config: RunConfig, driver: AgentRun, history: HistoryWriter) -> dict[str, Any] | None:
+def _wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:
     """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
     samples; canary and /health from the checks after it), or None if the detector failed."""
     try:
-        wedge = detect_wedge(driver.samples, driver.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
-                             health=driver.health, canaries=driver.canaries)
+        wedge = detect_wedge(watch.samples, watch.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
+                             health=watch.health, canaries=watch.canaries)
     except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
         history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
         return None
-    for c in driver.canaries:  # the report's canary column
+    for c in watch.canaries:  # the report's canary column
         entry = wedge.setdefault(c["endpoint"], {"codes": [], "gauges": {}, "drain_s": None, "details": []})
         entry["canary"] = {k: c.get(k) for k in ("ok", "result", "http_status", "latency_s", "error")}
     return wedge

@@ -15,7 +15,7 @@ from typing import Any
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .agents.call_gate import CallGate
 from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
-from .reference import request_key
+from .reference_run import request_key
 
 
 class SessionState(str, enum.Enum):
@@ -34,9 +34,23 @@ class EndReason(str, enum.Enum):
     CONTEXT_FULL = "context_full"  # the next turn would not fit the server's context
 
 
+ON_CORRUPT_CHOICES = ("continue", "stop")
+
+
+class SessionConfigError(ValueError):
+    """A SessionConfig field that cannot work: `field` names it, so that a caller can name it
+    as its user knows it (RunConfig: the flag)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
 @dataclass(frozen=True)
 class SessionConfig:
-    """How every session of a run talks to the server."""
+    """How every session of a run talks to the server: the one place these settings' defaults
+    and checks stand (RunConfig and the `agents` flags read them from here)."""
 
     model: str
     max_turns: int = 12
@@ -54,13 +68,13 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
-            raise ValueError("max_turns must be at least 1")
+            raise SessionConfigError("max_turns", "must be at least 1")
         if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if self.on_corrupt not in ("continue", "stop"):
-            raise ValueError("on_corrupt must be 'continue' or 'stop'")
+            raise SessionConfigError("max_tokens", "must be at least 1")
+        if self.on_corrupt not in ON_CORRUPT_CHOICES:
+            raise SessionConfigError("on_corrupt", "must be 'continue' or 'stop'")
         if self.context_tokens is not None and self.context_tokens < 1:
-            raise ValueError("context_tokens must be at least 1")
+            raise SessionConfigError("context_tokens", "must be at least 1")
 
 
 # Bounds for the next prompt's size from the last turn's usage: every character added since
@@ -210,7 +224,7 @@ class AgentSession:
 
 
 def request_summary(body: dict[str, Any]) -> dict[str, Any]:
-    """What turns.jsonl keeps of a request: its shape and key (dsv4bench/reference.py), not its
+    """What turns.jsonl keeps of a request: its shape and key (dsv4bench/reference_run.py), not its
     (large) transcript."""
     msgs = body.get("messages") or []
     return {

@@ -1,7 +1,7 @@
 """The summary of one run: a pure function from a History to the content of summary.json.
 
-`verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (DESIGN §3):
-CI jobs and other tools read them. Everything else is an extra for the report and may grow.
+`verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (README.md says
+so): CI jobs and other tools read them. Everything else is an extra for the report and may grow.
 
 `verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
 is the harness's own failure, never the server's: the history lost turn records
@@ -27,8 +27,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
 from .history import History, history_gaps
-from .records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TurnRecord, TurnStatus
+from .records import TurnRecord, TurnStatus
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
@@ -226,7 +227,7 @@ def summarize(history: History) -> dict[str, Any]:
     tool_calls = sum(tool_call_count(t) for t in turns)
 
     # Every known turn-level code appears, zero or not, so readers never miss a key.
-    counts: dict[str, int] = dict.fromkeys((*CORRUPTION_CODES, *AVAILABILITY_CODES, ORACLE_CODE), 0)
+    counts: dict[str, int] = dict.fromkeys(TURN_CODES, 0)
     for t in turns:
         for code in turn_codes(t):
             counts[code] = counts.get(code, 0) + 1

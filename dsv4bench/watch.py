@@ -1,9 +1,10 @@
 """`dsv4bench watch`: a live terminal view of the queue gauges, marking a wedge as it forms.
 
-The incident (DESIGN §1) was visible only in hindsight: PD transfer/bootstrap queues sat at ~60
-while nothing moved. This view shows each endpoint (host:port and its role, see roles.py) with
-only the gauges its role has (and any other that holds requests), labels collapsed (summed over
-ranks), each with its current value beside its sparkline, and the endpoint's state in words:
+The wedge incident (an 80-session agent killed mid-flight) was visible only in hindsight: PD
+transfer/bootstrap queues sat at ~60 while nothing moved. This view shows each endpoint
+(host:port and its role, see roles.py) with only the gauges its role has (and any other that
+holds requests), labels collapsed (summed over ranks), each with its current value beside its
+sparkline, and the endpoint's state in words:
 "idle", "busy", "draining", "stuck 3 s", or "WEDGE: decode transfer queue stuck at 40 for 20 s"
 once a gauge has stayed > 0 without shrinking for `stuck_s` seconds while no counter (`*_total`)
 moved, the same "no progress" rule the post-run wedge detector (wedge.py) applies. It fits an
@@ -28,10 +29,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .monitor import QUEUE_GAUGES, scrape_once
-from .roles import (GAUGE_LABELS, GAUGE_WORDS, RUNNING, WAITING, Role, discover_role, part_labels, role_from_metrics,
+from .dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, is_queue_gauge, metric_name
+from .monitor import scrape_once
+from .roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
                     role_gauges)
-from .wedge import is_queue_gauge, metric_name
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 _NS = 1_000_000_000
@@ -109,11 +110,11 @@ class WatchState:
         ep.last_ok, ep.answered, ep.error = True, True, None
         if not ep.role.known:
             ep.role = role_from_metrics(values) or ep.role
-        counters = {k: v for k, v in values.items() if metric_name(k).endswith("_total")}
-        ep.counters_moved = ep.counters is not None and counters != ep.counters
-        if ep.counters is None or counters != ep.counters:
+        now_counters = counters(values)
+        ep.counters_moved = ep.counters is not None and now_counters != ep.counters
+        if ep.counters is None or now_counters != ep.counters:
             ep.counters_still_since = t
-        ep.counters = counters
+        ep.counters = now_counters
         sums: dict[str, float] = {}
         for key, value in values.items():
             if not is_queue_gauge(key):
@@ -155,16 +156,10 @@ class WatchState:
         """The gauge names to show: the role's that the server exports, then any other that has
         held requests in the window (a gauge a role should not have but that holds work shows)."""
         ep = self.endpoints[endpoint]
-        own = [g for g in role_gauges(ep.role.name) if g in ep.sums]
-        labels = set()
-        shown = []
-        for g in own:  # SGLang's and vLLM's name of one gauge show once
-            if GAUGE_LABELS[g] not in labels:
-                labels.add(GAUGE_LABELS[g])
-                shown.append(g)
+        own = role_gauges(ep.role.name)
         others = sorted((g for g, vals in ep.sums.items() if g not in own and any(v > 0 for v in vals)),
                         key=_gauge_sort_key)
-        return shown + others
+        return own_gauges_shown(ep.role.name, ep.sums) + others
 
     def describe(self, endpoint: str, now_ns: int) -> Text:
         """The endpoint's state in words."""

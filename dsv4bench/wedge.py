@@ -1,11 +1,11 @@
 """The wedge detector: after load stops, did every server drain, and does it still serve?
 
 Pure: takes the monitor's metrics samples (see monitor.py), /health samples and canary results
-(see canary.py) and returns per-endpoint findings. The incident it exists for (DESIGN §1): after
-an 80-session agent was killed, PD transfer/bootstrap queues sat at ~60 forever, new requests
+(see canary.py) and returns per-endpoint findings. The incident it exists for: after an
+80-session agent was killed, PD transfer/bootstrap queues sat at ~60 forever, new requests
 hung, and `/health` still said 200.
 
-Verdicts (records.WEDGE_CODES):
+Verdicts (the wedge family of codes.py):
 - `queue_stuck`: a queue gauge is > 0 at the end of the drain window and has not decreased for
   at least `min_stuck_s` while no counter (`*_total`) moved: nothing is being worked on.
 - `ghost_requests`: a running gauge stays > 0 (not decreasing) for `min_stuck_s` while the
@@ -26,9 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .canary import OK, TIMEOUT, UNREACHABLE, canary_result, health_result
-from .monitor import QUEUE_GAUGES
+from .dialect import RUNNING, counters, generation_tokens, is_queue_gauge, metric_name
 
-RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
 _NS = 1_000_000_000
 
 
@@ -38,25 +37,6 @@ class WedgeConfig:
 
     drain_timeout_s: float = 30.0
     min_stuck_s: float = 5.0
-
-
-def metric_name(series: str) -> str:
-    """`name{labels}` -> `name`: gauges are judged by name whatever their labels."""
-    return series.split("{", 1)[0]
-
-
-def is_queue_gauge(series: str) -> bool:
-    return metric_name(series) in QUEUE_GAUGES
-
-
-def _counters(values: dict[str, float]) -> dict[str, float]:
-    # Any counter moving is progress: finished, aborted or generated work all count.
-    return {k: v for k, v in values.items() if metric_name(k).endswith("_total")}
-
-
-def _gen_tokens(values: dict[str, float]) -> float:
-    return sum(v for k, v in values.items()
-               if metric_name(k).endswith("generation_tokens_total"))
 
 
 def _origin(url: str) -> str:
@@ -85,7 +65,7 @@ def _flat_since(series: list[tuple[int, dict[str, float]]], key: str, counters_s
         # A running gauge held level by a shrinking queue behind it is a drain, not a ghost.
         if not counters_still and _in_flight(cur) < _in_flight(prev):
             break
-        if counters_still and _counters(cur) != _counters(prev):
+        if counters_still and counters(cur) != counters(prev):
             break
         i -= 1
     return i
@@ -112,12 +92,12 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
             codes.add("queue_stuck")
             found["details"].append(f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s")
             continue
-        if metric_name(key) in RUNNING_GAUGES:
+        if metric_name(key) in RUNNING:
             # Running work that never shrinks while tokens are still produced: nobody is
             # listening (all clients are gone), so the server decodes for ghosts.
             start = _flat_since(series, key, counters_still=False)
             flat_s = (t_end - series[start][0]) / _NS
-            gained = _gen_tokens(last) - _gen_tokens(series[start][1])
+            gained = generation_tokens(last) - generation_tokens(series[start][1])
             if flat_s >= cfg.min_stuck_s and gained > 0:
                 codes.add("ghost_requests")
                 found["details"].append(f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "

@@ -54,6 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import __version__
 from .frontend import Frontend, PreparedRequest
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .outputs import TokenEventLike
@@ -66,7 +67,7 @@ log = logging.getLogger("dsv4bench.engine.server")
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (unless auth_health_metrics)
 HEALTH_PROMPT = "<｜begin▁of▁sentence｜><｜User｜>ping<｜Assistant｜></think>"
-VERSION = "0.1.0"
+VERSION = __version__  # the package version, written once in pyproject.toml
 
 
 @dataclass(frozen=True)

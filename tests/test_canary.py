@@ -14,9 +14,9 @@ import uvicorn
 
 from dsv4bench.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, check_canary,
                               check_health, health, health_result)
+from dsv4bench.codes import WEDGE_CODES
 from dsv4bench.engine.launcher import free_port
 from dsv4bench.probe import probe, probe_exit_code
-from dsv4bench.records import WEDGE_CODES
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 from tests.fixtures.wedge_server import WedgeState, build_app
 

@@ -125,3 +125,23 @@ def test_sessions_default_only_without_duration():
     assert RunConfig(url=DEAD, concurrency=5).sessions == 5
     assert RunConfig(url=DEAD, concurrency=5, duration=30.0).sessions is None  # bounded by time alone
     assert RunConfig(url=DEAD, concurrency=5, sessions=2).sessions == 2
+
+
+def test_engine_serve_on_a_busy_port_is_one_line_before_any_serving():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = invoke("engine", "serve", "--port", str(port))
+    assert_one_line_exit_2(r, f"cannot serve on 127.0.0.1:{port}")
+    assert "serving on" not in r.stdout + r.stderr
+
+
+def test_engine_serve_on_a_host_that_does_not_resolve():
+    assert_one_line_exit_2(invoke("engine", "serve", "--host", "999.1.1.1"), "cannot serve on 999.1.1.1")
+
+
+def test_auth_health_metrics_needs_a_key():
+    assert_one_line_exit_2(invoke("engine", "serve", "--auth-health-metrics"), "--auth-health-metrics needs --api-key")

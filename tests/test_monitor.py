@@ -3,6 +3,8 @@
 import anyio
 import httpx
 
+from dsv4bench.dialect import QUEUE_GAUGES, SGLANG
+from dsv4bench.engine.metrics import METRIC_NAMES
 from dsv4bench.monitor import parse_metrics, scrape_once
 
 TEXT = """# HELP sglang:num_running_reqs The number of running requests.
@@ -37,3 +39,7 @@ def test_scrape_once_ok_and_down():
     ok, down = anyio.run(main)
     assert ok["ok"] and ok["values"]['vllm:num_requests_waiting{model_name="m"}'] == 2.0
     assert not down["ok"] and "503" in down["error"]
+
+
+def test_the_bundled_engine_serves_every_sglang_gauge_the_harness_reads():
+    assert {g for g in QUEUE_GAUGES if g.startswith(SGLANG)} <= set(METRIC_NAMES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4bench.records import WEDGE_CODES
+from dsv4bench.codes import WEDGE_CODES
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 
 S = 1_000_000_000

@@ -1,8 +1,9 @@
 """Checkers: one pure function per verdict code, composed by `run_checks`.
 
 Each checker is `check_<code>(ctx: TurnContext) -> list[Verdict]`: pure, no I/O, [] when
-the turn is clean. `CHECKERS` maps every corruption and availability code of DESIGN §3 to
-its checker. `run_checks` applies them by turn status, Jepsen-style:
+the turn is clean. The table of codes (dsv4bench/codes.py) names each code's checker;
+`CHECKERS` maps every corruption and availability code to it. `run_checks` applies them by
+turn status, Jepsen-style:
 
 - KILLED: nothing (our own nemesis cancelled it: indeterminate, never a verdict);
 - ERROR / TIMEOUT: the availability checkers only;
@@ -14,51 +15,24 @@ A checker that raises does not crash the run: its failure becomes a string in
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
-from dsv4bench.checks.arguments import check_args_not_json, check_schema_violation, check_unknown_tool
-from dsv4bench.checks.availability import (
-    check_connection_error,
-    check_http_error,
-    check_timeout_total,
-    check_timeout_ttft,
-)
-from dsv4bench.checks.dsml import check_dsml_in_arguments, check_dsml_leak_content, check_dsml_leak_reasoning
-from dsv4bench.checks.oracle import check_parser_disagreement
-from dsv4bench.checks.protocol import (
-    check_empty_turn,
-    check_finish_reason_mismatch,
-    check_stream_protocol,
-    check_truncated,
-)
-from dsv4bench.checks.reference import check_reference_mismatch
-from dsv4bench.checks.text import check_degenerate_repetition, check_garbled_text
-from dsv4bench.records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnContext, TurnStatus, Verdict
+from dsv4bench.codes import AVAILABILITY_CODES, BY_CODE, CORRUPTION_CODES, ORACLE_CODE
+from dsv4bench.records import TurnContext, TurnStatus, Verdict
 
 Checker = Callable[[TurnContext], list[Verdict]]
 
-CHECKERS: dict[str, Checker] = {
-    "dsml_leak_content": check_dsml_leak_content,
-    "dsml_leak_reasoning": check_dsml_leak_reasoning,
-    "dsml_in_arguments": check_dsml_in_arguments,
-    "args_not_json": check_args_not_json,
-    "schema_violation": check_schema_violation,
-    "unknown_tool": check_unknown_tool,
-    "finish_reason_mismatch": check_finish_reason_mismatch,
-    "empty_turn": check_empty_turn,
-    "stream_protocol": check_stream_protocol,
-    "truncated": check_truncated,
-    "degenerate_repetition": check_degenerate_repetition,
-    "garbled_text": check_garbled_text,
-    "reference_mismatch": check_reference_mismatch,
-    "http_error": check_http_error,
-    "timeout_ttft": check_timeout_ttft,
-    "timeout_total": check_timeout_total,
-    "connection_error": check_connection_error,
-}
-ORACLE_CHECKER: Checker = check_parser_disagreement
 
-assert set(CHECKERS) == set(CORRUPTION_CODES) | set(AVAILABILITY_CODES), "one checker per verdict code"
+def _checker(code: str) -> Checker:
+    """The function the table names for `code` (`module.function` under dsv4bench.checks)."""
+    module, _, name = (BY_CODE[code].checker or "").rpartition(".")
+    fn: Checker = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return fn
+
+
+CHECKERS: dict[str, Checker] = {code: _checker(code) for code in (*CORRUPTION_CODES, *AVAILABILITY_CODES)}
+ORACLE_CHECKER: Checker = _checker(ORACLE_CODE)
 
 
 def checkers_for(ctx: TurnContext) -> dict[str, Checker]:

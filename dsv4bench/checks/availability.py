@@ -1,4 +1,4 @@
-"""Availability checks: the turn did not complete, and why (DESIGN §3).
+"""Availability checks: the turn did not complete, and why (the family in dsv4bench/codes.py).
 
 They read only `ctx.status`, `ctx.error_kind`, `ctx.http_status` and `ctx.error`; the
 registry runs them for ERROR and TIMEOUT turns only, and each also returns [] on any other

@@ -37,6 +37,12 @@ def clip(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def first_difference(a: str, b: str) -> int:
+    """The index of the first character where `a` and `b` differ (the shorter's length when one
+    begins the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

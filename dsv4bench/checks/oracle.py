@@ -47,8 +47,9 @@ from typing import Any
 
 import deepseek_recipe as dr
 
-from dsv4bench.checks.common import clip, decode_json, response_of
-from dsv4bench.records import ORACLE_CODE, AssembledResponse, ToolCall, TurnContext, Verdict
+from dsv4bench.checks.common import clip, decode_json, first_difference, response_of
+from dsv4bench.codes import ORACLE_CODE
+from dsv4bench.records import AssembledResponse, ToolCall, TurnContext, Verdict
 
 _TOKENS = dr.SpecialTokens()
 EOS = _TOKENS.token(dr.SpecialToken.Eos)
@@ -177,10 +178,6 @@ def _arguments_agree(oracle: str, server: str) -> bool:
         return oracle.strip() == server.strip()
 
 
-def _first_difference(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:
     """The oracle's parse of `ctx.raw_completion` differs from what the server sent.
 
@@ -206,7 +203,7 @@ def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:
             verdicts.append(Verdict(ORACLE_CODE, detail, f"tool_calls[{i}].arguments"))
     o_text, s_text = oracle.content.strip(), server.content.strip()
     if o_text != s_text:
-        at = _first_difference(o_text, s_text)
+        at = first_difference(o_text, s_text)
         k = max(0, at - 20)
         detail = f"content differs at {at}: oracle saw {clip(o_text[k:], 80)!r}, server sent {clip(s_text[k:], 80)!r}"
         verdicts.append(Verdict(ORACLE_CODE, detail, "content"))

@@ -1,15 +1,17 @@
 """reference_mismatch: the reference run answered this same greedy request differently
-(dsv4bench/reference.py says when a turn has a reference answer and why the two must agree)."""
+(dsv4bench/reference_run.py says when a turn has a reference answer and why the two must agree)."""
 
 from __future__ import annotations
 
-from dsv4bench.records import REFERENCE_CODE, ReferenceAnswer, TurnContext, Verdict
+from dsv4bench.checks.common import first_difference
+from dsv4bench.codes import REFERENCE_CODE
+from dsv4bench.records import ReferenceAnswer, TurnContext, Verdict
 
 _AROUND = 40  # characters of each side shown around the first difference
 
 
-def _first_difference(ours: str, theirs: str) -> str:
-    i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+def _difference_detail(ours: str, theirs: str) -> str:
+    i = first_difference(ours, theirs)
     lo = max(0, i - _AROUND // 2)
     return (f"at character {i}: {ours[lo:i + _AROUND]!r} here, "
             f"{theirs[lo:i + _AROUND]!r} in the reference")
@@ -35,11 +37,11 @@ def check_reference_mismatch(ctx: TurnContext) -> list[Verdict]:
             return [Verdict(REFERENCE_CODE, f"calls {name!r}, the reference {ref_name!r}{_where(ref)}",
                             f"tool_calls[{i}].name")]
         if args != ref_args:
-            return [Verdict(REFERENCE_CODE, f"{_first_difference(args, ref_args)}{_where(ref)}",
+            return [Verdict(REFERENCE_CODE, f"{_difference_detail(args, ref_args)}{_where(ref)}",
                             f"tool_calls[{i}].arguments")]
     for field in ("content", "reasoning"):
         a, b = getattr(ours, field), getattr(ref, field)
         if a != b:
-            return [Verdict(REFERENCE_CODE, f"{_first_difference(a, b)}{_where(ref)}", field)]
+            return [Verdict(REFERENCE_CODE, f"{_difference_detail(a, b)}{_where(ref)}", field)]
     return [Verdict(REFERENCE_CODE, f"finish_reason {ours.finish_reason!r}, the reference "
                     f"{ref.finish_reason!r}{_where(ref)}", "finish_reason")]

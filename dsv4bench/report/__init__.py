@@ -7,23 +7,15 @@ including on a history cut short by SIGKILL.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-from ..history import REPORT_FILE, SUMMARY_FILE, read_history, write_json_atomic
+from ..history import REPORT_FILE, SUMMARY_FILE, read_history, write_atomic, write_json_atomic
 from ..summary import summarize
 from .markdown import render_report
 from .plots import render_plots
 
 __all__ = ["build_report", "render_plots", "render_report"]
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    # Same rename trick as write_json_atomic: a reader never sees half a report.
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8", errors="backslashreplace")  # escape_text already made it safe
-    os.replace(tmp, path)
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
@@ -33,5 +25,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     summary = summarize(history)
     plots = render_plots(history, run_dir)
     write_json_atomic(run_dir / SUMMARY_FILE, summary)
-    _write_text_atomic(run_dir / REPORT_FILE, render_report(history, summary, plots))
+    report = render_report(history, summary, plots)
+    # escape_text already made the report safe; backslashreplace only guards the encoding.
+    write_atomic(run_dir / REPORT_FILE, report.encode("utf-8", errors="backslashreplace"))
     return summary

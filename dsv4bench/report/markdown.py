@@ -11,10 +11,10 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from ..codes import ORACLE_CODE, TURN_CODES, code_class, meaning
 from ..history import History
-from ..records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, TurnRecord, Verdict
+from ..records import TurnRecord, Verdict
 from ..summary import counts_code, run_window
-from .codes import code_class, meaning
 from .escape import escape_text
 
 EXAMPLES_PER_CODE = 3
@@ -232,7 +232,7 @@ def _server_section(history: History) -> list[str]:
 
 def _codes_in_order(summary: dict[str, Any]) -> list[str]:
     """Known turn-level codes in their canonical order, then any others that fired."""
-    known = [*CORRUPTION_CODES, *AVAILABILITY_CODES, ORACLE_CODE]
+    known = list(TURN_CODES)
     extra = [c for c, n in summary["counts"].items() if c not in known and n]
     return [c for c in known if c != ORACLE_CODE or summary["counts"].get(c)] + extra
 

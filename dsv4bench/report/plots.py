@@ -17,11 +17,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ..dialect import QUEUE_GAUGES, RUNNING, is_queue_gauge, metric_name
 from ..history import History
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
-from ..monitor import QUEUE_GAUGES
-from ..wedge import RUNNING_GAUGES, is_queue_gauge, metric_name
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ def queue_series(history: History, t0: int) -> dict[str, tuple[list[float], list
                 ys.append(float(value))
     # Running is always shown (it is the baseline load); other gauges only if they ever rose,
     # else a PD deployment's eight flat zeros per endpoint drown the one that matters.
-    keep = {k: v for k, v in series.items() if metric_name(k[1]) in RUNNING_GAUGES or any(y > 0 for y in v[1])}
+    keep = {k: v for k, v in series.items() if metric_name(k[1]) in RUNNING or any(y > 0 for y in v[1])}
 
     def order(k: tuple[str, str]) -> tuple[str, int, str]:
         name = metric_name(k[1])

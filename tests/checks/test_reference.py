@@ -10,7 +10,7 @@ import pytest
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.reference import check_reference_mismatch
 from dsv4bench.records import ReferenceAnswer, TurnStatus
-from dsv4bench.reference import ReferenceAnswers, ReferenceError, is_greedy, request_key
+from dsv4bench.reference_run import ReferenceAnswers, ReferenceRunError, is_greedy, request_key
 
 from .turns import turn
 
@@ -129,15 +129,15 @@ def test_load_keeps_completed_greedy_turns_and_counts_its_own_conflicts(tmp_path
 
 
 def test_load_refuses_what_cannot_be_a_reference(tmp_path):
-    with pytest.raises(ReferenceError, match="no such folder"):
+    with pytest.raises(ReferenceRunError, match="no such folder"):
         ReferenceAnswers.load(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ReferenceError, match="not a dsv4bench run folder"):
+    with pytest.raises(ReferenceRunError, match="not a dsv4bench run folder"):
         ReferenceAnswers.load(tmp_path / "empty")
     _write_run(tmp_path / "two" / "a", [_record("k1", "a")])
     _write_run(tmp_path / "two" / "b", [_record("k1", "a")])
-    with pytest.raises(ReferenceError, match="holds 2 runs"):
+    with pytest.raises(ReferenceRunError, match="holds 2 runs"):
         ReferenceAnswers.load(tmp_path / "two")
     _write_run(tmp_path / "hot", [_record("k1", "a", temperature=1.0)])
-    with pytest.raises(ReferenceError, match="no completed greedy turn"):
+    with pytest.raises(ReferenceRunError, match="no completed greedy turn"):
         ReferenceAnswers.load(tmp_path / "hot")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dsv4bench.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, ORACLE_CODE, WEDGE_CODES
 from dsv4bench.history import read_history
-from dsv4bench.records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE, WEDGE_CODES, Verdict
-from dsv4bench.report.codes import CODE_MEANINGS
+from dsv4bench.records import Verdict
 from dsv4bench.report.markdown import excerpt, fence, render_report
 from dsv4bench.summary import summarize
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv4bench.codes import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE
 from dsv4bench.history import read_history
-from dsv4bench.records import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE
 from dsv4bench.summary import distribution, percentile, summarize
 
 STABLE_FIELDS = {"verdict", "turns", "tool_calls", "counts", "wedge"}

@@ -33,7 +33,7 @@ from .records import ReferenceAnswer
 _NOT_IN_KEY = ("model", "user", "stream", "stream_options")
 
 
-class ReferenceError(Exception):
+class ReferenceRunError(Exception):
     """The --reference folder cannot serve as a reference; the CLI prints it as one line."""
 
 
@@ -89,7 +89,7 @@ class ReferenceAnswers:
             seen = answers.setdefault(key, answer)
             conflicts += seen.output != answer.output
         if not answers:
-            raise ReferenceError(
+            raise ReferenceRunError(
                 f"--reference {path}: no completed greedy turn with a request key in {run_dir / TURNS_FILE} "
                 "(the run was at --temperature above 0, had no completed turn, or was recorded by a "
                 "dsv4bench without request keys)")
@@ -98,12 +98,12 @@ class ReferenceAnswers:
 
 def _find_run(path: Path) -> Path:
     if not path.is_dir():
-        raise ReferenceError(f"--reference {path}: no such folder")
+        raise ReferenceRunError(f"--reference {path}: no such folder")
     if (path / TURNS_FILE).is_file():
         return path
     runs = sorted(p for p in path.iterdir() if (p / TURNS_FILE).is_file())
     if len(runs) == 1:
         return runs[0]
     if not runs:
-        raise ReferenceError(f"--reference {path}: not a dsv4bench run folder (no {TURNS_FILE})")
-    raise ReferenceError(f"--reference {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")
+        raise ReferenceRunError(f"--reference {path}: not a dsv4bench run folder (no {TURNS_FILE})")
+    raise ReferenceRunError(f"--reference {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")

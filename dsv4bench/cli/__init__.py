@@ -1,0 +1,29 @@
+"""The `dsv4bench` command line: one module per command group, each a thin shell that turns its
+flags into one config object and its errors into one line on stderr (exit 2).
+
+- common.py: the typer app, the consoles, `fail`, the verdict line
+- agents.py: `agents`, the main job
+- servers.py: `probe` and `watch`, looking at running servers
+- offline.py: `report` and `audit`, working on what was recorded
+- engine.py: `engine serve`, `engine faults`, `engine train`
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
+from . import agents, servers, offline, engine  # noqa: F401, I001
+from .agents import BUNDLED_PLACEHOLDER_URL
+from .common import app, err
+
+__all__ = ["BUNDLED_PLACEHOLDER_URL", "app", "main"]
+
+
+def main() -> None:
+    """Console entry point: Ctrl-C and broken pipes end quietly, never with a traceback."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

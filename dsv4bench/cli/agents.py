@@ -1,0 +1,162 @@
+"""`dsv4bench agents`, the main job: flags become one RunConfig, the bundled engine starts when
+no --url is given, and run.py drives the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from ..preflight import HostLimitError, ServerError, ensure_open_files, server_facts
+from ..redact import redact_argv, shell_line
+from .common import app, err, fail, print_verdict
+from .engine import check_faults
+
+BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
+
+
+@app.command()
+def agents(
+    url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1."),
+    concurrency: int = typer.Option(RunConfig.concurrency, help="Sessions in flight at once (closed pool; with --rate, the cap)."),
+    rate: Optional[float] = typer.Option(RunConfig.rate, help="Open model: new sessions per second, Poisson arrivals."),
+    sessions: Optional[int] = typer.Option(RunConfig.sessions, help="Total sessions to run. With neither --sessions nor --duration: one whole session per --concurrency slot."),
+    duration: Optional[float] = typer.Option(RunConfig.duration, help="Seconds to keep starting turns; in-flight turns finish."),
+    max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
+    scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
+    seed: int = typer.Option(RunConfig.seed, help="Run seed; the same seed replays the same tasks."),
+    thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
+    stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
+    max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
+    context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens; a session whose next turn would not fit ends there (context_full). Default: what /v1/models or /get_model_info reports."),
+    temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
+    ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
+    total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
+    on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
+    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions with the deepseek-recipe prompt and compare parsers."),
+    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
+    api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
+    out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)."),
+    quiet: bool = typer.Option(RunConfig.quiet, "--quiet", "-q", help="No live progress; print the verdict line only."),
+    metrics: list[str] = typer.Option(list(RunConfig.metrics), "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode). Default: the server's own /metrics when it serves SGLang's or vLLM's."),
+    metrics_interval: float = typer.Option(RunConfig.metrics_interval, help="Seconds between scrapes of each --metrics URL."),
+    kill: list[str] = typer.Option(list(RunConfig.kill), "--kill", metavar="SPEC", help=(
+        "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
+        "frac=0.25/every=10s, optionally /from=20s and /until=90s (a share of the sessions periodically); "
+        "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
+        "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
+        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/nemesis.py.")),
+    drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to keep scraping --metrics after the load stops, waiting for the queues to drain."),
+    serve_metrics: Optional[int] = typer.Option(RunConfig.serve_metrics, "--serve-metrics", metavar="PORT", help="Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts by code, kills)."),
+    canary_timeout: float = typer.Option(RunConfig.canary_timeout, help="Deadline of the one short completion sent after the drain window."),
+    recover_cmd: Optional[str] = typer.Option(RunConfig.recover_cmd, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
+    reference: Optional[Path] = typer.Option(RunConfig.reference, "--reference", metavar="RUN", help=(
+        "A run folder (or an --out folder holding one run) whose answers this run must repeat: run the same "
+        "--seed and flags against a server without the suspect change (e.g. HiCache off), then again with it "
+        "and --reference. A greedy turn whose request RUN also sent and that gets a different answer is "
+        "reference_mismatch: wrong state the other checks cannot see (a cache or KV race). Needs --temperature 0 "
+        "and a deterministic server (the bundled engine is; SGLang: --enable-deterministic-inference).")),
+    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
+    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
+    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
+) -> None:
+    """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
+
+    With no --url, the bundled DSV4-mini engine is started on a free loopback port for the run."""
+    try:
+        config = RunConfig(
+            url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
+            scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens, context_length=context_length,
+            temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
+            raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
+            metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
+            canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics, reference=reference,
+        )
+        check_out_dir(out_dir)
+        ensure_open_files(concurrency)
+        if (engine_fault or engine_pd) and url is not None:
+            raise ConfigError("--engine-fault and --engine-pd are for the bundled engine; not with --url")
+        engine_arg = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]
+        if engine_pd and "--pd" not in engine_arg:
+            engine_arg.append("--pd")
+    except (ConfigError, HostLimitError) as e:
+        raise fail(str(e))
+    if sessions is None and duration is None and not quiet:
+        err.print(f"no --sessions or --duration: one whole session per slot (--sessions {config.sessions})",
+                  highlight=False)
+    from ..exporter import ExporterError
+    from ..reference_run import ReferenceAnswers, ReferenceRunError
+    from ..run import run_agents
+
+    answers = None
+    if reference is not None:  # read before anything starts: a bad folder fails at once
+        try:
+            answers = ReferenceAnswers.load(reference)
+        except ReferenceRunError as e:
+            raise fail(str(e))
+
+    bundled = None
+    if url is None:
+        bundled = _start_bundled_engine(engine_arg, quiet)
+        config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, *bundled.metrics_urls))
+    try:
+        try:
+            facts = server_facts(config.base_url, config.api_key)
+        except ServerError as e:
+            raise fail(str(e))
+        if bundled is not None:
+            facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
+        elif not config.metrics and facts.get("metrics_url"):
+            config = dataclasses.replace(config, metrics=(facts["metrics_url"],))
+            if not quiet and facts.get("role") == "router":
+                err.print(f"found {facts['metrics_url']}, a router's: its workers' queues are not in it, so the "
+                          "wedge is not checked; give --metrics for each prefill and decode server", highlight=False,
+                          soft_wrap=True)
+            elif not quiet:
+                err.print(f"found {facts['metrics_url']}: its queues are watched for a wedge after the load "
+                          "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False, soft_wrap=True)
+        try:
+            summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
+        except ExporterError as e:
+            raise fail(str(e))
+    finally:
+        if bundled is not None:
+            bundled.stop()
+    print_verdict(summary, run_dir)
+    raise typer.Exit(_exit_code(summary, config.fail_on))
+
+
+def _start_bundled_engine(engine_args: list[str], quiet: bool):
+    """No --url: start DSV4-mini on a free loopback port for this run."""
+    from ..engine.launcher import EngineStartError, start_engine
+
+    if not quiet:
+        err.print("no --url given: starting the bundled DSV4-mini engine on loopback ...", highlight=False)
+    try:
+        return start_engine(engine_args)
+    except EngineStartError as e:
+        raise fail(str(e))
+
+
+def _exit_code(summary: dict, fail_on: tuple[str, ...]) -> int:
+    v = summary.get("verdict")
+    t = summary.get("turns", {})
+    if fail_on and v == "INCOMPLETE":  # lost records: no --fail-on condition can be ruled out
+        return 1
+    if "corruption" in fail_on and (v == "CORRUPTION" or t.get("corrupt", 0) > 0):
+        return 1
+    if "errors" in fail_on and (v == "ERRORS" or t.get("error", 0) > 0):
+        return 1
+    if "wedge" in fail_on and v == "WEDGE":
+        return 1
+    return 0
+
+
+def _command_line(config: RunConfig) -> str:
+    """The reproduce line: this command with its secrets replaced by environment variables."""
+    return config.redactor.text(shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]))

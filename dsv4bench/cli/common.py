@@ -1,0 +1,54 @@
+"""What every command shares: the typer app, the two consoles, the one-line error, the verdict line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from .. import __version__
+
+app = typer.Typer(
+    name="dsv4bench",
+    help="Load-test and correctness audit for LLM servers under agentic load.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold magenta", "ERRORS": "bold yellow",
+                 "INCOMPLETE": "bold red"}
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """The one line a bad flag or an unusable input gets on stderr; raise what it returns."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"dsv4bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Drive multi-turn tool-calling agents at an OpenAI-compatible server, check every tool
+    call, record a history, and write an incident report."""
+
+
+def print_verdict(summary: dict, run_dir: Path) -> None:
+    """The run's verdict and turn counts in one line, with the report's path."""
+    v = summary.get("verdict", "?")
+    t = summary.get("turns", {})
+    unchecked = " (wedge not checked)" if summary.get("wedge_checked") is False and v in ("CLEAN", "ERRORS") else ""
+    line = (f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
+            f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "
+            f"killed {t.get('killed', 0)})  report: {Path(run_dir) / 'report.md'}")
+    out.print(line, highlight=False, soft_wrap=True)

@@ -1,0 +1,114 @@
+"""Every verdict code in one table: its family, its meaning, and the checker that finds it.
+
+The rest derive from `CODES`: `dsv4bench.checks` builds its registry from the `checker` column,
+the report takes each code's class and meaning from here, the history and summary count by the
+family views below, and a test holds README.md's "Verdict codes" list to this table. The code
+names are a stable contract: `turns.jsonl` and `summary.json` carry them.
+
+Families:
+- corruption: a complete response that is wrong (judged on ok turns);
+- availability: the request did not complete (judged on error and timeout turns);
+- wedge: a server after the load, judged per endpoint by wedge.py, not per turn: no checker;
+- oracle: the --raw oracle disagreed with the server's own parser; not a verdict about the server.
+
+A turn our own nemesis cancelled is `killed` (a turn status, not a code): never judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CORRUPTION, AVAILABILITY, WEDGE, ORACLE = "corruption", "availability", "wedge", "oracle"
+FAMILIES = (CORRUPTION, AVAILABILITY, WEDGE, ORACLE)
+
+
+@dataclass(frozen=True)
+class VerdictCode:
+    """One verdict code. `checker` names its checker in `dsv4bench.checks` as `module.function`
+    (resolved there, so this table imports no checker); None for a wedge code."""
+
+    code: str
+    family: str
+    meaning: str
+    checker: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.family in FAMILIES, f"{self.code}: unknown family {self.family!r}"
+        assert (self.checker is None) == (self.family == WEDGE), f"{self.code}: a checker unless a wedge code"
+        assert self.meaning.strip(), f"{self.code}: no meaning"
+
+
+def _turn(code: str, family: str, module: str, meaning: str) -> VerdictCode:
+    """A code judged per turn, by `check_<code>` in `dsv4bench/checks/<module>.py`."""
+    return VerdictCode(code, family, meaning, f"{module}.check_{code}")
+
+
+# In the order the report and summary.json list them.
+CODES: tuple[VerdictCode, ...] = (
+    _turn("dsml_leak_content", CORRUPTION, "dsml",
+          "Raw DSML tool-call markup leaked into `content` instead of being parsed into tool calls."),
+    _turn("dsml_leak_reasoning", CORRUPTION, "dsml", "Raw DSML tool-call markup leaked into the reasoning text."),
+    _turn("dsml_in_arguments", CORRUPTION, "dsml", "DSML markup appears inside a tool call's `arguments`."),
+    _turn("args_not_json", CORRUPTION, "arguments", "A tool call's `arguments` is not valid JSON."),
+    _turn("schema_violation", CORRUPTION, "arguments",
+          "A tool call's arguments are JSON but violate the tool's JSON Schema."),
+    _turn("unknown_tool", CORRUPTION, "arguments", "A tool call names a tool that the request did not offer."),
+    _turn("finish_reason_mismatch", CORRUPTION, "protocol",
+          "`finish_reason` disagrees with the content: `tool_calls` without calls, or calls with `stop`."),
+    _turn("empty_turn", CORRUPTION, "protocol", "The turn finished with no content, no reasoning and no tool calls."),
+    _turn("stream_protocol", CORRUPTION, "protocol",
+          "The response broke the streaming protocol (index gaps, missing id or name, deltas after "
+          "finish, no `[DONE]`, a body that is not JSON or not SSE) or passed one of the harness's "
+          "bounds on a turn (line, event, tool calls, arguments, text), where it stopped reading."),
+    _turn("truncated", CORRUPTION, "protocol",
+          "The response stopped early (length limit or cut-off) mid tool call or mid sentence."),
+    _turn("degenerate_repetition", CORRUPTION, "text", "The output falls into a repetition loop."),
+    _turn("garbled_text", CORRUPTION, "text",
+          "The text is garbled: control characters, invalid UTF-8, lone surrogates, undecoded tokens, "
+          "mojibake or mixed-up scripts."),
+    # Judged only with --reference (dsv4bench/reference_run.py).
+    _turn("reference_mismatch", CORRUPTION, "reference",
+          "The reference run (--reference) got a different answer to this same greedy request: "
+          "the server computed it from wrong state (a cache or KV race), or is not deterministic."),
+    _turn("http_error", AVAILABILITY, "availability", "The server answered with an HTTP error status."),
+    _turn("timeout_ttft", AVAILABILITY, "availability",
+          "No first token arrived within the time-to-first-token limit."),
+    _turn("timeout_total", AVAILABILITY, "availability", "The response did not finish within the total time limit."),
+    _turn("connection_error", AVAILABILITY, "availability",
+          "The connection failed or was dropped before a complete response."),
+    VerdictCode("queue_stuck", WEDGE, "Queue gauges stayed above zero after the drain window with no traffic."),
+    VerdictCode("canary_timeout", WEDGE, "A small canary request after the drain did not complete in time."),
+    VerdictCode("health_lies", WEDGE, "`/health` answered 200 while the server could not generate."),
+    VerdictCode("ghost_requests", WEDGE, "The server still counts running requests that no client is waiting for."),
+    _turn("parser_disagreement", ORACLE, "oracle",
+          "DeepSeek's reference parser read the raw completion differently from the server's parser."),
+)
+BY_CODE: dict[str, VerdictCode] = {c.code: c for c in CODES}
+assert len(BY_CODE) == len(CODES), "each code once"
+CODE_MEANINGS: dict[str, str] = {c.code: c.meaning for c in CODES}
+
+
+def codes_of(family: str) -> tuple[str, ...]:
+    """The codes of one family, in table order."""
+    return tuple(c.code for c in CODES if c.family == family)
+
+
+CORRUPTION_CODES = codes_of(CORRUPTION)
+AVAILABILITY_CODES = codes_of(AVAILABILITY)
+WEDGE_CODES = codes_of(WEDGE)
+(ORACLE_CODE,) = codes_of(ORACLE)
+REFERENCE_CODE = "reference_mismatch"
+assert REFERENCE_CODE in CORRUPTION_CODES
+# The codes a turn can carry (summary.json `counts` has each of them, zero or not).
+TURN_CODES = tuple(c.code for c in CODES if c.family != WEDGE)
+
+
+def code_class(code: str) -> str:
+    """Which family a code belongs to: corruption, availability, wedge, oracle or unknown."""
+    known = BY_CODE.get(code)
+    return known.family if known else "unknown"
+
+
+def meaning(code: str) -> str:
+    """The one-sentence meaning of a code; a placeholder for codes this version does not know."""
+    return CODE_MEANINGS.get(code, "A code this version of dsv4bench does not know.")

@@ -1,0 +1,163 @@
+"""What a run watches of the servers, apart from the agents' own turns: Prometheus samples and
+/health polls during the load, the drain window after it, and the final checks (each server
+by its role: /health, /health_generate, a canary). run.py hands what it saw to the wedge
+detector; nothing here judges.
+
+Also the --raw oracle's second request of a turn: the same conversation as a raw completion.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+
+from .canary import canary, health
+from .config import RunConfig
+from .dialect import is_queue_gauge
+from .history import HistoryWriter
+from .monitor import monitor, scrape_once
+from .preflight import root_of
+from .roles import WORKERS, Role, discover_role
+
+
+class ServerWatch:
+    """The run's view of its servers: every metrics sample, /health answer and canary, and
+    when the load stopped (the drain window's start). Written to the history as it comes."""
+
+    def __init__(self, config: RunConfig, model: str, history: HistoryWriter) -> None:
+        self.config = config
+        self.model = model
+        self.history = history
+        self.samples: list[dict[str, Any]] = []  # every metrics sample of the run, for the wedge check
+        self._latest: dict[str, dict[str, Any]] = {}  # endpoint -> its latest sample
+        self.load_stopped_ns: int | None = None  # monotonic ns when the load stopped (drain start)
+        self.health: list[dict[str, Any]] = []  # /health during the run and after the drain window
+        self.canaries: list[dict[str, Any]] = []
+        self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
+
+    def start(self, tg: anyio.abc.TaskGroup, client: httpx.AsyncClient) -> None:
+        """With --metrics: scrape every endpoint and poll every server's /health, in `tg`,
+        until it is cancelled."""
+        c = self.config
+        if c.metrics:
+            tg.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None, c.api_key)
+            tg.start_soon(self._poll_health, client)
+
+    async def drain(self) -> None:
+        """The load has stopped: with --metrics, keep the monitors scraping up to drain_timeout,
+        or until every queue is empty."""
+        self.load_stopped_ns = time.monotonic_ns()
+        if not self.config.metrics:
+            self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=0)
+            return
+        self.history.event("load_stopped", t_ns=self.load_stopped_ns, drain_timeout_s=self.config.drain_timeout)
+        deadline = anyio.current_time() + self.config.drain_timeout
+        reason = "timeout"
+        while (left := deadline - anyio.current_time()) > 0:
+            await anyio.sleep(min(left, self.config.metrics_interval / 2))
+            if self._queues_empty():
+                reason = "queues_empty"
+                break
+        drain_s = (time.monotonic_ns() - self.load_stopped_ns) / 1e9
+        self.history.event("drain_end", reason=reason, drain_s=round(drain_s, 3))
+
+    async def final_checks(self, client: httpx.AsyncClient) -> None:
+        """After the drain window, each server by its role (DESIGN §7): /health of every server,
+        /health_generate of a prefill or decode server (they take no chat), and one canary
+        against the target unless it is one of those. A canary that hangs while /health says
+        200 is the incident's `health_lies`; one answered with an error is an error of the
+        check, recorded as such (canary.py), never a hang. Then one last sample of every
+        endpoint."""
+        roles: dict[str, Role] = {}
+
+        async def ask(root: str) -> None:
+            roles[root] = await self._role(client, root)
+
+        async with anyio.create_task_group() as tg:  # a server that does not answer costs one timeout
+            for root in self._server_roots():
+                tg.start_soon(ask, root)
+        for root in self._server_roots():
+            role = roles[root]
+            paths = ("/health", "/health_generate") if role.name in WORKERS else ("/health",)
+            for path in paths:
+                h = await health(client, root, path)
+                self.health.append(h)
+                self.history.event("health", **h, role=role.name)
+        await self._canary(client, roles.get(root_of(self.config.base_url)) or Role())
+        for ep in self.config.metrics:
+            self._write_sample(await scrape_once(client, ep, timeout=5.0))
+
+    async def _canary(self, client: httpx.AsyncClient, target: Role) -> None:
+        if target.name in WORKERS:
+            self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
+                               reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
+            return
+        c = await canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
+        self.canaries.append(c)
+        self.history.event("canary", **c, role=target.name)
+
+    def _write_sample(self, sample: dict[str, Any]) -> None:
+        self.history.metrics.write(sample)
+        self.samples.append(sample)
+        self._latest[sample["endpoint"]] = sample
+
+    def _queues_empty(self) -> bool:
+        """Every endpoint's latest sample (taken after the load stopped) has all queue gauges at 0."""
+        for ep in self.config.metrics:
+            s = self._latest.get(ep)
+            if s is None or not s.get("ok") or s["t_ns"] < (self.load_stopped_ns or 0):
+                return False
+            if any(v != 0 for k, v in s.get("values", {}).items() if is_queue_gauge(k)):
+                return False
+        return True
+
+    def _server_roots(self) -> list[str]:
+        """The root of every server the run touches: the target's and each /metrics endpoint's."""
+        return sorted({root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics})
+
+    async def _role(self, client: httpx.AsyncClient, root: str) -> Role:
+        """The server's role, asked once and kept; its latest scrape fills in where it states none."""
+        role = self._roles.get(root)
+        if role is None or not role.known:
+            scraped = next((s.get("values") for m, s in self._latest.items()
+                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.get("ok")), None)
+            role = await discover_role(client, root, timeout=5.0, metrics=scraped)
+            self._roles[root] = role
+        return role
+
+    async def _poll_health(self, client: httpx.AsyncClient) -> None:
+        """/health of every server on the metrics interval, as events: a slow or dead endpoint
+        is a sample with status None, never an error of the run."""
+        while True:
+            for root in self._server_roots():
+                h = await health(client, root, timeout=max(1.0, self.config.metrics_interval))
+                self.health.append(h)
+                self.history.event("health", **h)
+            await anyio.sleep(self.config.metrics_interval)
+
+
+async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
+                         timeout: float) -> str | None:
+    """The --raw oracle: the conversation of chat request `body` as a raw prompt to /v1/completions,
+    or None where the server gives no usable answer (the chat turn is still judged)."""
+    from .checks.oracle import render_prompt
+
+    try:
+        prompt = render_prompt(body)
+        resp = await client.post(
+            f"{base_url}/completions",
+            # Special tokens must survive: the oracle parses </think> and the DSML markers itself.
+            json={"model": body["model"], "prompt": prompt, "max_tokens": body.get("max_tokens"),
+                  "temperature": 0.0, "stream": False, "skip_special_tokens": False},
+            headers=headers,
+            timeout=timeout,
+        )
+        if resp.status_code >= 400:
+            return None
+        return str(resp.json()["choices"][0]["text"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
