@@ -92,3 +92,5 @@ class ProgressView:
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(None, None, None)
+            if not self.console.is_terminal:  # a log file: end the last frame's line
+                self.console.line()
