@@ -26,6 +26,7 @@ from .call_gate import CallGate
 from .coding import CodingFamily
 from .data import DataFamily
 from .ops import OpsFamily
+from .transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message, transcript_chars
 
 __all__ = [
     "FAMILIES",
@@ -124,30 +125,15 @@ def session_messages(session: ExpertSession, upto: int | None = None) -> list[di
 
     `upto` keeps only the first `upto` assistant turns, with their results.
     """
-    msgs: list[dict[str, Any]] = [
-        {"role": "system", "content": session.family.system_prompt},
-        {"role": "user", "content": session.task.prompt},
-    ]
+    msgs = opening_messages(session.family.system_prompt, session.task.prompt)
     for n, (step, turn) in enumerate(zip(session.steps, session.results)):
         if upto is not None and n >= upto:
             break
         if step.is_final:
-            msgs.append({"role": "assistant", "content": step.final or ""})
+            msgs.append(assistant_message(step.final or ""))
             continue
-        ids = [f"call_{n}_{i}" for i in range(len(step.calls))]
-        msgs.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": cid, "type": "function",
-             "function": {"name": a.name, "arguments": json.dumps(a.arguments, ensure_ascii=False)}}
-            for cid, a in zip(ids, step.calls)]})
-        msgs += [{"role": "tool", "tool_call_id": cid, "content": o.result} for cid, o in zip(ids, turn)]
+        calls = [CallText(default_call_id(n, i), a.name, json.dumps(a.arguments, ensure_ascii=False))
+                 for i, a in enumerate(step.calls)]
+        msgs.append(assistant_message("", calls))
+        msgs += [tool_message(c.id, o.result) for c, o in zip(calls, turn)]
     return msgs
-
-
-def transcript_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of text a model reads in a transcript: contents plus call names and arguments."""
-    total = 0
-    for m in messages:
-        total += len(m.get("content") or "")
-        for tc in m.get("tool_calls") or []:
-            total += len(tc["function"]["name"]) + len(tc["function"]["arguments"])
-    return total

@@ -13,7 +13,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from ..checks.arguments import json_path
+from dsv4bench.checks.arguments import json_path
 from .base import ToolError, World, format_tool_error
 
 

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
-from .coding_project import BY_NAME, Project, build_project, simulate_test
+from .coding_world import BY_NAME, Project, build_project, simulate_test
 from .toolkit import ToolWorld, call, first_match, follow_plan, numbered, obj, successes
 
 MAX_READ_LINES = 200

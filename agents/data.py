@@ -8,7 +8,7 @@ from math import fsum
 from typing import Any
 
 from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
-from .data_tables import (MONTHS, REGIONS, SEGMENTS, TEXT, Table, aggregate, build_tables, describe_conditions,
+from .data_world import (MONTHS, REGIONS, SEGMENTS, TEXT, Table, aggregate, build_tables, describe_conditions,
                           fmt, select)
 from .toolkit import ToolWorld, call, first_match, follow_plan, obj, successes
 from .toolkit import table as md_table

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import httpx
 
-from .records import AssembledResponse, Timings, TurnStatus
+from .records import AssembledResponse, ErrorKind, Timings, TurnStatus
 from .sse import (
     DEFAULT_BOUNDS,
     BoundExceeded,
@@ -43,7 +43,7 @@ class TurnOutcome:
     response: AssembledResponse | None = None
     http_status: int | None = None
     error: str | None = None
-    error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
+    error_kind: ErrorKind | None = None
     raw_lines: list[str] = field(default_factory=list)
 
 
@@ -99,7 +99,7 @@ async def chat_turn(
                 if resp.status_code >= 400:
                     raw, _ = await _read_body(resp, bounds.error_body_bytes)
                     text = raw.decode("utf-8", "replace")
-                    out.status, out.error_kind = TurnStatus.ERROR, "http_error"
+                    out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.HTTP_ERROR
                     out.error = f"HTTP {resp.status_code}: {_error_message(text)}{_retry_after(resp)}"
                     out.raw_lines = [text[:4000]]
                 elif stream and not _is_event_stream(resp):
@@ -119,14 +119,14 @@ async def chat_turn(
                     out.response = _read_completion(raw, over, bounds)
                     out.raw_lines = [clip_raw(raw.decode("utf-8", "replace"), bounds)]
         except httpx.RequestError as e:  # transport failures, and bodies that do not decode (gzip)
-            out.status, out.error_kind = TurnStatus.ERROR, "connection_error"
+            out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.CONNECTION_ERROR
             out.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     if scope.cancelled_caught:
         out.status = TurnStatus.TIMEOUT
         if t.first_token_ns is None:
-            out.error_kind, out.error = "timeout_ttft", f"no first token within {deadlines.ttft_s:g} s"
+            out.error_kind, out.error = ErrorKind.TIMEOUT_TTFT, f"no first token within {deadlines.ttft_s:g} s"
         else:
-            out.error_kind, out.error = "timeout_total", f"not finished within {deadlines.total_s:g} s"
+            out.error_kind, out.error = ErrorKind.TIMEOUT_TOTAL, f"not finished within {deadlines.total_s:g} s"
         out.response = None
     if out.error is not None:
         out.error = replace_surrogates(out.error)[0]

@@ -66,7 +66,7 @@ class ServerWatch:
         self.history.event("drain_end", reason=reason, drain_s=round(drain_s, 3))
 
     async def final_checks(self, client: httpx.AsyncClient) -> None:
-        """After the drain window, each server by its role (DESIGN §7): /health of every server,
+        """After the drain window, each server judged by its role: /health of every server,
         /health_generate of a prefill or decode server (they take no chat), and one canary
         against the target unless it is one of those. A canary that hangs while /health says
         200 is the incident's `health_lies`; one answered with an error is an error of the

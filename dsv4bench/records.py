@@ -30,6 +30,31 @@ class TurnStatus(str, enum.Enum):
     TIMEOUT = "timeout"  # TTFT or total timeout
 
 
+class ErrorKind(str, enum.Enum):
+    """The client's own label for a turn that failed; its value is what `turns.jsonl` holds."""
+
+    HTTP_ERROR = "http_error"
+    CONNECTION_ERROR = "connection_error"
+    TIMEOUT_TTFT = "timeout_ttft"
+    TIMEOUT_TOTAL = "timeout_total"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def read(cls, value: str | None) -> ErrorKind | str | None:
+        """A label read from a history: its member, or a string no member has, kept as it is."""
+        try:
+            return None if value is None else cls(value)
+        except ValueError:
+            return value
+
+
+def error_kind_text(kind: ErrorKind | str | None) -> str | None:
+    """The label as a history writes it: a member's value, an unknown string as it is."""
+    return kind.value if isinstance(kind, ErrorKind) else kind
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One finding about one turn. `where` points into the response, e.g. `tool_calls[0].arguments`."""
@@ -175,7 +200,7 @@ class TurnContext:
     status: TurnStatus = TurnStatus.OK
     http_status: int | None = None
     error: str | None = None
-    error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
+    error_kind: ErrorKind | str | None = None  # a str: read from a history that has no such member
     stream: bool = True
     max_tokens: int | None = None
     thinking: bool | None = None  # the request's thinking flag; None when not known (audit)
@@ -197,7 +222,7 @@ class TurnRecord:
     timings: Timings
     http_status: int | None = None
     error: str | None = None
-    error_kind: str | None = None  # http_error | timeout_ttft | timeout_total | connection_error
+    error_kind: ErrorKind | str | None = None  # a str: read from a history that has no such member
     request: dict[str, Any] = field(default_factory=dict)  # summary, not the full body
     response: AssembledResponse | None = None
     verdicts: list[Verdict] = field(default_factory=list)
@@ -222,7 +247,7 @@ class TurnRecord:
             "status": self.status.value,
             "http_status": self.http_status,
             "error": self.error,
-            "error_kind": self.error_kind,
+            "error_kind": error_kind_text(self.error_kind),
             "response_id": self.response_id,
             "timings": self.timings.to_json(),
             "request": self.request,
@@ -244,7 +269,7 @@ class TurnRecord:
             timings=Timings.from_json(d.get("timings") or {}),
             http_status=d.get("http_status"),
             error=d.get("error"),
-            error_kind=d.get("error_kind"),
+            error_kind=ErrorKind.read(d.get("error_kind")),
             request=d.get("request") or {},
             response=AssembledResponse.from_json(d["response"]) if d.get("response") else None,
             verdicts=[Verdict.from_json(v) for v in d.get("verdicts") or []],

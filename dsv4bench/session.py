@@ -14,6 +14,7 @@ from typing import Any
 
 from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .agents.call_gate import CallGate
+from .agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
 from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 from .reference_run import request_key
 
@@ -104,10 +105,7 @@ class AgentSession:
         self.tools = family.openai_tools()
         self.schemas = family.tool_schemas()
         self.gate = CallGate(self.schemas)
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": family.system_prompt},
-            {"role": "user", "content": self.task.prompt},
-        ]
+        self.messages: list[dict[str, Any]] = opening_messages(family.system_prompt, self.task.prompt)
         self.turn = 0
         self.tool_calls_run = 0
         self.state = SessionState.READY
@@ -145,11 +143,14 @@ class AgentSession:
         corrupt = [v for v in verdicts if v.code in CORRUPTION_CODES]
         if corrupt and self.config.on_corrupt == "stop":
             return self._end(EndReason.CORRUPT)
-        self._append_assistant(response)
+        calls = [CallText(c.id or default_call_id(self.turn, c.index), c.name or "", c.arguments)
+                 for c in response.tool_calls]
+        self.messages.append(assistant_message(response.content, calls, reasoning=response.reasoning,
+                                               with_reasoning=self.config.thinking))
         self._note_usage(response)
-        if response.tool_calls:
-            for call in response.tool_calls:
-                self._run_tool_call(call.id or f"call_{self.turn}_{call.index}", call.name or "", call.arguments)
+        if calls:
+            for call in calls:
+                self._run_tool_call(call.id, call.name, call.arguments)
         elif unusable := [v for v in corrupt if v.code != REFERENCE_CODE]:
             # The reply was unusable (leaked markup, empty, truncated...): say so and go on. A
             # reply that only differs from the reference run's is well formed: the agent uses it.
@@ -185,26 +186,11 @@ class AgentSession:
         """End the session from outside (the run's time is up, the nemesis killed it)."""
         self._end(reason)
 
-    def _append_assistant(self, response: AssembledResponse) -> None:
-        msg: dict[str, Any] = {"role": "assistant", "content": response.content}
-        if self.config.thinking:
-            msg["reasoning_content"] = response.reasoning
-        if response.tool_calls:
-            msg["tool_calls"] = [
-                {
-                    "id": c.id or f"call_{self.turn}_{c.index}",
-                    "type": "function",
-                    "function": {"name": c.name or "", "arguments": c.arguments},
-                }
-                for c in response.tool_calls
-            ]
-        self.messages.append(msg)
-
     def _run_tool_call(self, call_id: str, name: str, raw_args: str) -> None:
         """Execute one call against the world; bad calls get an error result, as agents do."""
         args, refusal = self.gate.check(name, raw_args)
         result = refusal if args is None else self._execute(name, args)
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        self.messages.append(tool_message(call_id, result))
 
     def _execute(self, name: str, args: dict[str, Any]) -> str:
         try:

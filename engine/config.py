@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .faults import FAULTS, parse_faults
+from .faults import FAULTS, Fault, parse_faults
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,9 @@ class EngineConfig:
     hicache_host_pages: int = 0
     hicache_load_gbps: float = 0.25
     pd: bool = False  # prefill/decode disaggregation (engine/pd/; ports and link in pd.serve.PDConfig)
-    faults: frozenset[str] = frozenset()  # planted bug mechanisms (faults.py); empty = the clean engine
+    # Planted bug mechanisms (faults.py); empty = the clean engine. Names (as the CLI passes
+    # them) or Fault members; __post_init__ makes them Faults.
+    faults: frozenset[Fault] = frozenset()
 
     def __post_init__(self) -> None:
         # User-facing settings: ValueError (not assert) so `engine serve` can say what is wrong.
@@ -84,19 +86,15 @@ class EngineConfig:
             raise ValueError("index-K dtype must be fp8 or bf16")
         if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError("device must be cpu or cuda")
-        parse_faults(self.faults)
+        object.__setattr__(self, "faults", parse_faults(self.faults))  # frozen: set once, here
         if self.hicache and not self.enable_prefix_cache:
             raise ValueError("HiCache needs the prefix cache")
         if self.hicache_host_pages < 0 or not self.hicache_load_gbps > 0:
             raise ValueError("HiCache host pages must be >= 0 and the load bandwidth > 0")
-        for name in sorted(self.faults):
-            if FAULTS[name].needs == "hicache" and not self.hicache:
-                raise ValueError(f"fault {name} needs HiCache (--hicache)")
-            if FAULTS[name].needs == "pd" and not self.pd:
-                raise ValueError(f"fault {name} needs PD mode (--pd)")
+        for fault in sorted(self.faults):
+            if FAULTS[fault].needs == "hicache" and not self.hicache:
+                raise ValueError(f"fault {fault} needs HiCache (--hicache)")
+            if FAULTS[fault].needs == "pd" and not self.pd:
+                raise ValueError(f"fault {fault} needs PD mode (--pd)")
         if self.pd and self.hicache:
             raise ValueError("HiCache is not available in PD mode")
-
-    def fault(self, name: str) -> bool:
-        """Whether the planted fault `name` is switched on."""
-        return name in self.faults

@@ -235,7 +235,7 @@ class EngineLoop:
 
 
 class AsyncEngine:
-    """The server's view of the engine (see engine/server.py)."""
+    """The server's view of the engine: a `ServingEngine` (engine/serving_engine.py)."""
 
     def __init__(self, cfg: EngineConfig, loop: EngineLoop, eos_token_id: int) -> None:
         self.cfg = cfg

@@ -38,6 +38,7 @@ import time
 import torch
 
 from .config import EngineConfig
+from .faults import Fault
 from .model.kv_pools import KVPools
 
 log = logging.getLogger("dsv4bench.engine")
@@ -85,7 +86,7 @@ class HostTier:
         self.pools = pools
         self.num_slots = cfg.hicache_host_pages or 2 * cfg.num_pages
         self.bytes_per_s = cfg.hicache_load_gbps * 1e9
-        self.index_k_gated = not cfg.fault("hicache-index-race")
+        self.index_k_gated = Fault.HICACHE_INDEX_RACE not in cfg.faults
         pin = pools.kv[0].device.type == "cuda"
         # Per layer, (device pool, host buffer) pairs viewed as bytes: one copy path for
         # float32, bf16 and fp8 (whose CPU index_copy_ is missing).

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -32,6 +32,7 @@ from .frontend import PreparedRequest
 from .outputs import TokenEventLike
 from .metrics import ServerMetrics
 from .request import FinishReason
+from .serving_engine import ServingEngine
 
 log = logging.getLogger("dsv4bench.engine.server")
 T = TypeVar("T")
@@ -40,7 +41,7 @@ T = TypeVar("T")
 class Runs:
     """Starts runs on one engine and keeps the unclosed ones by rid."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, ghost_decode: bool = False) -> None:
+    def __init__(self, engine: ServingEngine, metrics: ServerMetrics, ghost_decode: bool = False) -> None:
         self.engine, self.metrics, self.ghost_decode = engine, metrics, ghost_decode
         self.active: dict[str, Run] = {}
 

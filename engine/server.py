@@ -1,8 +1,9 @@
 """The HTTP server: OpenAI and SGLang endpoints over an engine, as a Starlette app.
 
-`build_app(engine, frontend, cfg)` needs only the engine interface (`generate`, `abort`,
-`stats`, `flush_cache`, `alive`, `max_context`, `eos_token_id`; an EngineConfig as `config` or
-`cfg`, if present, feeds /get_server_info, `sglang:num_used_tokens` and the planted faults).
+`build_app(engine, frontend, cfg)` needs only the engine interface, `ServingEngine`
+(engine/serving_engine.py: `generate`, `abort`, `stats`, `flush_cache`, `alive`, `max_context`,
+`eos_token_id`, and its EngineConfig as `cfg`, which feeds /get_server_info,
+`sglang:num_used_tokens` and the planted faults).
 The response `id` (`chatcmpl-...` / `cmpl-...`) is the engine rid, so `/abort_request` can
 target it.
 
@@ -55,12 +56,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
+from .faults import Fault
 from .frontend import Frontend, PreparedRequest
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .outputs import TokenEventLike
 from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams
 from .request_limits import RequestError, parse_json, read_body
 from .runs import Run, Runs, SSEResponse, unless_disconnected
+from .serving_engine import ServingEngine
 from .stream_parse_fault import EagerParseChatOutput
 
 log = logging.getLogger("dsv4bench.engine.server")
@@ -163,15 +166,14 @@ def request_error(exc: BaseException) -> RequestError | None:
 class _Server:
     """The handlers, bound to one engine, front end and config."""
 
-    def __init__(self, engine: Any, frontend: Frontend, cfg: ServerConfig) -> None:
+    def __init__(self, engine: ServingEngine, frontend: Frontend, cfg: ServerConfig) -> None:
         self.engine, self.frontend, self.cfg = engine, frontend, cfg
-        self.engine_cfg = getattr(engine, "config", None) or getattr(engine, "cfg", None)  # an EngineConfig
-        self.metrics = ServerMetrics(engine.stats, cfg.model_name, cfg.engine_type,
-                                     getattr(self.engine_cfg, "page_size", None))
-        faults = getattr(self.engine_cfg, "faults", frozenset())
-        self.runs = Runs(engine, self.metrics, ghost_decode="ghost-decode" in faults)
-        self.health_lies = "health-lies" in faults
-        self.parser_split = "parser-split" in faults
+        self.engine_cfg = engine.cfg
+        self.metrics = ServerMetrics(engine.stats, cfg.model_name, cfg.engine_type, self.engine_cfg.page_size)
+        faults = self.engine_cfg.faults
+        self.runs = Runs(engine, self.metrics, ghost_decode=Fault.GHOST_DECODE in faults)
+        self.health_lies = Fault.HEALTH_LIES in faults
+        self.parser_split = Fault.PARSER_SPLIT in faults
         self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
 
     async def read_json(self, request: Request) -> Any:
@@ -270,11 +272,9 @@ class _Server:
                 await gen.aclose()  # aborts a probe still queued
 
     async def server_info(self, request: Request) -> Response:
-        engine_cfg = self.engine_cfg
-        facts = dataclasses.asdict(engine_cfg) if dataclasses.is_dataclass(engine_cfg) else {}
-        if "faults" in facts:
-            facts["faults"] = sorted(facts["faults"])
-        model = facts.pop("model", {})
+        facts = dataclasses.asdict(self.engine_cfg)
+        facts["faults"] = sorted(fault.value for fault in self.engine_cfg.faults)
+        model = facts.pop("model")
         info = {**facts, "model_path": self.cfg.model_name, "served_model_name": self.cfg.model_name,
                 "context_length": self.engine.max_context, "vocab_size": self.frontend.tokenizer.vocab_size,
                 "engine_type": self.cfg.engine_type, "version": VERSION, "model_config": model}
@@ -335,7 +335,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
-def build_app(engine: Any, frontend: Frontend, server_cfg: ServerConfig) -> Starlette:
+def build_app(engine: ServingEngine, frontend: Frontend, server_cfg: ServerConfig) -> Starlette:
     """The Starlette app serving `engine` through `frontend`."""
     s = _Server(engine, frontend, server_cfg)
     routes = [

@@ -25,23 +25,20 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4bench.engine.config import EngineConfig, ModelConfig  # noqa: E402
-from dsv4bench.engine.launcher import free_ports  # noqa: E402
-from dsv4bench.engine.pd import PDConfig, PDEngine, build_pd_engine  # noqa: E402
-from dsv4bench.engine.pd.serve import listen, serve_together  # noqa: E402
-from dsv4bench.engine.server import ServerConfig  # noqa: E402
-from dsv4bench.monitor import parse_metrics  # noqa: E402
-from dsv4bench.wedge import is_queue_gauge  # noqa: E402
+from dsv4bench.engine.config import EngineConfig, ModelConfig
+from dsv4bench.engine.launcher import free_ports
+from dsv4bench.engine.pd import PDConfig, PDEngine, build_pd_engine
+from dsv4bench.engine.pd.serve import listen, serve_together
+from dsv4bench.engine.server import ServerConfig
+from dsv4bench.monitor import parse_metrics
+from dsv4bench.wedge import is_queue_gauge
 
 STAGES = ("bootstrap", "prefill", "inflight", "prealloc", "transfer", "running")
 SYSTEM = "You are a coding agent. Use the tools to read, change and test the repository. " * 4

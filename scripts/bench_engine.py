@@ -18,22 +18,19 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4bench.engine.config import EngineConfig  # noqa: E402
-from dsv4bench.engine.engine_loop import AsyncEngine, EngineLoop  # noqa: E402
-from dsv4bench.engine.memory import PageAllocator  # noqa: E402
-from dsv4bench.engine.model.model import DSV4Mini  # noqa: E402
-from dsv4bench.engine.model_runner import ModelRunner  # noqa: E402
-from dsv4bench.engine.radix_cache import RadixCache  # noqa: E402
-from dsv4bench.engine.request import SamplingParams  # noqa: E402
-from dsv4bench.engine.scheduler import Scheduler  # noqa: E402
+from dsv4bench.engine.config import EngineConfig
+from dsv4bench.engine.engine_loop import AsyncEngine, EngineLoop
+from dsv4bench.engine.memory import PageAllocator
+from dsv4bench.engine.model.model import DSV4Mini
+from dsv4bench.engine.model_runner import ModelRunner
+from dsv4bench.engine.radix_cache import RadixCache
+from dsv4bench.engine.request import SamplingParams
+from dsv4bench.engine.scheduler import Scheduler
 
 
 class TimedRunner:

@@ -14,6 +14,7 @@ Two views, each the median of --repeats runs:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -22,13 +23,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dsv4bench.engine.launcher import free_port
 
-from dsv4bench.engine.launcher import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_fixture(name: str) -> ModuleType:
+    """tests/fixtures/NAME.py, loaded by its path (tests/ is not an installed package)."""
+    path = ROOT / "tests" / "fixtures" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dsv4bench_fixture_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def child_cpu(cmd: list[str]) -> tuple[float, float]:
@@ -44,8 +56,7 @@ def child_cpu(cmd: list[str]) -> tuple[float, float]:
 def end_to_end(args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
     server = subprocess.Popen([sys.executable, "tests/fixtures/replay_server.py", "--port", str(port), "--fault-rate", "0"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(300):
@@ -82,7 +93,7 @@ def in_process(repeats: int) -> dict[str, float]:
     from dsv4bench.checks import run_checks
     from dsv4bench.records import TurnContext
     from dsv4bench.sse import DeltaAssembler
-    from tests.fixtures.replay_server import plan_chunks
+    plan_chunks = load_fixture("replay_server").plan_chunks
 
     # Realistic streams: every step of expert sessions across the families, as the replay server sends them.
     streams, contexts = [], []

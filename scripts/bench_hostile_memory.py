@@ -23,10 +23,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dsv4bench.engine.launcher import free_port
 
-from dsv4bench.engine.launcher import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_MODES = "normal,line_5mb,calls_10k,args_1mb"
 

@@ -15,56 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import anyio
-import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dsv4bench.agents import FAMILIES  # noqa: E402
-from dsv4bench.client import Deadlines, TurnOutcome  # noqa: E402
-from dsv4bench.driver import play_session  # noqa: E402
-from dsv4bench.engine.train_data import TRAIN_SEED_BASE  # noqa: E402
-from dsv4bench.preflight import server_facts  # noqa: E402
-from dsv4bench.records import TurnStatus, Verdict  # noqa: E402
-from dsv4bench.session import AgentSession, EndReason, SessionConfig  # noqa: E402
-
-BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments"}
-
-
-async def eval_family(url: str, family: str, seeds: range, max_turns: int, context: int | None) -> dict:
-    fam = FAMILIES[family]
-    c: Counter[str] = Counter()
-    codes: Counter[str] = Counter()
-    bad_turns: list[dict] = []
-    async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
-        for seed in seeds:
-            config = SessionConfig(model="dsv4-mini", max_turns=max_turns, context_tokens=context)
-            sess = AgentSession(f"eval-{family}-{seed}", fam, seed, config)
-
-            def tally(out: TurnOutcome, verdicts: list[Verdict]) -> None:
-                got = {v.code for v in verdicts}
-                codes.update(got)
-                if got:
-                    bad_turns.append({"seed": seed, "turn": sess.turn,
-                                      "verdicts": [v.to_json() for v in verdicts],
-                                      "tool_calls": [tc.to_json() for tc in (out.response.tool_calls if out.response else [])]})
-                c["turns"] += 1
-                c["turns_errored"] += out.status is not TurnStatus.OK
-                c["dsml_clean"] += not any(code.startswith("dsml_") for code in got)
-                if out.response and out.response.tool_calls:
-                    c["call_turns"] += 1
-                    c["call_turns_valid"] += not (got & BAD_CALL or any(x.startswith("dsml_") for x in got))
-
-            await play_session(client, url, sess, Deadlines(120, 300), tally)
-            c["sessions"] += 1
-            c["final"] += sess.end_reason is EndReason.FINAL
-            c["solved"] += bool(fam.solved(sess.task, sess.world))
-    return {"family": family, **c, "codes": dict(codes), "bad_turns": bad_turns}
+from dsv4bench.agents import FAMILIES
+from dsv4bench.engine.training.config import TRAIN_SEED_BASE
+from dsv4bench.engine.training.evaluation import eval_family
+from dsv4bench.preflight import server_facts
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""On-policy training data for DSV4-mini (engine/train_onpolicy.py): the model plays sessions
+"""On-policy training data for DSV4-mini (engine/training/onpolicy.py): the model plays sessions
 on training seeds through the real server, then the expert takes over from the states the
 model reached, and the relabelled sessions are encoded as a training corpus.
 
@@ -26,13 +26,12 @@ from pathlib import Path
 import anyio
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4bench.agents import FAMILIES  # noqa: E402
-from dsv4bench.client import Deadlines  # noqa: E402
-from dsv4bench.driver import play_session  # noqa: E402
-from dsv4bench.engine.train_onpolicy import Rollout, relabel, score  # noqa: E402
-from dsv4bench.session import AgentSession, SessionConfig  # noqa: E402
+from dsv4bench.agents import FAMILIES
+from dsv4bench.client import Deadlines
+from dsv4bench.driver import play_session
+from dsv4bench.engine.training.onpolicy import Rollout, relabel, score
+from dsv4bench.session import AgentSession, SessionConfig
 
 # Seeds no other corpus uses: expert corpora start at 100000 and run a few thousand seeds.
 ONPOLICY_SEED_BASE = 500_000
@@ -88,7 +87,7 @@ def read_rollouts(path: Path) -> list[Rollout]:
 def build(rollouts: list[Rollout], out: Path, mix: Path | None, mix_sessions: int, seed: int) -> None:
     from dsv4bench.engine.frontend import Frontend, RequestError
     from dsv4bench.engine.tokenizer import load_tokenizer
-    from dsv4bench.engine.train_data import encode_messages, read_corpus, write_corpus
+    from dsv4bench.engine.training.corpus import encode_messages, read_corpus, write_corpus
 
     frontend = Frontend(load_tokenizer())
     rng = random.Random(seed)

@@ -15,19 +15,17 @@ there (teacher-forced, CPU).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4bench.agents import FAMILIES  # noqa: E402
-from dsv4bench.engine.config import ModelConfig  # noqa: E402
-from dsv4bench.engine.frontend import Frontend  # noqa: E402
-from dsv4bench.engine.tokenizer import DSV4Tokenizer, load_tokenizer  # noqa: E402
-from dsv4bench.engine.train_data import encode_session  # noqa: E402
-from dsv4bench.engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights  # noqa: E402
+from dsv4bench.agents import FAMILIES
+from dsv4bench.engine.config import ModelConfig
+from dsv4bench.engine.frontend import Frontend
+from dsv4bench.engine.tokenizer import DSV4Tokenizer, load_tokenizer
+from dsv4bench.engine.training.corpus import encode_session
+from dsv4bench.engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
 
 
 def dependency_seeds(n: int) -> list[int]:

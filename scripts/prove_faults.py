@@ -28,9 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl  # noqa: E402
-from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES  # noqa: E402
+from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl
+from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4bench.exporter import METRIC_NAMES, ExporterError, HarnessExporter
 from dsv4bench.progress import LiveStats
-from engine.metrics import METRIC_NAMES as ENGINE_METRIC_NAMES
+from dsv4bench.engine.metrics import METRIC_NAMES as ENGINE_METRIC_NAMES
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "dsv4bench-sglang-pd.json"
 

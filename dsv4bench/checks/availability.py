@@ -19,7 +19,7 @@ connection carries http_status 200 and is a connection error, not an HTTP error:
 from __future__ import annotations
 
 from dsv4bench.checks.common import clip
-from dsv4bench.records import TurnContext, TurnStatus, Verdict
+from dsv4bench.records import ErrorKind, TurnContext, TurnStatus, Verdict, error_kind_text
 
 
 def _said(ctx: TurnContext) -> str:
@@ -30,7 +30,7 @@ def _is_http_error(ctx: TurnContext) -> bool:
     if ctx.status is not TurnStatus.ERROR:
         return False
     if ctx.error_kind is not None:
-        return ctx.error_kind == "http_error"
+        return ctx.error_kind == ErrorKind.HTTP_ERROR
     return ctx.http_status is not None and ctx.http_status >= 400
 
 
@@ -48,21 +48,21 @@ def check_connection_error(ctx: TurnContext) -> list[Verdict]:
     """The transport failed: refused, reset, or closed mid-stream (even after a 200 status line)."""
     if ctx.status is not TurnStatus.ERROR or _is_http_error(ctx):
         return []
-    kind = ctx.error_kind or "unlabelled error"
+    kind = error_kind_text(ctx.error_kind) or "unlabelled error"
     after = f" after HTTP {ctx.http_status}" if ctx.http_status is not None else ""
     return [Verdict("connection_error", f"{kind}{after}{_said(ctx)}", "transport")]
 
 
 def check_timeout_ttft(ctx: TurnContext) -> list[Verdict]:
     """No first token within the TTFT timeout."""
-    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind != "timeout_ttft":
+    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind != ErrorKind.TIMEOUT_TTFT:
         return []
     return [Verdict("timeout_ttft", f"no first token in time{_said(ctx)}", "ttft")]
 
 
 def check_timeout_total(ctx: TurnContext) -> list[Verdict]:
     """The whole request outlived the total timeout (also any timeout not labelled TTFT)."""
-    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind == "timeout_ttft":
+    if ctx.status is not TurnStatus.TIMEOUT or ctx.error_kind == ErrorKind.TIMEOUT_TTFT:
         return []
-    label = "" if ctx.error_kind == "timeout_total" else f" (error_kind {ctx.error_kind!r})"
+    label = "" if ctx.error_kind == ErrorKind.TIMEOUT_TOTAL else f" (error_kind {error_kind_text(ctx.error_kind)!r})"
     return [Verdict("timeout_total", f"request did not finish in time{label}{_said(ctx)}", "e2e")]

@@ -14,6 +14,7 @@ import typer
 from ..config import ConfigError
 from ..engine.config import EngineConfig, ModelConfig
 from ..engine.faults import FAULTS, FaultError, parse_faults
+from ..engine.training.config import TRAIN_SEED_BASE, CorpusConfig, TrainConfig
 from .common import app, err, fail, out
 
 engine_app = typer.Typer(help="The bundled DSV4-mini engine.", no_args_is_help=True)
@@ -122,31 +123,37 @@ def engine_faults() -> None:
 def engine_train(
     out_path: Path = typer.Option(None, "--out", help="Weights file to write; default: the shipped weights' path."),
     corpus: Path = typer.Option(Path("runs/train/corpus.npz"), help="Corpus file; built from expert sessions if missing."),
-    seeds: int = typer.Option(1000, help="Training seeds per family when the corpus is built."),
-    first_seed: int = typer.Option(100_000, help="First training seed when the corpus is built (held-out seeds are below 100000)."),
-    slip_share: float = typer.Option(0.6, help="Share of sessions with slipped turns the expert recovers from."),
-    rename_share: float = typer.Option(0.5, help="Share of sessions whose world names are replaced by made-up ones."),
-    minutes: float = typer.Option(8.0, help="Training time budget; the LR schedule is fitted to it."),
-    max_len: int = typer.Option(8192, help="Longest session in tokens; longer ones lose their later turns."),
-    batch_tokens: int = typer.Option(32768, help="Padded tokens per step."),
-    lr: float = typer.Option(2e-3, help="Peak learning rate."),
-    warmup: int = typer.Option(50, help="Warm-up steps of the learning rate."),
-    csa_dense_share: float = typer.Option(0.0, help="Share of steps in which CSA attends every compressed entry (dense warm-up)."),
-    hca_drop: float = typer.Option(0.0, help="Share of steps in which HCA layers read no compressed entry."),
-    seed: int = typer.Option(0, help="Batch order and initialisation."),
+    seeds: int = typer.Option(CorpusConfig.seeds, help="Training seeds per family when the corpus is built."),
+    first_seed: int = typer.Option(CorpusConfig.first_seed, help="First training seed when the corpus is built (held-out seeds are below 100000)."),
+    slip_share: float = typer.Option(CorpusConfig.slip_share, help="Share of sessions with slipped turns the expert recovers from."),
+    rename_share: float = typer.Option(CorpusConfig.rename_share, help="Share of sessions whose world names are replaced by made-up ones."),
+    minutes: float = typer.Option(TrainConfig.minutes, help="Training time budget; the LR schedule is fitted to it."),
+    max_steps: int = typer.Option(TrainConfig.max_steps, help="Stop after this many steps even within the time budget."),
+    max_len: int = typer.Option(TrainConfig.max_len, help="Longest session in tokens; longer ones lose their later turns."),
+    batch_tokens: int = typer.Option(TrainConfig.batch_tokens, help="Padded tokens per step."),
+    lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
+    warmup: int = typer.Option(TrainConfig.warmup, help="Warm-up steps of the learning rate."),
+    csa_dense_share: float = typer.Option(TrainConfig.csa_dense_share, help="Share of steps in which CSA attends every compressed entry (dense warm-up)."),
+    hca_drop: float = typer.Option(TrainConfig.hca_drop, help="Share of steps in which HCA layers read no compressed entry."),
+    window: int = typer.Option(ModelConfig.window, help="Sliding window of the model."),
+    hca_rate: int = typer.Option(ModelConfig.hca_rate, help="HCA compression rate; --init weights of a rate that divides it are stretched to it."),
+    seed: int = typer.Option(TrainConfig.seed, help="Batch order and initialisation."),
     init: Optional[Path] = typer.Option(None, help="Continue from these weights instead of from scratch."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings",
                                            help="With --init: leave its token embedding as it is (keeps rare tokens writable)."),
     heldout_seeds: int = typer.Option(0, help="Held-out seeds per family (0..N-1) to report teacher-forced errors on; 0: none."),
-    device: str = typer.Option("cuda", help="cuda or cpu (cpu only for tiny smoke runs)."),
+    heldout: Optional[Path] = typer.Option(None, help="Held-out corpus file to report teacher-forced errors on (instead of --heldout-seeds)."),
+    device: str = typer.Option(TrainConfig.device, help="cuda or cpu (cpu only for tiny smoke runs)."),
 ) -> None:
     """Rebuild DSV4-mini's weights: expert-session corpus, then training (an H200 takes ~8 min).
 
     The shipped weights are a chain of such runs, each on from the last (bench-plan.md lists
     every run's arguments); the last two train on corpora of the model's own sessions relabelled
-    by the expert (scripts/onpolicy_corpus.py)."""
-    from ..engine.train import CorpusError, TrainConfig, heldout_errors, train
-    from ..engine.train_data import TRAIN_SEED_BASE, build_corpus
+    by the expert (scripts/onpolicy_corpus.py). With an existing --corpus (and no
+    --heldout-seeds) no corpus is built: only torch runs (engine/training/trainer.py)."""
+    import dataclasses
+
+    from ..engine.training.trainer import CorpusError, heldout_errors, train
     from ..engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
 
     if device.startswith("cuda"):
@@ -163,29 +170,35 @@ def engine_train(
             raise fail(f"{name} must be between 0 and 1; got {share}")
     if freeze_embeddings and init is None:
         raise fail("--freeze-embeddings needs --init: a fresh model's embedding must be trained")
-    families = ["coding", "data", "ops"]
+    families = list(CorpusConfig.families)
     if not corpus.exists():
+        from ..engine.training.corpus import build_corpus
+
         err.print(f"building the corpus: {seeds} seeds x {len(families)} families -> {corpus}", highlight=False)
         info = build_corpus(families, range(first_seed, first_seed + seeds), corpus,
                             slip_share=slip_share, rename_share=rename_share)
         err.print(f"corpus: {info}", highlight=False)
     weights = out_path or DEFAULT_WEIGHTS
+    model_cfg = dataclasses.replace(ModelConfig(), window=window, hca_rate=hca_rate)
     try:
-        cfg = TrainConfig(minutes=minutes, max_len=max_len, batch_tokens=batch_tokens, lr=lr, warmup=warmup,
-                          csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device,
+        cfg = TrainConfig(minutes=minutes, max_steps=max_steps, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
+                          warmup=warmup, csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device,
                           freeze_embeddings=freeze_embeddings)
-        result = train(ModelConfig(), cfg, corpus, weights, log=lambda m: err.print(m, highlight=False), init=init)
+        result = train(model_cfg, cfg, corpus, weights, log=lambda m: err.print(m, highlight=False), init=init)
     except (WeightsError, CorpusError) as e:
         raise fail(str(e))
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "
               f"final loss {result.final_loss:.4f}; weights: {weights}", highlight=False)
-    if heldout_seeds > 0:
-        import torch
+    if heldout_seeds > 0 and heldout is None:
+        from ..engine.training.corpus import build_corpus
 
         heldout = corpus.with_name(f"heldout-{heldout_seeds}.npz")
         if not heldout.exists():
             build_corpus(families, range(heldout_seeds), heldout, slip_share=0.0)
-        e = heldout_errors(load_weights(ModelConfig(), weights).to(device), heldout, torch.device(device))
+    if heldout is not None:
+        import torch
+
+        e = heldout_errors(load_weights(model_cfg, weights).to(device), heldout, torch.device(device))
         out.print(f"held-out: token error {e['token_error']:.2%}, turn error {e['turn_error']:.2%} "
                   f"({e['tokens']} tokens, {e['turns']} turns)", highlight=False)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import EngineConfig
+from ..faults import Fault
 from ..engine_loop import TokenEvent, failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
@@ -61,7 +62,7 @@ class DecodeEngine(ServerLoop):
         self.prealloc_queue: dict[str, DecodeEntry] = {}
         self.transfer_queue: dict[str, DecodeEntry] = {}
         self.decoding: dict[str, DecodeEntry] = {}  # in the Scheduler (running, or preempted)
-        self.leak_aborted_transfers = cfg.fault("abort-leak")
+        self.leak_aborted_transfers = Fault.ABORT_LEAK in cfg.faults
         self.counts: Counter[str] = Counter()
 
     # ---- any thread -----------------------------------------------------------------------

@@ -63,7 +63,7 @@ def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, mod
     async def server_info(request: Request) -> Response:
         facts = dataclasses.asdict(engine.cfg)
         model = facts.pop("model")
-        facts["faults"] = sorted(facts["faults"])
+        facts["faults"] = sorted(fault.value for fault in engine.cfg.faults)
         return JSONResponse({**facts, "disaggregation_mode": engine_type, "engine_type": engine_type,
                              "model_path": model_name, "served_model_name": model_name, "version": VERSION,
                              "model_config": model})

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EngineConfig
+from ..faults import Fault
 from ..engine_loop import failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
@@ -70,7 +71,7 @@ class PrefillEngine(ServerLoop):
         self.bootstrap_queue: dict[str, PrefillEntry] = {}
         self.prefilling: dict[str, PrefillEntry] = {}  # in the Scheduler
         self.inflight_queue: dict[str, PrefillEntry] = {}
-        self.leak_aborted_transfers = cfg.fault("abort-leak")
+        self.leak_aborted_transfers = Fault.ABORT_LEAK in cfg.faults
         self.counts: Counter[str] = Counter()
 
     # ---- any thread -----------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The PD router's engine: the interface engine/server.py serves (`generate`, `abort`, `stats`,
-`alive`, `flush_cache`, `max_context`, `eos_token_id`, `cfg`), over a prefill and a decode engine.
+"""The PD router's engine: a `ServingEngine` (engine/serving_engine.py, what engine/server.py
+serves), over a prefill and a decode engine.
 
 `generate` opens the request's bootstrap room, sends the request to both servers (the prefill
 gets a one-token copy: its token is the first output token and travels with the KV) and

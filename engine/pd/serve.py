@@ -14,6 +14,7 @@ import torch
 from starlette.applications import Starlette
 
 from ..config import EngineConfig
+from ..faults import Fault
 from ..frontend import Frontend
 from ..model_runner import ModelRunner
 from ..serve import ServeError, listen, load_model, serve_together
@@ -79,7 +80,7 @@ class PDEngine:
     def apps(self, server_cfg: ServerConfig) -> dict[str, Starlette]:
         """The router, prefill and decode apps (`server_cfg` is the router's; its API key
         guards all three)."""
-        lies = self.cfg.fault("health-lies")
+        lies = Fault.HEALTH_LIES in self.cfg.faults
         name = server_cfg.model_name
         return {
             "router": build_app(self.router, self.frontend,
@@ -102,7 +103,7 @@ def build_pd_engine(cfg: EngineConfig, pd_cfg: PDConfig = PDConfig(), model_name
     tok, model = load_model(cfg, weights, random_weights, init_seed)
     # NOTE: one model, two runners: each server has its own pools, the weights are shared.
     prefill_runner, decode_runner = ModelRunner(cfg, model), ModelRunner(cfg, model)
-    bootstrap = BootstrapWorker(stall_on_unexpected_abort=cfg.fault("bootstrap-stall"))
+    bootstrap = BootstrapWorker(stall_on_unexpected_abort=Fault.BOOTSTRAP_STALL in cfg.faults)
     transfers = TransferWorker(prefill_runner.pools, decode_runner.pools, pd_cfg.link_gbps * 1e9)
     prefill = PrefillEngine(cfg, prefill_runner, bootstrap, transfers, tok.eos_token_id)
     decode = DecodeEngine(cfg, decode_runner, bootstrap, tok.eos_token_id)

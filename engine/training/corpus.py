@@ -21,14 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..agents import FAMILIES, ExpertSession, play_expert, session_messages
-from ..agents.base import Step, ToolAction
-from .frontend import Frontend, RequestError
-from .tokenizer import DSV4Tokenizer, load_tokenizer
-from .train_renames import rename_entities, rename_map
-
-# Held-out evaluation seeds are below this; training seeds start here.
-TRAIN_SEED_BASE = 100_000
+from ...agents import FAMILIES, ExpertSession, play_expert, session_messages
+from ...agents.base import Step, ToolAction
+from ..frontend import Frontend, RequestError
+from ..tokenizer import DSV4Tokenizer, load_tokenizer
+from .renames import rename_entities, rename_map
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = F
     missing or mistyped argument, a repeated list item, another family's tool: _slip) that
     carry no loss, and the expert recovers from each in the turns after: the model learns to
     recover from its own slips instead of collapsing. With `rename`, the world's names are
-    consistently replaced by made-up ones (train_renames.py), so copying from context is the
+    consistently replaced by made-up ones (renames.py), so copying from context is the
     only way to get them right.
     """
     fam = FAMILIES[family]

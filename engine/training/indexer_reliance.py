@@ -6,9 +6,9 @@ layers attending the indexer's top-k (as served), a random top-k, no compressed 
 and every eligible entry; and with HCA layers' compressed entries hidden ("no-hca"). A model
 that loses nothing without them reads only its sliding window. If random picks cost about as
 little as the indexer's, a fault that corrupts the picks (`hicache-index-race`: stale index
-keys) cannot corrupt what the model writes either. Torch only, like train.py, so it runs on a bare GPU machine:
+keys) cannot corrupt what the model writes either. Torch only, like trainer.py, so it runs on a bare GPU machine:
 
-    python -m dsv4bench.engine.indexer_reliance --weights W --heldout heldout.npz
+    python -m dsv4bench.engine.training.indexer_reliance --weights W --heldout heldout.npz
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from .train import digit_token_ids, heldout_errors
-from .weights import WeightsError, load_weights, read_config
+from .trainer import digit_token_ids, heldout_errors
+from ..weights import WeightsError, load_weights, read_config
 
 # CSA picks, and "no-hca": the indexer's picks with HCA layers' compressed entries hidden.
 MODES = ("indexer", "random", "none", "all", "no-hca")
@@ -29,7 +29,7 @@ MODES = ("indexer", "random", "none", "all", "no-hca")
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Held-out errors of DSV4-mini's weights with other CSA picks.")
     p.add_argument("--weights", type=Path, required=True)
-    p.add_argument("--heldout", type=Path, required=True, help="Held-out corpus (train_data.build_corpus).")
+    p.add_argument("--heldout", type=Path, required=True, help="Held-out corpus (corpus.build_corpus).")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default=",".join(MODES), help=f"Comma-separated, of {', '.join(MODES)}.")
     p.add_argument("--tokenizer", type=Path, default=None,

@@ -1,6 +1,6 @@
 """On-policy training data: the expert takes over from states the model reaches by itself.
 
-Expert sessions, even with planted slips (train_data.play_with_slips), only show the model
+Expert sessions, even with planted slips (corpus.play_with_slips), only show the model
 states built on the expert's own trajectory. A model drifts into states of its own making: it
 lists the alerting service twice where the expert lists [symptom, root], is refused, and writes
 the same call again until its turns run out, although in the expert's context it writes the
@@ -24,9 +24,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ..agents import FAMILIES, is_error, observations_from_messages
-from ..agents.base import Step, ToolAction
-from ..agents.call_gate import CallGate
+from ...agents import FAMILIES, is_error, observations_from_messages
+from ...agents.base import Step, ToolAction
+from ...agents.call_gate import CallGate
 
 
 @dataclass(frozen=True)

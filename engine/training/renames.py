@@ -15,9 +15,9 @@ import random
 import re
 from typing import Any
 
-from ..agents.coding_project import MODULES, PACKAGES
-from ..agents.data_tables import REGIONS, SEGMENTS
-from ..agents.ops_world import SERVICES, TEAMS
+from ...agents.coding_world import MODULES, PACKAGES
+from ...agents.data_world import REGIONS, SEGMENTS
+from ...agents.ops_world import SERVICES, TEAMS
 
 POOLS: tuple[tuple[str, ...], ...] = (PACKAGES, MODULES, REGIONS, SEGMENTS, SERVICES, TEAMS)
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gl", "h", "k", "l", "m", "n", "p", "pr", "r", "s", "st", "t", "tr",

@@ -1,4 +1,4 @@
-"""Training DSV4-mini on the expert-session corpus (engine/train_data.py).
+"""Training DSV4-mini on the expert-session corpus (corpus.py).
 
 Torch only (no deepseek-recipe, no harness): it runs on a bare GPU machine with the corpus
 file beside it. One step = a batch of whole sessions (length-bucketed, right-padded), loss =
@@ -6,13 +6,11 @@ cross-entropy on the tokens the model writes in its assistant turns + the lightn
 distillation loss; MoE selection biases follow DeepSeek's aux-loss-free balancing rule.
 A time budget bounds the run: the LR schedule is fitted to the steps that fit in it.
 
-    python -c "import sys; sys.path.insert(0, '.'); from engine.train import main; main()" \
-        --corpus corpus.npz --out dsv4-mini.safetensors --minutes 8
+    dsv4bench engine train --corpus corpus.npz --out dsv4-mini.safetensors --minutes 8
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -25,40 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .model.model import DSV4Mini
-from .weights import load_weights, read_config, save_weights
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    max_steps: int = 100_000
-    minutes: float = 8.0  # wall-clock budget; the schedule is fitted to it
-    batch_tokens: int = 32768  # padded tokens per step
-    max_len: int = 8192  # longer sessions are cut (their later turns dropped)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.05
-    warmup: int = 50
-    weight_decay: float = 0.05
-    indexer_loss_weight: float = 0.5
-    # Share of the steps (from the start) in which CSA layers attend every eligible compressed
-    # entry, not the indexer's top-k: DSV4's dense warm-up. Attention learns where far tokens
-    # are, the indexer is distilled from it, and the sparse steps after it lean on the picks.
-    csa_dense_share: float = 0.0
-    # Share of steps in which HCA layers read no compressed entry, so far context can only come
-    # through CSA's picks: HCA's view of everything otherwise lets the model skip the indexer
-    # (bench-plan.md measures how far it moves that).
-    hca_drop: float = 0.0
-    # Keep the (tied) token embedding as it is: training on from weights whose embedding already
-    # fits the vocabulary. Rare tokens (most of the vocabulary's numbers, as ` 5479`) appear in
-    # few batches, yet the softmax pushes their rows down on every step, and Adam scales those
-    # small gradients up: a fine-tune on other sessions then loses the ability to write them
-    # (`"value": un.92` for 5479.92; bench-plan.md).
-    freeze_embeddings: bool = False
-    bias_step: float = 1e-3
-    seed: int = 0
-    device: str = "cuda"
-    log_every: int = 25
+from ..config import ModelConfig
+from ..model.model import DSV4Mini
+from ..weights import load_weights, read_config, save_weights
+from .config import TrainConfig
 
 
 @dataclass
@@ -286,42 +254,3 @@ def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Train DSV4-mini on an expert-session corpus.")
-    p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--minutes", type=float, default=TrainConfig.minutes)
-    p.add_argument("--max-steps", type=int, default=TrainConfig.max_steps)
-    p.add_argument("--batch-tokens", type=int, default=TrainConfig.batch_tokens)
-    p.add_argument("--max-len", type=int, default=TrainConfig.max_len)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--init", type=Path, default=None, help="Continue from these weights.")
-    p.add_argument("--warmup", type=int, default=TrainConfig.warmup)
-    p.add_argument("--window", type=int, default=ModelConfig.window, help="Sliding window of the model.")
-    p.add_argument("--hca-rate", type=int, default=ModelConfig.hca_rate,
-                   help="HCA compression rate; --init weights of a rate that divides it are stretched to it.")
-    p.add_argument("--seed", type=int, default=TrainConfig.seed, help="Batch order and initialisation.")
-    p.add_argument("--csa-dense-share", type=float, default=TrainConfig.csa_dense_share,
-                   help="Share of steps in which CSA attends every compressed entry (dense warm-up).")
-    p.add_argument("--hca-drop", type=float, default=TrainConfig.hca_drop,
-                   help="Share of steps in which HCA layers read no compressed entry.")
-    p.add_argument("--freeze-embeddings", action="store_true",
-                   help="Leave the token embedding as --init has it (training on).")
-    p.add_argument("--heldout", type=Path, default=None, help="Held-out corpus: report teacher-forced errors at the end.")
-    a = p.parse_args(argv)
-    cfg = TrainConfig(minutes=a.minutes, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      lr=a.lr, device=a.device, warmup=a.warmup, csa_dense_share=a.csa_dense_share, seed=a.seed,
-                      hca_drop=a.hca_drop, freeze_embeddings=a.freeze_embeddings)
-    model_cfg = dataclasses.replace(ModelConfig(), window=a.window, hca_rate=a.hca_rate)
-    r = train(model_cfg, cfg, a.corpus, a.out, log=lambda m: print(m, flush=True), init=a.init)
-    print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}))
-    if a.heldout:
-        model = load_weights(model_cfg, a.out).to(cfg.device)
-        print(json.dumps({"heldout": heldout_errors(model, a.heldout, torch.device(cfg.device))}), flush=True)
-
-
-if __name__ == "__main__":
-    main()

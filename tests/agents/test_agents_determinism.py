@@ -62,7 +62,7 @@ def test_averages_do_not_depend_on_the_python_version():
     480.70 on 3.11 and 480.71 on 3.12 for these numbers (and a model's transcript recorded on
     one could not be replayed on the other). Exact summation gives one answer everywhere, in any
     order."""
-    from dsv4bench.agents.data_tables import aggregate
+    from dsv4bench.agents.data_world import aggregate
 
     values = [540.6, 892.12, 704.22, 21.28, 207.32, 853.89, 585.47, 873.91, 411.4, 210.47, 4.14, 996.05,
               136.38, 642.97, 489.71, 380.15, 537.2, 78.28, 970.03, 492.74, 15.29, 419.34, 757.2, 312.08,

@@ -30,13 +30,13 @@ class Seen:
 
 
 class FakeEngine:
-    """AsyncEngine's interface over a fixed script; `alive()` is part of the interface too."""
+    """The ServingEngine interface (engine/serving_engine.py) over a fixed script."""
 
     def __init__(self, script: list[int], eos_token_id: int, max_context: int = 16384, *,
                  chunk: int = 3, delay: float = 0.0, cached_tokens: int = 0) -> None:
         self.script, self.eos_token_id, self.max_context = list(script), eos_token_id, max_context
         self.chunk, self.delay, self.cached_tokens = chunk, delay, cached_tokens
-        self.config = EngineConfig()
+        self.cfg = EngineConfig()
         self.is_alive = True
         self.seen: dict[str, Seen] = {}
         self._abort_flags: set[str] = set()

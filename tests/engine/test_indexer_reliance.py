@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from dsv4bench.engine import indexer_reliance
+from dsv4bench.engine.training import indexer_reliance
 from dsv4bench.engine.tokenizer import DEFAULT_PATH
-from dsv4bench.engine.train_data import build_corpus
+from dsv4bench.engine.training.corpus import build_corpus
 
 from .test_train import TINY
 

@@ -215,7 +215,7 @@ def test_metrics_have_sglang_names_and_labels(client, url):
 def test_sglang_endpoints(url, engine):
     assert httpx.get(f"{url}/health_generate").status_code == 200
     info = httpx.get(f"{url}/get_server_info").json()
-    assert info["index_k_dtype"] == "fp8" and info["page_size"] == engine.config.page_size
+    assert info["index_k_dtype"] == "fp8" and info["page_size"] == engine.cfg.page_size
     assert info["context_length"] == 4096 and info["version"]
     assert httpx.get(f"{url}/get_model_info").json()["is_generation"] is True
     assert httpx.post(f"{url}/flush_cache").status_code == 200

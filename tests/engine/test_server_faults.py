@@ -207,7 +207,7 @@ def dsml_servers() -> Iterator[dict[str, tuple[str, FakeEngine]]]:
     out: dict[str, tuple[ServerThread, FakeEngine]] = {}
     for name, faults in (("clean", frozenset()), ("parser-split", frozenset({"parser-split"}))):
         engine = FakeEngine(TOK.encode("\n\n" + DSML_CALL), TOK.eos_token_id, max_context=4096, chunk=1)
-        engine.config = EngineConfig(faults=faults)
+        engine.cfg = EngineConfig(faults=faults)
         out[name] = (ServerThread(build_app(engine, Frontend(TOK, MODEL, 4096), ServerConfig(model_name=MODEL))),
                      engine)
     yield {name: (srv.url, engine) for name, (srv, engine) in out.items()}

@@ -13,9 +13,9 @@ import pytest
 from dsv4bench.engine.config import ModelConfig
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.engine.train import TrainConfig, digit_token_ids, heldout_errors, train
-from dsv4bench.engine.train_data import READ_ONLY, build_corpus, encode_session, play_with_slips
-from dsv4bench.engine.train_renames import rename_entities, rename_map
+from dsv4bench.engine.training.trainer import TrainConfig, digit_token_ids, heldout_errors, train
+from dsv4bench.engine.training.corpus import READ_ONLY, build_corpus, encode_session, play_with_slips
+from dsv4bench.engine.training.renames import rename_entities, rename_map
 from dsv4bench.engine.weights import WeightsError, load_weights
 
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=2, head_dim=16, rope_dim=8, window=32, hca_rate=8, csa_rate=2,
@@ -195,7 +195,7 @@ def test_training_on_to_a_coarser_hca_rate_stretches_the_slot_bias(tmp_path):
 
     from dsv4bench.engine.model import DSV4Mini
     from dsv4bench.engine.model.compressor import Compressor
-    from dsv4bench.engine.train import _initial_model
+    from dsv4bench.engine.training.trainer import _initial_model
     from dsv4bench.engine.weights import save_weights
 
     def compressors(m, rate):

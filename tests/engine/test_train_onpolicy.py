@@ -12,8 +12,8 @@ from dsv4bench.agents import FAMILIES, play_expert, session_messages
 from dsv4bench.agents.base import Step, ToolAction
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.engine.train_data import assistant_mask, encode_messages
-from dsv4bench.engine.train_onpolicy import (
+from dsv4bench.engine.training.corpus import assistant_mask, encode_messages
+from dsv4bench.engine.training.onpolicy import (
     ReplayError,
     Rollout,
     expert_takeover,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsv4bench.engine.train_onpolicy import Rollout
+from dsv4bench.engine.training.onpolicy import Rollout
 from tests.engine.test_train_onpolicy import SEED, looping_rollout
 
 ROOT = Path(__file__).parents[2]
@@ -50,7 +50,7 @@ def test_plays_through_the_engine_keeps_each_session_and_never_plays_one_twice(t
 
 
 def test_builds_a_corpus_of_relabelled_rollouts_and_a_mix(tmp_path):
-    from dsv4bench.engine.train_data import build_corpus
+    from dsv4bench.engine.training.corpus import build_corpus
 
     rollouts = tmp_path / "rollouts.jsonl"
     line = json.dumps(Rollout("ops", SEED, 0.0, looping_rollout()).to_json())
