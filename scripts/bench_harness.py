@@ -14,7 +14,6 @@ Two views, each the median of --repeats runs:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -23,24 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 import httpx
+
+from fixture_loader import load_fixture
 
 from dsv4bench.engine.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_fixture(name: str) -> ModuleType:
-    """tests/fixtures/NAME.py, loaded by its path (tests/ is not an installed package)."""
-    path = ROOT / "tests" / "fixtures" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dsv4bench_fixture_{name}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def child_cpu(cmd: list[str]) -> tuple[float, float]:

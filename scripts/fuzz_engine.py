@@ -16,28 +16,16 @@ exit status 1 if there was one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 
 import httpx
 
+from fixture_loader import load_fixture
+
 from dsv4bench.engine.launcher import start_engine
 from dsv4bench.engine.server import ServerConfig
-
-
-def load_fixture(name: str) -> ModuleType:
-    """tests/fixtures/NAME.py, loaded by its path (tests/ is not an installed package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dsv4bench_fixture_{name}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 _hostile = load_fixture("hostile_requests")
