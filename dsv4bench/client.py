@@ -2,7 +2,7 @@
 for a turn. Streams SSE, stamps timings, enforces the TTFT and total deadlines, and returns
 plain data; it never raises for anything the server does.
 
-What it reads is bounded (sse.StreamBounds): past a bound it stops reading, closes the
+What it reads is bounded (stream_reader.StreamBounds): past a bound it stops reading, closes the
 response and returns what it has, flagged, so no answer can take the harness's memory.
 """
 
@@ -17,17 +17,8 @@ import anyio
 import httpx
 
 from .records import AssembledResponse, ErrorKind, Timings, TurnStatus
-from .sse import (
-    DEFAULT_BOUNDS,
-    BoundExceeded,
-    DeltaAssembler,
-    RawLines,
-    SSEEventReader,
-    StreamBounds,
-    assemble_completion,
-    clip_raw,
-    replace_surrogates,
-)
+from .sse import DeltaAssembler, assemble_completion, replace_surrogates
+from .stream_reader import DEFAULT_BOUNDS, BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
 
 # Inter-token gaps kept per turn: enough for any max_tokens a user sets, bounded for a server
 # that streams tokens forever.

@@ -95,7 +95,7 @@ class AssembledResponse:
     `protocol_errors` are the stream-protocol faults the assembler saw on the way
     (index gaps, missing id/name on a call's first delta, deltas after finish, no `[DONE]`,
     undecodable chunks). `saw_done` is False for a stream that ended without `[DONE]`.
-    `stopped_at_bound` names the harness bound (sse.StreamBounds) past which it stopped reading
+    `stopped_at_bound` names the harness bound (stream_reader.StreamBounds) past which it stopped reading
     this response; None when it was read to its end. `surrogates_replaced` lists the texts
     (`content`, `reasoning`, `tool_calls[<index>].arguments`) in which lone UTF-16 surrogates
     were replaced by U+FFFD on the way in.

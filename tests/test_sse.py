@@ -9,15 +9,8 @@ import pytest
 
 from dsv4bench.client import Deadlines, chat_turn, encode_body
 from dsv4bench.records import TurnStatus
-from dsv4bench.sse import (
-    BoundExceeded,
-    DeltaAssembler,
-    RawLines,
-    SSEEventReader,
-    StreamBounds,
-    assemble_completion,
-    clip_raw,
-)
+from dsv4bench.sse import DeltaAssembler, assemble_completion
+from dsv4bench.stream_reader import BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
 
 
 def chunk(delta=None, finish=None, rid="r1", usage=None, choices=True):
