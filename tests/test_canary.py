@@ -3,22 +3,19 @@ that is no completion (HTTP error, HTML, non-JSON) is an error of the check, nev
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
 import anyio
 import httpx
 import pytest
-import uvicorn
 
 from dsv4bench.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, check_canary,
                               check_health, health, health_result)
 from dsv4bench.codes import WEDGE_CODES
-from dsv4bench.engine.launcher import free_port
 from dsv4bench.probe import probe, probe_exit_code
 from dsv4bench.wedge import WedgeConfig, detect_wedge
-from tests.fixtures.wedge_server import WedgeState, build_app
+from tests.fixtures.wedge_server import WedgeState, serve_in_thread
 
 COMPLETION = {"id": "c1", "object": "chat.completion",
               "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}]}
@@ -129,19 +126,8 @@ def test_health_generate_hanging_on_a_server_without_a_canary_is_health_lies():
 
 @pytest.fixture
 def html_server() -> Iterator[str]:
-    state = WedgeState(chat_answer="html")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "fixture server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serve_in_thread(WedgeState(chat_answer="html")) as root:
+        yield root
 
 
 def test_a_server_answering_html_is_never_canary_timeout(html_server):

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import io
-import threading
-import time
 from collections.abc import Iterator
 
 import anyio
 import httpx
 import pytest
-import uvicorn
 from rich.console import Console
 
 from dsv4bench.engine.launcher import free_port
 from dsv4bench.roles import DECODE, PREFILL, ROUTER, Role
 from dsv4bench.watch import SPARK_CHARS, WatchState, endpoint_label, render_watch, sparkline, watch_main
-from tests.fixtures.wedge_server import WedgeState, build_app
+from tests.fixtures.wedge_server import WedgeState, serve_in_thread
 
 S = 1_000_000_000
 EP = "http://decode:30000/metrics"
@@ -182,18 +179,8 @@ def test_endpoint_label() -> None:
 @pytest.fixture
 def wedge_server() -> Iterator[str]:
     """The SGLang-shaped wedge server on a free loopback port, under uvicorn in a thread."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(WedgeState()), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "wedge server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serve_in_thread(WedgeState()) as root:
+        yield root
 
 
 def _watch(url: str) -> int:
