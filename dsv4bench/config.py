@@ -141,11 +141,11 @@ class RunConfig:
             d["api_key"] = MASK
         if d.get("recover_cmd"):
             d["recover_cmd"] = redact_command(d["recover_cmd"])
-        return self.redactor.value(d)
+        return d
 
     @property
     def redactor(self) -> Redactor:
-        """Scrubs this run's secrets from anything it writes."""
+        """Scrubs this run's secrets from every file it writes (the history writer applies it)."""
         return Redactor([self.api_key])
 
 

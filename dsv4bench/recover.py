@@ -13,7 +13,7 @@ import httpx
 
 from .canary import canary, health
 from .preflight import root_of
-from .redact import Redactor, redact_command, redact_credentials
+from .redact import redact_command, redact_credentials
 
 
 async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5,
@@ -36,8 +36,8 @@ async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, 
 def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: float = 300.0,
                  api_key: str | None = None) -> dict[str, Any]:
     """Run `cmd` in a shell, then time the way back to healthy. Never raises for the command's
-    own failure: its exit code and output tail are part of the record, credentials masked
-    (redact.py): the command and what it prints may carry them."""
+    own failure: its exit code and output tail are part of the record, credential-shaped text
+    masked (redact.py); the run's own key is scrubbed by the history writer, as everywhere."""
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
@@ -46,7 +46,5 @@ def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: flo
         code, tail = None, f"the command ran past {timeout:g} s"
     cmd_s = round(time.monotonic() - t0, 3)
     healthy = anyio.run(wait_healthy, base_urls, model, max(1.0, timeout - cmd_s), 0.5, api_key)
-    scrub = Redactor([api_key])
-    return {"cmd": scrub.text(redact_command(cmd)), "exit_code": code,
-            "output_tail": scrub.text(redact_credentials(tail)), "cmd_s": cmd_s,
+    return {"cmd": redact_command(cmd), "exit_code": code, "output_tail": redact_credentials(tail), "cmd_s": cmd_s,
             "healthy_after_s": None if healthy is None else round(cmd_s + healthy, 3)}

@@ -15,7 +15,6 @@ import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 MASK = "***"
 API_KEY_ENV = "DSV4BENCH_API_KEY"  # agents --api-key's environment variable
@@ -114,7 +113,8 @@ def redact_credentials(s: str) -> str:
 
 
 class Redactor:
-    """Scrubs the run's known secret values out of strings and JSON values, keys included."""
+    """Scrubs the run's known secret values out of JSON text, keys included (the history writer
+    applies it to every record, so nothing a run writes holds them)."""
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         values = {s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}
@@ -122,12 +122,6 @@ class Redactor:
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
-
-    def text(self, s: str) -> str:
-        for secret in self.secrets:
-            if secret in s:
-                s = s.replace(secret, MASK)
-        return s
 
     def json_text(self, s: str) -> str:
         """JSON text `s` with each secret masked as it is spelled inside a JSON string, in
@@ -137,15 +131,3 @@ class Redactor:
                 if spelled in s:
                     s = s.replace(spelled, MASK)
         return s
-
-    def value(self, v: Any) -> Any:
-        """`v` with every string in it scrubbed; other values as they are."""
-        if not self.secrets:
-            return v
-        if isinstance(v, str):
-            return self.text(v)
-        if isinstance(v, dict):
-            return {self.text(k) if isinstance(k, str) else k: self.value(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [self.value(x) for x in v]
-        return v

@@ -69,7 +69,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             if wedge is not None:
                 run_info["wedge"] = wedge
                 if config.recover_cmd and any(w["codes"] for w in wedge.values()):
-                    history.event("recover_start", cmd=config.redactor.text(redact_command(config.recover_cmd)))
+                    history.event("recover_start", cmd=redact_command(config.recover_cmd))
                     run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model,
                                                         api_key=config.api_key)
                     history.event("recover_end", **run_info["recovery"])

@@ -1,5 +1,6 @@
 """Secrets out of run folders: the command line, a --recover-cmd, and any string written."""
 
+import json
 import shlex
 import subprocess
 
@@ -54,7 +55,7 @@ def test_credential_patterns():
 def test_redactor_scrubs_known_values_everywhere_in_a_record():
     r = Redactor([KEY, None, ""])
     rec = {"error": f"401: bad key {KEY}", "raw": [f"data: {KEY}"], KEY: 1, "n": 5, "ok": True}
-    out = r.value(rec)
+    out = json.loads(r.json_text(json.dumps(rec)))
     assert KEY not in repr(out)
     assert out["n"] == 5 and out["ok"] is True and out["error"] == f"401: bad key {MASK}"
 
@@ -63,6 +64,6 @@ def test_redactor_leaves_model_prose_alone():
     # The server's answers are evidence: only the known secret goes, never words that merely
     # look like credentials.
     r = Redactor([KEY])
-    prose = "Basic steps: set TOKEN=abc and send Authorization: Bearer xyz"
-    assert r.text(prose) == prose
+    prose = json.dumps({"content": "Basic steps: set TOKEN=abc and send Authorization: Bearer xyz"})
+    assert r.json_text(prose) == prose
     assert not Redactor([None]) and Redactor([KEY])

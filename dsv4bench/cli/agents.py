@@ -159,4 +159,4 @@ def _exit_code(summary: dict, fail_on: tuple[str, ...]) -> int:
 
 def _command_line(config: RunConfig) -> str:
     """The reproduce line: this command with its secrets replaced by environment variables."""
-    return config.redactor.text(shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]))
+    return shell_line(["dsv4bench", *redact_argv(sys.argv[1:])])
