@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import deepseek_recipe as dr
 
 from .config import ModelConfig
 from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
+from .prepared_request import PreparedRequest
 from .request import SEED_MAX, SamplingParams
 from .request_limits import NUMBER, Field, RequestError, check_fields, check_values
 from .tokenizer import DSV4Tokenizer
@@ -55,23 +54,6 @@ _COMPLETION = {**_COMMON, "prompt": Field((str, list)), "skip_special_tokens": F
 # ConversionError. The edge (request_limits.py) keeps such input out; this is the last line.
 _INPUT_ERRORS = (OverflowError, RecursionError, UnicodeError, TypeError)
 _PROBE_MESSAGES = [{"role": "user", "content": "x"}]
-
-
-@dataclass
-class PreparedRequest:
-    """A validated request, ready for `engine.generate(rid, prompt_ids, params)`."""
-
-    rid: str  # chatcmpl-... / cmpl-...: the response id is the engine rid
-    model: str  # echoed in responses, as SGLang does
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: bool = False
-    include_usage: bool = False
-    thinking: bool = False
-    conversation: dr.ConversationRequest | None = None  # chat only
-    skip_special_tokens: bool = True  # completion only
-    stop: tuple[str, ...] = ()  # completion only; chat stop strings live in the recipe parser
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 def _from_conversion_error(exc: dr.ConversionError) -> RequestError:

@@ -7,7 +7,7 @@ series carries `model_name` and `engine_type` ("unified"; in PD mode "router", "
 "decode", one per server). The PD queue gauges are 0 unless the engine's stats carry the
 matching fields (`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue` on the prefill
 server, `num_decode_prealloc_queue`, `num_decode_transfer_queue` on the decode server; see
-engine/pd/loop.py `PDStats`); they are always present, as on an SGLang server.
+engine/pd/stats.py `PDStats`); they are always present, as on an SGLang server.
 """
 
 from __future__ import annotations

@@ -13,15 +13,13 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import deepseek_recipe as dr
 
+from .prepared_request import PreparedRequest
 from .request import FinishReason
 from .tokenizer import DSV4Tokenizer, IncrementalDecoder
-
-if TYPE_CHECKING:
-    from .frontend import PreparedRequest
 
 _RECIPE_FINISH = {FinishReason.STOP: dr.InferenceFinishReason.Stop,
                   FinishReason.LENGTH: dr.InferenceFinishReason.Length}
@@ -32,7 +30,7 @@ def dumps_compact(d: dict[str, Any]) -> str:
 
 
 class TokenEventLike(Protocol):
-    """What the engine yields per step for one request (engine_loop.TokenEvent)."""
+    """What the engine yields per step for one request (server_loop.TokenEvent)."""
 
     token_ids: list[int]
     finish_reason: FinishReason | None

@@ -80,7 +80,7 @@ class SamplingParams:
 class RequestFailure(Exception):
     """Some requests of a step failed on their own (their sampling raised, say) while the others
     were served: `failed` maps each failed rid to its error, `sampled` holds the others' tokens.
-    The loop ends the failed requests with an error and goes on (engine_loop.run_batch)."""
+    The loop ends the failed requests with an error and goes on (server_loop.run_batch)."""
 
     def __init__(self, failed: dict[str, BaseException], sampled: dict[str, int]) -> None:
         super().__init__(f"{len(failed)} request(s) failed: " + ", ".join(

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .frontend import PreparedRequest
+from .prepared_request import PreparedRequest
 from .outputs import TokenEventLike
 from .metrics import ServerMetrics
 from .request import FinishReason

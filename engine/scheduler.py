@@ -47,10 +47,6 @@ class OutputEvent(NamedTuple):
     new_token_id: int | None
     finish_reason: FinishReason | None
 
-    @property
-    def token_id(self) -> int | None:  # the name engine_loop.py reads
-        return self.new_token_id
-
 
 class SchedulerStats(NamedTuple):
     num_running: int  # decoding

@@ -22,7 +22,7 @@ import torch
 import uvicorn
 
 from .config import EngineConfig
-from .engine_loop import AsyncEngine, EngineLoop
+from .unified_engine import AsyncEngine, UnifiedEngine
 from .frontend import Frontend
 from .hiradix_cache import HiRadixCache
 from .host_tier import HostTier
@@ -115,7 +115,7 @@ class Engine:
 
     cfg: EngineConfig
     engine: AsyncEngine
-    loop: EngineLoop
+    loop: UnifiedEngine
     frontend: Frontend
 
     def stop(self) -> None:
@@ -151,7 +151,7 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
     cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache
              else RadixCache(cfg.page_size, allocator))
     scheduler = Scheduler(cfg, allocator, cache, eos_token_id=tok.eos_token_id)
-    loop = EngineLoop(cfg, scheduler, runner)
+    loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=tok.eos_token_id)
     frontend = Frontend(tok, model_name=model_name, max_context=min(cfg.model.max_context, scheduler.max_seq_len))

@@ -57,7 +57,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
 from .faults import Fault
-from .frontend import Frontend, PreparedRequest
+from .frontend import Frontend
+from .prepared_request import PreparedRequest
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .outputs import TokenEventLike
 from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams

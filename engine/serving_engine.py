@@ -1,6 +1,6 @@
 """`ServingEngine`: what the HTTP layer (engine/server.py, engine/runs.py) needs of an engine.
 
-Implemented by the unified engine (`engine_loop.AsyncEngine`), the PD router
+Implemented by the unified engine (`unified_engine.AsyncEngine`), the PD router
 (`pd.router.PDRouter`) and the tests' scripted stand-in (`tests/engine/fake_engine.py`).
 """
 
@@ -14,7 +14,7 @@ from .outputs import TokenEventLike
 from .request import SamplingParams
 
 if TYPE_CHECKING:
-    from .engine_loop import EngineStats
+    from .server_loop import EngineStats
 
 
 class ServingEngine(Protocol):

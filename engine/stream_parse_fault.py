@@ -29,7 +29,7 @@ from typing import Any
 
 import deepseek_recipe as dr
 
-from .frontend import PreparedRequest
+from .prepared_request import PreparedRequest
 from .outputs import ChatOutput, dumps_compact
 from .tokenizer import DSV4Tokenizer, IncrementalDecoder
 

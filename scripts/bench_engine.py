@@ -24,7 +24,7 @@ import torch
 
 
 from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.engine_loop import AsyncEngine, EngineLoop
+from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.memory import PageAllocator
 from dsv4bench.engine.model.model import DSV4Mini
 from dsv4bench.engine.model_runner import ModelRunner
@@ -83,7 +83,7 @@ def main() -> None:
     runner = TimedRunner(ModelRunner(cfg, DSV4Mini(cfg.model)))
     alloc = PageAllocator(cfg.num_pages)
     scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)  # never sampled: every request runs its full length
-    loop = EngineLoop(cfg, scheduler, runner)
+    loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=-1)  # never sampled: every request runs its full length
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "

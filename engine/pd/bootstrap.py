@@ -21,7 +21,6 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from .transfer import KVTransfer
 
@@ -48,6 +47,42 @@ class UnexpectedAbort(RuntimeError):
     """An ABORT for a room already DECODING, under the planted `bootstrap-stall` fault."""
 
 
+# ---- the worker's messages, in the order a request's room sees them ------------------------------
+
+@dataclass(frozen=True)
+class OpenRoom:
+    room: Room
+
+
+@dataclass(frozen=True)
+class Prealloc:
+    rid: str
+    transfer: KVTransfer
+
+
+@dataclass(frozen=True)
+class Decoding:
+    rid: str
+
+
+@dataclass(frozen=True)
+class AbortRoom:
+    rid: str
+
+
+@dataclass(frozen=True)
+class CloseRoom:
+    rid: str
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    pass
+
+
+BootstrapMessage = OpenRoom | Prealloc | Decoding | AbortRoom | CloseRoom | StopWorker
+
+
 class BootstrapWorker:
     """Applies handshake messages to rooms on its own thread (or on the caller's, via `drain`).
 
@@ -60,7 +95,7 @@ class BootstrapWorker:
     def __init__(self, stall_on_unexpected_abort: bool = False) -> None:
         self.stall_on_unexpected_abort = stall_on_unexpected_abort
         self.rooms: dict[str, Room] = {}  # open rooms; the worker thread's own
-        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.inbox: queue.Queue[BootstrapMessage] = queue.Queue()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="pd-bootstrap", daemon=True)
 
@@ -68,29 +103,29 @@ class BootstrapWorker:
 
     def open(self, room: Room) -> None:
         """The router: a new request's room, before the servers see the request."""
-        self.inbox.put(("open", room))
+        self.inbox.put(OpenRoom(room))
 
     def prealloc(self, rid: str, transfer: KVTransfer) -> None:
         """The decode server: pages for `rid` are reserved; here is where its KV goes."""
-        self.inbox.put(("prealloc", (rid, transfer)))
+        self.inbox.put(Prealloc(rid, transfer))
 
     def decoding(self, rid: str) -> None:
         """The decode server: the KV of `rid` arrived and it decodes."""
-        self.inbox.put(("decoding", rid))
+        self.inbox.put(Decoding(rid))
 
     def abort(self, rid: str) -> None:
         """Either server: `rid` is aborted there; its room and transfer with it, unless it decodes."""
-        self.inbox.put(("abort", rid))
+        self.inbox.put(AbortRoom(rid))
 
     def close(self, rid: str) -> None:
         """The decode server: `rid` left it (finished or aborted); the room is done."""
-        self.inbox.put(("close", rid))
+        self.inbox.put(CloseRoom(rid))
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self.inbox.put(("stop", None))
+        self.inbox.put(StopWorker())
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=10)
 
@@ -101,8 +136,8 @@ class BootstrapWorker:
 
     def _main(self) -> None:
         try:
-            while (item := self.inbox.get())[0] != "stop":
-                self.handle(*item)
+            while not isinstance(msg := self.inbox.get(), StopWorker):
+                self.handle(msg)
         except BaseException as e:  # the thread is gone: the rooms it owns are frozen
             self.error = e
             log.exception("bootstrap worker died")
@@ -111,30 +146,26 @@ class BootstrapWorker:
         """Apply every pending message on the calling thread (tests drive the worker so)."""
         while True:
             try:
-                item = self.inbox.get_nowait()
+                msg = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if item[0] != "stop":
-                self.handle(*item)
+            if not isinstance(msg, StopWorker):
+                self.handle(msg)
 
-    def handle(self, kind: str, payload: Any) -> None:
-        if kind == "open":
-            room: Room = payload
-            assert room.rid not in self.rooms, f"room {room.rid} opened twice"
-            self.rooms[room.rid] = room
-        elif kind == "prealloc":
-            rid, transfer = payload
-            self._on_prealloc(rid, transfer)
-        elif kind == "decoding":
-            room = self.rooms.get(payload)
+    def handle(self, msg: BootstrapMessage) -> None:
+        if isinstance(msg, OpenRoom):
+            assert msg.room.rid not in self.rooms, f"room {msg.room.rid} opened twice"
+            self.rooms[msg.room.rid] = msg.room
+        elif isinstance(msg, Prealloc):
+            self._on_prealloc(msg.rid, msg.transfer)
+        elif isinstance(msg, Decoding):
+            room = self.rooms.get(msg.rid)
             if room is not None and room.state is RoomState.BOOTSTRAPPED:
                 room.state = RoomState.DECODING
-        elif kind == "abort":
-            self._on_abort(payload)
-        elif kind == "close":
-            self.rooms.pop(payload, None)
-        else:
-            raise ValueError(f"unknown bootstrap message {kind!r}")
+        elif isinstance(msg, AbortRoom):
+            self._on_abort(msg.rid)
+        elif isinstance(msg, CloseRoom):
+            self.rooms.pop(msg.rid, None)
 
     def _on_prealloc(self, rid: str, transfer: KVTransfer) -> None:
         room = self.rooms.get(rid)

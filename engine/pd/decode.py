@@ -22,25 +22,19 @@ simply free again.
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from ..config import EngineConfig
 from ..faults import Fault
-from ..engine_loop import TokenEvent, failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
 from ..radix_cache import RadixCache
-from ..request import FinishReason, Request, is_health_probe
+from ..request import FinishReason, Request
 from ..scheduler import Scheduler
+from ..server_loop import IDLE_WAIT_S, POLL_S, EventSink, ServerLoop, StepOutput, TokenEvent, count_users, failure_text
 from .bootstrap import BootstrapWorker
-from .loop import IDLE_WAIT_S, POLL_S, EventSink, PDStats, ServerLoop, count_users
+from .stats import PDStats
 from .transfer import KVTransfer, TransferStatus, is_settled
-
-log = logging.getLogger("dsv4bench.engine.pd")
-
 
 @dataclass(eq=False)
 class DecodeEntry:
@@ -50,46 +44,44 @@ class DecodeEntry:
     aborted: bool = False
 
 
-class DecodeEngine(ServerLoop):
+class DecodeEngine(ServerLoop[DecodeEntry]):
     """Owns the decode pools' pages, its Scheduler and its two queues (module docstring)."""
 
+    stats_type = PDStats
+
     def __init__(self, cfg: EngineConfig, runner: ModelRunner, bootstrap: BootstrapWorker, eos_token_id: int) -> None:
-        super().__init__("pd-decode")
         self.cfg = dataclasses.replace(cfg, enable_prefix_cache=False)
         self.allocator = PageAllocator(cfg.num_pages)
-        self.scheduler = Scheduler(self.cfg, self.allocator, RadixCache(cfg.page_size, self.allocator), eos_token_id)
-        self.runner, self.bootstrap = runner, bootstrap
+        super().__init__("pd-decode", Scheduler(self.cfg, self.allocator, RadixCache(cfg.page_size, self.allocator),
+                                                eos_token_id), runner)
+        self.bootstrap = bootstrap
         self.prealloc_queue: dict[str, DecodeEntry] = {}
         self.transfer_queue: dict[str, DecodeEntry] = {}
         self.decoding: dict[str, DecodeEntry] = {}  # in the Scheduler (running, or preempted)
         self.leak_aborted_transfers = Fault.ABORT_LEAK in cfg.faults
-        self.counts: Counter[str] = Counter()
 
     # ---- any thread -----------------------------------------------------------------------
 
     def submit(self, req: Request, sink: EventSink) -> None:
         """A request whose room the router has opened; its TokenEvents go to `sink`."""
-        self.inbox.put(("add", DecodeEntry(req, sink)))
+        self.submit_entry(DecodeEntry(req, sink))
+
+    # ---- the engine thread ----------------------------------------------------------------
 
     def rids(self) -> list[str]:
         return [*self.prealloc_queue, *self.transfer_queue, *self.decoding]
 
-    # ---- the engine thread ----------------------------------------------------------------
-
-    def handle(self, kind: str, payload: Any) -> None:
-        assert kind == "add", kind
-        entry: DecodeEntry = payload
+    def add(self, entry: DecodeEntry) -> None:
         rid = entry.req.rid
         if len(entry.req.prompt_ids) >= self.scheduler.max_seq_len:  # could never be reserved
-            entry.sink.push(self._event(entry.req, [], FinishReason.ABORT))
+            entry.sink.push(TokenEvent.of(entry.req, [], FinishReason.ABORT))
             self.bootstrap.abort(rid)
             self.bootstrap.close(rid)
             return
         self.prealloc_queue[rid] = entry
-        if not is_health_probe(rid):
-            self.counts["requests"] += 1
+        self.count("requests", rid)
 
-    def _abort(self, rid: str) -> bool:
+    def abort_request(self, rid: str) -> bool:
         if (e := self.prealloc_queue.pop(rid, None)) is not None:
             self.bootstrap.abort(rid)  # the prefill side may wait on the room
             self.bootstrap.close(rid)
@@ -102,21 +94,20 @@ class DecodeEngine(ServerLoop):
             self.bootstrap.abort(rid)
         elif (e := self.decoding.pop(rid, None)) is not None:
             self.scheduler.abort(rid)
-            self.runner.forget(rid)
+            self._forget(rid)
             self.bootstrap.abort(rid)  # the room learns of every abort here, whatever its state
             self.bootstrap.close(rid)
         else:
             return False
-        e.sink.push(self._event(e.req, [], FinishReason.ABORT))
-        if not is_health_probe(rid):
-            self.counts["aborted"] += 1
+        e.sink.push(TokenEvent.of(e.req, [], FinishReason.ABORT))
+        self.count("aborted", rid)
         return True
 
     def work(self) -> None:
         self._preallocate()
         self._poll_transfers()
         if self.scheduler.has_work:
-            self._step()
+            self.step()
         if not (self.prealloc_queue or self.transfer_queue or self.scheduler.has_work):
             self.scheduler.check_integrity()  # idle, and no cache: every page is free
 
@@ -151,9 +142,8 @@ class DecodeEngine(ServerLoop):
             self.bootstrap.close(rid)
             self.allocator.decref(t.dst_pages)
             if not e.aborted:  # failed, or aborted from the prefill side: the client learns now
-                e.sink.push(self._event(e.req, [], FinishReason.ABORT, t.error))
-                if not is_health_probe(rid):
-                    self.counts["aborted"] += 1
+                e.sink.push(TokenEvent.of(e.req, [], FinishReason.ABORT, t.error))
+                self.count("aborted", rid)
 
     def _admit(self, e: DecodeEntry, t: KVTransfer) -> None:
         req = e.req
@@ -164,59 +154,34 @@ class DecodeEngine(ServerLoop):
             reason = self.scheduler.add_prefilled(req)
         except ValueError:  # a duplicate live rid: fail this request only
             self.allocator.decref(t.dst_pages)
-            e.sink.push(self._event(req, [], FinishReason.ABORT))
+            e.sink.push(TokenEvent.of(req, [], FinishReason.ABORT))
             self.bootstrap.close(req.rid)
             return
-        self._emit(req.rid, e.sink, self._event(req, [t.first_token], reason))
+        self._emit(e, [t.first_token], reason)
         if reason is None:
             self.decoding[req.rid] = e
             self.bootstrap.decoding(req.rid)
         else:
-            self.runner.forget(req.rid)
+            self._forget(req.rid)
             self.bootstrap.close(req.rid)
 
-    def _step(self) -> None:
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return
-        sampled, failed = run_batch(self.runner, batch)
-        for rid, err in failed.items():
-            self._fail(rid, err)
-        out: dict[str, list[int]] = {}
-        finished: dict[str, FinishReason] = {}
-        for ev in self.scheduler.postprocess(batch, sampled):
-            if ev.token_id is not None:
-                out.setdefault(ev.rid, []).append(ev.token_id)
-            if ev.finish_reason is not None:
-                finished[ev.rid] = FinishReason(ev.finish_reason)
-        for rid in out.keys() | finished.keys():
-            e = self.decoding[rid]
-            self._emit(rid, e.sink, self._event(e.req, out.get(rid, []), finished.get(rid)))
-            if rid in finished:
-                del self.decoding[rid]
-                self.runner.forget(rid)
-                self.bootstrap.close(rid)
-
-    def _fail(self, rid: str, err: BaseException) -> None:
-        """A request the step failed on: out of the Scheduler, its client told why."""
-        log.error("decode of %s failed: %s", rid, failure_text(err), exc_info=err)
+    def fail(self, rid: str, err: BaseException) -> None:
         e = self.decoding.pop(rid)
-        self.scheduler.abort(rid)
-        self.runner.forget(rid)
         self.bootstrap.abort(rid)
         self.bootstrap.close(rid)
-        e.sink.push(self._event(e.req, [], FinishReason.ABORT, failure_text(err)))
-        if not is_health_probe(rid):
-            self.counts["aborted"] += 1
+        e.sink.push(TokenEvent.of(e.req, [], FinishReason.ABORT, failure_text(err)))
 
-    def _emit(self, rid: str, sink: EventSink, event: TokenEvent) -> None:
-        if not is_health_probe(rid):
-            self.counts["gen"] += len(event.token_ids)
-        sink.push(event)
+    def postprocess(self, outputs: dict[str, StepOutput]) -> None:
+        for rid, out in outputs.items():
+            self._emit(self.decoding[rid], out.token_ids, out.finish_reason)
+            if out.finish_reason is not None:
+                del self.decoding[rid]
+                self._forget(rid)
+                self.bootstrap.close(rid)
 
-    @staticmethod
-    def _event(req: Request, token_ids: list[int], reason: FinishReason | None, error: str | None = None) -> TokenEvent:
-        return TokenEvent(token_ids, reason, len(req.prompt_ids), req.num_cached, error)
+    def _emit(self, e: DecodeEntry, token_ids: list[int], reason: FinishReason | None) -> None:
+        self.count("gen", e.req.rid, len(token_ids))
+        e.sink.push(TokenEvent.of(e.req, token_ids, reason))
 
     def snapshot(self) -> PDStats:
         s = self.scheduler.stats()
@@ -226,10 +191,10 @@ class DecodeEngine(ServerLoop):
             num_decode_transfer_queue=count_users(self.transfer_queue),
             pages_used=s.pages_used, pages_total=s.pages_total, token_usage=s.token_usage,
             num_requests_total=self.counts["requests"], num_aborted_total=self.counts["aborted"],
-            gen_tokens_total=self.counts["gen"])
+            gen_tokens_total=self.counts["gen"], last_step_ms=self.last_step_ms)
 
     def fail_all(self) -> None:
         """This thread died: every client hears ABORT."""
         for e in [*self.prealloc_queue.values(), *self.transfer_queue.values(), *self.decoding.values()]:
             if not e.aborted:
-                e.sink.push(self._event(e.req, [], FinishReason.ABORT))
+                e.sink.push(TokenEvent.of(e.req, [], FinishReason.ABORT))

@@ -10,7 +10,7 @@
 4. When the transfer is settled, the held references are dropped: full pages stay in the
    prefix cache for later turns, the rest are free.
 
-A request whose prefill step fails on its own (engine_loop.run_batch) leaves the Scheduler,
+A request whose prefill step fails on its own (server_loop.run_batch) leaves the Scheduler,
 its transfer records why and its room is aborted, so the decode side ends it with that error.
 
 Aborts, in every queue: in the bootstrap queue the room is aborted through the bootstrap
@@ -23,21 +23,19 @@ the prefill of its request.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..config import EngineConfig
 from ..faults import Fault
-from ..engine_loop import failure_text, run_batch
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
 from ..radix_cache import RadixCache
-from ..request import Request, is_health_probe
-from ..scheduler import Scheduler
+from ..request import Request
+from ..scheduler import ScheduledBatch, Scheduler
+from ..server_loop import IDLE_WAIT_S, POLL_S, ServerLoop, StepOutput, count_users, failure_text
 from .bootstrap import BootstrapWorker, Room, RoomState
-from .loop import IDLE_WAIT_S, POLL_S, PDStats, ServerLoop, count_users
+from .stats import PDStats
 from .transfer import KVTransfer, TransferStatus, TransferWorker, is_settled
 
 log = logging.getLogger("dsv4bench.engine.pd")
@@ -56,32 +54,30 @@ class PrefillEntry:
         return self.room.transfer
 
 
-class PrefillEngine(ServerLoop):
+class PrefillEngine(ServerLoop[PrefillEntry]):
     """Owns the prefill pools' pages, its Scheduler and its three queues (module docstring)."""
+
+    stats_type = PDStats
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner, bootstrap: BootstrapWorker,
                  transfers: TransferWorker, eos_token_id: int) -> None:
-        super().__init__("pd-prefill")
         self.cfg = cfg
         self.allocator = PageAllocator(cfg.num_pages)
         self.cache = RadixCache(cfg.page_size, self.allocator)
-        self.scheduler = Scheduler(cfg, self.allocator, self.cache, eos_token_id)
-        self.runner, self.bootstrap, self.transfers = runner, bootstrap, transfers
+        super().__init__("pd-prefill", Scheduler(cfg, self.allocator, self.cache, eos_token_id), runner)
+        self.bootstrap, self.transfers = bootstrap, transfers
         # Insertion-ordered dicts: FIFO queues with O(1) lookup by rid.
         self.bootstrap_queue: dict[str, PrefillEntry] = {}
         self.prefilling: dict[str, PrefillEntry] = {}  # in the Scheduler
         self.inflight_queue: dict[str, PrefillEntry] = {}
         self.leak_aborted_transfers = Fault.ABORT_LEAK in cfg.faults
-        self.counts: Counter[str] = Counter()
+        self._held: dict[str, list[int]] = {}  # this step's finished requests' pages, held for transfer
 
     # ---- any thread -----------------------------------------------------------------------
 
     def submit(self, req: Request, room: Room) -> None:
         """A request (the prefill's own copy) whose room the router has opened."""
-        self.inbox.put(("add", PrefillEntry(req, room)))
-
-    def rids(self) -> list[str]:
-        return [*self.bootstrap_queue, *self.prefilling, *self.inflight_queue]
+        self.submit_entry(PrefillEntry(req, room))
 
     def flush_cache(self) -> Future[bool]:
         """Drop the prefix cache when no request is here; False otherwise."""
@@ -94,15 +90,15 @@ class PrefillEngine(ServerLoop):
 
     # ---- the engine thread ----------------------------------------------------------------
 
-    def handle(self, kind: str, payload: Any) -> None:
-        assert kind == "add", kind
-        entry: PrefillEntry = payload
-        self.bootstrap_queue[entry.req.rid] = entry
-        if not is_health_probe(entry.req.rid):
-            self.counts["requests"] += 1
-            self.counts["prompt"] += len(entry.req.prompt_ids)
+    def rids(self) -> list[str]:
+        return [*self.bootstrap_queue, *self.prefilling, *self.inflight_queue]
 
-    def _abort(self, rid: str) -> bool:
+    def add(self, entry: PrefillEntry) -> None:
+        self.bootstrap_queue[entry.req.rid] = entry
+        self.count("requests", entry.req.rid)
+        self.count("prompt", entry.req.rid, len(entry.req.prompt_ids))
+
+    def abort_request(self, rid: str) -> bool:
         if (e := self.bootstrap_queue.get(rid)) is not None:
             if e.abort_requested:
                 return False
@@ -110,7 +106,7 @@ class PrefillEngine(ServerLoop):
             self.bootstrap.abort(rid)
         elif (e := self.prefilling.pop(rid, None)) is not None:
             self.scheduler.abort(rid)
-            self.runner.forget(rid)
+            self._forget(rid)
             self.bootstrap.abort(rid)  # the room tells the decode side to free its reservation
         elif (e := self.inflight_queue.get(rid)) is not None:
             if e.abort_requested:
@@ -119,15 +115,14 @@ class PrefillEngine(ServerLoop):
             e.transfer.abort()
         else:
             return False
-        if not is_health_probe(rid):
-            self.counts["aborted"] += 1
+        self.count("aborted", rid)
         return True
 
     def work(self) -> None:
         self._pop_bootstrapped()
         self._drop_abandoned()
         if self.scheduler.has_work:
-            self._step()
+            self.step()
         self._poll_inflight()
         if not (self.bootstrap_queue or self.prefilling or self.inflight_queue):
             self.scheduler.check_integrity()  # idle: every page is free or held by the cache
@@ -158,43 +153,33 @@ class PrefillEngine(ServerLoop):
             if e.transfer.status is TransferStatus.ABORTED:
                 del self.prefilling[rid]
                 self.scheduler.abort(rid)
-                self.runner.forget(rid)
+                self._forget(rid)
 
-    def _step(self) -> None:
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return
-        assert batch.num_decode == 0, "a prefill request finishes at its first token"
-        sampled, failed = run_batch(self.runner, batch)
-        for rid, err in failed.items():
-            self._fail(rid, err)
-        # NOTE: postprocess finishes every request whose prompt completes here and releases its
-        # pages; the transfer worker still has to read them, so they get one more reference.
-        held = {e.req.rid: list(e.req.pages) for e in batch.entries if e.sample and e.req.rid not in failed}
-        for pages in held.values():
-            self.allocator.incref(pages)
-        for ev in self.scheduler.postprocess(batch, sampled):
-            assert ev.finish_reason is not None and ev.token_id is not None
-            e = self.prefilling.pop(ev.rid)
-            self.runner.forget(ev.rid)
-            e.held_pages = held[ev.rid]
-            if e.transfer.begin(e.held_pages, ev.token_id, e.req.num_cached):
-                self.transfers.submit(e.transfer)
-                self.inflight_queue[ev.rid] = e
-            else:  # the decode side gave up while the prompt was computed
-                self.allocator.decref(e.held_pages)
-
-    def _fail(self, rid: str, err: BaseException) -> None:
-        """A request the step failed on: out of the Scheduler; its transfer carries the error
-        to the decode side, whose client hears it; the room is aborted."""
-        log.error("prefill of %s failed: %s", rid, failure_text(err), exc_info=err)
+    def fail(self, rid: str, err: BaseException) -> None:
+        """Its transfer carries the error to the decode side, whose client hears it."""
         e = self.prefilling.pop(rid)
-        self.scheduler.abort(rid)
-        self.runner.forget(rid)
         e.transfer.error = failure_text(err)
         self.bootstrap.abort(rid)
-        if not is_health_probe(rid):
-            self.counts["aborted"] += 1
+
+    def before_postprocess(self, batch: ScheduledBatch, failed: dict[str, BaseException]) -> None:
+        # NOTE: postprocess finishes every request whose prompt completes here and releases its
+        # pages; the transfer worker still has to read them, so they get one more reference.
+        assert batch.num_decode == 0, "a prefill request finishes at its first token"
+        self._held = {e.req.rid: list(e.req.pages) for e in batch.entries if e.sample and e.req.rid not in failed}
+        for pages in self._held.values():
+            self.allocator.incref(pages)
+
+    def postprocess(self, outputs: dict[str, StepOutput]) -> None:
+        for rid, out in outputs.items():
+            assert out.finish_reason is not None and len(out.token_ids) == 1
+            e = self.prefilling.pop(rid)
+            self._forget(rid)
+            e.held_pages = self._held.pop(rid)
+            if e.transfer.begin(e.held_pages, out.token_ids[0], e.req.num_cached):
+                self.transfers.submit(e.transfer)
+                self.inflight_queue[rid] = e
+            else:  # the decode side gave up while the prompt was computed
+                self.allocator.decref(e.held_pages)
 
     def _poll_inflight(self) -> None:
         for rid, e in list(self.inflight_queue.items()):
@@ -211,7 +196,7 @@ class PrefillEngine(ServerLoop):
             pages_used=s.pages_used, pages_total=s.pages_total, num_cached_pages=s.num_cached_pages,
             token_usage=s.token_usage, cache_hit_rate=s.cache_hit_rate,
             num_requests_total=self.counts["requests"], num_aborted_total=self.counts["aborted"],
-            prompt_tokens_total=self.counts["prompt"])
+            prompt_tokens_total=self.counts["prompt"], last_step_ms=self.last_step_ms)
 
     def fail_all(self) -> None:
         """This thread died: abort every transfer it owes, so the decode side frees its pages

@@ -15,11 +15,10 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from ..config import EngineConfig
-from ..engine_loop import EngineStats, TokenEvent
 from ..request import FinishReason, Request, SamplingParams, is_health_probe
+from ..server_loop import AsyncSink, EngineStats, EventSink, TokenEvent, count_users
 from .bootstrap import BootstrapWorker, Room
 from .decode import DecodeEngine
-from .loop import AsyncSink, EventSink, count_users
 from .prefill import PrefillEngine
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.engine_loop import EngineStats, TokenEvent
+from dsv4bench.engine.server_loop import EngineStats, TokenEvent
 from dsv4bench.engine.request import FinishReason, SamplingParams
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dsv4bench.engine.frontend import Frontend, PreparedRequest, RequestError
+from dsv4bench.engine.frontend import Frontend, RequestError
+from dsv4bench.engine.prepared_request import PreparedRequest
 from dsv4bench.engine.request import FinishReason
 from dsv4bench.engine.tokenizer import load_tokenizer
 

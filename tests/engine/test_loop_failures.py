@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dsv4bench.engine.engine_loop import _Sink
+from dsv4bench.engine.server_loop import AsyncSink
 from dsv4bench.engine.model_runner import ModelRunner
 from dsv4bench.engine.request import Request, SamplingParams
 from dsv4bench.engine.serve import build_engine
@@ -96,8 +96,8 @@ def test_a_seed_torch_refuses_fails_only_its_request(single):
 
     async def main() -> tuple[list[Any], list[Any]]:
         async def fatal_request() -> list[Any]:  # straight into the loop, past generate()'s own checks
-            sink = _Sink(Request("fatal", ids, fatal), asyncio.get_running_loop())
-            built.loop.inbox.put(("add", sink))
+            sink = AsyncSink(asyncio.get_running_loop())
+            built.loop.submit(Request("fatal", ids, fatal), sink)
             events = [await sink.queue.get()]
             while events[-1].finish_reason is None:
                 events.append(await sink.queue.get())

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.engine_loop import AsyncEngine, EngineLoop, EngineStats
+from dsv4bench.engine.server_loop import EngineStats
+from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.memory import PageAllocator
 from dsv4bench.engine.radix_cache import RadixCache
@@ -56,17 +57,17 @@ def runner() -> ScriptedRunner:
 
 
 @pytest.fixture(scope="module")
-def loop(runner: ScriptedRunner) -> Iterator[EngineLoop]:
+def loop(runner: ScriptedRunner) -> Iterator[UnifiedEngine]:
     cfg = EngineConfig(num_pages=256)
     allocator = PageAllocator(cfg.num_pages)
-    loop = EngineLoop(cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id), runner)
+    loop = UnifiedEngine(cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id), runner)
     loop.start()
     yield loop
     loop.stop()
 
 
 @pytest.fixture(scope="module")
-def serve(loop: EngineLoop) -> Iterator[Callable[..., str]]:
+def serve(loop: UnifiedEngine) -> Iterator[Callable[..., str]]:
     """serve(*faults) -> base URL of a server with those faults, over the one shared loop."""
     servers: dict[frozenset[str], ServerThread] = {}
 
@@ -84,7 +85,7 @@ def serve(loop: EngineLoop) -> Iterator[Callable[..., str]]:
 
 
 @pytest.fixture(autouse=True)
-def fresh_runner(runner: ScriptedRunner, loop: EngineLoop) -> Iterator[None]:
+def fresh_runner(runner: ScriptedRunner, loop: UnifiedEngine) -> Iterator[None]:
     runner.reset()
     yield
     runner.reset()
@@ -186,7 +187,7 @@ def test_health_generates_one_token_and_is_503_when_the_loop_is_stuck(serve, loo
 def test_health_lies_answers_from_the_liveness_flag_until_the_loop_dies():
     cfg = EngineConfig(num_pages=64, faults=frozenset({"health-lies"}))
     allocator = PageAllocator(cfg.num_pages)
-    loop = EngineLoop(cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id),
+    loop = UnifiedEngine(cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id),
                       lambda batch: 1 // 0)  # the first step kills the loop
     loop.start()
     srv = ServerThread(build_app(AsyncEngine(cfg, loop, TOK.eos_token_id), Frontend(TOK, MODEL, 4096),

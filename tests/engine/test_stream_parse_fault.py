@@ -13,8 +13,9 @@ import pytest
 from dsv4bench.agents import get_family
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.dsml import find_dsml
-from dsv4bench.engine.engine_loop import TokenEvent
-from dsv4bench.engine.frontend import Frontend, PreparedRequest
+from dsv4bench.engine.server_loop import TokenEvent
+from dsv4bench.engine.frontend import Frontend
+from dsv4bench.engine.prepared_request import PreparedRequest
 from dsv4bench.engine.outputs import ChatOutput
 from dsv4bench.engine.request import FinishReason
 from dsv4bench.engine.stream_parse_fault import BLOCK_OPEN, EagerDsmlParser, EagerParseChatOutput

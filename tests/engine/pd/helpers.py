@@ -13,7 +13,7 @@ import httpx
 import uvicorn
 
 from dsv4bench.engine.config import EngineConfig, ModelConfig
-from dsv4bench.engine.engine_loop import TokenEvent
+from dsv4bench.engine.server_loop import TokenEvent
 from dsv4bench.engine.pd import PDConfig, PDEngine, build_pd_engine
 from dsv4bench.engine.launcher import free_port
 from dsv4bench.engine.request import FinishReason, SamplingParams
