@@ -27,7 +27,7 @@ carry no key; `auth_health_metrics` closes them too. The PD prefill and decode s
 (engine/pd/http.py) use the same middleware and the same rule.
 
 Planted faults (engine/faults.py, engine/STRUCTURE.md "Faults") living here: `ghost-decode`
-(engine/runs.py), `health-lies` (`/health` answers from the liveness flag) and `parser-split`
+(engine/generations.py), `health-lies` (`/health` answers from the liveness flag) and `parser-split`
 (streamed chat goes through engine/stream_parse_fault.py).
 """
 
@@ -63,7 +63,7 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 from .outputs import TokenEventLike
 from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams
 from .request_limits import RequestError, parse_json, read_body
-from .runs import Run, Runs, SSEResponse, unless_disconnected
+from .generations import Generation, Generations, SSEResponse, unless_disconnected
 from .serving_engine import ServingEngine
 from .stream_parse_fault import EagerParseChatOutput
 
@@ -172,7 +172,7 @@ class _Server:
         self.engine_cfg = engine.cfg
         self.metrics = ServerMetrics(engine.stats, cfg.model_name, cfg.engine_type, self.engine_cfg.page_size)
         faults = self.engine_cfg.faults
-        self.runs = Runs(engine, self.metrics, ghost_decode=Fault.GHOST_DECODE in faults)
+        self.generations = Generations(engine, self.metrics, ghost_decode=Fault.GHOST_DECODE in faults)
         self.health_lies = Fault.HEALTH_LIES in faults
         self.parser_split = Fault.PARSER_SPLIT in faults
         self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
@@ -202,23 +202,23 @@ class _Server:
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}
         log.info("request %s prompt_tokens=%d max_tokens=%d stream=%s %s", req.rid, len(req.prompt_ids),
                  req.params.max_tokens, req.stream, tags or "")
-        run = self.runs.start(req, arrival)
-        events = _FailedRequests(run.events)
+        gen = self.generations.start(req, arrival)
+        events = _FailedRequests(gen.events)
         if req.stream:
-            return SSEResponse(self._sse(run, stream(req, events)), run)
+            return SSEResponse(self._sse(gen, stream(req, events)), gen)
         result = None
         try:
-            if self.runs.ghost_decode:  # the fault: nobody watches for the client leaving
+            if self.generations.ghost_decode:  # the fault: nobody watches for the client leaving
                 result = await collect(req, events)
             else:
                 result = await unless_disconnected(request, lambda: collect(req, events))
         finally:
-            await run.close(completed=result is not None)
+            await gen.close(completed=result is not None)
         if result is None:
             raise RequestError(503, f"request {req.rid} was aborted", code="request_aborted")
         return JSONResponse(result)
 
-    async def _sse(self, run: Run, payloads: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _sse(self, gen: Generation, payloads: AsyncIterator[str]) -> AsyncIterator[str]:
         completed = False
         try:
             async for data in payloads:
@@ -227,13 +227,13 @@ class _Server:
         except Exception as exc:  # the response has started: report in-band, end without [DONE]
             refusal = request_error(exc)
             if refusal is None:
-                log.exception("request %s failed mid-stream", run.req.rid)
+                log.exception("request %s failed mid-stream", gen.req.rid)
                 refusal = RequestError(500, f"internal server error: {type(exc).__name__}")
             yield f"data: {json.dumps(refusal.body())}\n\n"
         finally:
             with anyio.CancelScope(shield=True):
                 await payloads.aclose()  # type: ignore[attr-defined]
-                await run.close(completed)
+                await gen.close(completed)
 
     async def models(self, request: Request) -> Response:
         card = {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "dsv4bench",
@@ -291,7 +291,7 @@ class _Server:
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         if body.get("abort_all") is True:
-            rids = list(self.runs.active)  # ghost-decode's forgotten runs too: abort_all is their way out
+            rids = list(self.generations.active)  # ghost-decode's forgotten generations too: abort_all is their way out
             return JSONResponse({"aborted": [rid for rid in rids if self.engine.abort(rid)]})
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
@@ -308,7 +308,7 @@ class _Server:
 
 
 class _FailedRequests:
-    """A run's events, raising a 500 RequestError at an event that says the engine failed the
+    """A generation's events, raising a 500 RequestError at an event that says the engine failed the
     request (`TokenEvent.error`: it raised in the loop, which went on serving the others)."""
 
     def __init__(self, events: AsyncIterator[TokenEventLike]) -> None:

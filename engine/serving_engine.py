@@ -1,4 +1,4 @@
-"""`ServingEngine`: what the HTTP layer (engine/server.py, engine/runs.py) needs of an engine.
+"""`ServingEngine`: what the HTTP layer (engine/server.py, engine/generations.py) needs of an engine.
 
 Implemented by the unified engine (`unified_engine.AsyncEngine`), the PD router
 (`pd.router.PDRouter`) and the tests' scripted stand-in (`tests/engine/fake_engine.py`).
