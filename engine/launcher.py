@@ -89,7 +89,7 @@ class EngineProcess:
         self.stop()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM it when the harness dies, even by
     SIGKILL, so a killed run never leaves an engine holding memory and a port."""
     import ctypes
@@ -133,7 +133,7 @@ def _start_once(extra_args: list[str] | None, startup_timeout: float, log_dir: P
     cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *ports,
            *(extra_args or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
     ep = EngineProcess(proc, host, port, log_path, log, tuple(server_ports))
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:

@@ -33,7 +33,6 @@ Planted faults (engine/faults.py, engine/STRUCTURE.md "Faults") living here: `gh
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -55,7 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import __version__
+from . import server_facts
 from .faults import Fault
 from .frontend import Frontend
 from .prepared_request import PreparedRequest
@@ -71,7 +70,6 @@ log = logging.getLogger("dsv4bench.engine.server")
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (unless auth_health_metrics)
 HEALTH_PROMPT = "<｜begin▁of▁sentence｜><｜User｜>ping<｜Assistant｜></think>"
-VERSION = __version__  # the package version, written once in pyproject.toml
 
 
 @dataclass(frozen=True)
@@ -273,18 +271,15 @@ class _Server:
                 await gen.aclose()  # aborts a probe still queued
 
     async def server_info(self, request: Request) -> Response:
-        facts = dataclasses.asdict(self.engine_cfg)
-        facts["faults"] = sorted(fault.value for fault in self.engine_cfg.faults)
-        model = facts.pop("model")
-        info = {**facts, "model_path": self.cfg.model_name, "served_model_name": self.cfg.model_name,
-                "context_length": self.engine.max_context, "vocab_size": self.frontend.tokenizer.vocab_size,
-                "engine_type": self.cfg.engine_type, "version": VERSION, "model_config": model}
-        return JSONResponse(info)
+        return JSONResponse(server_facts.server_info(self.engine_cfg, self.cfg.engine_type, self.cfg.model_name,
+                                                     self.frontend.tokenizer, self.engine.max_context))
 
     async def model_info(self, request: Request) -> Response:
-        return JSONResponse({"model_path": self.cfg.model_name, "tokenizer_path": str(self.frontend.tokenizer.path),
-                             "is_generation": True, "model_type": "dsv4-mini", "architectures": ["DSV4Mini"],
-                             "eos_token_id": self.engine.eos_token_id, "context_length": self.engine.max_context})
+        return JSONResponse(server_facts.model_info(self.cfg.engine_type, self.cfg.model_name, self.frontend.tokenizer,
+                                                    self.engine.eos_token_id, self.engine.max_context))
+
+    async def load(self, request: Request) -> Response:
+        return JSONResponse(server_facts.load(self.engine.stats()))
 
     async def abort_request(self, request: Request) -> Response:
         body = await self.read_json(request)
@@ -345,8 +340,11 @@ def build_app(engine: ServingEngine, frontend: Frontend, server_cfg: ServerConfi
         Route("/v1/models", guarded(s.models), methods=["GET"]),
         Route("/health", guarded(s.health), methods=["GET"]),
         Route("/health_generate", guarded(s.health_generate), methods=["GET"]),
+        Route("/server_info", guarded(s.server_info), methods=["GET"]),
         Route("/get_server_info", guarded(s.server_info), methods=["GET"]),
+        Route("/model_info", guarded(s.model_info), methods=["GET"]),
         Route("/get_model_info", guarded(s.model_info), methods=["GET"]),
+        Route("/get_load", guarded(s.load), methods=["GET"]),
         Route("/abort_request", guarded(s.abort_request), methods=["POST"]),
         Route("/flush_cache", guarded(s.flush_cache), methods=["GET", "POST"]),
         Route("/metrics", guarded(s.metrics_text), methods=["GET"]),

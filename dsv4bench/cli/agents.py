@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
 from ..preflight import HostLimitError, ServerError, ensure_open_files, server_facts
 from ..redact import redact_argv, shell_line
 from .common import app, err, fail, print_verdict
 from .engine import check_faults
+
+ENGINE_ROUTERS = ("bundled", "sglang")  # what may front the bundled engine (--engine-router)
 
 BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
 
@@ -64,6 +67,7 @@ def agents(
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
     engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
+    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench[sglang]') started in front of it on loopback; the run then also scrapes the router's smg_* metrics."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 
@@ -79,8 +83,13 @@ def agents(
         )
         check_out_dir(out_dir)
         ensure_open_files(concurrency)
-        if (engine_fault or engine_pd) and url is not None:
-            raise ConfigError("--engine-fault and --engine-pd are for the bundled engine; not with --url")
+        if (engine_fault or engine_pd or engine_router != "bundled") and url is not None:
+            raise ConfigError("--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with --url")
+        if engine_router not in ENGINE_ROUTERS:
+            raise ConfigError(f"--engine-router must be one of {', '.join(ENGINE_ROUTERS)}, not {engine_router!r}")
+        if engine_router == "sglang" and (engine_pd or "--pd" in engine_arg):
+            raise ConfigError("--engine-router sglang fronts the unified engine only: the bundled PD servers do not "
+                              "serve SGLang's PD request protocol yet; leave out --engine-pd")
         engine_arg = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]
         if engine_pd and "--pd" not in engine_arg:
             engine_arg.append("--pd")
@@ -100,9 +109,11 @@ def agents(
         except ReferenceRunError as e:
             raise fail(str(e))
 
+    from ..engine.sglang_router import RoutedEngine
+
     bundled = None
     if url is None:
-        bundled = _start_bundled_engine(engine_arg, quiet)
+        bundled = _start_bundled_engine(engine_arg, engine_router, quiet)
         config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, *bundled.metrics_urls))
     try:
         try:
@@ -111,14 +122,17 @@ def agents(
             raise fail(str(e))
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
+            if isinstance(bundled, RoutedEngine):
+                facts["bundled_engine"]["sglang_router"] = {"url": bundled.url, "metrics": bundled.router.metrics_url,
+                                                            "log": str(bundled.router.log_path)}
         elif not config.metrics and facts.get("metrics_url"):
             config = dataclasses.replace(config, metrics=(facts["metrics_url"],))
             if not quiet and facts.get("role") == "router":
-                err.print(f"found {facts['metrics_url']}, a router's: its workers' queues are not in it, so the "
+                err.print(f"found {escape(facts['metrics_url'])}, a router's: its workers' queues are not in it, so the "
                           "wedge is not checked; give --metrics for each prefill and decode server", highlight=False,
                           soft_wrap=True)
             elif not quiet:
-                err.print(f"found {facts['metrics_url']}: its queues are watched for a wedge after the load "
+                err.print(f"found {escape(facts['metrics_url'])}: its queues are watched for a wedge after the load "
                           "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False, soft_wrap=True)
         try:
             summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
@@ -131,14 +145,20 @@ def agents(
     raise typer.Exit(_exit_code(summary, config.fail_on))
 
 
-def _start_bundled_engine(engine_args: list[str], quiet: bool):
-    """No --url: start DSV4-mini on a free loopback port for this run."""
+def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
+    """No --url: start DSV4-mini on a free loopback port for this run (behind SGLang's router
+    with `router` "sglang")."""
+    from ..engine import sglang_router
     from ..engine.launcher import EngineStartError, start_engine
 
+    if router == "sglang" and not sglang_router.installed():  # before the engine's minute of loading
+        raise fail(sglang_router.MISSING)
     if not quiet:
-        err.print("no --url given: starting the bundled DSV4-mini engine on loopback ...", highlight=False)
+        behind = " behind SGLang's router" if router == "sglang" else ""
+        err.print(f"no --url given: starting the bundled DSV4-mini engine{behind} on loopback ...", highlight=False)
     try:
-        return start_engine(engine_args)
+        engine = start_engine(engine_args)
+        return sglang_router.start_routed_engine(engine) if router == "sglang" else engine
     except EngineStartError as e:
         raise fail(str(e))
 

@@ -184,7 +184,7 @@ def engine_train(
         cfg = TrainConfig(minutes=minutes, max_steps=max_steps, max_len=max_len, batch_tokens=batch_tokens, lr=lr,
                           warmup=warmup, csa_dense_share=csa_dense_share, hca_drop=hca_drop, seed=seed, device=device,
                           freeze_embeddings=freeze_embeddings)
-        result = train(model_cfg, cfg, corpus, weights, log=lambda m: err.print(m, highlight=False), init=init)
+        result = train(model_cfg, cfg, corpus, weights, log=lambda m: err.print(m, highlight=False, markup=False), init=init)
     except (WeightsError, CorpusError) as e:
         raise fail(str(e))
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "

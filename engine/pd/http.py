@@ -1,6 +1,7 @@
 """The HTTP face of the prefill and the decode server, each on its own port as in an SGLang PD
 deployment: `/health` and `/health_generate`, `/metrics` (SGLang's names, `engine_type`
-"prefill" / "decode"), `/get_server_info` and `/abort_request`. The router's face is
+"prefill" / "decode"), `/server_info`, `/model_info` and `/get_load` (engine/server_facts.py,
+what SGLang's router reads when it registers a worker), `/flush_cache` and `/abort_request`. The router's face is
 engine/server.py's app over the PDRouter.
 
 `/health` here is the liveness of every thread the server needs (its engine loop, and the
@@ -16,7 +17,6 @@ cross the same edge checks (engine/request_limits.py); every error is an OpenAI-
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -29,7 +29,9 @@ from starlette.routing import Route
 
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..request_limits import RequestError
-from ..server import VERSION, ServerConfig, auth_middleware, guarded, http_error, read_json
+from .. import server_facts
+from ..server import ServerConfig, auth_middleware, guarded, http_error, read_json
+from ..tokenizer import DSV4Tokenizer
 from .decode import DecodeEngine
 from .prefill import PrefillEngine
 
@@ -46,8 +48,8 @@ async def _answer(future: Future[Any]) -> Any:
 
 
 def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, model_name: str,
-                     needs: Sequence[Callable[[], bool]], health_lies: bool = False,
-                     server_cfg: ServerConfig = ServerConfig()) -> Starlette:
+                     tokenizer: DSV4Tokenizer, max_context: int, needs: Sequence[Callable[[], bool]],
+                     health_lies: bool = False, server_cfg: ServerConfig = ServerConfig()) -> Starlette:
     """The app of the prefill or decode server. `needs` are the liveness checks of the
     threads it depends on besides its own loop; `server_cfg` gives the API key and whether
     /health and /metrics need it (its ports and names are not read)."""
@@ -61,12 +63,25 @@ def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, mod
         return Response(metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def server_info(request: Request) -> Response:
-        facts = dataclasses.asdict(engine.cfg)
-        model = facts.pop("model")
-        facts["faults"] = sorted(fault.value for fault in engine.cfg.faults)
-        return JSONResponse({**facts, "disaggregation_mode": engine_type, "engine_type": engine_type,
-                             "model_path": model_name, "served_model_name": model_name, "version": VERSION,
-                             "model_config": model})
+        return JSONResponse(server_facts.server_info(engine.cfg, engine_type, model_name, tokenizer, max_context))
+
+    async def model_info(request: Request) -> Response:
+        return JSONResponse(server_facts.model_info(engine_type, model_name, tokenizer, tokenizer.eos_token_id,
+                                                    max_context))
+
+    async def load(request: Request) -> Response:
+        return JSONResponse(server_facts.load(engine.stats))
+
+    async def flush_cache(request: Request) -> Response:
+        if isinstance(engine, DecodeEngine):  # no prefix cache on the decode side: nothing to drop
+            return JSONResponse({"message": "Cache flushed."})
+        try:
+            flushed = await _answer(engine.flush_cache())
+        except TimeoutError:
+            return _error(503, f"the {engine_type} engine is not answering")
+        if flushed:
+            return JSONResponse({"message": "Cache flushed."})
+        return _error(400, "Cache not flushed: requests are running.")
 
     async def abort_request(request: Request) -> Response:
         body = await read_json(request, min(MAX_BODY_BYTES, server_cfg.max_body_bytes))
@@ -86,6 +101,11 @@ def build_worker_app(engine: PrefillEngine | DecodeEngine, engine_type: str, mod
         Route("/health", guarded(health), methods=["GET"]),
         Route("/health_generate", guarded(health), methods=["GET"]),
         Route("/metrics", guarded(metrics_text), methods=["GET"]),
+        Route("/server_info", guarded(server_info), methods=["GET"]),
         Route("/get_server_info", guarded(server_info), methods=["GET"]),
+        Route("/model_info", guarded(model_info), methods=["GET"]),
+        Route("/get_model_info", guarded(model_info), methods=["GET"]),
+        Route("/get_load", guarded(load), methods=["GET"]),
+        Route("/flush_cache", guarded(flush_cache), methods=["GET", "POST"]),
         Route("/abort_request", guarded(abort_request), methods=["POST"]),
     ], middleware=auth_middleware(server_cfg), exception_handlers={HTTPException: http_error})

@@ -82,13 +82,14 @@ class PDEngine:
         guards all three)."""
         lies = Fault.HEALTH_LIES in self.cfg.faults
         name = server_cfg.model_name
+        tok, ctx = self.frontend.tokenizer, self.router.max_context
         return {
             "router": build_app(self.router, self.frontend,
                                 replace(server_cfg, engine_type="router",
                                         health_generate_timeout_s=self.pd.health_timeout_s)),
-            "prefill": build_worker_app(self.prefill, "prefill", name, (self.bootstrap.alive, self.transfers.alive),
-                                        lies, replace(server_cfg, engine_type="prefill")),
-            "decode": build_worker_app(self.decode, "decode", name, (self.transfers.alive,), lies,
+            "prefill": build_worker_app(self.prefill, "prefill", name, tok, ctx, (self.bootstrap.alive,
+                                        self.transfers.alive), lies, replace(server_cfg, engine_type="prefill")),
+            "decode": build_worker_app(self.decode, "decode", name, tok, ctx, (self.transfers.alive,), lies,
                                        replace(server_cfg, engine_type="decode")),
         }
 

@@ -1,0 +1,97 @@
+"""SGLang's real router (`sglang-router`, the Rust model gateway) in front of the bundled engine,
+on loopback: `agents --engine-router sglang` through it, kill storms clean and `ghost-decode`
+found, and the router registering the bundled PD servers from their own /server_info and
+/model_info without reaching for a model hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from dsv4bench.cli import app
+from dsv4bench.engine import sglang_router
+from dsv4bench.engine.launcher import EngineStartError, start_engine
+
+from .conftest import only_run_dir, run_cli
+
+needs_router = pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
+
+
+def _agents(out: Path, *args: str) -> tuple[Path, dict[str, Any]]:
+    r = run_cli("agents", "--engine-router", "sglang", "--out", str(out), "-q", "--concurrency", "6",
+                "--max-turns", "4", "--kill", "all@6s", "--drain-timeout", "8", *args, timeout=400)
+    run_dir = only_run_dir(out)
+    return run_dir, {"rc": r.returncode, "stderr": r.stderr, **json.loads((run_dir / "summary.json").read_text())}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@needs_router
+def test_kill_storm_through_the_sglang_router_is_clean(tmp_path):
+    run_dir, summary = _agents(tmp_path / "out")
+    assert summary["rc"] == 0, summary["stderr"]
+    assert summary["verdict"] == "CLEAN" and summary["wedge_checked"], summary
+    assert summary["turns"]["killed"] > 0 and summary["turns"]["corrupt"] == 0
+    router = json.loads((run_dir / "run.json").read_text())["server"]["bundled_engine"]["sglang_router"]
+    samples = [s for s in _jsonl(run_dir / "metrics.jsonl") if s["endpoint"] == router["metrics"] and s["ok"]]
+    # The router's own metrics were scraped: it counted the run's requests to its worker.
+    assert samples and any(k.startswith("smg_router_requests_total") and v > 0 for k, v in samples[-1]["values"].items())
+
+
+@needs_router
+def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
+    """The router closes its upstream connection when the client leaves, so the engine hears
+    the disconnect as it would directly: the planted fault still decodes for nobody."""
+    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode")
+    assert summary["verdict"] == "WEDGE", summary
+    codes = {c for found in summary["wedge"].values() for c in found["codes"]}
+    assert "ghost_requests" in codes
+
+
+@needs_router
+def test_the_sglang_router_registers_the_bundled_pd_servers(tmp_path):
+    engine = start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path)
+    try:
+        prefill, decode = engine.roots[1], engine.roots[2]
+        router = sglang_router.start_sglang_router(prefill=[(prefill, None)], decode=[decode], log_dir=tmp_path)
+        try:
+            listed = httpx.get(f"{router.root}/workers", timeout=5).json()["workers"]
+            by_url = {w["url"]: w for w in listed}
+            assert by_url[prefill]["worker_type"].startswith("prefill") and by_url[decode]["worker_type"] == "decode"
+            for w in listed:
+                assert w["is_healthy"] and w["model_id"] == "dsv4-mini"
+                # The tokenizer comes from a local folder the server names, not from a model hub.
+                assert (Path(w["metadata"]["model_path"]) / "tokenizer.json").is_file()
+            log = router.log_path.read_text(encoding="utf-8", errors="replace")
+            assert "Successfully registered tokenizer" in log and "HuggingFace" not in log
+        finally:
+            router.stop()
+    finally:
+        engine.stop()
+
+
+def test_a_missing_router_is_one_line(monkeypatch):
+    monkeypatch.setattr(sglang_router, "installed", lambda: False)
+    with pytest.raises(EngineStartError, match=r"pip install 'dsv4bench\[sglang\]'"):
+        sglang_router.start_sglang_router(workers=["http://127.0.0.1:1"])
+    result = CliRunner().invoke(app, ["agents", "--engine-router", "sglang", "--sessions", "1"])
+    assert result.exit_code == 2 and "pip install 'dsv4bench[sglang]'" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
+    (["--engine-router", "sglang", "--engine-pd"], "fronts the unified engine only"),
+    (["--engine-router", "sglang", "--url", "http://127.0.0.1:1/v1"], "not with --url"),
+])
+def test_bad_engine_router_flags_are_one_line(args, needle):
+    result = CliRunner().invoke(app, ["agents", "--sessions", "1", *args])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.stderr
