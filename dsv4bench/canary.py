@@ -13,9 +13,9 @@ failing is never a verdict about the server:
   choices, a dropped connection): an error of the check, reported as what it is;
 - `unreachable`: no connection at all.
 
-Both functions return plain dicts (the shapes wedge.detect_wedge reads and events.jsonl
-records: `t_ns`, `endpoint`, `ok` / `status`, `latency_s`, `error`, plus `result`) and never
-raise for anything a server does.
+check_canary returns a `CanaryResult` and check_health a `HealthResult` (what wedge.detect_wedge
+reads), and neither raises for anything a server does. Their `as_dict()` is the record events.jsonl
+keeps (`t_ns`, `endpoint`, `ok` / `status`, `latency_s`, `error`, plus `result`).
 """
 
 from __future__ import annotations
@@ -108,33 +108,6 @@ def judge_answer(r: httpx.Response) -> tuple[str, str | None]:
     return OK, None
 
 
-def canary_result(c: dict[str, Any]) -> str:
-    """The `result` of a recorded canary; records written before `result` existed are read
-    from their error text, as they were then (a failure with no HTTP status was a hang)."""
-    if isinstance(c.get("result"), str):
-        return c["result"]
-    if c.get("ok"):
-        return OK
-    error = str(c.get("error") or "")
-    if error.startswith("HTTP "):
-        return ERROR
-    if error.startswith("ConnectError"):
-        return UNREACHABLE
-    return TIMEOUT
-
-
-def health_result(h: dict[str, Any]) -> str:
-    """The `result` of a recorded /health, also for records written before `result` existed."""
-    if isinstance(h.get("result"), str):
-        return h["result"]
-    if h.get("status") == 200:
-        return OK
-    if h.get("status") is not None:
-        return FAILING
-    error = str(h.get("error") or "")
-    return UNREACHABLE if error.startswith("ConnectError") else TIMEOUT if error.startswith("timeout") else ERROR
-
-
 async def check_canary(client: httpx.AsyncClient, base_url: str, model: str | None,
                        timeout: float = 10.0) -> CanaryResult:
     """One max_tokens=4 chat completion against `base_url` (…/v1)."""
@@ -175,15 +148,3 @@ async def check_health(client: httpx.AsyncClient, root_url: str, path: str = "/h
             result, error = ERROR, _err(e)
     return HealthResult(t_ns, root_url.rstrip("/") + path, result, round((time.monotonic_ns() - t_ns) / 1e9, 3),
                         status, error)
-
-
-async def canary(client: httpx.AsyncClient, base_url: str, model: str | None,
-                 timeout: float = 10.0) -> dict[str, Any]:
-    """check_canary as the dict events.jsonl records; `ok` only for a 200 with choices."""
-    return (await check_canary(client, base_url, model, timeout)).as_dict()
-
-
-async def health(client: httpx.AsyncClient, root_url: str, path: str = "/health",
-                 timeout: float = 5.0) -> dict[str, Any]:
-    """check_health as a dict; `status` is the HTTP status, or None when nothing answered in time."""
-    return (await check_health(client, root_url, path, timeout)).as_dict()

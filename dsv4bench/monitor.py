@@ -1,15 +1,17 @@
 """Prometheus monitors: scrape each /metrics endpoint on an interval into metrics.jsonl.
 
-A sample is `{"t_wall_ns", "t_ns", "endpoint", "ok", "error"?, "values": {series: value}}`
-where a series is `name` or `name{label="v",...}` exactly as Prometheus prints it. Parsing is
-prometheus-client's; an endpoint that is slow or down yields `ok: false` samples and the
-monitor keeps going.
+A scrape is a `MetricSample`; its record in metrics.jsonl is `{"t_wall_ns", "t_ns", "endpoint",
+"values": {series: value}, "ok"}`, or `{"t_wall_ns", "t_ns", "endpoint", "ok", "error"}` for a
+failed one, where a series is `name` or `name{label="v",...}` exactly as Prometheus prints it.
+Parsing is prometheus-client's; an endpoint that is slow or down yields `ok: false` samples and
+the monitor keeps going.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -18,6 +20,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The gauges a wedge check reads are the dialect's (dialect.py); importable from here too.
 from .dialect import QUEUE_GAUGES as QUEUE_GAUGES
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One scrape of one endpoint: its values when it answered (`ok`), else why not (`error`)."""
+
+    t_wall_ns: int
+    t_ns: int  # monotonic: what the drain window and the stuck clocks are measured on
+    endpoint: str
+    ok: bool
+    values: dict[str, float] | None = None  # {series: value}; None for a failed scrape
+    error: str | None = None  # None for a good scrape
+
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics.jsonl record: a good scrape has no `error` key, a failed one no `values`."""
+        head: dict[str, Any] = {"t_wall_ns": self.t_wall_ns, "t_ns": self.t_ns, "endpoint": self.endpoint}
+        if self.ok:
+            return {**head, "values": self.values, "ok": True}
+        return {**head, "ok": False, "error": self.error}
 
 
 def series_key(name: str, labels: dict[str, str]) -> str:
@@ -32,23 +53,21 @@ def parse_metrics(text: str) -> dict[str, float]:
     return {series_key(s.name, s.labels): float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) -> dict[str, Any]:
-    sample: dict[str, Any] = {"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "endpoint": endpoint}
+async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) -> MetricSample:
+    t_wall_ns, t_ns = time.time_ns(), time.monotonic_ns()
     try:
         r = await client.get(endpoint, timeout=timeout)
         r.raise_for_status()
-        sample["values"] = parse_metrics(r.text)
-        sample["ok"] = True
+        values = parse_metrics(r.text)
     except (httpx.HTTPError, ValueError) as e:
-        sample["ok"] = False
-        sample["error"] = f"{type(e).__name__}: {e}"[:200]
-    return sample
+        return MetricSample(t_wall_ns, t_ns, endpoint, False, error=f"{type(e).__name__}: {e}"[:200])
+    return MetricSample(t_wall_ns, t_ns, endpoint, True, values=values)
 
 
-async def monitor(endpoints: list[str], write: Callable[[dict[str, Any]], None], interval: float = 1.0,
+async def monitor(endpoints: list[str], write: Callable[[MetricSample], None], interval: float = 1.0,
                   stop: anyio.Event | None = None, api_key: str | None = None) -> None:
-    """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set
-    (`api_key`: for servers that guard /metrics too)."""
+    """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set, handing
+    each sample to `write` (`api_key`: for servers that guard /metrics too)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         while stop is None or not stop.is_set():
@@ -59,6 +78,6 @@ async def monitor(endpoints: list[str], write: Callable[[dict[str, Any]], None],
             await anyio.sleep(max(0.0, interval - (anyio.current_time() - t0)))
 
 
-async def _scrape_and_write(client: httpx.AsyncClient, ep: str, write: Callable[[dict[str, Any]], None],
+async def _scrape_and_write(client: httpx.AsyncClient, ep: str, write: Callable[[MetricSample], None],
                             timeout: float) -> None:
     write(await scrape_once(client, ep, timeout))

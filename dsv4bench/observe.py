@@ -15,28 +15,29 @@ import anyio
 import anyio.abc
 import httpx
 
-from .canary import canary, health
+from .canary import CanaryResult, HealthResult, check_canary, check_health
 from .config import RunConfig
 from .dialect import is_queue_gauge
 from .history import HistoryWriter
-from .monitor import monitor, scrape_once
+from .monitor import MetricSample, monitor, scrape_once
 from .preflight import root_of
 from .roles import WORKERS, Role, discover_role
 
 
 class ServerWatch:
     """The run's view of its servers: every metrics sample, /health answer and canary, and
-    when the load stopped (the drain window's start). Written to the history as it comes."""
+    when the load stopped (the drain window's start). Each is written to the history, as its
+    record (`as_dict()`), as it comes."""
 
     def __init__(self, config: RunConfig, model: str, history: HistoryWriter) -> None:
         self.config = config
         self.model = model
         self.history = history
-        self.samples: list[dict[str, Any]] = []  # every metrics sample of the run, for the wedge check
-        self._latest: dict[str, dict[str, Any]] = {}  # endpoint -> its latest sample
+        self.samples: list[MetricSample] = []  # every metrics sample of the run, for the wedge check
+        self._latest: dict[str, MetricSample] = {}  # endpoint -> its latest sample
         self.load_stopped_ns: int | None = None  # monotonic ns when the load stopped (drain start)
-        self.health: list[dict[str, Any]] = []  # /health during the run and after the drain window
-        self.canaries: list[dict[str, Any]] = []
+        self.health: list[HealthResult] = []  # /health during the run and after the drain window
+        self.canaries: list[CanaryResult] = []
         self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
 
     def start(self, tg: anyio.abc.TaskGroup, client: httpx.AsyncClient) -> None:
@@ -84,9 +85,9 @@ class ServerWatch:
             role = roles[root]
             paths = ("/health", "/health_generate") if role.name in WORKERS else ("/health",)
             for path in paths:
-                h = await health(client, root, path)
+                h = await check_health(client, root, path)
                 self.health.append(h)
-                self.history.event("health", **h, role=role.name)
+                self.history.event("health", **h.as_dict(), role=role.name)
         await self._canary(client, roles.get(root_of(self.config.base_url)) or Role())
         for ep in self.config.metrics:
             self._write_sample(await scrape_once(client, ep, timeout=5.0))
@@ -96,22 +97,22 @@ class ServerWatch:
             self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
                                reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
             return
-        c = await canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
+        c = await check_canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
         self.canaries.append(c)
-        self.history.event("canary", **c, role=target.name)
+        self.history.event("canary", **c.as_dict(), role=target.name)
 
-    def _write_sample(self, sample: dict[str, Any]) -> None:
-        self.history.metrics.write(sample)
+    def _write_sample(self, sample: MetricSample) -> None:
+        self.history.metrics.write(sample.as_dict())
         self.samples.append(sample)
-        self._latest[sample["endpoint"]] = sample
+        self._latest[sample.endpoint] = sample
 
     def _queues_empty(self) -> bool:
         """Every endpoint's latest sample (taken after the load stopped) has all queue gauges at 0."""
         for ep in self.config.metrics:
             s = self._latest.get(ep)
-            if s is None or not s.get("ok") or s["t_ns"] < (self.load_stopped_ns or 0):
+            if s is None or not s.ok or s.t_ns < (self.load_stopped_ns or 0):
                 return False
-            if any(v != 0 for k, v in s.get("values", {}).items() if is_queue_gauge(k)):
+            if any(v != 0 for k, v in (s.values or {}).items() if is_queue_gauge(k)):
                 return False
         return True
 
@@ -123,8 +124,8 @@ class ServerWatch:
         """The server's role, asked once and kept; its latest scrape fills in where it states none."""
         role = self._roles.get(root)
         if role is None or not role.known:
-            scraped = next((s.get("values") for m, s in self._latest.items()
-                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.get("ok")), None)
+            scraped = next((s.values for m, s in self._latest.items()
+                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.ok), None)
             role = await discover_role(client, root, timeout=5.0, metrics=scraped)
             self._roles[root] = role
         return role
@@ -134,9 +135,9 @@ class ServerWatch:
         is a sample with status None, never an error of the run."""
         while True:
             for root in self._server_roots():
-                h = await health(client, root, timeout=max(1.0, self.config.metrics_interval))
+                h = await check_health(client, root, timeout=max(1.0, self.config.metrics_interval))
                 self.health.append(h)
-                self.history.event("health", **h)
+                self.history.event("health", **h.as_dict())
             await anyio.sleep(self.config.metrics_interval)
 
 

@@ -35,7 +35,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, health, health_result
+from .canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
+                     check_health)
 from .monitor import parse_metrics
 from .dialect import counters, is_counter, is_queue_gauge, metric_name
 from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of, stated_role
@@ -56,9 +57,9 @@ class EndpointProbe:
     role_source: str = "not reported"
     metrics_error: str | None = None
     gauges: dict[str, float] = field(default_factory=dict)  # queue gauge series -> value at the last look
-    health: dict[str, Any] = field(default_factory=dict)
-    health_generate: dict[str, Any] = field(default_factory=dict)
-    canary: dict[str, Any] = field(default_factory=dict)  # {} when none was sent
+    health: HealthResult | None = None
+    health_generate: HealthResult | None = None
+    canary: CanaryResult | None = None  # None when none was sent
     canary_skipped: str | None = None  # why none was sent
     state: str = "healthy"  # see STATES
     codes: list[str] = field(default_factory=list)
@@ -86,6 +87,9 @@ class ProbeResult:
         for e in self.endpoints:
             d = asdict(e)
             del d["looks"]
+            # Each check as its record (a canary's carries `ok`); {} for one not made.
+            for name, check in (("health", e.health), ("health_generate", e.health_generate), ("canary", e.canary)):
+                d[name] = check.as_dict() if check is not None else {}
             eps.append(d)
         return {"exit_code": probe_exit_code(self), "endpoints": eps}
 
@@ -162,12 +166,12 @@ async def _canary(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
         ep.canary_skipped = f"role not stated and /v1/models answered HTTP {status}"
         return
     # SGLang serves any model name; "default" is used when /v1/models itself is broken.
-    ep.canary = await canary(client, ep.root + "/v1", model or "default", timeout=timeout)
+    ep.canary = await check_canary(client, ep.root + "/v1", model or "default", timeout=timeout)
 
 
 async def _checks(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
     async def set_health(path: str, attr: str) -> None:
-        setattr(ep, attr, await health(client, ep.root, path, timeout=timeout))
+        setattr(ep, attr, await check_health(client, ep.root, path, timeout=timeout))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(set_health, "/health", "health")
@@ -177,17 +181,18 @@ async def _checks(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
 
 def _hung(ep: EndpointProbe) -> str | None:
     """What of this endpoint's own generation checks hung, if any."""
-    if ep.canary and canary_result(ep.canary) == TIMEOUT:
+    if ep.canary is not None and ep.canary.result == TIMEOUT:
         return "the canary hung"
-    if ep.health_generate and health_result(ep.health_generate) == TIMEOUT:
+    if ep.health_generate is not None and ep.health_generate.result == TIMEOUT:
         return "/health_generate hung"
     return None
 
 
 def _nothing_answered(ep: EndpointProbe) -> bool:
     answered = [ep.metrics_error is None,
-                ep.health.get("status") is not None, ep.health_generate.get("status") is not None,
-                bool(ep.canary) and canary_result(ep.canary) in (OK, ERROR)]
+                ep.health is not None and ep.health.status is not None,
+                ep.health_generate is not None and ep.health_generate.status is not None,
+                ep.canary is not None and ep.canary.result in (OK, ERROR)]
     return not any(answered)
 
 
@@ -227,7 +232,7 @@ def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
     """Why the shared canary / health rules gave their codes, worded for this endpoint's block."""
     out = []
     if "canary_timeout" in codes:
-        out.append(f"canary_timeout: the canary got no answer in {ep.canary.get('latency_s') or 0:.1f} s")
+        out.append(f"canary_timeout: the canary got no answer in {ep.canary.latency_s:.1f} s")
     if "health_lies" in codes:
         what = "the canary" if "canary_timeout" in codes else "/health_generate"
         out.append(f"health_lies: /health answered 200 while {what} hung")
@@ -237,15 +242,16 @@ def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
 def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) -> None:
     if _nothing_answered(ep):
         ep.state = "unreachable"
-        for what, error in (("metrics", ep.metrics_error), ("/health", ep.health.get("error")),
-                            ("canary", ep.canary.get("error") if ep.canary else None)):
+        health_error = ep.health.error if ep.health is not None else None
+        canary_error = ep.canary.error if ep.canary is not None else None
+        for what, error in (("metrics", ep.metrics_error), ("/health", health_error), ("canary", canary_error)):
             if error:
                 ep.reasons.append(f"{what}: {error}")
         return
     # The canary and health rules are the run's (wedge.detect_wedge): probe and run agree.
-    probes = [h for h in (ep.health, ep.health_generate) if h]
-    found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=[ep.canary] if ep.canary else [])
-    codes = {c for f in found.values() for c in f["codes"]}
+    probes = [h for h in (ep.health, ep.health_generate) if h is not None]
+    found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=[ep.canary] if ep.canary is not None else [])
+    codes = {c for f in found.values() for c in f.codes}
     ep.reasons.extend(_code_evidence(ep, codes))
     # A worker behind a router whose canary hung is part of that hang: its queues are judged by it.
     hang = _hung(ep) or (deployment_hang if ep.role in WORKERS else None)
@@ -254,23 +260,24 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
 
     unwell = False
     for path, h in (("/health", ep.health), ("/health_generate", ep.health_generate)):
-        result = health_result(h) if h else None
-        if result == FAILING:
+        if h is None:
+            continue
+        if h.result == FAILING:
             unwell = True
-            ep.reasons.append(f"{path} answered {h['status']}")
-        elif result in (TIMEOUT, UNREACHABLE, ERROR) and "health_lies" not in codes:
+            ep.reasons.append(f"{path} answered {h.status}")
+        elif h.result in (TIMEOUT, UNREACHABLE, ERROR) and "health_lies" not in codes:
             unwell = True
-            ep.reasons.append(f"{path}: {h.get('error') or result}")
+            ep.reasons.append(f"{path}: {h.error or h.result}")
     unjudged = False
-    if ep.canary and canary_result(ep.canary) in (ERROR, UNREACHABLE):
-        status = ep.canary.get("http_status")
+    if ep.canary is not None and ep.canary.result in (ERROR, UNREACHABLE):
+        status = ep.canary.http_status
         if isinstance(status, int) and status >= 500:
             unwell = True  # the server answered that it failed: not a hang, but not serving
             ep.reasons.append(f"the canary was answered with HTTP {status}")
         else:
             unjudged = True  # 4xx, HTML, not JSON, no choices: the check itself did not work
-        ep.errors.append(f"canary: {ep.canary.get('error')} (not a hang)")
-    if ep.metrics_error is not None and (ep.role in WORKERS or (ep.role == UNKNOWN and not ep.canary)):
+        ep.errors.append(f"canary: {ep.canary.error} (not a hang)")
+    if ep.metrics_error is not None and (ep.role in WORKERS or (ep.role == UNKNOWN and ep.canary is None)):
         unjudged = True
         ep.errors.append(f"gauges: /metrics {ep.metrics_error}, and a {ep.role} server is judged by them")
     elif ep.metrics_error is not None:
@@ -308,7 +315,7 @@ async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: floa
 def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
     """A canary that hung on a router or unified server: the workers behind it hang with it."""
     for ep in eps:
-        if ep.canary and canary_result(ep.canary) == TIMEOUT:
+        if ep.canary is not None and ep.canary.result == TIMEOUT:
             return f"the canary on {_host(ep.root)} hung"
     return None
 
@@ -338,31 +345,29 @@ def _secs(v: Any) -> str:
     return f"{v:.2f} s" if isinstance(v, (int, float)) else "?"
 
 
-def _health_cell(path: str, h: dict[str, Any]) -> str:
-    if not h:
+def _health_cell(path: str, h: HealthResult | None) -> str:
+    if h is None:
         return f"{path} -"
-    result = health_result(h)
-    if h.get("status") is not None:
-        return f"{path} {h['status']}"
-    if result == TIMEOUT:
+    if h.status is not None:
+        return f"{path} {h.status}"
+    if h.result == TIMEOUT:
         return f"{path} no answer"
-    if result == UNREACHABLE:
+    if h.result == UNREACHABLE:
         return f"{path} refused"
     return f"{path} error"
 
 
 def _canary_cell(ep: EndpointProbe) -> Text:
-    if not ep.canary:
-        return Text(f"not sent: {ep.canary_skipped or 'no check made'}", style="dim")
     c = ep.canary
-    result = canary_result(c)
-    if result == OK:
-        return Text(f"ok in {_secs(c.get('latency_s'))}", style="green")
-    if result == TIMEOUT:
-        return Text(f"no answer in {_secs(c.get('latency_s'))}: hung", style="red")
-    if result == UNREACHABLE:
-        return Text(f"could not connect: {c.get('error')}", style="yellow")
-    return Text(f"error: {c.get('error')} (not a hang)", style="yellow")
+    if c is None:
+        return Text(f"not sent: {ep.canary_skipped or 'no check made'}", style="dim")
+    if c.result == OK:
+        return Text(f"ok in {_secs(c.latency_s)}", style="green")
+    if c.result == TIMEOUT:
+        return Text(f"no answer in {_secs(c.latency_s)}: hung", style="red")
+    if c.result == UNREACHABLE:
+        return Text(f"could not connect: {c.error}", style="yellow")
+    return Text(f"error: {c.error} (not a hang)", style="yellow")
 
 
 def _gauge_cell(ep: EndpointProbe) -> Text:

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import httpx
 
-from .canary import canary, health
+from .canary import check_canary, check_health
 from .preflight import root_of
 from .redact import redact_command, redact_credentials
 
@@ -24,10 +24,10 @@ async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, 
     async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         while time.monotonic() - t0 < timeout:
             left = max(0.5, timeout - (time.monotonic() - t0))
-            checks = [await health(client, root_of(u), timeout=min(5.0, left)) for u in base_urls]
-            if all(c["status"] == 200 for c in checks):
-                canaries = [await canary(client, u, model, timeout=min(10.0, left)) for u in base_urls]
-                if all(c["ok"] for c in canaries):
+            checks = [await check_health(client, root_of(u), timeout=min(5.0, left)) for u in base_urls]
+            if all(c.status == 200 for c in checks):
+                canaries = [await check_canary(client, u, model, timeout=min(10.0, left)) for u in base_urls]
+                if all(c.ok for c in canaries):
                     return round(time.monotonic() - t0, 3)
             await anyio.sleep(poll_s)
     return None

@@ -19,7 +19,7 @@ from .recover import run_recovery
 from .redact import redact_command
 from .reference_run import ReferenceAnswers
 from .report import build_report
-from .wedge import WedgeConfig, detect_wedge
+from .wedge import WedgeConfig, WedgeFinding, detect_wedge
 
 
 def new_run_dir(config: RunConfig) -> tuple[str, Path]:
@@ -89,7 +89,8 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
 
 def _wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:
     """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
-    samples; canary and /health from the checks after it), or None if the detector failed."""
+    samples; canary and /health from the checks after it), as run.json keeps them, or None if
+    the detector failed."""
     try:
         wedge = detect_wedge(watch.samples, watch.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
                              health=watch.health, canaries=watch.canaries)
@@ -97,6 +98,5 @@ def _wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dic
         history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
         return None
     for c in watch.canaries:  # the report's canary column
-        entry = wedge.setdefault(c["endpoint"], {"codes": [], "gauges": {}, "drain_s": None, "details": []})
-        entry["canary"] = {k: c.get(k) for k in ("ok", "result", "http_status", "latency_s", "error")}
-    return wedge
+        wedge.setdefault(c.endpoint, WedgeFinding()).canary = c
+    return {ep: found.as_dict() for ep, found in wedge.items()}

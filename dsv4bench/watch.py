@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, is_queue_gauge, metric_name
-from .monitor import scrape_once
+from .monitor import MetricSample, scrape_once
 from .roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
                     role_gauges)
 
@@ -97,15 +97,15 @@ class WatchState:
         if role.known:
             self.endpoints.setdefault(endpoint, _Endpoint()).role = role
 
-    def add(self, sample: dict[str, Any]) -> None:
-        """Feed one monitor sample (`{"t_ns", "endpoint", "ok", "values"}`)."""
-        ep = self.endpoints.setdefault(sample["endpoint"], _Endpoint())
-        t = int(sample.get("t_ns", 0))
+    def add(self, sample: MetricSample) -> None:
+        """Feed one monitor sample."""
+        ep = self.endpoints.setdefault(sample.endpoint, _Endpoint())
+        t = sample.t_ns
         ep.last_t_ns = t
-        values = sample.get("values")
-        if not sample.get("ok") or not isinstance(values, dict):
+        values = sample.values
+        if not sample.ok or values is None:
             # A failed scrape is no evidence either way: keep the clocks running, show the error.
-            ep.last_ok, ep.error = False, sample.get("error") or "no answer"
+            ep.last_ok, ep.error = False, sample.error or "no answer"
             return
         ep.last_ok, ep.answered, ep.error = True, True, None
         if not ep.role.known:
@@ -290,7 +290,7 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
             first = True
             while True:
                 t0 = time.monotonic()
-                samples: list[dict[str, Any]] = []
+                samples: list[MetricSample] = []
 
                 async def one(url: str) -> None:
                     samples.append(await scrape_once(client, url, timeout=max(interval, 0.5)))
@@ -301,7 +301,7 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
                         if first:
                             tg.start_soon(role_of, url)
                 first = False
-                for s in sorted(samples, key=lambda s: s["t_ns"]):
+                for s in sorted(samples, key=lambda s: s.t_ns):
                     state.add(s)
                 live.update(view())
                 left = deadline - time.monotonic()

@@ -1,7 +1,8 @@
 """The wedge detector: after load stops, did every server drain, and does it still serve?
 
-Pure: takes the monitor's metrics samples (see monitor.py), /health samples and canary results
-(see canary.py) and returns per-endpoint findings. The incident it exists for: after an
+Pure: takes the monitor's metrics samples (`MetricSample`, see monitor.py), /health results and
+canary results (`HealthResult`, `CanaryResult`, see canary.py) and returns a `WedgeFinding` per
+endpoint, whose `as_dict()` is what run.json keeps. The incident it exists for: after an
 80-session agent was killed, PD transfer/bootstrap queues sat at ~60 forever, new requests
 hung, and `/health` still said 200.
 
@@ -21,12 +22,13 @@ Verdicts (the wedge family of codes.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .canary import OK, TIMEOUT, UNREACHABLE, canary_result, health_result
+from .canary import OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
 from .dialect import RUNNING, counters, generation_tokens, is_queue_gauge, metric_name
+from .monitor import MetricSample
 
 _NS = 1_000_000_000
 
@@ -39,14 +41,37 @@ class WedgeConfig:
     min_stuck_s: float = 5.0
 
 
+@dataclass
+class WedgeFinding:
+    """One endpoint's verdict: its codes ([] is healthy), its queue gauges at the end of the
+    drain window, when it drained (None: not within the window) and the evidence, one line each."""
+
+    codes: list[str] = field(default_factory=list)
+    gauges: dict[str, float] = field(default_factory=dict)
+    drain_s: float | None = None
+    details: list[str] = field(default_factory=list)
+    # Checks that got an answer they cannot use: reported as what they are, also in `details`.
+    check_errors: list[str] = field(default_factory=list)
+    # The run's canary on this endpoint, for the report's canary column: set by run.py, not here.
+    canary: CanaryResult | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run.json record: `check_errors` only when there are some, `canary` only when set."""
+        out: dict[str, Any] = {"codes": self.codes, "gauges": self.gauges, "drain_s": self.drain_s,
+                               "details": self.details}
+        if self.check_errors:
+            out["check_errors"] = self.check_errors
+        if self.canary is not None:
+            c = self.canary
+            out["canary"] = {"ok": c.ok, "result": c.result, "http_status": c.http_status, "latency_s": c.latency_s,
+                             "error": c.error}
+        return out
+
+
 def _origin(url: str) -> str:
     """Scheme + host + port: a /health root and a canary's /v1 base name the same server."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
-
-
-def _finding() -> dict[str, Any]:
-    return {"codes": [], "gauges": {}, "drain_s": None, "details": []}
 
 
 def _in_flight(values: dict[str, float]) -> float:
@@ -72,25 +97,25 @@ def _flat_since(series: list[tuple[int, dict[str, float]]], key: str, counters_s
 
 
 def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], load_stopped_ns: int,
-                   cfg: WedgeConfig) -> dict[str, Any]:
-    found = _finding()
+                   cfg: WedgeConfig) -> WedgeFinding:
+    found = WedgeFinding()
     if not series:
         return found
     t_end, last = series[-1]
-    found["gauges"] = {k: v for k, v in sorted(last.items()) if is_queue_gauge(k)}
+    found.gauges = {k: v for k, v in sorted(last.items()) if is_queue_gauge(k)}
     for t, values in series:
         if _in_flight(values) == 0:
-            found["drain_s"] = round((t - load_stopped_ns) / _NS, 3)
+            found.drain_s = round((t - load_stopped_ns) / _NS, 3)
             break
     codes: set[str] = set()
-    for key, value in found["gauges"].items():
+    for key, value in found.gauges.items():
         if value <= 0:
             continue
         start = _flat_since(series, key, counters_still=True)
         flat_s = (t_end - series[start][0]) / _NS
         if flat_s >= cfg.min_stuck_s:
             codes.add("queue_stuck")
-            found["details"].append(f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s")
+            found.details.append(f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s")
             continue
         if metric_name(key) in RUNNING:
             # Running work that never shrinks while tokens are still produced: nobody is
@@ -100,78 +125,75 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
             gained = generation_tokens(last) - generation_tokens(series[start][1])
             if flat_s >= cfg.min_stuck_s and gained > 0:
                 codes.add("ghost_requests")
-                found["details"].append(f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
+                found.details.append(f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
                                         f"while {gained:g} tokens were generated for no client")
-    found["codes"] = sorted(codes)
+    found.codes = sorted(codes)
     return found
 
 
-def _latest(health: list[dict], origin: str, path: str) -> dict | None:
+def _latest(health: list[HealthResult], origin: str, path: str) -> HealthResult | None:
     """The latest probe of `path` (/health or /health_generate) on the server at `origin`."""
-    same = [h for h in health
-            if urlsplit(h["endpoint"]).path.rstrip("/").endswith(path) and _origin(h["endpoint"]) == origin]
-    return max(same, key=lambda h: h["t_ns"]) if same else None
+    same = [h for h in health if urlsplit(h.endpoint).path.rstrip("/").endswith(path) and _origin(h.endpoint) == origin]
+    return max(same, key=lambda h: h.t_ns) if same else None
 
 
-def _check_error(found: dict[str, Any], text: str) -> None:
+def _check_error(found: WedgeFinding, text: str) -> None:
     """A check that got an answer it cannot use: reported as what it is, never as a verdict."""
-    found["details"].append(text)
-    found.setdefault("check_errors", []).append(text)
+    found.details.append(text)
+    found.check_errors.append(text)
 
 
-def _judge_probes(out: dict[str, dict[str, Any]], health: list[dict], canaries: list[dict],
+def _judge_probes(out: dict[str, WedgeFinding], health: list[HealthResult], canaries: list[CanaryResult],
                   load_stopped_ns: int) -> None:
-    after = [h for h in health if h.get("t_ns", 0) >= load_stopped_ns]
+    after = [h for h in health if h.t_ns >= load_stopped_ns]
     for h in after:
-        out.setdefault(h["endpoint"], _finding())
-    last_canary: dict[str, dict] = {}
-    for c in sorted((c for c in canaries if c.get("t_ns", 0) >= load_stopped_ns), key=lambda c: c["t_ns"]):
-        last_canary[c["endpoint"]] = c
+        out.setdefault(h.endpoint, WedgeFinding())
+    last_canary: dict[str, CanaryResult] = {}
+    for c in sorted((c for c in canaries if c.t_ns >= load_stopped_ns), key=lambda c: c.t_ns):
+        last_canary[c.endpoint] = c
     for ep, c in last_canary.items():
-        found = out.setdefault(ep, _finding())
-        result = canary_result(c)
-        if result == OK:
+        found = out.setdefault(ep, WedgeFinding())
+        if c.result == OK:
             continue
-        if result != TIMEOUT:
+        if c.result != TIMEOUT:
             # An answer, even an error, is not a hang: no verdict on the server from it.
-            what = "could not connect" if result == UNREACHABLE else "answered, but with no completion"
-            _check_error(found, f"canary on {ep} {what}: {c.get('error') or 'no detail'} (not a hang)")
+            what = "could not connect" if c.result == UNREACHABLE else "answered, but with no completion"
+            _check_error(found, f"canary on {ep} {what}: {c.error or 'no detail'} (not a hang)")
             continue
-        codes = set(found["codes"]) | {"canary_timeout"}
-        found["details"].append(f"canary on {ep} failed after {c.get('latency_s') or 0:.1f} s: "
-                                f"{c.get('error') or 'no answer'}")
+        codes = set(found.codes) | {"canary_timeout"}
+        found.details.append(f"canary on {ep} failed after {c.latency_s:.1f} s: {c.error or 'no answer'}")
         # The latest /health of the same server decides: 200 then means it claims to be fine.
         h = _latest(after, _origin(ep), "/health")
-        if h is not None and h.get("status") == 200:
+        if h is not None and h.status == 200:
             codes.add("health_lies")
-            found["details"].append(f"{h['endpoint']} answered 200 while the canary on {ep} hung")
-        found["codes"] = sorted(codes)
+            found.details.append(f"{h.endpoint} answered 200 while the canary on {ep} hung")
+        found.codes = sorted(codes)
     # A server that gets no canary (a prefill or decode server takes no chat) generates only in
     # /health_generate: that one hanging while /health says 200 is the same lie.
     canaried = {_origin(ep) for ep in last_canary}
-    for origin in sorted({_origin(h["endpoint"]) for h in after} - canaried):
+    for origin in sorted({_origin(h.endpoint) for h in after} - canaried):
         gen = _latest(after, origin, "/health_generate")
         h = _latest(after, origin, "/health")
-        if gen is None or health_result(gen) != TIMEOUT or h is None or h.get("status") != 200:
+        if gen is None or gen.result != TIMEOUT or h is None or h.status != 200:
             continue
-        found = out.setdefault(gen["endpoint"], _finding())
-        found["codes"] = sorted(set(found["codes"]) | {"health_lies"})
-        found["details"].append(f"{h['endpoint']} answered 200 while {gen['endpoint']} hung "
-                                f"({gen.get('error') or 'no answer'})")
+        found = out.setdefault(gen.endpoint, WedgeFinding())
+        found.codes = sorted(set(found.codes) | {"health_lies"})
+        found.details.append(f"{h.endpoint} answered 200 while {gen.endpoint} hung ({gen.error or 'no answer'})")
 
 
-def detect_wedge(samples: list[dict], load_stopped_ns: int, cfg: WedgeConfig,
-                 health: list[dict] | None = None, canaries: list[dict] | None = None) -> dict[str, dict]:
-    """Per-endpoint wedge findings: {"codes", "gauges", "drain_s", "details"}; codes [] is healthy."""
+def detect_wedge(samples: list[MetricSample], load_stopped_ns: int, cfg: WedgeConfig,
+                 health: list[HealthResult] | None = None,
+                 canaries: list[CanaryResult] | None = None) -> dict[str, WedgeFinding]:
+    """A finding per endpoint (per metrics endpoint, /health URL and canary base URL); codes [] is healthy."""
     window_end = load_stopped_ns + int(cfg.drain_timeout_s * _NS)
     by_endpoint: dict[str, list[tuple[int, dict[str, float]]]] = {}
-    for s in sorted(samples, key=lambda s: s.get("t_ns", 0)):
-        by_endpoint.setdefault(s["endpoint"], [])
+    for s in sorted(samples, key=lambda s: s.t_ns):
+        by_endpoint.setdefault(s.endpoint, [])
         # A failed scrape (endpoint down mid-window) carries no values: skip, never guess.
-        if not s.get("ok") or not isinstance(s.get("values"), dict):
+        if not s.ok or s.values is None:
             continue
-        if load_stopped_ns <= s["t_ns"] <= window_end:
-            by_endpoint[s["endpoint"]].append((s["t_ns"], s["values"]))
+        if load_stopped_ns <= s.t_ns <= window_end:
+            by_endpoint[s.endpoint].append((s.t_ns, s.values))
     out = {ep: _judge_metrics(ep, series, load_stopped_ns, cfg) for ep, series in by_endpoint.items()}
     _judge_probes(out, health or [], canaries or [], load_stopped_ns)
     return out

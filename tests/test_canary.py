@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import anyio
 import httpx
 import pytest
 
-from dsv4bench.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, canary, canary_result, check_canary,
-                              check_health, health, health_result)
+from dsv4bench.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
+                              check_health)
 from dsv4bench.codes import WEDGE_CODES
 from dsv4bench.probe import probe, probe_exit_code
 from dsv4bench.wedge import WedgeConfig, detect_wedge
@@ -45,9 +46,9 @@ def test_an_answer_that_is_no_completion_is_an_error_not_a_timeout(response, sta
     c = _run(lambda request: response())
     assert c.result == ERROR and not c.ok and c.http_status == status
     assert needle in c.error
-    found = detect_wedge([], 0, WedgeConfig(), canaries=[c.as_dict()])
-    assert found["http://s/v1"]["codes"] == []
-    assert any(needle in e for e in found["http://s/v1"]["check_errors"])
+    found = detect_wedge([], 0, WedgeConfig(), canaries=[c])
+    assert found["http://s/v1"].codes == []
+    assert any(needle in e for e in found["http://s/v1"].check_errors)
 
 
 def test_a_completion_is_ok():
@@ -67,9 +68,9 @@ def test_no_answer_in_time_is_a_timeout_and_the_only_hang():
     c = _run(slow, timeout=0.3)
     assert time.monotonic() - t0 < 2
     assert c.result == TIMEOUT and c.error == "timeout after 0.3 s"
-    h = {"t_ns": c.t_ns, "endpoint": "http://s/health", "status": 200}
-    found = detect_wedge([], 0, WedgeConfig(), health=[h], canaries=[c.as_dict()])
-    assert found["http://s/v1"]["codes"] == ["canary_timeout", "health_lies"]
+    h = HealthResult(c.t_ns, "http://s/health", OK, 0.0, status=200)
+    found = detect_wedge([], 0, WedgeConfig(), health=[h], canaries=[c])
+    assert found["http://s/v1"].codes == ["canary_timeout", "health_lies"]
 
 
 def test_a_refused_connection_is_unreachable_and_a_dropped_one_an_error():
@@ -82,8 +83,8 @@ def test_a_refused_connection_is_unreachable_and_a_dropped_one_an_error():
     assert _run(refuse).result == UNREACHABLE
     assert _run(drop).result == ERROR
     for c in (_run(refuse), _run(drop)):
-        h = {"t_ns": c.t_ns, "endpoint": "http://s/health", "status": 200}
-        codes = detect_wedge([], 0, WedgeConfig(), health=[h], canaries=[c.as_dict()])["http://s/v1"]["codes"]
+        h = HealthResult(c.t_ns, "http://s/health", OK, 0.0, status=200)
+        codes = detect_wedge([], 0, WedgeConfig(), health=[h], canaries=[c])["http://s/v1"].codes
         assert codes == [], c
 
 
@@ -99,27 +100,17 @@ def test_health_results():
     assert h.result == UNREACHABLE and h.status is None and h.error.startswith("ConnectError")
 
 
-def test_records_from_before_result_read_as_they_did():
-    assert canary_result({"ok": True}) == OK
-    assert canary_result({"ok": False, "error": "timeout after 10 s"}) == TIMEOUT
-    assert canary_result({"ok": False, "error": "HTTP 404: Not Found"}) == ERROR
-    assert canary_result({"ok": False, "error": "ConnectError: refused"}) == UNREACHABLE
-    assert health_result({"status": 200}) == OK and health_result({"status": 503}) == FAILING
-    assert health_result({"status": None, "error": "timeout after 5 s"}) == TIMEOUT
-
-
 def test_health_generate_hanging_on_a_server_without_a_canary_is_health_lies():
-    h = {"t_ns": 1, "endpoint": "http://p/health", "status": 200, "result": OK}
-    gen = {"t_ns": 1, "endpoint": "http://p/health_generate", "status": None, "result": TIMEOUT,
-           "error": "timeout after 5 s"}
+    h = HealthResult(1, "http://p/health", OK, 0.0, status=200)
+    gen = HealthResult(1, "http://p/health_generate", TIMEOUT, 0.0, error="timeout after 5 s")
     found = detect_wedge([], 0, WedgeConfig(), health=[h, gen])
-    assert found["http://p/health_generate"]["codes"] == ["health_lies"]
+    assert found["http://p/health_generate"].codes == ["health_lies"]
     # Honest /health: no lie. A canary of its own: the canary decides, not /health_generate.
-    honest = detect_wedge([], 0, WedgeConfig(), health=[{**h, "status": 503, "result": FAILING}, gen])
-    assert all(not f["codes"] for f in honest.values())
-    ok = {"t_ns": 1, "endpoint": "http://p/v1", "ok": True, "result": OK, "latency_s": 0.1, "error": None}
-    assert all(not f["codes"] for f in detect_wedge([], 0, WedgeConfig(), health=[h, gen], canaries=[ok]).values())
-    assert set(found["http://p/health_generate"]["codes"]) <= set(WEDGE_CODES)
+    honest = detect_wedge([], 0, WedgeConfig(), health=[replace(h, status=503, result=FAILING), gen])
+    assert all(not f.codes for f in honest.values())
+    ok = CanaryResult(1, "http://p/v1", OK, 0.1)
+    assert all(not f.codes for f in detect_wedge([], 0, WedgeConfig(), health=[h, gen], canaries=[ok]).values())
+    assert set(found["http://p/health_generate"].codes) <= set(WEDGE_CODES)
 
 
 # --- a real server answering 200 with HTML ---------------------------------------------------------
@@ -133,14 +124,14 @@ def html_server() -> Iterator[str]:
 def test_a_server_answering_html_is_never_canary_timeout(html_server):
     async def checks():
         async with httpx.AsyncClient(trust_env=False) as client:
-            return (await health(client, html_server, timeout=2),
-                    await canary(client, f"{html_server}/v1", "wedge-test", timeout=2))
+            return (await check_health(client, html_server, timeout=2),
+                    await check_canary(client, f"{html_server}/v1", "wedge-test", timeout=2))
 
     h, c = anyio.run(checks)
-    assert h["status"] == 200 and c["result"] == ERROR and not c["ok"] and "HTML" in c["error"]
+    assert h.status == 200 and c.result == ERROR and not c.ok and "HTML" in c.error
     found = detect_wedge([], 0, WedgeConfig(), health=[h], canaries=[c])
-    assert all(not f["codes"] for f in found.values()), found
+    assert all(not f.codes for f in found.values()), found
     result = probe([html_server], timeout=2)
     [ep] = result.endpoints
-    assert ep.codes == [] and ep.state == "error" and ep.canary["result"] == ERROR
+    assert ep.codes == [] and ep.state == "error" and ep.canary.result == ERROR
     assert probe_exit_code(result) == 2  # not judged: the check did not work, the server is not called wedged

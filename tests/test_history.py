@@ -4,8 +4,11 @@ import json
 
 import pytest
 
+from dsv4bench.canary import CanaryResult, HealthResult
 from dsv4bench.history import HistoryError, HistoryWriter, history_gaps, read_history
+from dsv4bench.monitor import MetricSample
 from dsv4bench.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
+from dsv4bench.wedge import WedgeFinding
 
 
 def record(i, status=TurnStatus.OK, verdicts=()):
@@ -121,3 +124,29 @@ def test_torn_tail_of_a_killed_run_is_partial_not_a_gap_but_a_torn_middle_is(tmp
     (tmp_path / "turns.jsonl").write_text(text + torn)
     (tmp_path / "events.jsonl").write_text(json.dumps({"kind": "run_end", "t_wall_ns": 1, "t_ns": 1}) + "\n")
     assert history_gaps(read_history(tmp_path)) == ["1 unreadable line(s) in turns.jsonl"]
+
+
+def test_the_server_checks_keep_their_record_keys_and_order():
+    """metrics.jsonl, the health / canary events and run.json's wedge hold these very records."""
+    def same(record: dict, literal: dict) -> bool:
+        return list(record.items()) == list(literal.items())
+
+    assert same(MetricSample(1, 2, "http://s/metrics", True, values={"g": 3.0}).as_dict(),
+                {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "values": {"g": 3.0}, "ok": True})
+    assert same(MetricSample(1, 2, "http://s/metrics", False, error="ConnectError: refused").as_dict(),
+                {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "ok": False,
+                 "error": "ConnectError: refused"})
+    assert same(HealthResult(2, "http://s/health", "failing", 0.1, status=503).as_dict(),
+                {"t_ns": 2, "endpoint": "http://s/health", "result": "failing", "latency_s": 0.1, "status": 503,
+                 "error": None})
+    canary = CanaryResult(2, "http://s/v1", "timeout", 1.0, "timeout after 1 s")
+    assert same(canary.as_dict(),
+                {"ok": False, "t_ns": 2, "endpoint": "http://s/v1", "result": "timeout", "latency_s": 1.0,
+                 "error": "timeout after 1 s", "http_status": None})
+    assert same(WedgeFinding().as_dict(), {"codes": [], "gauges": {}, "drain_s": None, "details": []})
+    found = WedgeFinding(["canary_timeout"], {"g": 0.0}, 1.5, ["d", "e"], ["e"], canary)
+    assert same(found.as_dict(),
+                {"codes": ["canary_timeout"], "gauges": {"g": 0.0}, "drain_s": 1.5, "details": ["d", "e"],
+                 "check_errors": ["e"],
+                 "canary": {"ok": False, "result": "timeout", "http_status": None, "latency_s": 1.0,
+                            "error": "timeout after 1 s"}})

@@ -37,8 +37,8 @@ def test_scrape_once_ok_and_down():
             return await scrape_once(c, "http://x/metrics", 1.0), await scrape_once(c, "http://x/other", 1.0)
 
     ok, down = anyio.run(main)
-    assert ok["ok"] and ok["values"]['vllm:num_requests_waiting{model_name="m"}'] == 2.0
-    assert not down["ok"] and "503" in down["error"]
+    assert ok.ok and ok.values['vllm:num_requests_waiting{model_name="m"}'] == 2.0
+    assert not down.ok and "503" in down.error
 
 
 def test_the_bundled_engine_serves_every_sglang_gauge_the_harness_reads():

@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from dsv4bench.engine.launcher import free_port
+from dsv4bench.monitor import MetricSample
 from dsv4bench.roles import DECODE, PREFILL, ROUTER, Role
 from dsv4bench.watch import SPARK_CHARS, WatchState, endpoint_label, render_watch, sparkline, watch_main
 from tests.fixtures.wedge_server import WedgeState, serve_in_thread
@@ -22,13 +23,10 @@ RUNNING = 'sglang:num_running_reqs{engine_type="decode",model_name="m"}'
 REQS = 'sglang:num_requests_total{engine_type="decode",model_name="m"}'
 
 
-def _sample(t_s: float, transfer: float, running: float, reqs: float, ok: bool = True) -> dict:
-    s = {"t_wall_ns": int(t_s * S), "t_ns": int(t_s * S), "endpoint": EP, "ok": ok}
-    if ok:
-        s["values"] = {TRANSFER: transfer, RUNNING: running, REQS: reqs}
-    else:
-        s["error"] = "ConnectError: refused"
-    return s
+def _sample(t_s: float, transfer: float, running: float, reqs: float, ok: bool = True) -> MetricSample:
+    if not ok:
+        return MetricSample(int(t_s * S), int(t_s * S), EP, False, error="ConnectError: refused")
+    return MetricSample(int(t_s * S), int(t_s * S), EP, True, values={TRANSFER: transfer, RUNNING: running, REQS: reqs})
 
 
 def _feed(state: WatchState, rows: list[tuple[float, float, float, float]]) -> None:
@@ -94,14 +92,15 @@ GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_prefil
           "sglang:num_decode_transfer_queue_reqs")
 
 
-def _pd_sample(endpoint: str, engine_type: str, t_s: float, gauges: dict[str, list[float]], reqs: float) -> dict:
+def _pd_sample(endpoint: str, engine_type: str, t_s: float, gauges: dict[str, list[float]],
+               reqs: float) -> MetricSample:
     """Every gauge a bundled PD server exports (all six, whatever its role), over two tp ranks."""
     values: dict[str, float] = {}
     for name in GAUGES:
         for rank, v in enumerate(gauges.get(name, [0.0, 0.0])):
             values[f'{name}{{engine_type="{engine_type}",model_name="dsv4-mini",tp_rank="{rank}"}}'] = v
     values[f'sglang:num_requests_total{{engine_type="{engine_type}",model_name="dsv4-mini"}}'] = reqs
-    return {"t_ns": int(t_s * S), "endpoint": endpoint, "ok": True, "values": values}
+    return MetricSample(0, int(t_s * S), endpoint, True, values=values)
 
 
 def _pd_state(transfer: list[float]) -> WatchState:
@@ -157,7 +156,7 @@ def test_states_in_words() -> None:
     _feed(st, [(t, 4, 2, 12) for t in range(6, 9)])
     assert st.describe(EP, 8 * S).plain == "WEDGE: decode transfer queue stuck at 4 for 6 s (+1 more)"
     assert WatchState().endpoints == {}
-    st.add({"t_ns": 0, "endpoint": "http://x:1/metrics", "ok": False, "error": "ConnectError: refused"})
+    st.add(MetricSample(0, 0, "http://x:1/metrics", False, error="ConnectError: refused"))
     assert st.describe("http://x:1/metrics", 0).plain == "no answer: ConnectError: refused"
 
 

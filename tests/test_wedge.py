@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dsv4bench.canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
 from dsv4bench.codes import WEDGE_CODES
+from dsv4bench.monitor import MetricSample
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 
 S = 1_000_000_000
@@ -22,12 +24,11 @@ TRANSFER, INFLIGHT = s("sglang:num_decode_transfer_queue_reqs"), s("sglang:num_p
 REQS, GEN = s("sglang:num_requests_total"), s("sglang:generation_tokens_total")
 
 
-def sample(t_s: float, endpoint: str = DEC, ok: bool = True, **values: float) -> dict:
+def sample(t_s: float, endpoint: str = DEC, ok: bool = True, **values: float) -> MetricSample:
     keys = {"run": RUN, "queue": QUEUE, "transfer": TRANSFER, "inflight": INFLIGHT, "reqs": REQS, "gen": GEN}
-    out = {"t_wall_ns": 0, "t_ns": STOP + int(t_s * S), "endpoint": endpoint, "ok": ok}
-    if ok:
-        out["values"] = {keys[k]: float(v) for k, v in values.items()}
-    return out
+    if not ok:
+        return MetricSample(0, STOP + int(t_s * S), endpoint, False, error="ConnectError: refused")
+    return MetricSample(0, STOP + int(t_s * S), endpoint, True, values={keys[k]: float(v) for k, v in values.items()})
 
 
 def test_healthy_drain_reports_drain_time_and_no_codes():
@@ -36,9 +37,9 @@ def test_healthy_drain_reports_drain_time_and_no_codes():
                sample(2, run=10, queue=0, reqs=170, gen=9600), sample(3, run=0, queue=0, reqs=180, gen=9700),
                sample(10, run=0, queue=0, reqs=180, gen=9700)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[DEC]["codes"] == []
-    assert found[DEC]["drain_s"] == 3.0
-    assert found[DEC]["gauges"] == {QUEUE: 0.0, RUN: 0.0}
+    assert found[DEC].codes == []
+    assert found[DEC].drain_s == 3.0
+    assert found[DEC].gauges == {QUEUE: 0.0, RUN: 0.0}
 
 
 def test_decode_transfer_queue_stuck_at_58():
@@ -46,10 +47,10 @@ def test_decode_transfer_queue_stuck_at_58():
     series.append(sample(40, run=0, transfer=0, reqs=500, gen=40000))  # after the window: ignored
     found = detect_wedge(series, STOP, CFG)
     f = found[DEC]
-    assert f["codes"] == ["queue_stuck"]
-    assert f["drain_s"] is None
-    assert f["gauges"][TRANSFER] == 58.0
-    [line] = f["details"]
+    assert f.codes == ["queue_stuck"]
+    assert f.drain_s is None
+    assert f.gauges[TRANSFER] == 58.0
+    [line] = f.details
     assert "sglang:num_decode_transfer_queue_reqs" in line and "=58" in line and DEC in line
     assert "30.0 s" in line
 
@@ -58,43 +59,42 @@ def test_prefill_inflight_queue_stuck_at_1_beside_a_healthy_decode():
     series = [sample(t, PRE, inflight=1, run=0, reqs=10) for t in range(0, 21, 2)]
     series += [sample(t, DEC, run=0, transfer=0, reqs=10) for t in range(0, 21, 2)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[PRE]["codes"] == ["queue_stuck"]
-    assert "sglang:num_prefill_inflight_queue_reqs" in found[PRE]["details"][0]
-    assert "=1 " in found[PRE]["details"][0] and "20.0 s" in found[PRE]["details"][0]
-    assert found[DEC]["codes"] == [] and found[DEC]["drain_s"] == 0.0
+    assert found[PRE].codes == ["queue_stuck"]
+    assert "sglang:num_prefill_inflight_queue_reqs" in found[PRE].details[0]
+    assert "=1 " in found[PRE].details[0] and "20.0 s" in found[PRE].details[0]
+    assert found[DEC].codes == [] and found[DEC].drain_s == 0.0
 
 
 def test_ghost_decoding_is_ghost_requests_not_queue_stuck():
     series = [sample(t, run=3, reqs=200, gen=1000 + 50 * t) for t in range(0, 31)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[DEC]["codes"] == ["ghost_requests"]
-    assert "sglang:num_running_reqs" in found[DEC]["details"][0]
+    assert found[DEC].codes == ["ghost_requests"]
+    assert "sglang:num_running_reqs" in found[DEC].details[0]
 
 
 def test_lying_health_gives_canary_timeout_and_health_lies():
     series = [sample(t, run=0, transfer=0, reqs=5) for t in range(0, 11)]
-    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01}]
-    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 10.0,
-                 "error": "timeout after 10 s"}]
+    health = [HealthResult(STOP + 31 * S, "http://d/health", OK, 0.01, status=200)]
+    canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 10.0, error="timeout after 10 s")]
     found = detect_wedge(series, STOP, CFG, health=health, canaries=canaries)
-    assert found["http://d/v1"]["codes"] == ["canary_timeout", "health_lies"]
-    assert found["http://d/health"]["codes"] == []
-    assert found[DEC]["codes"] == []
-    assert set(found["http://d/v1"]["codes"]) <= set(WEDGE_CODES)
+    assert found["http://d/v1"].codes == ["canary_timeout", "health_lies"]
+    assert found["http://d/health"].codes == []
+    assert found[DEC].codes == []
+    assert set(found["http://d/v1"].codes) <= set(WEDGE_CODES)
 
 
 def test_honest_health_with_failed_canary_is_only_canary_timeout():
-    health = [{"t_ns": STOP + S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01},
-              {"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 503, "latency_s": 0.01}]
-    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 1.0, "error": "x"}]
+    health = [HealthResult(STOP + S, "http://d/health", OK, 0.01, status=200),
+              HealthResult(STOP + 31 * S, "http://d/health", FAILING, 0.01, status=503)]
+    canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 1.0, error="x")]
     found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)
-    assert found["http://d/v1"]["codes"] == ["canary_timeout"]
+    assert found["http://d/v1"].codes == ["canary_timeout"]
 
 
 def test_recovered_canary_clears_canary_timeout():
-    canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 1.0, "error": "x"},
-                {"t_ns": STOP + 35 * S, "endpoint": "http://d/v1", "ok": True, "latency_s": 0.1, "error": None}]
-    assert detect_wedge([], STOP, CFG, canaries=canaries)["http://d/v1"]["codes"] == []
+    canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 1.0, error="x"),
+                CanaryResult(STOP + 35 * S, "http://d/v1", OK, 0.1)]
+    assert detect_wedge([], STOP, CFG, canaries=canaries)["http://d/v1"].codes == []
 
 
 def test_slow_but_progressing_drain_is_not_a_wedge():
@@ -102,13 +102,13 @@ def test_slow_but_progressing_drain_is_not_a_wedge():
     series = [sample(t, run=40, queue=60 - 2 * t, transfer=max(0, 30 - t), reqs=100 + 3 * t, gen=5000 + 90 * t)
               for t in range(0, 31)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[DEC]["codes"] == []
-    assert found[DEC]["drain_s"] is None
+    assert found[DEC].codes == []
+    assert found[DEC].drain_s is None
 
 
 def test_short_plateau_under_min_stuck_is_not_stuck():
     series = [sample(t, transfer=10 if t < 27 else 4, reqs=1 if t < 27 else 7) for t in range(0, 31)]
-    assert detect_wedge(series, STOP, CFG)[DEC]["codes"] == []
+    assert detect_wedge(series, STOP, CFG)[DEC].codes == []
 
 
 def test_endpoint_down_mid_window_is_skipped_not_a_crash():
@@ -116,39 +116,33 @@ def test_endpoint_down_mid_window_is_skipped_not_a_crash():
     series += [sample(t, ok=False) for t in range(10, 25)]
     series += [sample(t, transfer=58, reqs=9) for t in range(25, 31)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[DEC]["codes"] == ["queue_stuck"]
+    assert found[DEC].codes == ["queue_stuck"]
     all_down = detect_wedge([sample(t, PRE, ok=False) for t in range(0, 31)], STOP, CFG)
-    assert all_down[PRE] == {"codes": [], "gauges": {}, "drain_s": None, "details": []}
+    assert all_down[PRE].as_dict() == {"codes": [], "gauges": {}, "drain_s": None, "details": []}
 
 
 def test_vllm_names_are_judged_too():
     ep = "http://v/metrics"
     key = 'vllm:num_requests_waiting{model_name="m"}'
-    series = [{"t_wall_ns": 0, "t_ns": STOP + t * S, "endpoint": ep, "ok": True,
-               "values": {key: 7.0, 'vllm:generation_tokens_total{model_name="m"}': 100.0}} for t in range(0, 31)]
+    values = {key: 7.0, 'vllm:generation_tokens_total{model_name="m"}': 100.0}
+    series = [MetricSample(0, STOP + t * S, ep, True, values=values) for t in range(0, 31)]
     found = detect_wedge(series, STOP, CFG)
-    assert found[ep]["codes"] == ["queue_stuck"] and key in found[ep]["details"][0]
+    assert found[ep].codes == ["queue_stuck"] and key in found[ep].details[0]
 
 
 def test_a_canary_answered_with_an_error_is_a_check_error_not_a_wedge():
-    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/health", "status": 200, "latency_s": 0.01}]
-    for result, error in (("error", "HTTP 200 but not JSON (text/html): an HTML page"),
-                          ("error", "HTTP 500: internal error"), ("unreachable", "ConnectError: refused")):
-        canaries = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "result": result,
-                     "latency_s": 0.02, "error": error}]
+    health = [HealthResult(STOP + 31 * S, "http://d/health", OK, 0.01, status=200)]
+    for result, error in ((ERROR, "HTTP 200 but not JSON (text/html): an HTML page"),
+                          (ERROR, "HTTP 500: internal error"), (UNREACHABLE, "ConnectError: refused")):
+        canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", result, 0.02, error=error)]
         found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)["http://d/v1"]
-        assert found["codes"] == [], result
-        assert found["check_errors"] == found["details"] and error in found["check_errors"][0]
-    # Written before `result` existed: an HTTP answer was never a hang either.
-    legacy = [{"t_ns": STOP + 31 * S, "endpoint": "http://d/v1", "ok": False, "latency_s": 0.02,
-               "error": "HTTP 404: Not Found"}]
-    assert detect_wedge([], STOP, CFG, health=health, canaries=legacy)["http://d/v1"]["codes"] == []
+        assert found.codes == [], result
+        assert found.check_errors == found.details and error in found.check_errors[0]
 
 
 def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
-    health = [{"t_ns": STOP + 31 * S, "endpoint": "http://p/health", "status": 200, "latency_s": 0.01},
-              {"t_ns": STOP + 31 * S, "endpoint": "http://p/health_generate", "status": None, "latency_s": 5.0,
-               "result": "timeout", "error": "timeout after 5 s"}]
+    health = [HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
+              HealthResult(STOP + 31 * S, "http://p/health_generate", TIMEOUT, 5.0, error="timeout after 5 s")]
     found = detect_wedge([], STOP, CFG, health=health)
-    assert found["http://p/health_generate"]["codes"] == ["health_lies"]
-    assert found["http://p/health"]["codes"] == []
+    assert found["http://p/health_generate"].codes == ["health_lies"]
+    assert found["http://p/health"].codes == []

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from rich.console import Console
 
-from dsv4bench.canary import canary, health
-from dsv4bench.monitor import scrape_once
+from dsv4bench.canary import CanaryResult, HealthResult, check_canary, check_health
+from dsv4bench.monitor import MetricSample, scrape_once
 from dsv4bench.probe import probe, probe_exit_code, probe_main, render_probe
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 
@@ -44,7 +44,7 @@ def test_probe_healthy_exits_0(server, tmp_path, capsys):
     result = probe([server], timeout=TIMEOUT)
     [ep] = result.endpoints
     assert ep.state == "healthy", ep.reasons
-    assert ep.canary["ok"] and ep.health["status"] == 200 and ep.health_generate["status"] == 200
+    assert ep.canary.ok and ep.health.status == 200 and ep.health_generate.status == 200
     assert probe_exit_code(result) == 0
     assert probe_main([server], TIMEOUT, tmp_path / "p.json") == 0
     assert json.loads((tmp_path / "p.json").read_text())["exit_code"] == 0
@@ -69,7 +69,7 @@ def test_probe_stuck_and_lying_exits_1_and_names_the_gauge(server, tmp_path, cap
 def test_probe_wedged_with_honest_health_exits_1(server):
     control(server, stuck={"sglang:num_prefill_inflight_queue_reqs": 1}, wedged=True)
     [ep] = probe([server], timeout=TIMEOUT).endpoints
-    assert ep.state == "wedged" and ep.health["status"] == 503
+    assert ep.state == "wedged" and ep.health.status == 503
     assert ep.codes == ["canary_timeout", "queue_stuck"]
 
 
@@ -81,7 +81,8 @@ def test_probe_unreachable_exits_2(server):
     assert probe_exit_code(result) == 2
 
 
-async def _record(root: str, scrapes: int, every: float) -> tuple[list[dict], int, list[dict], list[dict]]:
+async def _record(root: str, scrapes: int,
+                  every: float) -> tuple[list[MetricSample], int, list[HealthResult], list[CanaryResult]]:
     """Scrape like the monitor does after load stops, then canary + /health like a run does."""
     async with httpx.AsyncClient(trust_env=False) as client:
         stopped = time.monotonic_ns()
@@ -90,8 +91,8 @@ async def _record(root: str, scrapes: int, every: float) -> tuple[list[dict], in
             samples.append(await scrape_once(client, f"{root}/metrics", TIMEOUT))
             await anyio.sleep(every)
         samples.append(await scrape_once(client, f"{root}/metrics", TIMEOUT))
-        h = await health(client, root, timeout=TIMEOUT)
-        c = await canary(client, f"{root}/v1", "wedge-test", timeout=TIMEOUT)
+        h = await check_health(client, root, timeout=TIMEOUT)
+        c = await check_canary(client, f"{root}/v1", "wedge-test", timeout=TIMEOUT)
     return samples, stopped, [h], [c]
 
 
@@ -102,21 +103,21 @@ def test_detector_on_real_scrapes_stuck_and_lying(server):
     control(server, stuck={"sglang:num_decode_transfer_queue_reqs": 58}, wedged=True, lie_health=True)
     samples, stopped, h, c = anyio.run(_record, server, 5, 0.12)
     found = detect_wedge(samples, stopped, CFG, health=h, canaries=c)
-    assert found[f"{server}/metrics"]["codes"] == ["queue_stuck"]
-    assert "sglang:num_decode_transfer_queue_reqs" in found[f"{server}/metrics"]["details"][0]
-    assert found[f"{server}/v1"]["codes"] == ["canary_timeout", "health_lies"]
+    assert found[f"{server}/metrics"].codes == ["queue_stuck"]
+    assert "sglang:num_decode_transfer_queue_reqs" in found[f"{server}/metrics"].details[0]
+    assert found[f"{server}/v1"].codes == ["canary_timeout", "health_lies"]
 
 
 def test_detector_on_real_scrapes_ghost_and_healthy(server):
     control(server, ghost=True)
     samples, stopped, h, c = anyio.run(_record, server, 5, 0.12)
     found = detect_wedge(samples, stopped, CFG, health=h, canaries=c)
-    assert found[f"{server}/metrics"]["codes"] == ["ghost_requests"]
+    assert found[f"{server}/metrics"].codes == ["ghost_requests"]
     control(server)
     samples, stopped, h, c = anyio.run(_record, server, 2, 0.05)
     found = detect_wedge(samples, stopped, CFG, health=h, canaries=c)
-    assert all(f["codes"] == [] for f in found.values()), found
-    assert found[f"{server}/metrics"]["drain_s"] == 0.0
+    assert all(f.codes == [] for f in found.values()), found
+    assert found[f"{server}/metrics"].drain_s == 0.0
 
 
 # --- each endpoint by its role --------------------------------------------------------------------
@@ -144,10 +145,10 @@ def test_a_healthy_pd_trio_is_healthy_and_only_the_router_gets_a_canary(trio):
     assert [(e.role, e.state) for e in result.endpoints] == [("router", "healthy"), ("prefill", "healthy"),
                                                              ("decode", "healthy")]
     router, prefill, decode = result.endpoints
-    assert router.canary["ok"] and router.role_source == "/get_server_info engine_type"
+    assert router.canary.ok and router.role_source == "/get_server_info engine_type"
     assert prefill.role_source == "/get_server_info disaggregation_mode"
     assert decode.role_source == "/metrics engine_type label"
-    assert prefill.canary == {} and decode.canary == {} and "router" in prefill.canary_skipped
+    assert prefill.canary is None and decode.canary is None and "router" in prefill.canary_skipped
     assert probe_exit_code(result) == 0
 
 
@@ -179,7 +180,7 @@ def test_a_canary_answered_with_an_error_is_that_error_never_a_hang(trio, answer
     result = probe(trio, timeout=TIMEOUT)
     router = result.endpoints[0]
     assert router.codes == [] and router.state == state, router
-    assert router.canary["result"] == "error" and router.canary["latency_s"] < TIMEOUT
+    assert router.canary.result == "error" and router.canary.latency_s < TIMEOUT
     assert any(e.startswith("canary: ") and "not a hang" in e for e in router.errors)
     assert probe_exit_code(result) == code
 
@@ -187,7 +188,7 @@ def test_a_canary_answered_with_an_error_is_that_error_never_a_hang(trio, answer
 def test_a_worker_whose_health_generate_hangs_while_health_says_200_lies(trio):
     play(trio, decode={"wedged": True, "lie_health": True})
     decode = probe(trio, timeout=TIMEOUT).endpoints[2]
-    assert decode.canary == {} and decode.codes == ["health_lies"]
+    assert decode.canary is None and decode.codes == ["health_lies"]
     assert decode.reasons == ["health_lies: /health answered 200 while /health_generate hung"]
 
 
