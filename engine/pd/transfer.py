@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.kv_pools import KVPools
+from .kv_wire import PageCodec
 
 log = logging.getLogger("dsv4bench.engine.pd")
 
@@ -103,13 +104,19 @@ class KVTransfer:
 
 
 class TransferWorker:
-    """The thread that copies pages from the prefill pools to the decode pools, one transfer at
-    a time in submission order, paced to a link of `link_bytes_per_s` (0: as fast as memory)."""
+    """The thread that moves pages from the prefill pools to the decode pools, one transfer at
+    a time in submission order, paced to a link of `link_bytes_per_s` (0: as fast as memory).
 
-    def __init__(self, src: KVPools, dst: KVPools, link_bytes_per_s: float = 0.0, chunk_pages: int = 8) -> None:
-        assert src.page_size == dst.page_size and len(src.page_tensors()) == len(dst.page_tensors())
+    With `dst` the decode pools are in this process and pages are copied; with no `dst` they
+    are in a decode process, and each transfer (bootstrap_server.RemoteKVTransfer) sends its
+    pages down its own connection as bytes (kv_wire.PageCodec)."""
+
+    def __init__(self, src: KVPools, dst: KVPools | None, link_bytes_per_s: float = 0.0,
+                 chunk_pages: int = 8) -> None:
+        assert dst is None or (src.page_size == dst.page_size and len(src.page_tensors()) == len(dst.page_tensors()))
         assert link_bytes_per_s >= 0 and chunk_pages >= 1
         self.src, self.dst = src, dst
+        self.codec = PageCodec(src) if dst is None else None
         self.link_bytes_per_s = link_bytes_per_s
         self.chunk_pages = chunk_pages
         self.bytes_per_page = src.bytes_per_page()
@@ -166,7 +173,10 @@ class TransferWorker:
                 if not transfer.keep_going():
                     return
                 src = transfer.src_pages[i : i + self.chunk_pages]
-                self._copy(src, transfer.dst_pages[i : i + self.chunk_pages])
+                if self.codec is not None:
+                    transfer.send_pages(i, self.codec.pack(src))  # type: ignore[attr-defined]
+                else:
+                    self._copy(src, transfer.dst_pages[i : i + self.chunk_pages])
                 if self.link_bytes_per_s:
                     sent = (i + len(src)) * self.bytes_per_page
                     time.sleep(max(0.0, start + sent / self.link_bytes_per_s - time.monotonic()))
@@ -178,6 +188,7 @@ class TransferWorker:
             transfer.conclude(ok=True)
 
     def _copy(self, src_pages: list[int], dst_pages: list[int]) -> None:
+        assert self.dst is not None
         src_idx = torch.tensor(src_pages, dtype=torch.long, device=self.src.kv[0].device)
         dst_idx = torch.tensor(dst_pages, dtype=torch.long, device=self.dst.kv[0].device)
         for s, d in zip(self.src.page_tensors(), self.dst.page_tensors()):
