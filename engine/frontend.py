@@ -23,7 +23,7 @@ import deepseek_recipe as dr
 
 from .config import ModelConfig
 from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
-from .prepared_request import PreparedRequest
+from .prepared_request import Bootstrap, PreparedRequest
 from .request import SEED_MAX, SamplingParams
 from .request_limits import NUMBER, Field, RequestError, check_fields, check_values
 from .tokenizer import DSV4Tokenizer
@@ -42,7 +42,10 @@ _COMMON = {
     "stop": Field((str, list)), "stream_options": Field((dict,)), "stop_token_ids": Field((list,)),
     "n": Field((int,), 1, 128), "presence_penalty": Field(NUMBER, -2, 2), "frequency_penalty": Field(NUMBER, -2, 2),
     "user": Field((str,)), "logit_bias": Field((dict,)),
+    "bootstrap_host": Field((str,)), "bootstrap_port": Field((int,), 1, 65535),
+    "bootstrap_room": Field((int,), 0, 2**63 - 1),
 }
+_BOOTSTRAP = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 _CHAT = {**_COMMON, "messages": Field((list,)), "tools": Field((list,)), "tool_choice": Field((str, dict)),
          "chat_template_kwargs": Field((dict,)), "max_completion_tokens": Field((int,), 1, _U32),
          "logprobs": Field((bool,)), "top_logprobs": Field((int,), 0, 20), "parallel_tool_calls": Field((bool,)),
@@ -165,7 +168,7 @@ class Frontend:
         return PreparedRequest(
             rid=f"chatcmpl-{uuid.uuid4().hex}", model=model, prompt_ids=prompt_ids, params=params,
             stream=conv.stream, include_usage=self._include_usage(body), thinking=conv.conversation.thinking_mode,
-            conversation=conv)
+            conversation=conv, bootstrap=self._bootstrap(body))
 
     def prepare_completion(self, body: Any) -> PreparedRequest:
         """Validate a /v1/completions body: a raw prompt encoded with the full vocabulary, so
@@ -187,7 +190,18 @@ class Frontend:
             rid=f"cmpl-{uuid.uuid4().hex}", model=body.get("model") or self.model_name,
             prompt_ids=prompt_ids, params=params, stream=bool(body.get("stream")),
             include_usage=self._include_usage(body), skip_special_tokens=body.get("skip_special_tokens") is not False,
-            stop=self._stops(body))
+            stop=self._stops(body), bootstrap=self._bootstrap(body))
+
+    @staticmethod
+    def _bootstrap(body: dict[str, Any]) -> Bootstrap | None:
+        """The PD bootstrap fields: all three, or none (a request for a unified server)."""
+        given = [name for name in _BOOTSTRAP if body.get(name) is not None]
+        if not given:
+            return None
+        missing = [name for name in _BOOTSTRAP if name not in given]
+        if missing:
+            raise RequestError(400, f"'{missing[0]}' is required with {', '.join(given)}", missing[0])
+        return Bootstrap(body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"])
 
     def _common_checks(self, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
         if not isinstance(body, dict):

@@ -58,7 +58,7 @@ class Generation:
     def __init__(self, gens: Generations, req: PreparedRequest, arrival: float) -> None:
         self.gens, self.req, self.arrival = gens, req, arrival
         params = dataclasses.replace(req.params, ignore_eos=True) if gens.ghost_decode else req.params
-        self.gen = gens.engine.generate(req.rid, req.prompt_ids, params)
+        self.gen = gens.engine.generate(req.rid, req.prompt_ids, params, req.bootstrap)
         self.first_token_at: float | None = None
         self.finished = False  # a finish was read (stop, length or abort)
         self.closed = False

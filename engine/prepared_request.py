@@ -12,6 +12,17 @@ import deepseek_recipe as dr
 from .request import SamplingParams
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where a PD request's KV meets (SGLang's `bootstrap_host`, `bootstrap_port` and
+    `bootstrap_room`, which a PD router adds to the body it sends both servers): the prefill
+    server's bootstrap port, and the room, a random 63-bit id shared by the two halves."""
+
+    host: str
+    port: int
+    room: int
+
+
 @dataclass
 class PreparedRequest:
     """A validated request, ready for `engine.generate(rid, prompt_ids, params)`."""
@@ -27,3 +38,4 @@ class PreparedRequest:
     skip_special_tokens: bool = True  # completion only
     stop: tuple[str, ...] = ()  # completion only; chat stop strings live in the recipe parser
     created: int = field(default_factory=lambda: int(time.time()))
+    bootstrap: Bootstrap | None = None  # a PD router's request to a prefill or decode server

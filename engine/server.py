@@ -70,6 +70,7 @@ log = logging.getLogger("dsv4bench.engine.server")
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (unless auth_health_metrics)
 HEALTH_PROMPT = "<｜begin▁of▁sentence｜><｜User｜>ping<｜Assistant｜></think>"
+PD_HALVES = ("prefill", "decode")  # ServerConfig.engine_type of a PD deployment's two halves
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,9 @@ class _Server:
         self.health_lies = Fault.HEALTH_LIES in faults
         self.parser_split = Fault.PARSER_SPLIT in faults
         self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
+        # A prefill or decode server of a PD deployment in separate processes (engine/pd/worker.py):
+        # it generates only with its other half, so its /health is its threads' liveness.
+        self.pd_half = cfg.engine_type in PD_HALVES
 
     async def read_json(self, request: Request) -> Any:
         return await read_json(request, self.cfg.max_body_bytes)
@@ -195,6 +199,9 @@ class _Server:
         arrival = time.monotonic()
         body = await self.read_json(request)
         req = await run_in_threadpool(prepare, body)
+        if self.pd_half and req.bootstrap is None:
+            raise RequestError(400, f"a {self.cfg.engine_type} server takes a PD router's requests: bootstrap_host, "
+                               "bootstrap_port and bootstrap_room are required", "bootstrap_room")
         if not self.engine.alive():
             raise RequestError(503, "the engine is not running", code="engine_unavailable")
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}
@@ -241,6 +248,8 @@ class _Server:
     # ---- SGLang ----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        if self.pd_half:
+            return Response(status_code=200 if self.engine.alive() else 503)
         if self.health_lies:
             # The fault: the liveness flag stands in for a generation, so a loop that is alive
             # but cannot produce a token still answers 200.
@@ -250,6 +259,8 @@ class _Server:
     async def health_generate(self, request: Request) -> Response:
         """200 when a one-token probe request produces its token within the timeout; 503 when
         the engine is not running, the probe is aborted, or nothing comes in time."""
+        if self.pd_half:
+            return await self.health(request)
         if not self.engine.alive():
             return Response(status_code=503)
         ok = await unless_disconnected(request, self._probe)

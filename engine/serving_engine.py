@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .config import EngineConfig
 from .outputs import TokenEventLike
+from .prepared_request import Bootstrap
 from .request import SamplingParams
 
 if TYPE_CHECKING:
@@ -25,9 +26,12 @@ class ServingEngine(Protocol):
     max_context: int  # the longest prompt + output the engine takes, in tokens
     eos_token_id: int
 
-    def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEventLike]:
+    def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                 bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEventLike]:
         """Yield the request's output events, the last one with a finish reason; closing the
-        generator before that aborts the request and frees what it holds."""
+        generator before that aborts the request and frees what it holds. `bootstrap` is a
+        PD router's room for the request: a prefill or decode server's half needs it, the
+        others leave it, as SGLang's servers do."""
         ...
 
     def abort(self, rid: str) -> bool:

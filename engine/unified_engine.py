@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .config import EngineConfig
 from .hiradix_cache import HiRadixCache
+from .prepared_request import Bootstrap
 from .request import FinishReason, Request, SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .server_loop import IDLE_WAIT_S, AsyncSink, EngineStats, EventSink, ServerLoop, StepOutput, TokenEvent, failure_text
@@ -129,7 +130,8 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.loop.stats
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                       bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
         """Yield the request's output as it is produced; closing the generator aborts it."""
         if not self.loop.alive():
             raise RuntimeError("the engine loop is not running")

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..model.kv_pools import KVPools
+from ..prepared_request import Bootstrap
 from .kv_wire import PageCodec, WireError, recv, send
 from .transfer import KVTransfer, TransferStatus
 
@@ -26,18 +27,9 @@ log = logging.getLogger("dsv4bench.engine.pd")
 CONNECT_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class RoomAddress:
-    """Where a request's room lives: the prefill server's bootstrap port, and the room id."""
-
-    host: str
-    port: int
-    room: int
-
-
 @dataclass(eq=False)
 class _Channel:
-    address: RoomAddress
+    address: Bootstrap
     sock: socket.socket | None = None
     transfer: KVTransfer | None = None
     outbox: list[dict] = field(default_factory=list)  # room messages sent before the connection is up
@@ -58,7 +50,7 @@ class BootstrapClient:
 
     # ---- the decode server: before its request enters the engine ----------------------------
 
-    def open(self, rid: str, address: RoomAddress) -> None:
+    def open(self, rid: str, address: Bootstrap) -> None:
         with self._lock:
             self._channels[rid] = _Channel(address)
 
@@ -122,7 +114,7 @@ class BootstrapClient:
                 pass  # the reader sees the same broken connection and fails the transfer
 
     @staticmethod
-    def _abort_room(a: RoomAddress) -> None:
+    def _abort_room(a: Bootstrap) -> None:
         try:
             with socket.create_connection((a.host, a.port), timeout=CONNECT_TIMEOUT_S) as sock:
                 send(sock, {"op": "abort", "room": a.room})

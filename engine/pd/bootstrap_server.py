@@ -98,14 +98,18 @@ class BootstrapServer:
 
     # ---- the prefill server's side ------------------------------------------------------
 
-    def open(self, room: Room) -> None:
-        """The prefill server took the room's request: open it (and attach an early prealloc)."""
+    def open(self, room: Room) -> bool:
+        """The prefill server took the room's request: open it (and attach an early prealloc).
+        False when a request of the same room is already here (a room is one request's)."""
         with self._lock:
+            if room.rid in self._opened:
+                return False
             self._opened.add(room.rid)
             self.worker.open(room)
             early = self._pending.pop(room.rid, None)
             if early is not None:
                 self.worker.prealloc(room.rid, early)
+            return True
 
     def release(self, rid: str) -> None:
         """The prefill server is done with the room's request. A room no decode reached is

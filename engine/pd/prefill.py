@@ -8,7 +8,9 @@
    held for the transfer worker; the KV, the first token and the cached-token count go out as
    the room's KVTransfer, and the request waits in the inflight queue.
 4. When the transfer is settled, the held references are dropped: full pages stay in the
-   prefix cache for later turns, the rest are free.
+   prefix cache for later turns, the rest are free. The request's sink hears how it ended:
+   its one token when the KV arrived, ABORT otherwise (the prefill server's HTTP answer in a
+   PD deployment of two processes; in one process nobody listens but the decode side's).
 
 A request whose prefill step fails on its own (server_loop.run_batch) leaves the Scheduler,
 its transfer records why and its room is aborted, so the decode side ends it with that error.
@@ -31,9 +33,9 @@ from ..faults import Fault
 from ..memory import PageAllocator
 from ..model_runner import ModelRunner
 from ..radix_cache import RadixCache
-from ..request import Request
+from ..request import FinishReason, Request
 from ..scheduler import ScheduledBatch, Scheduler
-from ..server_loop import IDLE_WAIT_S, POLL_S, ServerLoop, StepOutput, count_users, failure_text
+from ..server_loop import IDLE_WAIT_S, POLL_S, EventSink, ServerLoop, StepOutput, TokenEvent, count_users, failure_text
 from .bootstrap import BootstrapWorker, Room, RoomState
 from .stats import PDStats
 from .transfer import KVTransfer, TransferStatus, TransferWorker, is_settled
@@ -41,10 +43,18 @@ from .transfer import KVTransfer, TransferStatus, TransferWorker, is_settled
 log = logging.getLogger("dsv4bench.engine.pd")
 
 
+class NullSink:
+    """Where a prefill request's events go when nobody awaits them (PD in one process)."""
+
+    def push(self, event: TokenEvent) -> None:
+        pass
+
+
 @dataclass(eq=False)
 class PrefillEntry:
     req: Request  # the prefill's copy: max_tokens 1 (the first token travels with the KV)
     room: Room
+    sink: EventSink = field(default_factory=NullSink)
     abort_requested: bool = False
     held_pages: list[int] = field(default_factory=list)  # references kept for the transfer worker
 
@@ -75,9 +85,9 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
 
     # ---- any thread -----------------------------------------------------------------------
 
-    def submit(self, req: Request, room: Room) -> None:
-        """A request (the prefill's own copy) whose room the router has opened."""
-        self.submit_entry(PrefillEntry(req, room))
+    def submit(self, req: Request, room: Room, sink: EventSink | None = None) -> None:
+        """A request (the prefill's own copy) whose room is open; `sink` hears how it ended."""
+        self.submit_entry(PrefillEntry(req, room, sink or NullSink()))
 
     def flush_cache(self) -> Future[bool]:
         """Drop the prefix cache when no request is here; False otherwise."""
@@ -108,6 +118,7 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
             self.scheduler.abort(rid)
             self._forget(rid)
             self.bootstrap.abort(rid)  # the room tells the decode side to free its reservation
+            self._end(e, None)
         elif (e := self.inflight_queue.get(rid)) is not None:
             if e.abort_requested:
                 return False
@@ -137,6 +148,7 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
             state = e.room.state
             if state is RoomState.ABORTED:
                 del self.bootstrap_queue[rid]
+                self._end(e, None)
             elif state is RoomState.BOOTSTRAPPED and not e.abort_requested:
                 del self.bootstrap_queue[rid]
                 try:
@@ -144,6 +156,7 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
                 except ValueError as err:  # refused (too long for this pool)
                     log.warning("prefill refused %s: %s", rid, err)
                     self.bootstrap.abort(rid)
+                    self._end(e, None, f"refused: {err}")
                     continue
                 self.prefilling[rid] = e
 
@@ -154,12 +167,14 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
                 del self.prefilling[rid]
                 self.scheduler.abort(rid)
                 self._forget(rid)
+                self._end(e, None)
 
     def fail(self, rid: str, err: BaseException) -> None:
         """Its transfer carries the error to the decode side, whose client hears it."""
         e = self.prefilling.pop(rid)
         e.transfer.error = failure_text(err)
         self.bootstrap.abort(rid)
+        self._end(e, None, e.transfer.error)
 
     def before_postprocess(self, batch: ScheduledBatch, failed: dict[str, BaseException]) -> None:
         # NOTE: postprocess finishes every request whose prompt completes here and releases its
@@ -180,12 +195,23 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
                 self.inflight_queue[rid] = e
             else:  # the decode side gave up while the prompt was computed
                 self.allocator.decref(e.held_pages)
+                self._end(e, None)
 
     def _poll_inflight(self) -> None:
         for rid, e in list(self.inflight_queue.items()):
             if is_settled(e.transfer.status, self.leak_aborted_transfers):
                 del self.inflight_queue[rid]
                 self.allocator.decref(e.held_pages)
+                ok = e.transfer.status is TransferStatus.SUCCESS and not e.abort_requested
+                self._end(e, e.transfer.first_token if ok else None, e.transfer.error)
+
+    @staticmethod
+    def _end(e: PrefillEntry, first_token: int | None, error: str | None = None) -> None:
+        """Tell the request's sink how it ended: its token once the KV is there, else ABORT."""
+        if first_token is not None:
+            e.sink.push(TokenEvent.of(e.req, [first_token], FinishReason.LENGTH))
+        else:
+            e.sink.push(TokenEvent.of(e.req, [], FinishReason.ABORT, error))
 
     def snapshot(self) -> PDStats:
         s = self.scheduler.stats()
@@ -204,3 +230,4 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
         for e in [*self.bootstrap_queue.values(), *self.prefilling.values(), *self.inflight_queue.values()]:
             if e.room.transfer is not None:
                 e.room.transfer.abort()
+            self._end(e, None)

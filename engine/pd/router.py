@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from ..config import EngineConfig
+from ..prepared_request import Bootstrap
 from ..request import FinishReason, Request, SamplingParams, is_health_probe
 from ..server_loop import AsyncSink, EngineStats, EventSink, TokenEvent, count_users
 from .bootstrap import BootstrapWorker, Room
@@ -43,7 +44,8 @@ class PDRouter:
                            num_aborted_total=self.counts["aborted"], gen_tokens_total=self.counts["gen"],
                            prompt_tokens_total=self.counts["prompt"])
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                       bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
         """Yield the request's output as the decode server produces it; closing the generator
         before the end aborts the request on both servers."""
         if not self.alive():

@@ -46,7 +46,8 @@ class FakeEngine:
     def alive(self) -> bool:
         return self.is_alive
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                       bootstrap: object = None) -> AsyncIterator[TokenEvent]:
         seen = self.seen[rid] = Seen(list(prompt_ids), params)
         with self._lock:
             self._stats.num_requests_total += 1

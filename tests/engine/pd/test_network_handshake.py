@@ -5,24 +5,33 @@ dies mid-request, and no room, page or request left behind."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import httpx
 import pytest
 
+from dsv4bench.engine import sglang_router
+from dsv4bench.engine.frontend import Frontend
 from dsv4bench.engine.model_runner import ModelRunner
 from dsv4bench.engine.pd.bootstrap import BootstrapWorker, Room
-from dsv4bench.engine.pd.bootstrap_client import BootstrapClient, RoomAddress
+from dsv4bench.engine.pd.bootstrap_client import BootstrapClient
+from dsv4bench.engine.prepared_request import Bootstrap
 from dsv4bench.engine.pd.bootstrap_server import BootstrapServer, room_rid
 from dsv4bench.engine.pd.decode import DecodeEngine
 from dsv4bench.engine.pd.kv_wire import send
 from dsv4bench.engine.pd.prefill import PrefillEngine
 from dsv4bench.engine.pd.transfer import TransferStatus, TransferWorker
 from dsv4bench.engine.request import FinishReason, Request
+from dsv4bench.engine.pd.worker import DecodeServing, PrefillServing
 from dsv4bench.engine.serve import load_model
+from dsv4bench.engine.server import ServerConfig, build_app
+from dsv4bench.engine.tokenizer import load_tokenizer
 
-from .helpers import ListSink, build_tiny, greedy, prompt, tiny_cfg, wait_until
+from .helpers import ListSink, ServedPD, ServerThread, build_tiny, greedy, prompt, tiny_cfg, wait_until
 
 
 @dataclass
@@ -41,7 +50,7 @@ class Split:
         params = replace(greedy(max_tokens), stop_token_ids=(1,))  # EOS, as the routers add it
 
         def to_decode() -> None:
-            self.client.open(f"d{room}", RoomAddress("127.0.0.1", self.server.port, room))
+            self.client.open(f"d{room}", Bootstrap("127.0.0.1", self.server.port, room))
             self.decode.submit(Request(f"d{room}", list(ids), params), sink)
 
         def to_prefill() -> None:
@@ -118,7 +127,7 @@ def test_an_abort_on_the_decode_side_reaches_the_prefill_room(split):
 def test_an_abort_on_the_prefill_side_fails_the_decode_request(split):
     ids = prompt(40, seed=5)
     sink = ListSink()
-    split.client.open("d31", RoomAddress("127.0.0.1", split.server.port, 31))
+    split.client.open("d31", Bootstrap("127.0.0.1", split.server.port, 31))
     split.decode.submit(Request("d31", ids, greedy(4)), sink)
     room = Room(room_rid(31))
     split.server.open(room)  # opened, but its prefill request is aborted before it runs
@@ -150,7 +159,7 @@ def test_a_decode_that_refuses_before_reserving_tells_the_room(split):
     ids = prompt(tiny_cfg().num_pages * 16 + 10, seed=7)
     split.prefill.submit(Request(room.rid, ids, greedy(1)), room)
     sink = ListSink()
-    split.client.open("d51", RoomAddress("127.0.0.1", split.server.port, 51))
+    split.client.open("d51", Bootstrap("127.0.0.1", split.server.port, 51))
     split.decode.submit(Request("d51", ids, greedy(4)), sink)
     wait_until(lambda: sink.finish is FinishReason.ABORT, what="the refusal")
     wait_until(lambda: room.state.name == "ABORTED", what="the room to hear it")
@@ -168,3 +177,96 @@ def test_garbage_on_the_bootstrap_port_harms_no_room(split):
     wait_until(lambda: sink.finish is not None, what="an answer after the garbage")
     assert sink.finish is not FinishReason.ABORT
     split.assert_clean()
+
+
+# ---- the two halves as HTTP servers, as SGLang's router sees them ------------------------------
+
+@pytest.fixture(scope="module")
+def halves(split, reference) -> Iterator[tuple[str, str, str]]:
+    """(prefill URL, decode URL, in-process PD router URL) over the split halves."""
+    tok = load_tokenizer()
+    frontend = Frontend(tok, max_context=4096)
+    cfg = split.prefill.cfg
+    needs_p = (split.worker.alive, split.transfers.alive, split.server.alive)
+    prefill = PrefillServing(cfg, split.prefill, split.server, needs_p, tok.eos_token_id, 4096)
+    decode = DecodeServing(split.decode.cfg, split.decode, split.client, (), tok.eos_token_id, 4096)
+    servers = [ServerThread(build_app(prefill, frontend, ServerConfig(engine_type="prefill"))),
+               ServerThread(build_app(decode, frontend, ServerConfig(engine_type="decode"))),
+               ServedPD(reference)]
+    yield servers[0].url, servers[1].url, servers[2].api
+    for s in servers[:2]:
+        s.stop()
+    for s in servers[2].servers.values():  # the reference engine is the module fixture's to stop
+        s.stop()
+
+
+def both(prefill: str, decode: str, path: str, body: dict, port: int, room: int) -> tuple[httpx.Response, httpx.Response]:
+    """What a PD router does: the same body, with the room, to both halves at once."""
+    body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": room}
+
+    async def main() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return tuple(await asyncio.gather(client.post(f"{prefill}{path}", json=body),  # type: ignore[return-value]
+                                              client.post(f"{decode}{path}", json=body)))
+    return asyncio.run(main())
+
+
+def test_the_halves_over_http_answer_as_the_in_process_router(split, halves):
+    prefill, decode, router = halves
+    body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 10,
+            "temperature": 0}
+    expected = httpx.post(f"{router}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+    p, d = both(prefill, decode, "/v1/chat/completions", body, split.server.port, room=71)
+    assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
+    assert d.json()["choices"][0]["message"] == expected
+    assert p.json()["usage"]["completion_tokens"] == 1  # the prefill's answer: its one token
+    split.assert_clean()
+
+
+def test_a_half_refuses_a_request_without_its_room(halves):
+    prefill, decode, _ = halves
+    for url in (prefill, decode):
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "bootstrap_room"
+        partial = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "bootstrap_room": 5}, timeout=10)
+        assert partial.status_code == 400 and partial.json()["error"]["param"] == "bootstrap_host"
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_a_client_leaving_the_decode_half_ends_the_request_on_both(split, halves):
+    prefill, decode, _ = halves
+    body = {"model": "dsv4-mini", "prompt": "a long story", "max_tokens": 2000, "stream": True,
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": split.server.port, "bootstrap_room": 81}
+
+    async def main() -> int:
+        async with httpx.AsyncClient(timeout=30) as client:
+            prefill_done = asyncio.ensure_future(client.post(f"{prefill}/v1/completions", json=body))
+            async with client.stream("POST", f"{decode}/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        break  # the first chunk, then the client goes away
+            return (await prefill_done).status_code
+    assert asyncio.run(main()) == 200  # the prefill's half had finished: its token left with the KV
+    split.assert_clean()
+
+
+@pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
+def test_sglang_router_in_front_of_the_halves(split, halves, tmp_path):
+    """SGLang's real router in PD mode: it adds the room itself, sends to both halves and
+    streams the decode's answer, which is the in-process router's."""
+    prefill, decode, reference = halves
+    router = sglang_router.start_sglang_router(prefill=[(prefill, split.server.port)], decode=[decode], log_dir=tmp_path)
+    try:
+        body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello again"}], "max_tokens": 10,
+                "temperature": 0}
+        expected = httpx.post(f"{reference}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+        r = httpx.post(f"{router.url}/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"] == expected
+        with httpx.stream("POST", f"{router.url}/chat/completions", json={**body, "stream": True}, timeout=30) as s:
+            chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+        assert text == expected["content"]
+        split.assert_clean()
+    finally:
+        router.stop()
