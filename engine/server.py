@@ -71,6 +71,9 @@ log = logging.getLogger("dsv4bench.engine.server")
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no API key needed (unless auth_health_metrics)
 HEALTH_PROMPT = "<｜begin▁of▁sentence｜><｜User｜>ping<｜Assistant｜></think>"
 PD_HALVES = ("prefill", "decode")  # ServerConfig.engine_type of a PD deployment's two halves
+# Our PD router's /health probe through both halves (engine/pd/http_router.py): the halves give
+# it a health-probe rid, so the gauges and counters leave it out as a unified server's own.
+HEALTH_PROBE_HEADER = "x-dsv4bench-health-probe"
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,8 @@ class _Server:
         if self.pd_half and req.bootstrap is None:
             raise RequestError(400, f"a {self.cfg.engine_type} server takes a PD router's requests: bootstrap_host, "
                                "bootstrap_port and bootstrap_room are required", "bootstrap_room")
+        if self.pd_half and request.headers.get(HEALTH_PROBE_HEADER) == "1":
+            req.rid = f"{HEALTH_PROBE_PREFIX}{req.rid}"
         if not self.engine.alive():
             raise RequestError(503, "the engine is not running", code="engine_unavailable")
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}

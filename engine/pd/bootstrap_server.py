@@ -4,7 +4,8 @@
 It is the network face of the `BootstrapWorker` (bootstrap.py), which still owns every room and
 applies messages in order: a decode's `prealloc` becomes the worker's PREALLOC with a
 `RemoteKVTransfer` standing for the pages the decode reserved, its `decoding`, `abort` and
-`close` the worker's own. The room is keyed by the router's `bootstrap_room` (`room_rid`).
+`close` the worker's own. Connections name the router's `bootstrap_room` number; the worker
+knows the room by its prefill request's rid (`room_rid`).
 
 Order: the router sends a request to both servers at once, so a decode's `prealloc` may come
 before the prefill server has opened the room: it waits here until `open`. A room the prefill
@@ -19,7 +20,9 @@ import logging
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
+from ..request import HEALTH_PROBE_PREFIX
 from .bootstrap import BootstrapWorker, Room
 from .kv_wire import WireError, recv, send
 from .transfer import KVTransfer, TransferStatus
@@ -29,9 +32,10 @@ log = logging.getLogger("dsv4bench.engine.pd")
 RELEASED_MEMORY = 4096  # released rooms remembered, so a late prealloc is answered at once
 
 
-def room_rid(room: int) -> str:
-    """The engine rid of a bootstrap room's request on the prefill server."""
-    return f"room-{room}"
+def room_rid(room: int, health_probe: bool = False) -> str:
+    """The engine rid of a bootstrap room's request on the prefill server (a health probe's
+    carries the probe prefix, so the gauges and counters leave it out)."""
+    return f"{HEALTH_PROBE_PREFIX if health_probe else ''}room-{room}"
 
 
 class RemoteKVTransfer(KVTransfer):
@@ -89,36 +93,37 @@ class BootstrapServer:
         self._sock = socket.create_server((host, port))
         self.port = int(self._sock.getsockname()[1])
         self._lock = threading.Lock()
-        self._opened: set[str] = set()
-        self._pending: dict[str, RemoteKVTransfer] = {}  # prealloc'd before the room was opened
-        self._connected: set[str] = set()
-        self._released: OrderedDict[str, None] = OrderedDict()
+        self._opened: dict[int, str] = {}  # room number -> the room's rid at the worker
+        self._pending: dict[int, RemoteKVTransfer] = {}  # prealloc'd before the room was opened
+        self._connected: set[int] = set()
+        self._released: OrderedDict[int, None] = OrderedDict()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="pd-bootstrap-server", daemon=True)
 
     # ---- the prefill server's side ------------------------------------------------------
 
-    def open(self, room: Room) -> bool:
-        """The prefill server took the room's request: open it (and attach an early prealloc).
-        False when a request of the same room is already here (a room is one request's)."""
+    def open(self, number: int, room: Room) -> bool:
+        """The prefill server took the request of room `number`: open it (and attach an early
+        prealloc). False when a request of the same room is already here (one room, one request)."""
         with self._lock:
-            if room.rid in self._opened:
+            if number in self._opened:
                 return False
-            self._opened.add(room.rid)
+            self._opened[number] = room.rid
             self.worker.open(room)
-            early = self._pending.pop(room.rid, None)
+            early = self._pending.pop(number, None)
             if early is not None:
+                early.rid = room.rid
                 self.worker.prealloc(room.rid, early)
             return True
 
-    def release(self, rid: str) -> None:
-        """The prefill server is done with the room's request. A room no decode reached is
-        closed here (a decode that did will close it)."""
+    def release(self, number: int) -> None:
+        """The prefill server is done with room `number`'s request. A room no decode reached
+        is closed here (a decode that did will close it)."""
         with self._lock:
-            if rid in self._connected or rid not in self._opened:
+            if number in self._connected or number not in self._opened:
                 return
-            self._opened.discard(rid)
-            self._remember(rid)
+            rid = self._opened.pop(number)
+            self._remember(number)
             self.worker.abort(rid)
             self.worker.close(rid)
 
@@ -146,74 +151,81 @@ class BootstrapServer:
     def _serve(self, conn: socket.socket) -> None:
         """One decode connection: its prealloc (or, from a decode that refused the request
         before reserving anything, its abort), then its room messages until close."""
-        rid = None
+        number = None
         closed = False
         try:
             header, _ = recv(conn)
             if header["op"] not in ("prealloc", "abort") or not isinstance(header.get("room"), int):
                 raise WireError(f"a connection must open with a prealloc or an abort, not {header['op']!r}")
-            rid = room_rid(header["room"])
+            number = header["room"]
             if header["op"] == "abort":
                 with self._lock:
-                    self._connected.add(rid)
-                self._abort(rid)
+                    self._connected.add(number)
+                self._abort(number)
                 return  # and the room is closed: nothing of it is left on either side
             if not isinstance(header.get("num_pages"), int) or header["num_pages"] < 0:
                 raise WireError("a prealloc without its page count")
-            self._prealloc(rid, RemoteKVTransfer(rid, header["num_pages"], conn))
+            self._prealloc(number, RemoteKVTransfer(room_rid(number), header["num_pages"], conn))
             while True:
                 header, _ = recv(conn)
                 op = header["op"]
                 if op == "decoding":
-                    self.worker.decoding(rid)
+                    self._to_worker(number, self.worker.decoding)
                 elif op == "abort":
-                    self._abort(rid)
+                    self._abort(number)
                 elif op == "close":
                     closed = True
                     return
                 else:
                     raise WireError(f"unknown room message {op!r}")
         except WireError as e:
-            if rid is not None:
-                log.info("bootstrap connection of %s: %s", rid, e)
+            if number is not None:
+                log.info("bootstrap connection of room %s: %s", number, e)
         finally:
-            if rid is not None:
-                self._closed(rid, aborted=not closed)
+            if number is not None:
+                self._closed(number, aborted=not closed)
             conn.close()
 
-    def _prealloc(self, rid: str, transfer: RemoteKVTransfer) -> None:
+    def _prealloc(self, number: int, transfer: RemoteKVTransfer) -> None:
         with self._lock:
-            self._connected.add(rid)
-            if rid in self._opened:
-                self.worker.prealloc(rid, transfer)
-            elif rid in self._released:
+            self._connected.add(number)
+            if number in self._opened:
+                transfer.rid = self._opened[number]
+                self.worker.prealloc(transfer.rid, transfer)
+            elif number in self._released:
                 transfer.abort()  # the prefill side already gave up: the decode frees its pages now
             else:
-                self._pending[rid] = transfer
+                self._pending[number] = transfer
 
-    def _abort(self, rid: str) -> None:
+    def _to_worker(self, number: int, message: Callable[[str], None]) -> None:
         with self._lock:
-            early = self._pending.pop(rid, None)
+            rid = self._opened.get(number)
+        if rid is not None:
+            message(rid)
+
+    def _abort(self, number: int) -> None:
+        with self._lock:
+            early = self._pending.pop(number, None)
         if early is not None:
             early.abort()
         else:
-            self.worker.abort(rid)
+            self._to_worker(number, self.worker.abort)
 
-    def _closed(self, rid: str, aborted: bool) -> None:
+    def _closed(self, number: int, aborted: bool) -> None:
         """The decode left the room (a dropped connection first aborts it)."""
         with self._lock:
-            self._connected.discard(rid)
-            early = self._pending.pop(rid, None)
-            if rid in self._opened:
-                self._opened.discard(rid)
-                self._remember(rid)
+            self._connected.discard(number)
+            early = self._pending.pop(number, None)
+            rid = self._opened.pop(number, None)
+            if rid is not None:
+                self._remember(number)
                 if aborted:
                     self.worker.abort(rid)
                 self.worker.close(rid)
         if early is not None:
             early.abort()
 
-    def _remember(self, rid: str) -> None:
-        self._released[rid] = None
+    def _remember(self, number: int) -> None:
+        self._released[number] = None
         while len(self._released) > RELEASED_MEMORY:
             self._released.popitem(last=False)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from ..config import EngineConfig
 from ..faults import Fault
 from ..prepared_request import Bootstrap
-from ..request import FinishReason, Request, SamplingParams
+from ..request import FinishReason, Request, SamplingParams, is_health_probe
 from ..server_loop import AsyncSink, EngineStats, TokenEvent
 from .bootstrap import Room
 from .bootstrap_client import BootstrapClient
@@ -84,8 +84,8 @@ class PrefillServing(_Half):
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
                        bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
         assert bootstrap is not None, "the server refuses a PD half's request without its room"
-        room = Room(room_rid(bootstrap.room))
-        if not self.server.open(room):
+        room = Room(room_rid(bootstrap.room, is_health_probe(rid)))
+        if not self.server.open(bootstrap.room, room):
             yield TokenEvent([], FinishReason.ABORT, len(prompt_ids), 0, f"bootstrap room {bootstrap.room} is in use")
             return
         try:
@@ -95,7 +95,7 @@ class PrefillServing(_Half):
             async for event in self._events(rid, room.rid, sink):
                 yield event
         finally:
-            self.server.release(room.rid)
+            self.server.release(bootstrap.room)
 
     def flush_cache(self) -> bool:
         try:

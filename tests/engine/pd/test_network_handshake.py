@@ -22,6 +22,7 @@ from dsv4bench.engine.pd.bootstrap_client import BootstrapClient
 from dsv4bench.engine.prepared_request import Bootstrap
 from dsv4bench.engine.pd.bootstrap_server import BootstrapServer, room_rid
 from dsv4bench.engine.pd.decode import DecodeEngine
+from dsv4bench.engine.pd.http_router import Halves, build_router_app
 from dsv4bench.engine.pd.kv_wire import send
 from dsv4bench.engine.pd.prefill import PrefillEngine
 from dsv4bench.engine.pd.transfer import TransferStatus, TransferWorker
@@ -55,7 +56,7 @@ class Split:
 
         def to_prefill() -> None:
             r = Room(room_rid(room))
-            self.server.open(r)
+            self.server.open(room, r)
             self.prefill.submit(Request(r.rid, list(ids), replace(params, max_tokens=1)), r)
 
         for part in ((to_decode, to_prefill) if decode_first else (to_prefill, to_decode)):
@@ -130,11 +131,11 @@ def test_an_abort_on_the_prefill_side_fails_the_decode_request(split):
     split.client.open("d31", Bootstrap("127.0.0.1", split.server.port, 31))
     split.decode.submit(Request("d31", ids, greedy(4)), sink)
     room = Room(room_rid(31))
-    split.server.open(room)  # opened, but its prefill request is aborted before it runs
+    split.server.open(31, room)  # opened, but its prefill request is aborted before it runs
     split.worker.abort(room.rid)
     wait_until(lambda: sink.finish is not None, what="the decode request to end")
     assert sink.finish is FinishReason.ABORT
-    split.server.release(room.rid)
+    split.server.release(31)
     split.assert_clean()
 
 
@@ -142,7 +143,7 @@ def test_a_decode_that_dies_mid_request_aborts_its_room(split):
     """A connection that drops without `close` (the decode process died): the prefill room is
     aborted and closed, its prefill request leaves."""
     room = Room(room_rid(41))
-    split.server.open(room)
+    split.server.open(41, room)
     split.prefill.submit(Request(room.rid, prompt(400, seed=6), greedy(1)), room)
     with socket.create_connection(("127.0.0.1", split.server.port)) as sock:
         send(sock, {"op": "prealloc", "room": 41, "num_pages": 25, "bytes_per_page": 1})
@@ -155,7 +156,7 @@ def test_a_decode_that_dies_mid_request_aborts_its_room(split):
 def test_a_decode_that_refuses_before_reserving_tells_the_room(split):
     """A prompt the decode pool can never hold: refused at once, and the prefill room hears it."""
     room = Room(room_rid(51))
-    split.server.open(room)
+    split.server.open(51, room)
     ids = prompt(tiny_cfg().num_pages * 16 + 10, seed=7)
     split.prefill.submit(Request(room.rid, ids, greedy(1)), room)
     sink = ListSink()
@@ -163,7 +164,7 @@ def test_a_decode_that_refuses_before_reserving_tells_the_room(split):
     split.decode.submit(Request("d51", ids, greedy(4)), sink)
     wait_until(lambda: sink.finish is FinishReason.ABORT, what="the refusal")
     wait_until(lambda: room.state.name == "ABORTED", what="the room to hear it")
-    split.server.release(room.rid)
+    split.server.release(51)
     split.assert_clean()
 
 
@@ -270,3 +271,44 @@ def test_sglang_router_in_front_of_the_halves(split, halves, tmp_path):
         split.assert_clean()
     finally:
         router.stop()
+
+
+@pytest.fixture(scope="module")
+def our_router(split, halves) -> Iterator[str]:
+    prefill, decode, _ = halves
+    app = build_router_app(Halves(prefill, decode, split.server.port), split.prefill.cfg, load_tokenizer(), 4096,
+                           ServerConfig(engine_type="router"), health_timeout_s=4.0)
+    server = ServerThread(app)
+    yield server.url
+    server.stop()
+
+
+def test_our_http_router_in_front_of_the_halves(split, halves, our_router):
+    _, _, reference = halves
+    body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hi router"}], "max_tokens": 10,
+            "temperature": 0}
+    expected = httpx.post(f"{reference}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+    r = httpx.post(f"{our_router}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"] == expected, r.text
+    with httpx.stream("POST", f"{our_router}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == expected["content"]
+    before = (split.prefill.stats.num_requests_total, split.decode.stats.num_requests_total)
+    assert httpx.get(f"{our_router}/health", timeout=10).status_code == 200
+    # The probe went through both halves but counts as no one's request there.
+    assert (split.prefill.stats.num_requests_total, split.decode.stats.num_requests_total) == before
+    workers = httpx.get(f"{our_router}/workers", timeout=10).json()["workers"]
+    assert [w["worker_type"] for w in workers] == ["prefill", "decode"] and all(w["is_healthy"] for w in workers)
+    split.assert_clean()
+
+
+def test_a_client_leaving_our_router_aborts_both_halves(split, our_router):
+    body = {"model": "dsv4-mini", "prompt": "tell me everything", "max_tokens": 3000, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", f"{our_router}/v1/completions", json=body, timeout=30) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then gone
+    split.assert_clean()
+    router_stats = httpx.get(f"{our_router}/metrics", timeout=10).text
+    assert 'sglang:num_running_reqs{engine_type="router",model_name="dsv4-mini"} 0.0' in router_stats
