@@ -3,42 +3,144 @@
 The monitor, the wedge detector, `probe`, `watch`, the role reader and the preflight name no
 metric themselves; they read it here. A series is `name` or `name{label="v",...}` as the
 monitor keys it (monitor.py); a gauge or counter is judged by its name, whatever its labels.
+
+Servers renamed their metrics between releases. Every reader accepts each generation's names,
+so nothing is judged differently by release; `dialect_of` tells from one scrape which dialect
+and generation a server speaks, for the record of the run. The names are the servers' own:
+SGLang's python/sglang/srt/metrics/collector.py (later observability/metrics_collector.py),
+vLLM's vllm/v1/metrics/loggers.py and kv_connector/v1/nixl stats, and the router's
+sgl-router/src/metrics.rs (later sgl-model-gateway/src/observability/metrics.rs).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 SGLANG = "sglang:"
 VLLM = "vllm:"
 # SGLang's router (`sglang-router`, the model gateway): `smg_`, `sgl_router_` in older releases.
-ROUTER_PREFIXES = ("smg_", "sgl_router_")
+SMG, SGL_ROUTER = "smg_", "sgl_router_"
+ROUTER_PREFIXES = (SMG, SGL_ROUTER)
 # A /metrics page is a serving engine's when it carries one of these.
-SERVER_METRIC_PREFIXES = (SGLANG, VLLM, "smg_")
+SERVER_METRIC_PREFIXES = (SGLANG, VLLM, *ROUTER_PREFIXES)
 
-# Queue gauges. SGLang's PD pipeline: prefill bootstrap -> inflight; decode prealloc -> transfer.
+# --- queue gauges ---------------------------------------------------------------------------
+# The current names. SGLang's PD pipeline: prefill bootstrap -> waiting -> running -> inflight
+# (KV sent); decode prealloc -> transfer (KV received) -> waiting -> running -> deferred release.
 SGLANG_RUNNING = "sglang:num_running_reqs"
 SGLANG_WAITING = "sglang:num_queue_reqs"
 BOOTSTRAP = "sglang:num_prefill_bootstrap_queue_reqs"
 INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
 PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
 TRANSFER = "sglang:num_decode_transfer_queue_reqs"
+# The part of the transfer queue whose KV is staged through host memory: a stuck one shows in
+# both gauges.
+HOST_RECEIVE = "sglang:num_decode_host_receive_queue_reqs"
+# Finished requests whose KV pages are held until the prefill side acknowledges the transfer
+# drained: stuck above 0, they are pages that never come back.
+DEFERRED_RELEASE = "sglang:num_decode_deferred_kv_release_reqs"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 
 RUNNING = (SGLANG_RUNNING, VLLM_RUNNING)
 WAITING = (SGLANG_WAITING, VLLM_WAITING)
-# Every gauge a wedge check reads, in display order: running, waiting, then the PD pipeline in
-# the order a request passes through it.
-QUEUE_GAUGES = (SGLANG_RUNNING, SGLANG_WAITING, BOOTSTRAP, INFLIGHT, PREALLOC, TRANSFER, VLLM_RUNNING, VLLM_WAITING)
 
-# Counters end in `_total` in both dialects; any of them moving is progress.
-COUNTER_SUFFIX = "_total"
-# `sglang:generation_tokens_total`, `vllm:generation_tokens_total`.
-GENERATION_TOKENS_SUFFIX = "generation_tokens_total"
+# Every gauge a wedge check reads, in display order, with the stage it measures: the one word a
+# narrow column shows (watch, probe) whatever the server calls it. Nine characters at most.
+STAGES: dict[str, str] = {
+    SGLANG_RUNNING: "running",
+    SGLANG_WAITING: "waiting",
+    BOOTSTRAP: "bootstrap",
+    INFLIGHT: "inflight",
+    PREALLOC: "prealloc",
+    TRANSFER: "transfer",
+    HOST_RECEIVE: "host recv",
+    DEFERRED_RELEASE: "release",
+    VLLM_RUNNING: "running",
+    VLLM_WAITING: "waiting",
+}
+QUEUE_GAUGES = tuple(STAGES)
 
-# SGLang's label for a server's part in a PD deployment ("prefill", "decode", ...).
+# Names older SGLang releases give the same gauges: old name -> current name.
+PREFILL_PREALLOC = "sglang:num_prefill_prealloc_queue_reqs"  # the bootstrap queue until PR #24341 (2026-05)
+INFIGHT = "sglang:num_prefill_infight_queue_reqs"  # the inflight queue, misspelt until PR #7317 (2025-06)
+OLD_NAMES: dict[str, str] = {PREFILL_PREALLOC: BOOTSTRAP, INFIGHT: INFLIGHT}
+
+# SGLang with priority scheduling exports each queue gauge as the total under `priority=""`
+# plus one series per priority class (`priority="1"`, ...) that add up to it: only the total is
+# read, or every request would count twice.
+PRIORITY_LABEL = "priority"
+
+# --- servers and ranks -------------------------------------------------------------------------
+# SGLang's label for a server's part in a PD deployment ("prefill", "decode", ...). Releases
+# before PR #18552 (2026-02) label every server "unified", PD workers too (UNIFIED_LABEL_UNSURE).
 ENGINE_TYPE_LABEL = "engine_type"
 # Labels that name the server, not a part of it: every series of a server carries the same ones.
 SERVER_LABELS = frozenset({"model_name", ENGINE_TYPE_LABEL})
+# A server with several ranks exposes one series per rank: SGLang one per scheduler, labelled
+# `tp_rank`, `pp_rank`, `moe_ep_rank` and, with data-parallel attention, `dp_rank`; vLLM V1 one
+# per engine core, labelled `engine`. The wedge checks judge each rank's series, not the sum per
+# server: a data-parallel rank is a scheduler with its own queues, requests never move between
+# ranks, and a sum lets a rank whose queue moves (draining, or going up and down as transfers
+# are retried) hide one that is stuck. Tensor-parallel ranks of one group report copies of one
+# queue (SGLang reports from attention-TP rank 0 unless --enable-metrics-for-all-schedulers):
+# the same value judged twice, never another verdict. Views of one number per gauge sum them.
+VLLM_ENGINE_LABEL = "engine"
+
+# --- counters ---------------------------------------------------------------------------------
+# Counters end in `_total` in every dialect.
+COUNTER_SUFFIX = "_total"
+# Progress: the counters that move only when requests do (finish, abort, take in or put out
+# tokens). Not every counter: vLLM exports `process_cpu_seconds_total` and
+# `python_gc_collections_total`, newer SGLang `scheduler_loop_iterations_total`, which tick
+# while nothing moves, and a failure counter rising is no progress either.
+SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counted when a request finishes
+# Tokens by `mode` (prefill_compute, prefill_cache, decode), counted on each log interval.
+SGLANG_REALTIME_TOKENS = "sglang:realtime_tokens_total"
+PROGRESS_COUNTERS = frozenset({
+    "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:prompt_tokens_total",
+    "sglang:cached_tokens_total", SGLANG_GENERATION_TOKENS, SGLANG_REALTIME_TOKENS,
+    "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+})
+# `sglang:generation_tokens_total`, `vllm:generation_tokens_total`.
+GENERATION_TOKENS_SUFFIX = "generation_tokens_total"
+# Requests that failed between the parts of a deployment, or had to be retried there.
+FAILURE_COUNTERS = frozenset({
+    "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
+    "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_notifications_total",
+    "vllm:nixl_num_kv_expired_reqs_total",
+    "smg_worker_retries_total", "smg_worker_retries_exhausted_total",
+    "sgl_router_retries_total", "sgl_router_retries_exhausted_total",
+})
+
+# --- dialects and their generations -------------------------------------------------------------
+SGLANG_DIALECT, VLLM_DIALECT, ROUTER_DIALECT = "sglang", "vllm", "sglang-router"
+# SGLang's generations, newest first, each told by a name only it exports. "bootstrap": since
+# PR #24341 (and the bundled engine); "infight": PR #6188 to #7317; "prealloc": in between.
+# A scrape with none of them (a release without PD gauges, or one that logged no stats yet)
+# has no generation.
+SGLANG_GENERATIONS = (("bootstrap", BOOTSTRAP), ("infight", INFIGHT), ("prealloc", PREFILL_PREALLOC))
+# A "unified" `engine_type` from these is no proof: PR #18552 fell inside "prealloc".
+UNIFIED_LABEL_UNSURE = frozenset({"infight", "prealloc"})
+# vLLM V1 labels every series with its engine core (`engine`); V0 with `model_name` only.
+VLLM_V1, VLLM_V0 = "v1", "v0"
+# The router's per-worker gauges are `smg_worker_health{worker}` and
+# `smg_worker_requests_active{worker}` (`sgl_router_worker_health`, `sgl_router_running_requests`
+# before): its own count of requests it passed on, not a queue; the queues a wedge sits in are
+# its workers', so no wedge check reads them.
+ROUTER_GENERATIONS = (("smg", SMG), ("sgl_router", SGL_ROUTER))
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Which server's names a scrape speaks (`name`, "" for none known) and which generation of
+    them (`generation`, "" where no name in it tells)."""
+
+    name: str = ""
+    generation: str = ""
 
 
 def metric_name(series: str) -> str:
@@ -46,8 +148,26 @@ def metric_name(series: str) -> str:
     return series.split("{", 1)[0]
 
 
+def series_labels(series: str) -> dict[str, str]:
+    """`name{a="1",b="2"}` -> {"a": "1", "b": "2"}."""
+    _, _, inner = series.partition("{")
+    return dict(_LABEL.findall(inner))
+
+
+def current_name(name: str) -> str:
+    """A gauge's current name for any of its names (an older release's or the current one)."""
+    return OLD_NAMES.get(name, name)
+
+
+def stage(series: str) -> str | None:
+    """The stage a queue gauge series measures ("bootstrap", "transfer", ...), or None."""
+    return STAGES.get(current_name(metric_name(series)))
+
+
 def is_queue_gauge(series: str) -> bool:
-    return metric_name(series) in QUEUE_GAUGES
+    if current_name(metric_name(series)) not in STAGES:
+        return False
+    return not (f'{PRIORITY_LABEL}="' in series and series_labels(series).get(PRIORITY_LABEL))
 
 
 def is_counter(series: str) -> bool:
@@ -55,15 +175,43 @@ def is_counter(series: str) -> bool:
 
 
 def counters(values: dict[str, float]) -> dict[str, float]:
-    """The counter series of a scrape: finished, aborted or generated work all count."""
-    return {k: v for k, v in values.items() if is_counter(k)}
+    """The progress counter series of a scrape: finished, aborted or generated work all count."""
+    return {k: v for k, v in values.items() if metric_name(k) in PROGRESS_COUNTERS}
+
+
+def failures(values: dict[str, float]) -> dict[str, float]:
+    """The failure counter series of a scrape (bootstrap, transfer, retries)."""
+    return {k: v for k, v in values.items() if metric_name(k) in FAILURE_COUNTERS}
 
 
 def generation_tokens(values: dict[str, float]) -> float:
-    """Tokens generated so far, summed over the scrape's series."""
+    """Tokens generated so far, summed over the scrape's series. SGLang counts
+    `generation_tokens_total` only when a request finishes; where it also counts decode tokens
+    as they are made (`realtime_tokens_total{mode="decode"}`) those are read instead, so a
+    request decoding for nobody shows before it ends."""
+    decoded = [v for k, v in values.items()
+               if metric_name(k) == SGLANG_REALTIME_TOKENS and series_labels(k).get("mode") == "decode"]
+    if decoded:
+        return sum(decoded)
     return sum(v for k, v in values.items() if metric_name(k).endswith(GENERATION_TOKENS_SUFFIX))
 
 
 def is_router_metrics(values: dict[str, float]) -> bool:
     """Whether a scrape carries SGLang's router's own metrics."""
     return any(k.startswith(ROUTER_PREFIXES) for k in values)
+
+
+def dialect_of(values: dict[str, float]) -> Dialect:
+    """The dialect and generation of one scrape. A router comes first: it may pass its workers'
+    series on beside its own."""
+    for generation, prefix in ROUTER_GENERATIONS:
+        if any(k.startswith(prefix) for k in values):
+            return Dialect(ROUTER_DIALECT, generation)
+    names = {metric_name(k) for k in values}
+    if any(n.startswith(SGLANG) for n in names):
+        return Dialect(SGLANG_DIALECT, next((g for g, marker in SGLANG_GENERATIONS if marker in names), ""))
+    vllm = [k for k in values if k.startswith(VLLM)]
+    if vllm:
+        v1 = any(VLLM_ENGINE_LABEL in series_labels(k) for k in vllm)
+        return Dialect(VLLM_DIALECT, VLLM_V1 if v1 else VLLM_V0)
+    return Dialect()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import httpx
 
-from .dialect import SERVER_METRIC_PREFIXES
+from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .monitor import parse_metrics
 from .roles import role_of
 
@@ -54,7 +55,8 @@ def root_of(base_url: str) -> str:
 
 def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """GET /v1/models (required) and /get_server_info, /get_model_info and /metrics (where
-    present; `metrics_url` when the root serves an engine's Prometheus metrics)."""
+    present; `metrics_url` and `metrics_dialect` when the root serves an engine's Prometheus
+    metrics)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     facts: dict[str, Any] = {"base_url": base_url}
     with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as c:
@@ -88,8 +90,10 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         try:
             r = c.get(metrics_url)
             if r.status_code == 200 and any(m in r.text for m in SERVER_METRIC_PREFIXES):
+                values = parse_metrics(r.text)
                 facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
-                facts["role"] = role_of(facts.get("server_info"), parse_metrics(r.text), None).name
+                facts["metrics_dialect"] = asdict(dialect_of(values))  # whose names, which release's
+                facts["role"] = role_of(facts.get("server_info"), values, None).name
         except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus text after all
             pass
     info = facts.get("model_info")

@@ -10,15 +10,15 @@ server itself:
    may pass `/get_server_info` on to one of its workers and so speak with a worker's voice.
 2. `/get_server_info`: SGLang's `disaggregation_mode` ("null", "prefill", "decode"); the
    bundled engine's `engine_type` ("unified", "router", "prefill", "decode").
-3. the `engine_type` label of its `/metrics` series (SGLang and the bundled engine); a server
-   with vLLM's metrics is a unified server.
+3. the `engine_type` label of its `/metrics` series (SGLang and the bundled engine), but not a
+   "unified" one from a release that labels PD workers so too; a server with vLLM's metrics is
+   a unified server.
 
 The pure functions take what the server answered; `discover_role` asks it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +26,10 @@ from typing import Any
 import anyio
 import httpx
 
-from .dialect import (BOOTSTRAP, ENGINE_TYPE_LABEL, INFLIGHT, PREALLOC, SERVER_LABELS, SGLANG, SGLANG_RUNNING,
-                      SGLANG_WAITING, TRANSFER, VLLM, VLLM_RUNNING, VLLM_WAITING, is_router_metrics)
+from .dialect import (BOOTSTRAP, DEFERRED_RELEASE, ENGINE_TYPE_LABEL, HOST_RECEIVE, INFLIGHT, OLD_NAMES, PREALLOC,
+                      PRIORITY_LABEL, QUEUE_GAUGES, SERVER_LABELS, SGLANG, SGLANG_RUNNING, SGLANG_WAITING, STAGES,
+                      TRANSFER, UNIFIED_LABEL_UNSURE, VLLM, VLLM_RUNNING, VLLM_WAITING, current_name, dialect_of,
+                      is_router_metrics, series_labels)
 from .monitor import parse_metrics
 
 ROUTER, UNIFIED, PREFILL, DECODE, UNKNOWN = "router", "unified", "prefill", "decode", "unknown"
@@ -35,27 +37,30 @@ ROLES = (ROUTER, UNIFIED, PREFILL, DECODE)
 SERVES_REQUESTS = frozenset({ROUTER, UNIFIED})
 WORKERS = frozenset({PREFILL, DECODE})
 
-# The queue gauges each role has, in the order a request passes through them.
+# The queue gauges each role has, in the order a request passes through them (current names;
+# `role_gauges` adds each one's older names).
 _FRONT = (SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING)
 ROLE_GAUGES: dict[str, tuple[str, ...]] = {
     ROUTER: _FRONT,
     UNIFIED: _FRONT,
     PREFILL: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, VLLM_WAITING, VLLM_RUNNING),
-    DECODE: (PREALLOC, TRANSFER, SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING),
-    UNKNOWN: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, PREALLOC, TRANSFER, VLLM_WAITING, VLLM_RUNNING),
+    DECODE: (PREALLOC, TRANSFER, HOST_RECEIVE, SGLANG_WAITING, SGLANG_RUNNING, DEFERRED_RELEASE, VLLM_WAITING,
+             VLLM_RUNNING),
+    UNKNOWN: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, PREALLOC, TRANSFER, HOST_RECEIVE, DEFERRED_RELEASE,
+              VLLM_WAITING, VLLM_RUNNING),
 }
+_OLDER: dict[str, tuple[str, ...]] = {g: tuple(old for old, now in OLD_NAMES.items() if now == g) for g in QUEUE_GAUGES}
 
-# A gauge's name in a narrow column, and in a sentence ("decode transfer queue stuck at 40").
-GAUGE_LABELS = {
-    SGLANG_RUNNING: "running", VLLM_RUNNING: "running", SGLANG_WAITING: "waiting", VLLM_WAITING: "waiting",
-    BOOTSTRAP: "bootstrap", INFLIGHT: "inflight", PREALLOC: "prealloc", TRANSFER: "transfer",
-}
-GAUGE_WORDS = {
+# A gauge's name in a narrow column (its stage), and in a sentence ("decode transfer queue stuck
+# at 40"), for each of its names, old or current.
+_WORDS = {
     SGLANG_RUNNING: "running requests", VLLM_RUNNING: "running requests",
     SGLANG_WAITING: "waiting queue", VLLM_WAITING: "waiting queue",
     BOOTSTRAP: "bootstrap queue", INFLIGHT: "inflight queue", PREALLOC: "prealloc queue", TRANSFER: "transfer queue",
+    HOST_RECEIVE: "host receive queue", DEFERRED_RELEASE: "deferred KV release",
 }
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+GAUGE_LABELS = {name: STAGES[current_name(name)] for name in (*QUEUE_GAUGES, *OLD_NAMES)}
+GAUGE_WORDS = {name: _WORDS[current_name(name)] for name in GAUGE_LABELS}
 
 
 @dataclass(frozen=True)
@@ -74,25 +79,22 @@ class Role:
         return self.name != UNKNOWN
 
 
-def series_labels(series: str) -> dict[str, str]:
-    """`name{a="1",b="2"}` -> {"a": "1", "b": "2"}."""
-    _, _, inner = series.partition("{")
-    return dict(_LABEL.findall(inner))
-
-
 def part_labels(series: str) -> str:
-    """The labels that tell series of one server apart (ranks and the like): `dp_rank=3`, or ''."""
+    """The labels that tell series of one server apart (ranks and the like): `dp_rank=3`, or ''.
+    SGLang's `priority=""` marks the total over the priority classes, no part."""
     labels = series_labels(series)
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in SERVER_LABELS)
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())
+                    if k not in SERVER_LABELS and not (k == PRIORITY_LABEL and not v))
 
 
 def role_gauges(role: str) -> tuple[str, ...]:
-    return ROLE_GAUGES.get(role, ROLE_GAUGES[UNKNOWN])
+    """The role's gauges in request order, each followed by its names in older releases."""
+    return tuple(n for g in ROLE_GAUGES.get(role, ROLE_GAUGES[UNKNOWN]) for n in (g, *_OLDER[g]))
 
 
 def own_gauges_shown(role: str, present: Container[str]) -> list[str]:
-    """The role's gauges among the names `present`, in its order; SGLang's and vLLM's name of one
-    gauge show once, the first exported wins."""
+    """The role's gauges among the names `present`, in its order; the names of one stage (SGLang's
+    and vLLM's, an old release's and the current one) show once, the first exported wins."""
     labels: set[str] = set()
     shown = []
     for g in role_gauges(role):
@@ -123,7 +125,9 @@ def role_from_metrics(values: dict[str, float]) -> Role | None:
         return Role(ROUTER, "/metrics smg_ series")
     types = {series_labels(k).get(ENGINE_TYPE_LABEL, "").lower() for k in values if k.startswith(SGLANG)}
     known = sorted(types & set(ROLES))
-    if len(known) == 1:
+    # Older SGLang labels its PD workers "unified" too: from those releases the label proves nothing.
+    unsure = known == [UNIFIED] and dialect_of(values).generation in UNIFIED_LABEL_UNSURE
+    if len(known) == 1 and not unsure:
         return Role(known[0], "/metrics engine_type label")
     if any(k.startswith(VLLM) for k in values):
         return Role(UNIFIED, "/metrics vllm series")

@@ -7,7 +7,8 @@ series carries `model_name` and `engine_type` ("unified"; in PD mode "router", "
 "decode", one per server). The PD queue gauges are 0 unless the engine's stats carry the
 matching fields (`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue` on the prefill
 server, `num_decode_prealloc_queue`, `num_decode_transfer_queue` on the decode server; see
-engine/pd/stats.py `PDStats`); they are always present, as on an SGLang server.
+engine/pd/stats.py `PDStats`; the host-receive and deferred-release gauges have no counterpart
+here); they are always present, as on an SGLang server.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ GAUGES: tuple[tuple[str, str, str | None], ...] = (
      "num_decode_prealloc_queue"),
     ("sglang:num_decode_transfer_queue_reqs", "Requests in the decode transfer queue (PD).",
      "num_decode_transfer_queue"),
+    ("sglang:num_decode_host_receive_queue_reqs", "Requests of the decode transfer queue staged through host "
+     "memory (PD).", None),
+    ("sglang:num_decode_deferred_kv_release_reqs", "Finished requests whose KV release waits for the prefill "
+     "side (PD).", None),
     ("sglang:token_usage", "The token usage (fraction of KV pages in use).", "token_usage"),
     ("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate"),
 )
