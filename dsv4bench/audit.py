@@ -6,7 +6,9 @@ Each JSONL line is one exchange, in any of these shapes:
   {"request": {chat body}, "sse": ["data: {...}", "data: [DONE]"]}    ... or its lines
   a dsv4bench turns.jsonl record (request.body + raw_sse)             re-audit a run
 Optional fields: "http_status" (>= 400 makes it an http_error), "raw_completion" (the
---raw oracle's text), "tools" (when the request is not recorded).
+--raw oracle's text; a turns.jsonl record keeps it in "oracles"), "tools" (when the request is
+not recorded). With a raw completion, the parsers' view (checks/parser_view.py) is printed
+beside the verdicts: where the server, deepseek-recipe and SGLang read it differently.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .checks import run_checks
+from .checks.parser_view import Disagreement, disagreements, oracle_versions, read_oracles
 from .codes import AVAILABILITY_CODES, CORRUPTION_CODES
-from .records import AssembledResponse, TurnContext, TurnStatus, Verdict
+from .records import AssembledResponse, OracleReadings, TurnContext, TurnStatus, Verdict
 from .sse import DeltaAssembler, assemble_completion
 
 # Without the offered tools, these two cannot be judged and are left out.
@@ -42,6 +45,8 @@ class AuditResult:
     verdicts: list[Verdict] = field(default_factory=list)
     check_errors: list[str] = field(default_factory=list)
     problem: str | None = None  # the line could not be read as an exchange
+    oracles: OracleReadings | None = None  # the --raw oracles' readings, where there was a raw completion
+    parsers: list[Disagreement] = field(default_factory=list)  # where they and the server disagree
 
     @property
     def corrupt(self) -> bool:
@@ -81,8 +86,10 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
     is_turn_record = "session" in rec and "status" in rec  # a dsv4bench turns.jsonl line
     if isinstance(req.get("body"), dict):
         req = req["body"]
+    kept = rec.get("oracles")  # a turns.jsonl record keeps its raw completion there
+    raw = rec.get("raw_completion", kept.get("raw_completion") if isinstance(kept, dict) else None)
     ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
-                      max_tokens=req.get("max_tokens"), raw_completion=rec.get("raw_completion"))
+                      max_tokens=req.get("max_tokens"), raw_completion=raw)
     status_code = rec.get("http_status")
     if is_turn_record and rec["status"] != TurnStatus.OK.value:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code
@@ -129,7 +136,9 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
         if not ctx.tools:
             verdicts = [v for v in verdicts if v.code not in _NEED_TOOLS]
         rid = ctx.response.response_id if isinstance(ctx.response, AssembledResponse) else None
-        results.append(AuditResult(line, rid, verdicts, check_errors))
+        oracles = read_oracles(ctx)
+        parsers = disagreements(ctx.response, oracles) if oracles is not None and ctx.response else []
+        results.append(AuditResult(line, rid, verdicts, check_errors, oracles=oracles, parsers=parsers))
     return results
 
 
@@ -170,22 +179,31 @@ def unreadable_summary(results: list[AuditResult]) -> str | None:
 
 def render_audit(results: list[AuditResult], console: Console) -> None:
     counts: Counter[str] = Counter(code for r in results for code in {v.code for v in r.verdicts})
-    bad = [r for r in results if r.verdicts or r.problem]
+    bad = [r for r in results if r.verdicts or r.problem or r.parsers]
     console.print(f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
                   f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable")
+    read = [r for r in results if r.oracles is not None]
+    if read:
+        console.print(f"parser oracles ({'; '.join(oracle_versions().values())}): {len(read)} raw completions, "
+                      f"{sum(bool(r.parsers) for r in read)} read differently (evidence, not verdicts)",
+                      highlight=False, markup=False)
     if counts:
         t = Table("verdict code", "exchanges")
         for code, n in counts.most_common():
             t.add_row(code, str(n))
         console.print(t)
     for r in bad[:20]:
-        what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts)
+        what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts) or "parsers disagree"
         console.print(f"line {r.line} {r.response_id or ''}: {what}", highlight=False, markup=False)
+        for d in r.parsers:
+            console.print(f"  {d.describe()}", highlight=False, markup=False)
 
 
 def write_results(results: list[AuditResult], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in results:
             f.write(json.dumps({"line": r.line, "response_id": r.response_id, "problem": r.problem,
-                                "verdicts": [v.to_json() for v in r.verdicts], "check_errors": r.check_errors},
+                                "verdicts": [v.to_json() for v in r.verdicts], "check_errors": r.check_errors,
+                                "oracles": r.oracles.to_json() if r.oracles else None,
+                                "parsers": [d.describe() for d in r.parsers]},
                                ensure_ascii=False) + "\n")

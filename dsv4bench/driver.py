@@ -28,13 +28,14 @@ import httpx
 
 from .agents import family_for_session
 from .checks import run_checks
+from .checks.parser_view import kept_oracles
 from .client import Deadlines, TurnOutcome, TurnProbe, chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .observe import ServerWatch, raw_completion
 from .progress import LiveStats
-from .records import Timings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .records import OracleReadings, Timings, TurnContext, TurnRecord, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers
 from .session import AgentSession, EndReason, request_summary
 
@@ -246,14 +247,16 @@ class AgentRun:
         verdicts, check_errors = run_checks(ctx)
         if ctx.reference is not None and outcome.status is TurnStatus.OK:
             summary["compared"] = True  # the reference sent this same request: judged against it
-        rec = self._record(sess, body, summary, outcome, verdicts, check_errors)
+        rec = self._record(sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
         self.history.turn(rec)
         self.stats.add_turn(rec)
         sess.observe(outcome.status, outcome.response, verdicts)
 
     def _record(self, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any], outcome: TurnOutcome,
-                verdicts: list, check_errors: list[str]) -> TurnRecord:
-        failing = bool(verdicts) or bool(check_errors) or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED)
+                verdicts: list, check_errors: list[str], oracles: OracleReadings | None) -> TurnRecord:
+        # Parsers that read the turn differently are evidence worth its request and stream too.
+        failing = (bool(verdicts) or bool(check_errors) or oracles is not None
+                   or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED))
         if failing:
             summary["body"] = body  # the exact request, so the turn can be replayed and audited
         return TurnRecord(
@@ -272,6 +275,7 @@ class AgentRun:
             verdicts=verdicts,
             raw_sse=outcome.raw_lines if failing else None,
             check_errors=check_errors,
+            oracles=oracles,
         )
 
 

@@ -2,7 +2,7 @@
 history cut short by SIGKILL (a torn last line is skipped, never fatal).
 
 Layout of one run folder (a stable format: other tools read it):
-  run.json       written once at start: run id, command line, config, server facts
+  run.json       written once at start: run id, command line, config, server facts, --raw oracles
   turns.jsonl    one TurnRecord per agent turn
   events.jsonl   lifecycle and nemesis events: {"t_wall_ns", "t_ns", "kind", ...}
   metrics.jsonl  scraped Prometheus samples per endpoint

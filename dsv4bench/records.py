@@ -129,6 +129,48 @@ class AssembledResponse:
 
 
 @dataclass
+class SglangReading:
+    """SGLang's DeepSeek-V4 parsers' reading of a raw completion (checks/sglang_oracle.py), as
+    SGLang would answer it streamed (`stream`) and whole (`whole`): two code paths of its own.
+    Both None where there is no reading, `state` saying why; else `state` names the version.
+    `log`: what SGLang's parsers logged on the way (why it dropped a call, say)."""
+
+    state: str
+    stream: AssembledResponse | None = None
+    whole: AssembledResponse | None = None
+    log: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "stream": self.stream.to_json() if self.stream else None,
+                "whole": self.whole.to_json() if self.whole else None, "log": self.log}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SglangReading:
+        stream, whole = (AssembledResponse.from_json(d[k]) if d.get(k) else None for k in ("stream", "whole"))
+        return cls(state=str(d.get("state") or ""), stream=stream, whole=whole, log=list(d.get("log") or []))
+
+
+@dataclass
+class OracleReadings:
+    """The --raw oracles' readings of one turn's raw completion: deepseek-recipe's and SGLang's,
+    set beside the server's own answer by checks/parser_view.py."""
+
+    raw_completion: str
+    recipe: AssembledResponse
+    sglang: SglangReading
+
+    def to_json(self) -> dict[str, Any]:
+        return {"raw_completion": self.raw_completion, "recipe": self.recipe.to_json(),
+                "sglang": self.sglang.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> OracleReadings:
+        return cls(raw_completion=str(d.get("raw_completion") or ""),
+                   recipe=AssembledResponse.from_json(d.get("recipe") or {}),
+                   sglang=SglangReading.from_json(d.get("sglang") or {}))
+
+
+@dataclass
 class Timings:
     """Wall-clock (epoch ns) and monotonic (ns) stamps of one turn. None where not reached."""
 
@@ -228,6 +270,7 @@ class TurnRecord:
     verdicts: list[Verdict] = field(default_factory=list)
     raw_sse: list[str] | None = None  # kept only for turns that fail a check
     check_errors: list[str] = field(default_factory=list)  # a checker that raised: "unknown"
+    oracles: OracleReadings | None = None  # --raw: kept only where the parsers' readings disagree
 
     @property
     def response_id(self) -> str | None:
@@ -255,6 +298,7 @@ class TurnRecord:
             "verdicts": [v.to_json() for v in self.verdicts],
             "raw_sse": self.raw_sse,
             "check_errors": self.check_errors,
+            "oracles": self.oracles.to_json() if self.oracles else None,
         }
 
     @classmethod
@@ -275,4 +319,5 @@ class TurnRecord:
             verdicts=[Verdict.from_json(v) for v in d.get("verdicts") or []],
             raw_sse=d.get("raw_sse"),
             check_errors=d.get("check_errors") or [],
+            oracles=OracleReadings.from_json(d["oracles"]) if d.get("oracles") else None,
         )

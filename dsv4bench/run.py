@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from .checks.parser_view import oracle_versions
 from .config import RunConfig
 from .driver import AgentRun
 from .exporter import ExporterError, HarnessExporter
@@ -48,6 +49,8 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     if reference is not None:
         run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
                                  "conflicts": reference.conflicts}
+    if config.raw:
+        run_info["oracles"] = oracle_versions()
     history = HistoryWriter(run_dir, run_info, config.redactor)
     stats = LiveStats()
     exporter = None

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from .faults import FAULTS, Fault, parse_faults
 
+# Who parses DSML tool calls out of the model's text: deepseek-recipe, or SGLang's own
+# DeepSeek-V4 detector (engine/sglang_tool_calls.py), for SGLang's streaming shape.
+TOOL_CALL_PARSERS = ("deepseek-recipe", "sglang")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -77,6 +81,7 @@ class EngineConfig:
     # Planted bug mechanisms (faults.py); empty = the clean engine. Names (as the CLI passes
     # them) or Fault members; __post_init__ makes them Faults.
     faults: frozenset[Fault] = frozenset()
+    tool_call_parser: str = TOOL_CALL_PARSERS[0]  # one of TOOL_CALL_PARSERS
 
     def __post_init__(self) -> None:
         # User-facing settings: ValueError (not assert) so `engine serve` can say what is wrong.
@@ -86,6 +91,8 @@ class EngineConfig:
             raise ValueError("index-K dtype must be fp8 or bf16")
         if not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError("device must be cpu or cuda")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool-call parser must be one of {', '.join(TOOL_CALL_PARSERS)}")
         object.__setattr__(self, "faults", parse_faults(self.faults))  # frozen: set once, here
         if self.hicache and not self.enable_prefix_cache:
             raise ValueError("HiCache needs the prefix cache")

@@ -8,7 +8,8 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
 - tool_choice: auto, none, required, or a named function (required, with that tool only).
   Thinking mode refuses required and named (400), as does a name not in `tools`.
 - Sampling: it forces temperature = top_p = 1.0 in thinking mode; explicit values win here.
-- Outputs: see engine/outputs.py (EOS, stop strings, usage).
+- Outputs: see engine/outputs.py (EOS, stop strings, usage). With `tool_call_parser="sglang"`
+  SGLang's DeepSeek-V4 detector parses the tool calls instead (engine/sglang_tool_calls.py).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Any
 
 import deepseek_recipe as dr
 
-from .config import ModelConfig
+from .config import TOOL_CALL_PARSERS, ModelConfig
 from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
 from .prepared_request import Bootstrap, PreparedRequest
 from .request import SEED_MAX, SamplingParams
 from .request_limits import NUMBER, Field, RequestError, check_fields, check_values
+from .sglang_tool_calls import SglangToolCallOutput
 from .tokenizer import DSV4Tokenizer
 
 __all__ = ["Frontend", "PreparedRequest", "RequestError"]
@@ -57,6 +59,9 @@ _COMPLETION = {**_COMMON, "prompt": Field((str, list)), "skip_special_tokens": F
 # ConversionError. The edge (request_limits.py) keeps such input out; this is the last line.
 _INPUT_ERRORS = (OverflowError, RecursionError, UnicodeError, TypeError)
 _PROBE_MESSAGES = [{"role": "user", "content": "x"}]
+# What answers a chat request, by EngineConfig.tool_call_parser.
+_CHAT_OUTPUTS: dict[str, type[ChatOutput]] = {"deepseek-recipe": ChatOutput, "sglang": SglangToolCallOutput}
+assert tuple(_CHAT_OUTPUTS) == TOOL_CALL_PARSERS
 
 
 def _from_conversion_error(exc: dr.ConversionError) -> RequestError:
@@ -113,10 +118,11 @@ class Frontend:
     """OpenAI bodies -> `PreparedRequest`; engine events -> OpenAI chunks (via deepseek-recipe)."""
 
     def __init__(self, tokenizer: DSV4Tokenizer, model_name: str = "dsv4-mini",
-                 max_context: int = ModelConfig().max_context) -> None:
+                 max_context: int = ModelConfig().max_context, tool_call_parser: str = TOOL_CALL_PARSERS[0]) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_context = max_context
+        self.chat_output = _CHAT_OUTPUTS[tool_call_parser]
         self.encoding = dr.DeepseekV4Encoding().with_tokenizer(tokenizer.recipe)
 
     # ---- requests -------------------------------------------------------------------------
@@ -267,9 +273,9 @@ class Frontend:
         Ends early when the parser hit a stop string. On abort the payloads just end, with
         no finish chunk and no `[DONE]`. The caller owns `events` and closes it afterwards,
         which aborts the engine request if it is still running. `output` replaces ChatOutput
-        (the `parser-split` fault's parse, engine/stream_parse_fault.py).
+        (the `parser-split` fault's parse, engine/stream_parse_fault.py) for this request.
         """
-        out = (output or ChatOutput)(req, self.tokenizer)
+        out = (output or self.chat_output)(req, self.tokenizer)
         try:
             async for event in events:
                 for text in out.feed_json(event):
@@ -283,7 +289,7 @@ class Frontend:
 
     async def complete_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]) -> dict[str, Any] | None:
         """The whole chat.completion object, or None when the request was aborted."""
-        out = ChatOutput(req, self.tokenizer)
+        out = self.chat_output(req, self.tokenizer)
         response: dr.ChatCompletionResponse | None = None
         try:
             async for event in events:
@@ -296,7 +302,7 @@ class Frontend:
                     break
         finally:
             out.close()
-        return json.loads(response.to_json()) if response is not None and out.done else None
+        return out.whole(json.loads(response.to_json())) if response is not None and out.done else None
 
     async def stream_completion(self, req: PreparedRequest,
                                 events: AsyncIterator[TokenEventLike]) -> AsyncIterator[str]:

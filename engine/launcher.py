@@ -107,12 +107,24 @@ def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 1
                  log_dir: Path | None = None) -> EngineProcess:
     """Spawn `dsv4bench engine serve` on free ports and wait until every server's /health
     answers 200. EngineStartError, in one line, when it does not come up."""
+    return start_engines([extra_args or []], startup_timeout, log_dir)[0]
+
+
+def start_engines(args_each: list[list[str]], startup_timeout: float = 180.0,
+                  log_dir: Path | None = None) -> list[EngineProcess]:
+    """Several engine processes at once (they load their weights side by side): spawned from
+    this thread, which they die with, then waited for. All or none come up."""
     attempt = 1
     while True:
+        started = [_spawn(args, log_dir, i) for i, args in enumerate(args_each)]
         try:
-            return _start_once(extra_args, startup_timeout, log_dir)
-        except _PortTaken:
-            if attempt == PORT_ATTEMPTS:
+            for ep in started:
+                _wait_ready(ep, startup_timeout)
+            return started
+        except EngineStartError as e:
+            for ep in started:
+                ep.stop()
+            if not isinstance(e, _PortTaken) or attempt == PORT_ATTEMPTS:
                 raise
             attempt += 1
 
@@ -121,32 +133,39 @@ class _PortTaken(EngineStartError):
     """A port chosen as free was taken before the engine could bind it."""
 
 
-def _start_once(extra_args: list[str] | None, startup_timeout: float, log_dir: Path | None) -> EngineProcess:
+def _spawn(extra_args: list[str], log_dir: Path | None, index: int = 0) -> EngineProcess:
     host = "127.0.0.1"
-    pd = "--pd" in (extra_args or [])
+    pd = "--pd" in extra_args
     port, *server_ports = free_ports(3 if pd else 1, host)
     ports = ["--prefill-port", str(server_ports[0]), "--decode-port", str(server_ports[1])] if pd else []
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="dsv4bench-engine-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / "engine.log"
+    log_path = log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
     log = open(log_path, "w", encoding="utf-8")
     cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *ports,
-           *(extra_args or [])]
+           *extra_args]
+    # NOTE: the child dies with the thread that spawns it (PR_SET_PDEATHSIG), so this must be
+    # a thread that lives as long as the run: the caller's, never a pool's.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
                             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
-    ep = EngineProcess(proc, host, port, log_path, log, tuple(server_ports))
+    return EngineProcess(proc, host, port, log_path, log, tuple(server_ports))
+
+
+def _wait_ready(ep: EngineProcess, startup_timeout: float) -> None:
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if ep.proc.poll() is not None:
             ep.stop()
-            tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            message = f"the bundled engine exited with code {proc.returncode}: {tail[0]} (log: {log_path})"
+            lines = ep.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            tail = lines[-1:] or ["(no output)"]
+            message = f"the bundled engine exited with code {ep.proc.returncode}: {tail[0]} (log: {ep.log_path})"
             raise (_PortTaken if _PORT_TAKEN in tail[0] else EngineStartError)(message)
         try:
             if all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
-                return ep
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
     ep.stop()
-    raise EngineStartError(f"the bundled engine did not answer /health within {startup_timeout:.0f} s (log: {log_path})")
+    raise EngineStartError(f"the bundled engine did not answer /health within {startup_timeout:.0f} s "
+                           f"(log: {ep.log_path})")

@@ -1,5 +1,6 @@
 """Engine token events of one request in, OpenAI output out: `ChatOutput` (deepseek-recipe's
-stream processor) and `CompletionOutput` (incremental detokenizing and stop strings).
+stream processor), `TextChatOutput` (the same with a tool parser of text after it, as SGLang
+parses) and `CompletionOutput` (incremental detokenizing and stop strings).
 
 deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_frontend.py):
 - EOS decodes to `<｜end▁of▁sentence｜>`, kept as content after prose: EOS and stop ids are
@@ -99,9 +100,65 @@ class ChatOutput:
             texts.append(text)
         return texts + [dumps_compact(usage_chunk)] if usage_chunk else texts
 
+    def whole(self, response: dict[str, Any]) -> dict[str, Any]:
+        """The whole chat.completion object of a non-streamed request, from deepseek-recipe's."""
+        return response
+
     def close(self) -> None:
         if not self.processor.finished:
             self.processor.close()
+
+
+class TextChatOutput(ChatOutput):
+    """ChatOutput for a server whose tool parser reads text, as SGLang's does: each engine event
+    detokenized into one chunk of text, deepseek-recipe with tool parsing off doing reasoning,
+    content, stop strings and usage, and `split` (the subclass's parser) turning each chunk of
+    content into the text to show and the tool calls it completed."""
+
+    def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
+        super().__init__(req, tokenizer)
+        self.decoder = IncrementalDecoder(tokenizer)  # special tokens spelled out, as DSML needs
+        self.num_calls = 0
+
+    def parsing_options(self) -> dr.ParsingOptions:
+        given = super().parsing_options()
+        return dr.ParsingOptions(parse_tool_calls=False, starts_in_tool_calls=False,
+                                 parse_json_output=given.parse_json_output,
+                                 thinking_initial_stage=given.thinking_initial_stage,
+                                 stop_sequences=given.stop_sequences, special_tokens=given.special_tokens)
+
+    def push_output(self, ids: list[int], final: bool) -> list[dr.ChatCompletionChunk]:
+        text = self.decoder.push(ids, final)  # one engine step's text: the chunk the parser sees
+        return self.processor.push(dr.InferenceChunk.text(text, len(ids))) if ids or text else []
+
+    def split(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        """One chunk of content in (`final`: the response's last chunk, where a parser that holds
+        text back lets it go), the text to show and the OpenAI tool-call deltas it completed out."""
+        raise NotImplementedError
+
+    def feed_json(self, event: TokenEventLike) -> list[str]:
+        return [split for text in super().feed_json(event) if (split := self._split_tool_calls(text)) is not None]
+
+    def _split_tool_calls(self, text: str) -> str | None:
+        """The chunk with its content split, or None where the parser held all of its text back
+        and the chunk says nothing else (SGLang sends no chunk then)."""
+        chunk, held = json.loads(text), False
+        for choice in chunk["choices"]:
+            delta, final = choice["delta"], choice.get("finish_reason") is not None
+            given = delta.get("content")
+            if isinstance(given, str) or final:
+                content, calls = self.split(given if isinstance(given, str) else "", final)
+                delta.pop("content", None)
+                if content or (given == "" and not calls):  # an empty content delta stays as it came
+                    delta["content"] = content
+                if calls:
+                    self.num_calls += len(calls)
+                    delta["tool_calls"] = calls
+                held = held or bool(given) and not content and not calls
+            if choice.get("finish_reason") == "stop" and self.num_calls:
+                choice["finish_reason"] = "tool_calls"  # as SGLang does once its parser found calls
+        said = chunk.get("usage") or any(c["delta"] or c.get("finish_reason") for c in chunk["choices"])
+        return None if held and not said else dumps_compact(chunk)
 
 
 class CompletionOutput:

@@ -154,7 +154,8 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
     loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=tok.eos_token_id)
-    frontend = Frontend(tok, model_name=model_name, max_context=min(cfg.model.max_context, scheduler.max_seq_len))
+    frontend = Frontend(tok, model_name=model_name, max_context=min(cfg.model.max_context, scheduler.max_seq_len),
+                        tool_call_parser=cfg.tool_call_parser)
     return Engine(cfg, engine, loop, frontend)
 
 

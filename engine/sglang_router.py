@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from .launcher import EngineProcess, EngineStartError, die_with_parent, free_ports
+from .launcher import EngineProcess, EngineStartError, die_with_parent, free_ports, start_engine, start_engines
 
 HOST = "127.0.0.1"
 MISSING = "SGLang's router is not installed: pip install 'dsv4bench[sglang]'"
@@ -124,9 +125,10 @@ def start_sglang_router(workers: Sequence[str] = (), prefill: Sequence[tuple[str
 
 @dataclass
 class RoutedEngine:
-    """The bundled engine behind SGLang's router: the run talks to the router and scrapes both."""
+    """Bundled engine processes behind SGLang's router: the run talks to the router and scrapes
+    the router and every process."""
 
-    engine: EngineProcess
+    engines: list[EngineProcess]
     router: SGLangRouter
 
     @property
@@ -135,28 +137,46 @@ class RoutedEngine:
 
     @property
     def metrics_url(self) -> str:
-        """The engine's own /metrics (the router's: `router.metrics_url`)."""
-        return self.engine.metrics_url
+        """The first engine process's own /metrics (the router's: `router.metrics_url`)."""
+        return self.engines[0].metrics_url
 
     @property
     def metrics_urls(self) -> list[str]:
-        return [self.router.metrics_url, *self.engine.metrics_urls]
+        return [self.router.metrics_url, *(url for e in self.engines for url in e.metrics_urls)]
 
     @property
     def log_path(self) -> Path:
-        return self.engine.log_path
+        return self.engines[0].log_path
 
     def stop(self) -> None:
         self.router.stop()
-        self.engine.stop()
+        for engine in self.engines:
+            engine.stop()
 
 
-def start_routed_engine(engine: EngineProcess, startup_timeout: float = 60.0) -> RoutedEngine:
-    """SGLang's router in front of a started bundled engine (stopped again if the router fails)."""
+def start_routed_engine(engine_args: list[str], startup_timeout: float = 60.0) -> RoutedEngine:
+    """The bundled engine behind SGLang's router: with `--pd` in `engine_args`, a prefill and a
+    decode process (`engine serve --pd-role`, KV between them over loopback) behind the router
+    in PD mode; else one unified engine behind it in regular mode. Whatever started is stopped
+    again when a part fails."""
+    if not installed():  # before the engine's minute of loading
+        raise EngineStartError(MISSING)
+    args = [a for a in engine_args if a != "--pd"]
+    started: list[EngineProcess] = []
     try:
-        router = start_sglang_router(workers=[engine.roots[0]], log_dir=engine.log_path.parent,
-                                     startup_timeout=startup_timeout)
+        if len(args) == len(engine_args):
+            started.append(start_engine(args))
+            router = start_sglang_router(workers=[started[0].roots[0]], log_dir=started[0].log_path.parent,
+                                         startup_timeout=startup_timeout)
+        else:
+            (bootstrap_port,) = free_ports(1, HOST)
+            halves = [[*args, "--pd-role", "prefill", "--bootstrap-port", str(bootstrap_port)], [*args, "--pd-role", "decode"]]
+            started += start_engines(halves, log_dir=Path(tempfile.mkdtemp(prefix="dsv4bench-engine-")))
+            prefill, decode = started
+            router = start_sglang_router(prefill=[(prefill.roots[0], bootstrap_port)], decode=[decode.roots[0]],
+                                         log_dir=prefill.log_path.parent, startup_timeout=startup_timeout)
     except BaseException:
-        engine.stop()
+        for engine in started:
+            engine.stop()
         raise
-    return RoutedEngine(engine, router)
+    return RoutedEngine(started, router)

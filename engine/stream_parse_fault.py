@@ -27,11 +27,9 @@ import re
 import secrets
 from typing import Any
 
-import deepseek_recipe as dr
-
+from .outputs import TextChatOutput
 from .prepared_request import PreparedRequest
-from .outputs import ChatOutput, dumps_compact
-from .tokenizer import DSV4Tokenizer, IncrementalDecoder
+from .tokenizer import DSV4Tokenizer
 
 BLOCK_OPEN = "<｜DSML｜tool_calls>"
 BLOCK_CLOSE = "</｜DSML｜tool_calls>"
@@ -100,41 +98,13 @@ class EagerDsmlParser:
                 "function": {"name": name, "arguments": arguments_json(body)}}
 
 
-class EagerParseChatOutput(ChatOutput):
-    """ChatOutput for a streamed chat under `parser-split`: each engine event detokenized into
-    one chunk of text, deepseek-recipe with tool parsing off, `EagerDsmlParser` on the content."""
+class EagerParseChatOutput(TextChatOutput):
+    """TextChatOutput for a streamed chat under `parser-split`: `EagerDsmlParser` on the content."""
 
     def __init__(self, req: PreparedRequest, tokenizer: DSV4Tokenizer) -> None:
         super().__init__(req, tokenizer)
         assert req.conversation is not None
-        self.decoder = IncrementalDecoder(tokenizer)  # special tokens spelled out, as DSML needs
         self.parser = EagerDsmlParser(starts_in_block=req.conversation.parsing_options.starts_in_tool_calls)
 
-    def parsing_options(self) -> dr.ParsingOptions:
-        given = super().parsing_options()
-        return dr.ParsingOptions(parse_tool_calls=False, starts_in_tool_calls=False,
-                                 parse_json_output=given.parse_json_output,
-                                 thinking_initial_stage=given.thinking_initial_stage,
-                                 stop_sequences=given.stop_sequences, special_tokens=given.special_tokens)
-
-    def push_output(self, ids: list[int], final: bool) -> list[dr.ChatCompletionChunk]:
-        text = self.decoder.push(ids, final)  # one engine step's text: the chunk the parser sees
-        return self.processor.push(dr.InferenceChunk.text(text, len(ids))) if ids or text else []
-
-    def feed_json(self, event: Any) -> list[str]:
-        return [self._split_tool_calls(text) for text in super().feed_json(event)]
-
-    def _split_tool_calls(self, text: str) -> str:
-        chunk = json.loads(text)
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            if isinstance(delta.get("content"), str):
-                content, calls = self.parser.feed(delta["content"])
-                delta["content"] = content
-                if calls:
-                    delta["tool_calls"] = calls
-                    if not content:
-                        del delta["content"]
-            if choice.get("finish_reason") == "stop" and self.parser.num_calls:
-                choice["finish_reason"] = "tool_calls"  # as SGLang does once its parser found calls
-        return dumps_compact(chunk)
+    def split(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        return self.parser.feed(text)  # NOTE: no hold-back, so nothing to let go at the end

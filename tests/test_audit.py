@@ -46,3 +46,43 @@ def test_sse_payloads_accepts_text_lines_and_bare_payloads():
     assert sse_payloads("data: a\n\ndata: b\n\n") == ["a", "b"]
     assert sse_payloads(["data: a", "data: b"]) == ["a", "b"]
     assert sse_payloads(["a", "[DONE]"]) == ["a", "[DONE]"]
+
+
+def test_audit_shows_where_the_parsers_read_a_raw_completion_apart(tmp_path):
+    from rich.console import Console
+
+    from dsv4bench.audit import render_audit, write_results
+    from dsv4bench.checks.sglang_oracle import sglang_missing
+
+    block = ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read_file">\n'
+             '<｜DSML｜parameter name="path" string="true">a.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+    answer = completion(calls=[("read_file", '{"path": "a.py"}')], finish="tool_calls")
+    f = tmp_path / "capture.jsonl"
+    lines = [{"request": REQ, "response": answer, "raw_completion": block},
+             {"request": REQ, "response": answer, "raw_completion": block + "\n\n" + block.replace("a.py", "b.py")},
+             {"request": REQ, "response": answer}]
+    f.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n")
+    results = audit_file(f)
+    assert [r.verdicts for r in results] == [[], [], []]  # deepseek-recipe reads only the first block, as the server
+    assert results[0].parsers == [] and results[0].oracles is not None and results[2].oracles is None
+    console = Console(record=True, width=200)
+    render_audit(results, console)
+    text = console.export_text()
+    assert "parser oracles (deepseek-recipe 0.2.0; " in text and "2 raw completions" in text
+    if sglang_missing() is None:  # SGLang reads every block
+        assert [d.where for d in results[1].parsers] == ["tool call names", "tool_calls[1].arguments"]
+        assert "line 2 x: parsers disagree\n  tool call names: server = deepseek-recipe" in text
+    else:
+        assert results[1].parsers == [] and sglang_missing() in text
+    write_results(results, tmp_path / "out.jsonl")
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out[1]["oracles"]["raw_completion"] == lines[1]["raw_completion"]
+    assert out[1]["parsers"] == [d.describe() for d in results[1].parsers] and out[2]["oracles"] is None
+
+
+def test_a_reaudited_turn_record_reads_its_kept_raw_completion(tmp_path):
+    from dsv4bench.audit import exchange_context
+
+    rec = {"session": "s0", "status": "ok", "request": {"body": REQ}, "response": {"content": "Hi."},
+           "oracles": {"raw_completion": "Hi."}}
+    assert exchange_context(rec).raw_completion == "Hi."

@@ -55,6 +55,13 @@ def assert_one_line_exit_2(result, needle: str) -> None:
     (["engine", "serve", "--pd", "--prefill-port", "65536"], "port"),
     (["engine", "serve", "--pd", "--pd-link-gbps", "nan"], "--pd-link-gbps must be a finite number"),
     (["engine", "serve", "--hicache", "--hicache-load-gbps", "inf"], "--hicache-load-gbps must be a finite"),
+    (["engine", "serve", "--pd-role", "router"], "--pd-role must be prefill or decode"),
+    (["engine", "serve", "--pd-role", "decode", "--pd"], "not with --pd"),
+    (["engine", "serve", "--pd-role", "decode", "--bootstrap-port", "8998"], "needs --pd-role prefill"),
+    (["engine", "serve", "--pd-role", "prefill", "--bootstrap-port", "0"], "--bootstrap-port must be a port number"),
+    (["engine", "serve", "--pd-role", "prefill", "--port", "8998"], "--port and --bootstrap-port must differ"),
+    (["engine", "serve", "--prefill-port", "30000"], "need --pd"),
+    (["engine", "serve", "--tool-call-parser", "vllm"], "--tool-call-parser must be deepseek-recipe or sglang"),
     # probe and watch
     (["probe", "http://[::1"], "is not a valid URL"),
     (["probe", "http://127.0.0.1:99999"], "port 99999 is not a port number"),

@@ -89,6 +89,24 @@ def render_prompt(body: dict[str, Any], *, default_thinking: bool = True) -> str
     return dr.DeepseekV4Encoding().render_conversation(conv.conversation).prompt
 
 
+def thinking_for(raw_text: str, body: dict[str, Any], default_thinking: bool | None = None) -> bool:
+    """The thinking mode a raw completion was written in: the body's `thinking` field, else
+    `chat_template_kwargs.thinking`, else `default_thinking`; left None, it is inferred from the
+    text, since a thinking-mode completion always contains `</think>` (which needs the raw
+    completion fetched with special tokens kept)."""
+    flag = thinking_of(body)
+    if flag is not None:
+        return flag
+    return THINK_END in raw_text if default_thinking is None else default_thinking
+
+
+def completion_text(raw_text: str) -> str:
+    """The raw completion as the model's answer: a trailing `<｜end▁of▁sentence｜>` (with the
+    whitespace after it) dropped, as a server drops its stop token."""
+    text = raw_text.rstrip()
+    return text.removesuffix(EOS) if text.endswith(EOS) else raw_text
+
+
 def parse_raw_completion(
     raw_text: str,
     body: dict[str, Any],
@@ -99,24 +117,15 @@ def parse_raw_completion(
     """Parse a raw completion with deepseek-recipe's stream processor into an AssembledResponse.
 
     `body` is the request the completion answers (its tools, tool_choice and thinking
-    settings decide how the text is parsed). Thinking mode: the body's `thinking` field,
-    else `chat_template_kwargs.thinking`, else `default_thinking`; left None, it is inferred
-    from the text, since a thinking-mode completion always contains `</think>` (which needs
-    the raw completion fetched with special tokens kept). `finish_reason` is the backend's
-    (stop / length / content_filter).
+    settings decide how the text is parsed; thinking mode as `thinking_for` finds it).
+    `finish_reason` is the backend's (stop / length / content_filter).
     """
-    if thinking_of(body) is not None:
-        default_thinking = thinking_of(body)
-    elif default_thinking is None:
-        default_thinking = THINK_END in raw_text
-    conv = _convert(body, default_thinking)
+    conv = _convert(body, thinking_for(raw_text, body, default_thinking))
     model = str(body.get("model") or "")
     generator = dr.ChatCompletionRequest.chunk_generator(conv, "oracle", model)
     processor = dr.StreamProcessor(generator, conv.parsing_options)
-    text = raw_text.rstrip()
-    text = text.removesuffix(EOS) if text.endswith(EOS) else raw_text
     chunks = processor.push(dr.InferenceChunk.ready())
-    chunks += processor.push(dr.InferenceChunk.text(text, 1))
+    chunks += processor.push(dr.InferenceChunk.text(completion_text(raw_text), 1))
     chunks += processor.push(dr.InferenceChunk.finish(_FINISH.get(finish_reason, dr.InferenceFinishReason.Stop)))
     chunks += processor.finish()
     accumulated = dr.ChatCompletionResponse("oracle", model, 0, 0, 0)
@@ -158,6 +167,12 @@ def body_for(ctx: TurnContext) -> dict[str, Any]:
     return body
 
 
+def raw_finish(server: AssembledResponse) -> str:
+    """The backend finish reason a turn's raw completion is parsed with: `length` where the
+    server's answer was cut there, else `stop` (the raw request does not say)."""
+    return "length" if server.finish_reason == "length" else "stop"
+
+
 def json_equal(a: Any, b: Any) -> bool:
     """Equality of decoded JSON values: numbers by value (5 == 5.0), but true is not 1."""
     if isinstance(a, bool) or isinstance(b, bool):
@@ -171,7 +186,8 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _arguments_agree(oracle: str, server: str) -> bool:
+def arguments_agree(oracle: str, server: str) -> bool:
+    """Two calls' arguments say the same: as decoded JSON (`json_equal`), else as text, stripped."""
     try:
         return json_equal(decode_json(oracle), decode_json(server))
     except (ValueError, TypeError):
@@ -190,15 +206,14 @@ def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:
     if ctx.raw_completion is None:
         return []
     server = response_of(ctx)
-    reason = "length" if server.finish_reason == "length" else "stop"
-    oracle = parse_raw_completion(ctx.raw_completion, body_for(ctx), finish_reason=reason)
+    oracle = parse_raw_completion(ctx.raw_completion, body_for(ctx), finish_reason=raw_finish(server))
     verdicts = []
     o_names, s_names = [c.name for c in oracle.tool_calls], [c.name for c in server.tool_calls]
     if o_names != s_names:
         detail = f"tool call names: oracle saw {o_names}, server sent {s_names}"
         verdicts.append(Verdict(ORACLE_CODE, detail, "tool_calls"))
     for i, (o, s) in enumerate(zip(oracle.tool_calls, server.tool_calls)):
-        if not _arguments_agree(o.arguments, s.arguments):
+        if not arguments_agree(o.arguments, s.arguments):
             detail = f"{s.name} arguments: oracle saw {clip(o.arguments)!r}, server sent {clip(s.arguments)!r}"
             verdicts.append(Verdict(ORACLE_CODE, detail, f"tool_calls[{i}].arguments"))
     o_text, s_text = oracle.content.strip(), server.content.strip()

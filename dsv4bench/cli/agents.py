@@ -40,7 +40,7 @@ def agents(
     ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
     total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
     on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
-    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions with the deepseek-recipe prompt and compare parsers."),
+    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions with the deepseek-recipe prompt and read the raw completion with deepseek-recipe's and SGLang's parsers, beside the server's answer."),
     model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
     api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
     out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
@@ -67,7 +67,7 @@ def agents(
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
     engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
-    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench[sglang]') started in front of it on loopback; the run then also scrapes the router's smg_* metrics."),
+    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench[sglang]') started in front of it on loopback; with --engine-pd the prefill and decode halves then run as two processes behind it in PD mode. The run also scrapes the router's smg_* metrics."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 
@@ -87,9 +87,6 @@ def agents(
             raise ConfigError("--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with --url")
         if engine_router not in ENGINE_ROUTERS:
             raise ConfigError(f"--engine-router must be one of {', '.join(ENGINE_ROUTERS)}, not {engine_router!r}")
-        if engine_router == "sglang" and (engine_pd or "--pd" in engine_arg):
-            raise ConfigError("--engine-router sglang fronts the unified engine only: the bundled PD servers do not "
-                              "serve SGLang's PD request protocol yet; leave out --engine-pd")
         engine_arg = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]
         if engine_pd and "--pd" not in engine_arg:
             engine_arg.append("--pd")
@@ -122,7 +119,7 @@ def agents(
             raise fail(str(e))
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
-            if isinstance(bundled, RoutedEngine):
+            if isinstance(bundled, RoutedEngine):  # the run's server is the router; the engine's processes behind it
                 facts["bundled_engine"]["sglang_router"] = {"url": bundled.url, "metrics": bundled.router.metrics_url,
                                                             "log": str(bundled.router.log_path)}
         elif not config.metrics and facts.get("metrics_url"):
@@ -157,8 +154,7 @@ def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
         behind = " behind SGLang's router" if router == "sglang" else ""
         err.print(f"no --url given: starting the bundled DSV4-mini engine{behind} on loopback ...", highlight=False)
     try:
-        engine = start_engine(engine_args)
-        return sglang_router.start_routed_engine(engine) if router == "sglang" else engine
+        return sglang_router.start_routed_engine(engine_args) if router == "sglang" else start_engine(engine_args)
     except EngineStartError as e:
         raise fail(str(e))
 

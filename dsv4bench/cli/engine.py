@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ..config import ConfigError
-from ..engine.config import EngineConfig, ModelConfig
+from ..engine.config import TOOL_CALL_PARSERS, EngineConfig, ModelConfig
 from ..engine.faults import FAULTS, FaultError, parse_faults
 from ..engine.training.config import TRAIN_SEED_BASE, CorpusConfig, TrainConfig
 from .common import app, err, fail, out
@@ -46,7 +46,10 @@ def engine_serve(
     pd: bool = typer.Option(EngineConfig.pd, "--pd", help="Prefill/decode disaggregation: a router (OpenAI API, on --port), a prefill and a decode server, each with its own /health and /metrics, and a KV transfer between their pools."),
     prefill_port: Optional[int] = typer.Option(None, help="Port of the prefill server (--pd); 30000."),
     decode_port: Optional[int] = typer.Option(None, help="Port of the decode server (--pd); 30002."),
-    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd), GB/s; 0.1; 0 = memory speed."),
+    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd, --pd-role), GB/s; 0.1; 0 = memory speed."),
+    pd_role: Optional[str] = typer.Option(None, "--pd-role", metavar="prefill|decode", help="Serve one half of a PD deployment in this process (on --port: 30000 prefill, 30002 decode), for a PD router speaking SGLang's protocol in front, ours or SGLang's: `python -m sglang_router.launch_router --pd-disaggregation --prefill http://HOST:PORT BOOTSTRAP_PORT --decode http://HOST:PORT`."),
+    bootstrap_port: Optional[int] = typer.Option(None, help="The prefill half's bootstrap port (--pd-role prefill), where decode halves fetch each request's KV; 8998, SGLang's default."),
+    tool_call_parser: str = typer.Option(EngineConfig.tool_call_parser, help=f"Who parses tool calls out of the model's text: {' or '.join(TOOL_CALL_PARSERS)} (SGLang's own DeepSeek-V4 detector: a streamed call arrives whole at its closing tag, as from SGLang)."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
     from ..engine.server import ServerConfig
@@ -55,9 +58,35 @@ def engine_serve(
         raise fail("--index-k-dtype must be fp8 or bf16")
     if log_level not in ("debug", "info", "warning", "error"):
         raise fail("--log-level must be debug, info, warning or error")
-    if not pd and (prefill_port, decode_port, pd_link_gbps) != (None, None, None):
-        raise fail("--prefill-port, --decode-port and --pd-link-gbps need --pd")
+    if tool_call_parser not in TOOL_CALL_PARSERS:  # EngineConfig checks it too, but does not name the flag
+        raise fail(f"--tool-call-parser must be {' or '.join(TOOL_CALL_PARSERS)}")
+    if tool_call_parser == "sglang":
+        from ..engine.sglang_tool_calls import sglang_missing
+
+        if missing := sglang_missing():  # imports sglang: before the engine starts, not on a first request
+            raise fail(f"--tool-call-parser sglang: {missing}; install sglang, or in a checkout "
+                       "`pip install --no-deps -r requirements-sglang-parsers.txt`")
+    if pd_role is not None and pd_role not in ("prefill", "decode"):
+        raise fail(f"--pd-role must be prefill or decode, not {pd_role!r}")
+    if pd_role is not None and (pd or prefill_port is not None or decode_port is not None):
+        raise fail("--pd-role serves one half on --port: not with --pd, --prefill-port or --decode-port")
+    if bootstrap_port is not None and pd_role != "prefill":
+        raise fail("--bootstrap-port is the prefill half's: it needs --pd-role prefill")
+    if bootstrap_port is not None and not 0 < bootstrap_port < 65536:
+        raise fail(f"--bootstrap-port must be a port number (1-65535), got {bootstrap_port}")
+    if not (pd or pd_role) and pd_link_gbps is not None:
+        raise fail("--pd-link-gbps needs --pd or --pd-role")
+    if not pd and (prefill_port, decode_port) != (None, None):
+        raise fail("--prefill-port and --decode-port need --pd")
     pd_cfg = None
+    if pd_role is not None:
+        from ..engine.pd.halves import BOOTSTRAP_PORT
+        from ..engine.pd.serve import PDConfig
+
+        port = (PDConfig.prefill_port if pd_role == "prefill" else PDConfig.decode_port) if port is None else port
+        bootstrap_port = BOOTSTRAP_PORT if bootstrap_port is None else bootstrap_port
+        if pd_role == "prefill" and bootstrap_port == port:
+            raise fail("--port and --bootstrap-port must differ")
     if pd:
         from ..engine.pd.serve import ROUTER_PORT, PDConfig
 
@@ -85,7 +114,8 @@ def engine_serve(
                            max_running_requests=max_running_requests, chunked_prefill_tokens=chunked_prefill_tokens,
                            index_k_dtype=index_k_dtype, enable_prefix_cache=not no_prefix_cache,
                            hicache=hicache, hicache_host_pages=hicache_host_pages,
-                           hicache_load_gbps=hicache_load_gbps, pd=pd, faults=frozenset(faults))
+                           hicache_load_gbps=hicache_load_gbps, pd=pd or pd_role is not None, faults=frozenset(faults),
+                           tool_call_parser=tool_call_parser)
     except ConfigError as e:
         raise fail(str(e))
     except ValueError as e:
@@ -97,7 +127,13 @@ def engine_serve(
     server_cfg = ServerConfig(host=host, port=port, api_key=api_key, model_name=model_name,
                               auth_health_metrics=auth_health_metrics)
     try:
-        if pd_cfg is not None:
+        if pd_role is not None:
+            from ..engine.pd.halves import serve_half
+            from ..engine.pd.serve import PDConfig
+
+            link = PDConfig.link_gbps if pd_link_gbps is None else pd_link_gbps
+            serve_half(pd_role, cfg, server_cfg, bootstrap_port or 0, link, weights, random_weights, seed, log_level)
+        elif pd_cfg is not None:
             from ..engine.pd import serve_pd
 
             serve_pd(cfg, server_cfg, pd_cfg, weights, random_weights, seed, log_level)
@@ -108,7 +144,9 @@ def engine_serve(
     except EngineSetupError as e:
         raise fail(str(e))
     except OSError as e:
-        raise fail(f"cannot serve on {host if pd else f'{host}:{port}'}: {e.strerror or e}")
+        where = host if pd else f"{host}:{port} (or the bootstrap port {bootstrap_port})" if pd_role == "prefill" \
+            else f"{host}:{port}"
+        raise fail(f"cannot serve on {where}: {e.strerror or e}")
 
 
 @engine_app.command("faults")

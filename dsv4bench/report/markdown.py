@@ -11,6 +11,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from ..checks.parser_view import RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements, sglang_like
+from ..checks.sglang_oracle import REASONING_PARSER, TOOL_CALL_PARSER
 from ..codes import ORACLE_CODE, TURN_CODES, code_class, meaning
 from ..history import History
 from ..records import TurnRecord, Verdict
@@ -18,6 +20,7 @@ from ..summary import counts_code, run_window
 from .escape import escape_text
 
 EXAMPLES_PER_CODE = 3
+ORACLE_EXAMPLES = 5  # turns shown whose parsers' readings disagree
 EXCERPT_CHARS = 400
 # Facts from SGLang's /get_server_info worth a line in an incident report, in display order.
 SERVER_FACTS: tuple[str, ...] = (
@@ -307,6 +310,43 @@ def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
     return out[:-1]  # drop the blank line after the last example; sections are joined by one
 
 
+# The pairs of readings the report counts apart; `like` stands for SGLang's reading made the way
+# the server answered (streamed or whole), the one that server would have sent.
+_ORACLE_PAIRS = ((SERVER, RECIPE), (SERVER, "like"), (RECIPE, "like"), (SGLANG_STREAM, SGLANG_WHOLE))
+ORACLES_NOTE = ("Evidence, not verdicts: only deepseek-recipe against the server is counted (`parser_disagreement`). "
+                "SGLang against the server: that server's parser is not SGLang's DeepSeek-V4 parser as installed "
+                "here, or its streaming changed the answer. deepseek-recipe against SGLang, or SGLang streamed "
+                "against SGLang whole: a finding about the parsers, whatever the server sent.")
+
+
+def _oracles_section(history: History) -> list[str]:
+    """--raw: where the server's answer and the parsers' readings of its raw completion disagree."""
+    versions = history.run.get("oracles")
+    kept = [(t, t.oracles, disagreements(t.response, t.oracles), sglang_like(t.response))
+            for t in history.turns if t.oracles and t.response]
+    if not isinstance(versions, dict) and not kept:
+        return []
+    out = ["## Parser oracles", ""]
+    if isinstance(versions, dict):
+        out += ["Each turn's raw completion read by " + "; ".join(inline(v) for v in versions.values())
+                + f", beside the server's answer (SGLang: its `{TOOL_CALL_PARSER}` tool-call and "
+                f"`{REASONING_PARSER}` reasoning parsers, streamed and whole).", ""]
+    out.append(ORACLES_NOTE)
+    if not kept:
+        return out + ["", "No turn's readings disagreed."]
+    rows = [[cell(f"{a}, {'SGLang as the server answered' if b == 'like' else b}"),
+             fmt_int(sum(any(d.apart(a, like if b == "like" else b) for d in found) for _, _, found, like in kept))]
+            for a, b in _ORACLE_PAIRS]
+    out += ["", table(["readings apart", "turns"], rows), ""]
+    for turn, oracles, found, _ in kept[:ORACLE_EXAMPLES]:
+        raw = oracles.raw_completion
+        out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}):",
+                *(f"  - {inline(d.describe())}" for d in found),
+                *(f"  - SGLang: {inline(line)}" for line in oracles.sglang.log),
+                "", fence(raw if len(raw) <= EXCERPT_CHARS else raw[:EXCERPT_CHARS] + "…"), ""]
+    return out[:-1]
+
+
 def _latency_section(summary: dict[str, Any]) -> list[str]:
     names = {"ttft_s": "TTFT", "itl_s": "ITL", "e2e_s": "E2E"}
     rows = [[label, fmt_int(d["n"]), fmt_seconds(d["p50"]), fmt_seconds(d["p90"]), fmt_seconds(d["p99"]),
@@ -430,6 +470,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _breakdown_section("Corruption by turn depth", "turn", summary["by_depth"]),
         _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),
         _examples_section(history, summary),
+        _oracles_section(history),
         _latency_section(summary),
         _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
         ["## How to reproduce", "",

@@ -110,7 +110,8 @@ def build_pd_engine(cfg: EngineConfig, pd_cfg: PDConfig = PDConfig(), model_name
     decode = DecodeEngine(cfg, decode_runner, bootstrap, tok.eos_token_id)
     router = PDRouter(cfg, prefill, decode, bootstrap, tok.eos_token_id)
     built = PDEngine(cfg, pd_cfg, bootstrap, transfers, prefill, decode, router,
-                     Frontend(tok, model_name=model_name, max_context=router.max_context))
+                     Frontend(tok, model_name=model_name, max_context=router.max_context,
+                              tool_call_parser=cfg.tool_call_parser))
     if start:
         built.start()
     return built

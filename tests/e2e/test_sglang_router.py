@@ -5,7 +5,9 @@ found, and the router registering the bundled PD servers from their own /server_
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,12 @@ from .conftest import only_run_dir, run_cli
 needs_router = pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
 
 
-def _agents(out: Path, *args: str) -> tuple[Path, dict[str, Any]]:
-    r = run_cli("agents", "--engine-router", "sglang", "--out", str(out), "-q", "--concurrency", "6",
-                "--max-turns", "4", "--kill", "all@6s", "--drain-timeout", "8", *args, timeout=400)
+STORM = ("--concurrency", "6", "--max-turns", "4", "--kill", "all@6s")  # one kill-all, mid-run
+
+
+def _agents(out: Path, *args: str, load: tuple[str, ...] = STORM) -> tuple[Path, dict[str, Any]]:
+    r = run_cli("agents", "--engine-router", "sglang", "--out", str(out), "-q", "--drain-timeout", "8", *load, *args,
+                timeout=400)
     run_dir = only_run_dir(out)
     return run_dir, {"rc": r.returncode, "stderr": r.stderr, **json.loads((run_dir / "summary.json").read_text())}
 
@@ -53,6 +58,29 @@ def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
     assert summary["verdict"] == "WEDGE", summary
     codes = {c for found in summary["wedge"].values() for c in found["codes"]}
     assert "ghost_requests" in codes
+
+
+# Kill storms every 2 s under a full pool: some kill lands while transfers are in flight, the
+# abort-leak's trigger.
+PD_STORM = ("--concurrency", "24", "--sessions", "400", "--duration", "12", "--kill", "frac=0.5/every=2s/from=3s")
+
+
+@needs_router
+@pytest.mark.parametrize("fault,verdict", [(None, "CLEAN"), ("abort-leak", "WEDGE")])
+def test_pd_halves_as_processes_behind_the_sglang_router(tmp_path, fault, verdict):
+    """The prefill and decode halves in two processes, KV between them over loopback TCP, SGLang's
+    router in PD mode adding the rooms: the same kill storms leave the clean engine drained and
+    wedge the one with the leak."""
+    faults = ("--engine-fault", fault) if fault else ()
+    run_dir, summary = _agents(tmp_path / "out", "--engine-pd", *faults, load=PD_STORM)
+    assert summary["verdict"] == verdict and summary["wedge_checked"], summary
+    assert summary["turns"]["killed"] > 0 and summary["turns"]["good"] > 0
+    codes = {c for found in summary["wedge"].values() for c in found["codes"]}
+    assert codes == (set() if fault is None else {"queue_stuck"}), codes
+    # Both halves were scraped, each under its own engine_type.
+    samples = [s for s in _jsonl(run_dir / "metrics.jsonl") if s["ok"]]
+    types = {k.split('engine_type="')[1].split('"')[0] for s in samples for k in s["values"] if 'engine_type="' in k}
+    assert {"prefill", "decode"} <= types
 
 
 @needs_router
@@ -88,10 +116,48 @@ def test_a_missing_router_is_one_line(monkeypatch):
 
 @pytest.mark.parametrize("args,needle", [
     (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
-    (["--engine-router", "sglang", "--engine-pd"], "fronts the unified engine only"),
     (["--engine-router", "sglang", "--url", "http://127.0.0.1:1/v1"], "not with --url"),
 ])
 def test_bad_engine_router_flags_are_one_line(args, needle):
     result = CliRunner().invoke(app, ["agents", "--sessions", "1", *args])
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.stderr
+
+
+@needs_router
+@pytest.mark.parametrize("fault,code", [(None, 0), ("bootstrap-stall", 1)])
+def test_probe_on_the_sglang_router_and_the_halves(tmp_path, fault, code):
+    """`probe` on SGLang's router and the two halves behind it: 0 on the healthy deployment
+    before and after a storm of clients that leave mid-answer, 1 once the stalled bootstrap
+    worker has wedged it (the router still says 200)."""
+    routed = sglang_router.start_routed_engine(["--pd", "--num-pages", "2048", *((f"--fault={fault}",) if fault else ())])
+    try:
+        roots = [routed.router.root, routed.engines[0].roots[0], routed.engines[1].roots[0]]
+
+        def probe() -> tuple[int, str]:
+            r = run_cli("probe", *roots, timeout=120)
+            return r.returncode, r.stdout
+
+        assert probe()[0] == 0
+
+        async def storm() -> None:
+            async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+                async def one(i: int) -> None:
+                    body = {"model": "dsv4-mini", "max_tokens": 200, "stream": True, "messages": [
+                        {"role": "user", "content": "Read " + " ".join(f"f{i}_{j}.py" for j in range(40))}]}
+                    async with client.stream("POST", f"{routed.url}/chat/completions", json=body) as r:
+                        lines = 0
+                        async for _ in r.aiter_lines():
+                            lines += 1
+                            if lines > 5:
+                                return  # the client leaves while its answer streams
+                await asyncio.gather(*(one(i) for i in range(12)))
+
+        asyncio.run(storm())
+        time.sleep(2)
+        found, out = probe()
+        assert found == code, out
+        if fault:
+            assert "canary_timeout" in out and "/health answered 503" in out  # the prefill half says so itself
+    finally:
+        routed.stop()

@@ -68,21 +68,25 @@ def _free() -> int:
 def test_the_launcher_chooses_ports_again_when_one_was_taken(monkeypatch):
     from dsv4bench.engine import launcher
 
+    class Spawned:
+        def stop(self) -> None:
+            pass
+
     def taken_until(n: int):
         tries: list[object] = []
 
-        def start_once(*args: object) -> str:
-            tries.append(args)
+        def wait_ready(ep: object, timeout: float) -> None:
+            tries.append(ep)
             if len(tries) < n:
                 raise launcher._PortTaken("the bundled engine exited with code 2: error: ... Address already in use")
-            return "started"
-        return start_once, tries
+        return wait_ready, tries
 
-    start_once, tries = taken_until(launcher.PORT_ATTEMPTS)
-    monkeypatch.setattr(launcher, "_start_once", start_once)
-    assert launcher.start_engine(["--pd"]) == "started" and len(tries) == launcher.PORT_ATTEMPTS
-    start_once, tries = taken_until(launcher.PORT_ATTEMPTS + 1)
-    monkeypatch.setattr(launcher, "_start_once", start_once)
+    monkeypatch.setattr(launcher, "_spawn", lambda *args: Spawned())
+    wait_ready, tries = taken_until(launcher.PORT_ATTEMPTS)
+    monkeypatch.setattr(launcher, "_wait_ready", wait_ready)
+    assert isinstance(launcher.start_engine(["--pd"]), Spawned) and len(tries) == launcher.PORT_ATTEMPTS
+    wait_ready, tries = taken_until(launcher.PORT_ATTEMPTS + 1)
+    monkeypatch.setattr(launcher, "_wait_ready", wait_ready)
     with pytest.raises(launcher.EngineStartError, match="Address already in use"):
         launcher.start_engine([])
     assert len(tries) == launcher.PORT_ATTEMPTS

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dsv4bench.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, ORACLE_CODE, WEDGE_CODES
 from dsv4bench.history import read_history
-from dsv4bench.records import Verdict
+from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord, Verdict
 from dsv4bench.report.markdown import excerpt, fence, render_report
 from dsv4bench.summary import summarize
 
@@ -109,3 +109,40 @@ def test_excerpt_without_raw_uses_arguments(make_turn) -> None:
 
 def test_fence_outgrows_backticks() -> None:
     assert fence("a ``` b").startswith("````\n")
+
+
+def _readings(kept: TurnRecord, whole_content: str) -> TurnRecord:
+    """`kept` with --raw readings: deepseek-recipe and SGLang streamed as the server answered, SGLang whole apart."""
+    assert kept.response is not None
+    answer = AssembledResponse(content=kept.response.content, tool_calls=kept.response.tool_calls,
+                               finish_reason=kept.response.finish_reason)
+    whole = AssembledResponse(content=whole_content, stream=False, finish_reason="stop")
+    kept.oracles = OracleReadings("</think>" + whole_content, answer,
+                                  SglangReading("sglang 0.5.23", answer, whole, ["Dropping unclosed DeepSeek invoke"]))
+    return kept
+
+
+def test_parser_oracles_section(run_folder, make_turn) -> None:
+    run = {"run": "o", "command": "dsv4bench agents --raw",
+           "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"}}
+    turns = [make_turn("s1", 0), _readings(make_turn("s1", 1, content="Use the"), "Use the <｜DSML｜ marker.")]
+    md = render(run_folder(turns, run=run))
+    section = md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0]
+    assert "read by deepseek-recipe 0.2.0; sglang 0.5.23, beside the server's answer" in section
+    assert "Evidence, not verdicts" in section and "`parser_disagreement`" in section
+    assert "| server, deepseek-recipe | 0 |" in section and "| server, SGLang as the server answered | 0 |" in section
+    assert "| deepseek-recipe, SGLang as the server answered | 0 |" in section
+    assert "| SGLang streamed, SGLang whole | 1 |" in section
+    assert "- session `s1`, turn 1 (coding):" in section
+    assert "tool call names: server = deepseek-recipe = SGLang streamed '[\"read_file\"]'; SGLang whole '[]'" in section
+    assert "  - SGLang: Dropping unclosed DeepSeek invoke" in section
+    assert "</think>Use the &lt;" not in section and "</think>Use the <｜DSML｜ marker." in section  # fenced, as is
+
+
+def test_parser_oracles_section_without_sglang_or_disagreement(run_folder, make_turn) -> None:
+    run = {"run": "o", "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0",
+                                   "sglang": "SGLang's parser not installed (No module named 'sglang')"}}
+    md = render(run_folder([make_turn()], run=run))
+    assert "SGLang's parser not installed (No module named 'sglang')" in md
+    assert md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0].rstrip().endswith("No turn's readings disagreed.")
+    assert "## Parser oracles" not in render(run_folder([make_turn()]))  # a run without --raw
