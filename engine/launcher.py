@@ -72,21 +72,26 @@ class EngineProcess:
         return [f"{root}/metrics" for root in self.roots]
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        if self._log is not None:
-            self._log.close()  # type: ignore[attr-defined]
+        stop_child(self.proc, self._log, timeout)
 
     def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_child(proc: subprocess.Popen, log: object, timeout: float = 10.0) -> None:
+    """Stop a child process we started (SIGTERM, then SIGKILL after `timeout`) and close its log."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    if log is not None:
+        log.close()  # type: ignore[attr-defined]
 
 
 def die_with_parent() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from .launcher import EngineProcess, EngineStartError, die_with_parent, free_ports, start_engine, start_engines
+from .launcher import EngineProcess, EngineStartError, die_with_parent, free_ports, start_engine, start_engines, stop_child
 
 HOST = "127.0.0.1"
 MISSING = "SGLang's router is not installed: pip install 'dsv4bench[sglang]'"
@@ -55,15 +55,7 @@ class SGLangRouter:
         return f"http://{HOST}:{self.prometheus_port}/metrics"
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        if self._log is not None:
-            self._log.close()  # type: ignore[attr-defined]
+        stop_child(self.proc, self._log, timeout)
 
 
 def installed() -> bool:
