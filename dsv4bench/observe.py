@@ -40,6 +40,11 @@ class ServerWatch:
         self.canaries: list[CanaryResult] = []
         self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
 
+    def know_roles(self, roles: dict[str, Role]) -> None:
+        """Roles already found (discovery.py: a worker the router lists keeps the role it is
+        listed with even when it states none itself), so they are not asked again."""
+        self._roles.update({root: role for root, role in roles.items() if role.known})
+
     def start(self, tg: anyio.abc.TaskGroup, client: httpx.AsyncClient) -> None:
         """With --metrics: scrape every endpoint and poll every server's /health, in `tg`,
         until it is cancelled."""

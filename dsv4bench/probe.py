@@ -4,7 +4,9 @@ The manual probe during the incident was: read each server's queue gauges, hit `
 send one request and see whether it hangs. This does that, concurrently per endpoint, each
 endpoint judged by its role (roles.py, read from the server itself): a router or a unified
 server gets a canary; a prefill or a decode server takes no chat, so it is judged by its
-gauges, `/health` and `/health_generate`.
+gauges, `/health` and `/health_generate`. The endpoints are the roots given and every server
+their routers list (discovery.py): `probe ROUTER` probes the router and each of its workers,
+and says what each reports of its settings.
 
 The gauges are read twice, before and after the checks, and where a queue holds requests and
 nothing hung, a third time `stuck_s` later: a queue that never shrinks while a request hangs,
@@ -37,10 +39,11 @@ from rich.text import Text
 
 from .canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
                      check_health)
+from .discovery import DEFAULT_TIMEOUT_S, Deployment, discover, settings_phrase
 from .monitor import parse_metrics
 from .dialect import counters, is_counter, is_queue_gauge, metric_name
-from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of, stated_role
-from .wedge import WedgeConfig, detect_wedge
+from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of
+from .wedge import WedgeConfig, detect_wedge, failures_rose
 
 DEFAULT_STUCK_S = 2.0
 STATES = ("healthy", "unhealthy", "wedged", "error", "unreachable")
@@ -65,6 +68,7 @@ class EndpointProbe:
     codes: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # the evidence, one line each
     errors: list[str] = field(default_factory=list)  # checks that got an answer they cannot judge by
+    failures: list[str] = field(default_factory=list)  # failure counters that rose during the probe: evidence
     looks: list[tuple[int, dict[str, float]]] = field(default_factory=list, repr=False)  # (t_ns, queues + counters)
 
     def gauge_sum(self, names: tuple[str, ...]) -> float | None:
@@ -81,6 +85,7 @@ class EndpointProbe:
 @dataclass
 class ProbeResult:
     endpoints: list[EndpointProbe]
+    deployment: Deployment | None = None  # what discovery found, settings and all
 
     def to_json(self) -> dict[str, Any]:
         eps = []
@@ -91,7 +96,10 @@ class ProbeResult:
             for name, check in (("health", e.health), ("health_generate", e.health_generate), ("canary", e.canary)):
                 d[name] = check.as_dict() if check is not None else {}
             eps.append(d)
-        return {"exit_code": probe_exit_code(self), "endpoints": eps}
+        out: dict[str, Any] = {"exit_code": probe_exit_code(self), "endpoints": eps}
+        if self.deployment is not None:
+            out["deployment"] = self.deployment.as_dict()
+        return out
 
 
 def _kept(values: dict[str, float]) -> dict[str, float]:
@@ -125,20 +133,11 @@ async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
 
 
 async def _first_look(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
-    """The gauges and the role: the scrape also tells the role where /get_server_info does not."""
-    got: dict[str, Any] = {}
-
-    async def scrape() -> None:
-        got["values"] = await _scrape(client, ep, timeout)
-
-    async def stated() -> None:
-        got["info"], got["workers"] = await stated_role(client, ep.root, timeout)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(scrape)
-        tg.start_soon(stated)
-    role = role_of(got["info"], got["values"], got["workers"])
-    ep.role, ep.role_source = role.name, role.source
+    """The gauges; and the role, from this scrape, where discovery found none."""
+    values = await _scrape(client, ep, timeout)
+    if ep.role == UNKNOWN and values is not None:
+        role = role_of(None, values, None)
+        ep.role, ep.role_source = role.name, role.source
 
 
 async def _models(client: httpx.AsyncClient, root: str, timeout: float) -> tuple[str | None, int | None]:
@@ -253,6 +252,8 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
     found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=[ep.canary] if ep.canary is not None else [])
     codes = {c for f in found.values() for c in f.codes}
     ep.reasons.extend(_code_evidence(ep, codes))
+    if len(ep.looks) >= 2:
+        ep.failures = failures_rose(ep.looks[0][1], ep.looks[-1][1])
     # A worker behind a router whose canary hung is part of that hang: its queues are judged by it.
     hang = _hung(ep) or (deployment_hang if ep.role in WORKERS else None)
     codes |= _judge_queues(ep, hang, stuck_s)
@@ -293,11 +294,14 @@ async def _each(eps: list[EndpointProbe], fn: Any, client: httpx.AsyncClient, ti
 
 
 async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-                      api_key: str | None = None) -> ProbeResult:
-    """Probe every endpoint concurrently; each check is bounded by `timeout` seconds."""
-    eps = [EndpointProbe(root=e.rstrip("/")) for e in endpoints]
+                      api_key: str | None = None, follow_workers: bool = True) -> ProbeResult:
+    """Probe every endpoint, and with `follow_workers` every server their routers list,
+    concurrently; each check is bounded by `timeout` seconds."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
+        deployment = await discover(endpoints, client, timeout=min(timeout, DEFAULT_TIMEOUT_S),
+                                    follow_workers=follow_workers)
+        eps = [EndpointProbe(root=e.root, role=e.role, role_source=e.role_source) for e in deployment.endpoints]
         await _each(eps, _first_look, client, timeout)
         await _each(eps, _checks, client, timeout)
         await _each(eps, _scrape, client, timeout)
@@ -309,7 +313,7 @@ async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: floa
             await _each(waiting, _scrape, client, timeout)
     for ep in eps:
         _classify(ep, hang, stuck_s)
-    return ProbeResult(eps)
+    return ProbeResult(eps, deployment)
 
 
 def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
@@ -321,9 +325,9 @@ def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
 
 
 def probe(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-          api_key: str | None = None) -> ProbeResult:
+          api_key: str | None = None, follow_workers: bool = True) -> ProbeResult:
     """Synchronous wrapper around probe_async (the CLI and tests call this)."""
-    return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key)
+    return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key, follow_workers)
 
 
 def probe_exit_code(result: ProbeResult) -> int:
@@ -386,8 +390,24 @@ def _gauge_cell(ep: EndpointProbe) -> Text:
     return text
 
 
+def _found_cell(result: ProbeResult, ep: EndpointProbe) -> Text | None:
+    """How discovery came to it (a router listed it) and what it reports of its settings."""
+    found = result.deployment.endpoint(ep.root) if result.deployment is not None else None
+    if found is None or not (found.answered or found.listed_as):
+        return None
+    text = Text()
+    if found.listed_as is not None:
+        health = {True: ", healthy", False: ", not healthy", None: ""}[found.listed_healthy]
+        text.append(f"listed by the router as {found.listed_as}{health}", style="dim")
+        text.append(" · " if found.answered else "", style="dim")
+    if found.answered:
+        text.append(settings_phrase(found))
+    return text
+
+
 def render_probe(result: ProbeResult, console: Console) -> None:
-    """Per endpoint: `role  root: state (codes)`, then its gauges, health, canary and the evidence."""
+    """Per endpoint: `role  root: state (codes)`, then its settings, gauges, health, canary and
+    the evidence."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, min_width=8)
     grid.add_column(overflow="fold")
@@ -396,6 +416,9 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         head = Text(f"{ep.root}: ")
         head.append(f"{ep.state}{codes}", style=_COLORS.get(ep.state, ""))
         grid.add_row(Text(ep.role if ep.role in ROLES else "unknown", style="bold"), head)
+        found = _found_cell(result, ep)
+        if found is not None:
+            grid.add_row("  config", found)
         grid.add_row("  gauges", _gauge_cell(ep))
         grid.add_row("  health", Text(f"{_health_cell('/health', ep.health)} · "
                                       f"{_health_cell('/health_generate', ep.health_generate)}"))
@@ -406,6 +429,8 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         errors = [e for e in ep.errors if not e.startswith("canary: ")]
         for i, error in enumerate(errors):
             grid.add_row("  check" if i == 0 else "", Text(error, style="yellow"))
+        if ep.failures:
+            grid.add_row("  failed", Text(f"{', '.join(ep.failures)} during the probe"))
     console.print(grid)
     counts = {s: sum(e.state == s for e in result.endpoints) for s in STATES}
     words = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -413,9 +438,9 @@ def render_probe(result: ProbeResult, console: Console) -> None:
 
 
 def probe_main(endpoints: list[str], timeout: float, json_out: Path | None, stuck_s: float = DEFAULT_STUCK_S,
-               api_key: str | None = None, console: Console | None = None) -> int:
+               api_key: str | None = None, console: Console | None = None, follow_workers: bool = True) -> int:
     """CLI body of `dsv4bench probe`: blocks to stdout, optional JSON file, exit code returned."""
-    result = probe(endpoints, timeout, stuck_s, api_key)
+    result = probe(endpoints, timeout, stuck_s, api_key, follow_workers)
     render_probe(result, console or Console())
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

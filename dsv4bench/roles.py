@@ -9,7 +9,8 @@ server itself:
    (`sgl_router_` in older releases) and a `/workers` list. This comes first because a router
    may pass `/get_server_info` on to one of its workers and so speak with a worker's voice.
 2. `/get_server_info`: SGLang's `disaggregation_mode` ("null", "prefill", "decode"); the
-   bundled engine's `engine_type` ("unified", "router", "prefill", "decode").
+   bundled engine's `engine_type` ("unified", "router", "prefill", "decode"); SGLang's router
+   (0.3) answers it for itself with `router_manager`.
 3. the `engine_type` label of its `/metrics` series (SGLang and the bundled engine), but not a
    "unified" one from a release that labels PD workers so too; a server with vLLM's metrics is
    a unified server.
@@ -108,6 +109,8 @@ def role_from_server_info(info: Any) -> Role | None:
     """The role a `/get_server_info` answer states, or None when it states none."""
     if not isinstance(info, dict):
         return None
+    if info.get("router_manager") is True:
+        return Role(ROUTER, "/get_server_info router_manager")
     mode = info.get("disaggregation_mode")
     if isinstance(mode, str) and mode.lower() in WORKERS:
         return Role(mode.lower(), "/get_server_info disaggregation_mode")

@@ -11,6 +11,7 @@ import anyio
 
 from .checks.parser_view import oracle_versions
 from .config import RunConfig
+from .discovery import Deployment
 from .driver import AgentRun
 from .exporter import ExporterError, HarnessExporter
 from .history import HistoryWriter
@@ -63,6 +64,9 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             history.close()
             raise
     driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference)
+    deployment = Deployment.from_dict(facts.get("deployment"))
+    if deployment is not None:
+        driver.watch.know_roles(deployment.roles())
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):

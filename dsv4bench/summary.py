@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
+from .discovery import Deployment
 from .history import History, history_gaps
 from .records import TurnRecord, TurnStatus
 
@@ -275,7 +276,16 @@ def summarize(history: History) -> dict[str, Any]:
         "events": dict(sorted(Counter(str(e.get("kind")) for e in history.events).items())),
         "wedge": wedge,
         "reference": _reference(history, counts),
+        "deployment": _deployment(history),
     }
+
+
+def _deployment(history: History) -> dict[str, Any] | None:
+    """The servers found at the start (run.json's server.deployment, discovery.py), each with
+    its role, /metrics and reported settings; None for a run that recorded none."""
+    server = history.run.get("server")
+    dep = Deployment.from_dict(server.get("deployment")) if isinstance(server, dict) else None
+    return dep.as_dict() if dep is not None and dep.endpoints else None
 
 
 def _reference(history: History, counts: dict[str, int]) -> dict[str, Any] | None:

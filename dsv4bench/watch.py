@@ -29,7 +29,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, is_queue_gauge, metric_name
+from .dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, current_name, is_queue_gauge, metric_name
 from .monitor import MetricSample, scrape_once
 from .roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
                     role_gauges)
@@ -58,7 +58,8 @@ def sparkline(values: list[float]) -> str:
 
 
 def _gauge_sort_key(series: str) -> tuple[int, str]:
-    name = metric_name(series)
+    # An older release's name sorts with its current one.
+    name = current_name(metric_name(series))
     order = QUEUE_GAUGES.index(name) if name in QUEUE_GAUGES else len(QUEUE_GAUGES)
     return order, series
 

@@ -18,6 +18,10 @@ Verdicts (the wedge family of codes.py):
 - `health_lies`: that canary hung while the same server's latest `/health` answered 200; for a
   server that gets no canary (a prefill or decode server), its `/health_generate` hung while
   its `/health` answered 200.
+
+Failure counters that rose in the drain window (bootstrap or transfer failures, the router's
+retries: dialect.failures) are evidence beside the codes, never a code: a failed transfer
+that was retried is no wedge, but next to a stuck transfer queue it says where to look.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .canary import OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
-from .dialect import RUNNING, counters, generation_tokens, is_queue_gauge, metric_name
+from .dialect import RUNNING, counters, failures, generation_tokens, is_queue_gauge, metric_name
 from .monitor import MetricSample
 
 _NS = 1_000_000_000
@@ -128,7 +132,17 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
                 found.details.append(f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
                                         f"while {gained:g} tokens were generated for no client")
     found.codes = sorted(codes)
+    rose = failures_rose(series[0][1], last)
+    if rose:
+        found.details.append(f"failures counted on {endpoint} after load stop: {', '.join(rose)}")
     return found
+
+
+def failures_rose(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """`name +n` for each failure counter series that rose from one scrape to a later one (a
+    counter that fell was reset by a restart: no count)."""
+    was = failures(before)
+    return [f"{k} +{v - was.get(k, 0.0):g}" for k, v in sorted(failures(after).items()) if v > was.get(k, 0.0)]
 
 
 def _latest(health: list[HealthResult], origin: str, path: str) -> HealthResult | None:

@@ -77,7 +77,7 @@ class EngineConfig:
     hicache: bool = False
     hicache_host_pages: int = 0
     hicache_load_gbps: float = 0.25
-    pd: bool = False  # prefill/decode disaggregation (engine/pd/; ports and link in pd.serve.PDConfig)
+    pd: bool = False  # prefill/decode disaggregation (engine/pd/; its processes: DeploymentConfig)
     # Planted bug mechanisms (faults.py); empty = the clean engine. Names (as the CLI passes
     # them) or Fault members; __post_init__ makes them Faults.
     faults: frozenset[Fault] = frozenset()
@@ -105,3 +105,36 @@ class EngineConfig:
                 raise ValueError(f"fault {fault} needs PD mode (--pd)")
         if self.pd and self.hicache:
             raise ValueError("HiCache is not available in PD mode")
+
+
+ROUTERS = ("bundled", "sglang")
+ROUTER_PORT = 8000  # the router's port when --port is not given (SGLang's PD examples use it)
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """Where each part listens (the router: ServerConfig.port) and how the parts are joined."""
+
+    router: str = "bundled"  # ours, or SGLang's ("sglang")
+    prefill_port: int = 30000
+    decode_port: int = 30002
+    worker_port: int = 30000  # the unified engine's, behind SGLang's router without --pd
+    bootstrap_port: int = 8998  # SGLang's --disaggregation-bootstrap-port default
+    router_metrics_port: int = 29000  # SGLang's router's --prometheus-port default
+    # NOTE: KV transfer bandwidth (0 = memory speed), scaled to this engine: a prompt's KV
+    # takes a fraction of a decode step to move, as over RDMA between real PD servers.
+    link_gbps: float = 0.1
+    # NOTE: under the 5 s a probing client (the harness) waits, so it hears the 503.
+    health_timeout_s: float = 4.0
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"the router is {' or '.join(ROUTERS)}, not {self.router!r}")
+        for name in ("prefill_port", "decode_port", "worker_port", "bootstrap_port", "router_metrics_port"):
+            if not 1 <= getattr(self, name) <= 65535:
+                raise ValueError(f"the {name.replace('_', ' ')} must be in 1..65535")
+        if self.link_gbps < 0:
+            raise ValueError("the link bandwidth must be >= 0")
+        if self.health_timeout_s <= 0:
+            raise ValueError("the health timeout must be > 0")

@@ -34,22 +34,22 @@ __all__ = ["Frontend", "PreparedRequest", "RequestError"]
 
 _MAX_STOP = 16
 _TOOL_CHOICES = ("auto", "none", "required")
-_U32 = 2**32 - 1  # deepseek-recipe's max_tokens is a u32
+U32 = 2**32 - 1  # deepseek-recipe's max_tokens is a u32
+# SGLang's PD fields, which a PD router adds to the body it sends both halves.
+BOOTSTRAP_FIELDS = {"bootstrap_host": Field((str,)), "bootstrap_port": Field((int,), 1, 65535),
+                    "bootstrap_room": Field((int,), 0, 2**63 - 1)}
 
 # Top-level fields and what they may hold. Fields the engine ignores are checked too where
 # OpenAI or deepseek-recipe define them, so that a wrong type is a 400 naming the field.
 _COMMON = {
-    "model": Field((str,)), "stream": Field((bool,)), "max_tokens": Field((int,), 1, _U32),
+    "model": Field((str,)), "stream": Field((bool,)), "max_tokens": Field((int,), 1, U32),
     "temperature": Field(NUMBER, 0, 2), "top_p": Field(NUMBER, 0, 1, low_open=True), "seed": Field((int,), 0, SEED_MAX),
     "stop": Field((str, list)), "stream_options": Field((dict,)), "stop_token_ids": Field((list,)),
     "n": Field((int,), 1, 128), "presence_penalty": Field(NUMBER, -2, 2), "frequency_penalty": Field(NUMBER, -2, 2),
-    "user": Field((str,)), "logit_bias": Field((dict,)),
-    "bootstrap_host": Field((str,)), "bootstrap_port": Field((int,), 1, 65535),
-    "bootstrap_room": Field((int,), 0, 2**63 - 1),
+    "user": Field((str,)), "logit_bias": Field((dict,)), **BOOTSTRAP_FIELDS,
 }
-_BOOTSTRAP = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 _CHAT = {**_COMMON, "messages": Field((list,)), "tools": Field((list,)), "tool_choice": Field((str, dict)),
-         "chat_template_kwargs": Field((dict,)), "max_completion_tokens": Field((int,), 1, _U32),
+         "chat_template_kwargs": Field((dict,)), "max_completion_tokens": Field((int,), 1, U32),
          "logprobs": Field((bool,)), "top_logprobs": Field((int,), 0, 20), "parallel_tool_calls": Field((bool,)),
          "response_format": Field((dict,)), "reasoning_effort": Field((str, dict)), "thinking": Field((dict,)),
          "metadata": Field((dict,)), "store": Field((bool,))}
@@ -114,6 +114,26 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def bootstrap_fields(body: dict[str, Any]) -> Bootstrap | None:
+    """The PD bootstrap fields: all three, or none (a request for a unified server)."""
+    given = [name for name in BOOTSTRAP_FIELDS if body.get(name) is not None]
+    if not given:
+        return None
+    missing = [name for name in BOOTSTRAP_FIELDS if name not in given]
+    if missing:
+        raise RequestError(400, f"'{missing[0]}' is required with {', '.join(given)}", missing[0])
+    return Bootstrap(body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"])
+
+
+def stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    """`body`'s `stop` (a string or a list of them) as a tuple, checked."""
+    stop = body.get("stop")
+    stops = tuple([stop] if isinstance(stop, str) else stop or ())
+    if len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(400, f"'stop' must be up to {_MAX_STOP} non-empty strings", "stop")
+    return stops
+
+
 class Frontend:
     """OpenAI bodies -> `PreparedRequest`; engine events -> OpenAI chunks (via deepseek-recipe)."""
 
@@ -162,7 +182,7 @@ class Frontend:
             prompt_ids = self.encoding.encode(conv.conversation)
         except (RuntimeError, *_INPUT_ERRORS) as exc:
             raise RequestError(400, f"cannot encode the prompt: {_short(str(exc))}", "messages") from None
-        self._check_context(len(prompt_ids), "messages")
+        self.check_context(len(prompt_ids), "messages")
         try:
             max_tokens = conv.resolve_max_tokens(len(prompt_ids), self.max_context)
         except dr.ConversionError as exc:
@@ -170,11 +190,11 @@ class Frontend:
             err.param, err.code = "max_tokens", "context_length_exceeded"
             raise err from None
         io = conv.inference_options
-        params = self._sampling(body, max_tokens, io.temperature, io.top_p, io.seed)
+        params = self.sampling(body, max_tokens, io.temperature, io.top_p, io.seed)
         return PreparedRequest(
             rid=f"chatcmpl-{uuid.uuid4().hex}", model=model, prompt_ids=prompt_ids, params=params,
             stream=conv.stream, include_usage=self._include_usage(body), thinking=conv.conversation.thinking_mode,
-            conversation=conv, bootstrap=self._bootstrap(body))
+            conversation=conv, bootstrap=bootstrap_fields(body))
 
     def prepare_completion(self, body: Any) -> PreparedRequest:
         """Validate a /v1/completions body: a raw prompt encoded with the full vocabulary, so
@@ -190,24 +210,13 @@ class Frontend:
         if not prompt_ids:
             raise RequestError(400, "'prompt' must be a non-empty string or list of token ids", "prompt")
         requested = body.get("max_tokens")
-        self._check_context(len(prompt_ids), "prompt", requested)
-        params = self._sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
+        self.check_context(len(prompt_ids), "prompt", requested)
+        params = self.sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
         return PreparedRequest(
             rid=f"cmpl-{uuid.uuid4().hex}", model=body.get("model") or self.model_name,
             prompt_ids=prompt_ids, params=params, stream=bool(body.get("stream")),
             include_usage=self._include_usage(body), skip_special_tokens=body.get("skip_special_tokens") is not False,
-            stop=self._stops(body), bootstrap=self._bootstrap(body))
-
-    @staticmethod
-    def _bootstrap(body: dict[str, Any]) -> Bootstrap | None:
-        """The PD bootstrap fields: all three, or none (a request for a unified server)."""
-        given = [name for name in _BOOTSTRAP if body.get(name) is not None]
-        if not given:
-            return None
-        missing = [name for name in _BOOTSTRAP if name not in given]
-        if missing:
-            raise RequestError(400, f"'{missing[0]}' is required with {', '.join(given)}", missing[0])
-        return Bootstrap(body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"])
+            stop=stop_strings(body), bootstrap=bootstrap_fields(body))
 
     def _common_checks(self, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -216,21 +225,17 @@ class Frontend:
         check_fields(body, fields)
         if body.get("stream_options") is not None and not body.get("stream"):
             raise RequestError(400, "stream_options should be set along with stream = true", "stream_options")
-        ids = body.get("stop_token_ids") or []
-        if not all(type(i) is int and 0 <= i < self.tokenizer.vocab_size for i in ids):
-            raise RequestError(400, "'stop_token_ids' must be token ids of this model", "stop_token_ids")
-        self._stops(body)
+        self.check_token_ids(body.get("stop_token_ids") or [], "stop_token_ids")
+        stop_strings(body)
         return body
 
-    @staticmethod
-    def _stops(body: dict[str, Any]) -> tuple[str, ...]:
-        stop = body.get("stop")
-        stops = tuple([stop] if isinstance(stop, str) else stop or ())
-        if len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError(400, f"'stop' must be up to {_MAX_STOP} non-empty strings", "stop")
-        return stops
+    def check_token_ids(self, ids: list[Any], param: str) -> None:
+        """Refuse (400, naming `param`) a list holding anything but token ids of this model."""
+        if not all(type(i) is int and 0 <= i < self.tokenizer.vocab_size for i in ids):
+            raise RequestError(400, f"'{param}' must be token ids of this model", param)
 
-    def _check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
+    def check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
+        """Refuse (400) a prompt, or a prompt with `max_tokens` to generate, beyond the context."""
         if prompt_tokens + (max_tokens or 1) > self.max_context:
             asked = (f"requested {prompt_tokens} in the prompt and {max_tokens} to generate" if max_tokens
                      else f"your prompt has {prompt_tokens} tokens")
@@ -253,8 +258,8 @@ class Frontend:
         return bool((body.get("stream_options") or {}).get("include_usage")) and bool(body.get("stream"))
 
     @staticmethod
-    def _sampling(body: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
-                  seed: int | None) -> SamplingParams:
+    def sampling(body: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
+                 seed: int | None) -> SamplingParams:
         """Explicit temperature / top_p win (SGLang); unset ones take the recipe's value (or 1.0)."""
         t, p = body.get("temperature"), body.get("top_p")
         try:

@@ -2,7 +2,9 @@
 
 Used by `dsv4bench agents` when no --url is given: the run then targets the engine, wires its
 /metrics into the run, and the engine goes away with the run (also on Ctrl-C). With `--pd` in
-the engine's flags it gets three ports (router, prefill, decode), and the run scrapes all three.
+the engine's flags the child is a deployment (engine/deployment.py): a router on the API port
+and a prefill and a decode process behind it, each scraped; with `--router sglang` the router
+is SGLang's, whose own metrics are on a Prometheus port of their own.
 
 The engine binds its ports before it loads anything and says so in one line when it cannot
 (engine/serve.py); a port taken by someone else between choosing it here and binding it there
@@ -20,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -47,29 +50,33 @@ class EngineProcess:
 
     proc: subprocess.Popen
     host: str
-    port: int  # the OpenAI API's: the engine's, or in PD mode the router's
+    port: int  # the OpenAI API's: the engine's, or the router's in front of the workers
     log_path: Path
     _log: object = field(repr=False, default=None)
-    server_ports: tuple[int, ...] = ()  # PD mode: the prefill and decode servers'
+    server_ports: tuple[int, ...] = ()  # the workers behind the router: prefill and decode, or one unified
+    router_metrics_port: int | None = None  # SGLang's router: its Prometheus port (its API port has no /metrics)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     @property
-    def metrics_url(self) -> str:
-        """The /metrics of the server behind `url`."""
-        return f"http://{self.host}:{self.port}/metrics"
+    def roots(self) -> list[str]:
+        """Every server's root: the engine's, or the router's and then each worker's."""
+        return [f"http://{self.host}:{p}" for p in (self.port, *self.server_ports)]
 
     @property
-    def roots(self) -> list[str]:
-        """Every server's root: the engine's, or the router's, prefill's and decode's."""
-        return [f"http://{self.host}:{p}" for p in (self.port, *self.server_ports)]
+    def metrics_url(self) -> str:
+        """The /metrics of the server behind `url` (SGLang's router: its Prometheus port's)."""
+        return self.metrics_urls[0]
 
     @property
     def metrics_urls(self) -> list[str]:
         """Every server's /metrics, for the run to scrape."""
-        return [f"{root}/metrics" for root in self.roots]
+        own = [f"{root}/metrics" for root in self.roots]
+        if self.router_metrics_port is None:
+            return own
+        return [f"http://{self.host}:{self.router_metrics_port}/metrics", *own[1:]]
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_child(self.proc, self._log, timeout)
@@ -79,6 +86,16 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def spawn_child(cmd: list[str], log: Any = None) -> subprocess.Popen:
+    """Start a child that dies with the calling thread (and so with us, even when we are
+    SIGKILLed); its output goes to `log`, or to ours."""
+    # NOTE: PR_SET_PDEATHSIG fires when the spawning *thread* exits, so this must be called from
+    # a thread that lives as long as the child should: the caller's main one, never a pool's.
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
+                            stdin=subprocess.DEVNULL, env=os.environ.copy(),
+                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
 
 
 def stop_child(proc: subprocess.Popen, log: object, timeout: float = 10.0) -> None:
@@ -138,22 +155,40 @@ class _PortTaken(EngineStartError):
     """A port chosen as free was taken before the engine could bind it."""
 
 
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in an argument list (`--flag V` or `--flag=V`; the last one wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
 def _spawn(extra_args: list[str], log_dir: Path | None, index: int = 0) -> EngineProcess:
     host = "127.0.0.1"
-    pd = "--pd" in extra_args
-    port, *server_ports = free_ports(3 if pd else 1, host)
-    ports = ["--prefill-port", str(server_ports[0]), "--decode-port", str(server_ports[1])] if pd else []
+    pd, sglang = "--pd" in extra_args, flag_value(extra_args, "--router") == "sglang"
+    port, *ports = free_ports(1 + (3 if pd else 1 if sglang else 0) + (1 if sglang else 0), host)
+    flags: list[str] = []
+    if pd:
+        flags += ["--prefill-port", str(ports[0]), "--decode-port", str(ports[1]), "--bootstrap-port", str(ports[2])]
+        server_ports = ports[:2]
+    elif sglang:
+        flags += ["--worker-port", str(ports[0])]
+        server_ports = ports[:1]
+    else:
+        server_ports = []
+    router_metrics_port = ports[-1] if sglang else None
+    if router_metrics_port is not None:
+        flags += ["--router-metrics-port", str(router_metrics_port)]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="dsv4bench-engine-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
     log = open(log_path, "w", encoding="utf-8")
-    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *ports,
+    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *flags,
            *extra_args]
-    # NOTE: the child dies with the thread that spawns it (PR_SET_PDEATHSIG), so this must be
-    # a thread that lives as long as the run: the caller's, never a pool's.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ.copy(),
-                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
-    return EngineProcess(proc, host, port, log_path, log, tuple(server_ports))
+    return EngineProcess(spawn_child(cmd, log), host, port, log_path, log, tuple(server_ports), router_metrics_port)
 
 
 def _wait_ready(ep: EngineProcess, startup_timeout: float) -> None:
@@ -165,12 +200,23 @@ def _wait_ready(ep: EngineProcess, startup_timeout: float) -> None:
             tail = lines[-1:] or ["(no output)"]
             message = f"the bundled engine exited with code {ep.proc.returncode}: {tail[0]} (log: {ep.log_path})"
             raise (_PortTaken if _PORT_TAKEN in tail[0] else EngineStartError)(message)
-        try:
-            if all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
-                return
-        except httpx.HTTPError:
-            pass
+        if _ready(ep):
+            return
         time.sleep(0.25)
     ep.stop()
     raise EngineStartError(f"the bundled engine did not answer /health within {startup_timeout:.0f} s "
                            f"(log: {ep.log_path})")
+
+
+def _ready(ep: EngineProcess) -> bool:
+    """Every server answers /health 200, and a router lists every worker healthy (SGLang's
+    answers its own /health before it has registered them)."""
+    try:
+        if not all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
+            return False
+        if not ep.server_ports:
+            return True
+        listed = httpx.get(f"{ep.roots[0]}/workers", timeout=5.0).json().get("workers", [])
+        return len(listed) == len(ep.server_ports) and all(w.get("is_healthy") for w in listed)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False

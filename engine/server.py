@@ -1,5 +1,9 @@
 """The HTTP server: OpenAI and SGLang endpoints over an engine, as a Starlette app.
 
+SGLang's native `/generate` (engine/native_api.py) goes the same way as the OpenAI generation
+endpoints (`_Server._generate`): edge checks, the PD halves' room rule and health-probe header,
+disconnects and aborts.
+
 `build_app(engine, frontend, cfg)` needs only the engine interface, `ServingEngine`
 (engine/serving_engine.py: `generate`, `abort`, `stats`, `flush_cache`, `alive`, `max_context`,
 `eos_token_id`, and its EngineConfig as `cfg`, which feeds /get_server_info,
@@ -23,8 +27,8 @@ sampling raised in the loop, say) is a 500 JSON, or an in-band error event endin
 
 Authentication: with `api_key` every path needs `Authorization: Bearer KEY` except `/health`
 and `/metrics`, open by default because Kubernetes probes and Prometheus scrapers usually
-carry no key; `auth_health_metrics` closes them too. The PD prefill and decode servers
-(engine/pd/http.py) use the same middleware and the same rule.
+carry no key; `auth_health_metrics` closes them too. The PD halves are this app too, and
+our PD router (engine/pd/http_router.py) uses the same middleware and the same rule.
 
 Planted faults (engine/faults.py, engine/STRUCTURE.md "Faults") living here: `ghost-decode`
 (engine/generations.py), `health-lies` (`/health` answers from the liveness flag) and `parser-split`
@@ -59,6 +63,7 @@ from .faults import Fault
 from .frontend import Frontend
 from .prepared_request import PreparedRequest
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .native_api import NativeAPI
 from .outputs import TokenEventLike
 from .request import HEALTH_PROBE_PREFIX, FinishReason, SamplingParams
 from .request_limits import RequestError, parse_json, read_body
@@ -166,11 +171,19 @@ def request_error(exc: BaseException) -> RequestError | None:
     return None
 
 
+def model_list(model_name: str, max_context: int) -> dict[str, Any]:
+    """`/v1/models`: the one model every server of the engine serves (the PD router's too)."""
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "dsv4bench", "root": model_name,
+            "max_model_len": max_context}
+    return {"object": "list", "data": [card]}
+
+
 class _Server:
     """The handlers, bound to one engine, front end and config."""
 
     def __init__(self, engine: ServingEngine, frontend: Frontend, cfg: ServerConfig) -> None:
         self.engine, self.frontend, self.cfg = engine, frontend, cfg
+        self.native = NativeAPI(frontend)
         self.engine_cfg = engine.cfg
         self.metrics = ServerMetrics(engine.stats, cfg.model_name, cfg.engine_type, self.engine_cfg.page_size)
         faults = self.engine_cfg.faults
@@ -207,6 +220,8 @@ class _Server:
                                "bootstrap_port and bootstrap_room are required", "bootstrap_room")
         if self.pd_half and request.headers.get(HEALTH_PROBE_HEADER) == "1":
             req.rid = f"{HEALTH_PROBE_PREFIX}{req.rid}"
+        if req.rid in self.generations.active:  # a client's own rid (/generate): the engine keys requests by it
+            raise RequestError(400, f"request id {req.rid!r} is already in flight", "rid")
         if not self.engine.alive():
             raise RequestError(503, "the engine is not running", code="engine_unavailable")
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}
@@ -246,11 +261,13 @@ class _Server:
                 await gen.close(completed)
 
     async def models(self, request: Request) -> Response:
-        card = {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "dsv4bench",
-                "root": self.cfg.model_name, "max_model_len": self.engine.max_context}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse(model_list(self.cfg.model_name, self.engine.max_context))
 
     # ---- SGLang ----------------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Response:
+        """SGLang's native `/generate`."""
+        return await self._generate(request, self.native.prepare, self.native.stream, self.native.collect)
 
     async def health(self, request: Request) -> Response:
         if self.pd_half:
@@ -354,6 +371,7 @@ def build_app(engine: ServingEngine, frontend: Frontend, server_cfg: ServerConfi
         Route("/v1/chat/completions", guarded(s.chat), methods=["POST"]),
         Route("/v1/completions", guarded(s.completions), methods=["POST"]),
         Route("/v1/models", guarded(s.models), methods=["GET"]),
+        Route("/generate", guarded(s.generate), methods=["POST"]),
         Route("/health", guarded(s.health), methods=["GET"]),
         Route("/health_generate", guarded(s.health_generate), methods=["GET"]),
         Route("/server_info", guarded(s.server_info), methods=["GET"]),

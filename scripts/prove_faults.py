@@ -12,7 +12,16 @@ code was found, the codes seen, and the time to first detection (from the start 
 the end of the first turn carrying an expected corruption code, or to the end of the drain window
 that concluded a wedge).
 
+With `--router sglang` every engine runs behind SGLang's real router (`agents --engine-router
+sglang`: in PD mode the two halves as processes behind it, else one engine behind it in regular
+mode), and the table's router column names its version. That router answers `/health` from its
+own liveness, so a wedged deployment behind it reads `health_lies` on the router whatever the
+engine does: that finding is kept apart (`health_lies@router`) and never counts as finding the
+`health-lies` fault, which must then show on a server behind the router.
+
     python scripts/prove_faults.py --runs 5 --table proof.md --reports reports/
+    python scripts/prove_faults.py --runs 5 --router sglang --only abort-leak --only bootstrap-stall \
+        --only ghost-decode --only health-lies
 """
 
 from __future__ import annotations
@@ -27,11 +36,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl
 from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
+ROUTERS = ("bundled", "sglang")  # what fronts the bundled engine (agents --engine-router)
+# Codes SGLang's router gives a wedged deployment on its own endpoint, fault or not: its /health
+# is its own liveness, never a generation through the workers.
+ROUTER_OWN = frozenset({"health_lies"})
+ROUTER_MARK = "@router"
 
 
 @dataclass(frozen=True)
@@ -87,12 +102,26 @@ class RunResult:
     reference: dict | None = None  # summary.json's `reference` (--reference runs): turns compared, mismatched
 
 
-def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float,
-             weights: Path | None = None, reference: Path | None = None) -> RunResult:
+def router_label(router: str) -> str:
+    """The router column: "bundled", or SGLang's router with its installed version."""
+    from dsv4bench.engine import sglang_router
+
+    return "bundled" if router == "bundled" else sglang_router.label()
+
+
+def agents_command(recipe: Recipe, clean: bool, seed: int, out: Path, weights: Path | None = None,
+                   reference: Path | None = None, router: str = "bundled") -> list[str]:
+    """The `dsv4bench agents` run of one recipe, fault on or (`clean`) off."""
     engine_args = [f"--engine-arg={a}" for a in (*recipe.engine, *([f"--weights={weights}"] if weights else []))]
     faults = [] if clean else [f"--engine-fault={f}" for f in recipe.faults]
-    cmd = [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
-           *engine_args, *faults, *(["--reference", str(reference)] if reference else [])]
+    return [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
+            *engine_args, *faults, *(["--reference", str(reference)] if reference else []),
+            *(["--engine-router", router] if router != "bundled" else [])]
+
+
+def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float,
+             weights: Path | None = None, reference: Path | None = None, router: str = "bundled") -> RunResult:
+    cmd = agents_command(recipe, clean, seed, out, weights, reference, router)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -107,7 +136,8 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
     summary = json.loads((run_dir / "summary.json").read_text())
     events = read_jsonl(run_dir / EVENTS_FILE)[0]
     corrupt_turns = read_turns(run_dir, events)
-    codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events)
+    routers = router_roots(events) if router == "sglang" else set()
+    codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events, routers)
     return RunResult(recipe.fault, clean, summary["verdict"], codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
                      unguarded_reads=read_unguarded_reads(run_dir), reference=summary.get("reference"))
 
@@ -135,11 +165,27 @@ def read_turns(run_dir: Path, events: list[dict]) -> dict[tuple[str, int, str], 
     return corrupt
 
 
+def origin(url: str) -> str:
+    """scheme://host:port of a URL (a wedge finding's endpoint, a /health URL, a root)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def router_roots(events: list[dict]) -> set[str]:
+    """Origins of the servers that said they are a router (the role on the run's /health events)."""
+    return {origin(e["endpoint"]) for e in events
+            if e.get("kind") == "health" and e.get("role") == "router" and isinstance(e.get("endpoint"), str)}
+
+
 def read_findings(summary: dict, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None],
-                  events: list[dict]) -> tuple[dict[str, int], float | None]:
-    """(count per corruption or wedge code found, seconds from run start to the first expected one)."""
+                  events: list[dict], router_origins: set[str] | None = None) -> tuple[dict[str, int], float | None]:
+    """(count per corruption or wedge code found, seconds from run start to the first expected one).
+    A ROUTER_OWN code on an endpoint in `router_origins` (SGLang's router's) is the router's
+    own and is counted as `<code>@router`, never as the code."""
     codes = {c: n for c, n in summary["counts"].items() if n and c in CORRUPTION_CODES}
-    wedge_codes = {c for ep in (summary.get("wedge") or {}).values() for c in ep.get("codes", [])}
+    own = router_origins or set()
+    wedge_codes = {f"{c}{ROUTER_MARK}" if c in ROUTER_OWN and origin(ep) in own else c
+                   for ep, found in (summary.get("wedge") or {}).items() for c in found.get("codes", [])}
     for c in wedge_codes:
         codes[c] = codes.get(c, 0) + 1
     times = [t for (_, _, code), t in corrupt_turns.items() if code in expect and t is not None]
@@ -163,9 +209,13 @@ def keep_report(result: RunResult, dest: Path) -> None:
         shutil.copytree(result.run_dir / "plots", dest / "plots", dirs_exist_ok=True)
 
 
-def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> str:
-    rows = ["| fault | expected code | found | codes seen (runs) | first detection, median (min-max) | recipe |",
-            "|---|---|---|---|---|---|"]
+def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, router: str = "bundled") -> str:
+    """The markdown table of a proof whose every run had `router` in front (ROUTERS)."""
+    label = router_label(router)
+    via = ["--engine-router", router] if router != "bundled" else []
+    rows = ["| fault | router | expected code | found | codes seen (runs) | first detection, median (min-max) "
+            "| recipe |",
+            "|---|---|---|---|---|---|---|"]
     for r in recipes:
         mine = [x for x in results if x.recipe == r.fault and not x.clean]
         found = [x for x in mine if set(x.codes) & r.expect]
@@ -176,7 +226,8 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
         times = [x.first_detection_s for x in found if x.first_detection_s is not None]
         when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
         expect = ", ".join(sorted(r.expect))
-        recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine), *r.load])
+        recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine),
+                           *r.load, *via])
         if r.reference:
             compared = sum((x.reference or {}).get("compared", 0) for x in mine)
             mismatched = sum((x.reference or {}).get("mismatched", 0) for x in mine)
@@ -185,13 +236,17 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int) -> s
                        f"{compared} compared turns answered differently"
                        + (f"; {min(reads)}-{max(reads)} unguarded index-K reads per run" if reads else ""))
             recipe += " --reference CLEAN_RUN"
-        rows.append(f"| `{r.fault}` | {expect} | {len(found)}/{len(mine)} | "
+        rows.append(f"| `{r.fault}` | {label} | {expect} | {len(found)}/{len(mine)} | "
                     f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
     clean = [x for x in results if x.clean]
     bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
     seen_clean = sorted({c for x in clean for c in x.codes})
-    rows.append(f"| clean (recipes' settings, no fault) | none | {len(clean) - len(bad)}/{len(clean)} clean | "
-                f"{', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |")
+    rows.append(f"| clean (recipes' settings, no fault) | {label} | none | {len(clean) - len(bad)}/{len(clean)} "
+                f"clean | {', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |")
+    if any(c.endswith(ROUTER_MARK) for x in results for c in x.codes):
+        marked = ", ".join(f"`{c}{ROUTER_MARK}`" for c in sorted(ROUTER_OWN))
+        rows += ["", f"{marked}: SGLang's router answered its own /health 200 while the deployment behind it hung; "
+                 "it does so with or without a fault, so it finds none."]
     return "\n".join(rows)
 
 
@@ -206,6 +261,9 @@ def main() -> int:
     p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
     p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for every engine; default: the shipped ones.")
+    p.add_argument("--router", choices=ROUTERS, default="bundled",
+                   help="What fronts every engine: its own server or router, or SGLang's real router "
+                        "(agents --engine-router sglang; pip install 'dsv4bench[sglang]').")
     a = p.parse_args()
     recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
     if not recipes or a.runs < 1:
@@ -220,7 +278,7 @@ def main() -> int:
         def one(recipe: Recipe, clean: bool, i: int, label: str, reference: Path | None = None) -> RunResult:
             out = Path(tmp) / f"{recipe.fault}-{label}-{i}"
             out.mkdir()
-            res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights, reference)
+            res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights, reference, a.router)
             results.append(res)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
             ref = "" if res.reference is None else (f" reference: {res.reference['mismatched']} of "
@@ -243,7 +301,7 @@ def main() -> int:
             res = one(recipe, clean, i, "clean" if clean else "fault", reference)
             if a.reports and not clean and i == 0 and res.run_dir is not None:
                 keep_report(res, a.reports / f"fault-{recipe.fault}")
-    text = table(results, recipes, a.runs)
+    text = table(results, recipes, a.runs, a.router)
     print(text)
     if a.table:
         a.table.write_text(text + "\n", encoding="utf-8")

@@ -86,3 +86,8 @@ def test_discover_role_asks_the_server():
     assert _discover({"/get_server_info": httpx.Response(200, text="<html>"),
                       "/metrics": httpx.Response(200, text="{{{ not prometheus")}).name == UNKNOWN
     assert _discover({}).name == UNKNOWN
+
+
+def test_sglangs_router_answers_server_info_for_itself():
+    info = {"router_manager": True, "routers_count": 1, "workers_count": 2}  # sglang-router 0.3.2
+    assert role_from_server_info(info) == Role(ROUTER, "/get_server_info router_manager")

@@ -201,3 +201,14 @@ def test_watch_main_exits_2_when_nothing_answers() -> None:
     port = free_port()  # closed again: nothing listens there
     console = Console(file=io.StringIO())
     assert anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 0.5, 0.2, 1.0, console) == 2
+
+
+def test_an_older_releases_gauge_sorts_with_its_current_name() -> None:
+    from dsv4bench.dialect import INFIGHT, PREFILL_PREALLOC
+    from dsv4bench.watch import _gauge_sort_key
+
+    series = [f'{name}{{engine_type="prefill"}}' for name in
+              (INFIGHT, "sglang:num_running_reqs", PREFILL_PREALLOC, "sglang:num_queue_reqs")]
+    # running, waiting, bootstrap (was prealloc), inflight (was infight): QUEUE_GAUGES' order.
+    assert [s.split("{")[0] for s in sorted(series, key=_gauge_sort_key)] == [
+        "sglang:num_running_reqs", "sglang:num_queue_reqs", PREFILL_PREALLOC, INFIGHT]

@@ -146,3 +146,17 @@ def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
     found = detect_wedge([], STOP, CFG, health=health)
     assert found["http://p/health_generate"].codes == ["health_lies"]
     assert found["http://p/health"].codes == []
+
+
+def test_failures_that_rose_in_the_drain_window_are_evidence_never_a_code():
+    from dsv4bench.monitor import MetricSample
+    from dsv4bench.wedge import WedgeConfig, detect_wedge, failures_rose
+
+    failed = 'sglang:num_transfer_failed_reqs_total{engine_type="decode"}'
+    stuck = 'sglang:num_decode_transfer_queue_reqs{engine_type="decode"}'
+    ep = "http://d:30002/metrics"
+    samples = [MetricSample(t * 10**9, t * 10**9, ep, True, values={stuck: 0.0, failed: f})
+               for t, f in ((1, 2.0), (2, 5.0), (3, 5.0))]
+    [found] = detect_wedge(samples, 0, WedgeConfig(drain_timeout_s=10, min_stuck_s=1)).values()
+    assert found.codes == [] and found.details == [f"failures counted on {ep} after load stop: {failed} +3"]
+    assert failures_rose({failed: 9.0}, {failed: 1.0}) == []  # reset by a restart

@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 
 from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
-from ..preflight import HostLimitError, ServerError, ensure_open_files, server_facts
+from ..discovery import Deployment, discover_sync
+from ..preflight import HostLimitError, ServerError, ensure_open_files, root_of, server_facts
 from ..redact import redact_argv, shell_line
 from .common import app, err, fail, print_verdict
 from .engine import check_faults
@@ -106,8 +107,6 @@ def agents(
         except ReferenceRunError as e:
             raise fail(str(e))
 
-    from ..engine.sglang_router import RoutedEngine
-
     bundled = None
     if url is None:
         bundled = _start_bundled_engine(engine_arg, engine_router, quiet)
@@ -117,20 +116,17 @@ def agents(
             facts = server_facts(config.base_url, config.api_key)
         except ServerError as e:
             raise fail(str(e))
+        deployment = discover_sync([root_of(config.base_url)], config.api_key)
+        facts["deployment"] = deployment.as_dict()
+        if not quiet:
+            for line in deployment.describe():
+                err.print(escape(line), highlight=False, soft_wrap=True)
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
-            if isinstance(bundled, RoutedEngine):  # the run's server is the router; the engine's processes behind it
-                facts["bundled_engine"]["sglang_router"] = {"url": bundled.url, "metrics": bundled.router.metrics_url,
-                                                            "log": str(bundled.router.log_path)}
-        elif not config.metrics and facts.get("metrics_url"):
-            config = dataclasses.replace(config, metrics=(facts["metrics_url"],))
-            if not quiet and facts.get("role") == "router":
-                err.print(f"found {escape(facts['metrics_url'])}, a router's: its workers' queues are not in it, so the "
-                          "wedge is not checked; give --metrics for each prefill and decode server", highlight=False,
-                          soft_wrap=True)
-            elif not quiet:
-                err.print(f"found {escape(facts['metrics_url'])}: its queues are watched for a wedge after the load "
-                          "(--metrics URL to choose the endpoints: router, prefill, decode)", highlight=False, soft_wrap=True)
+            if engine_router == "sglang":  # the run's server is the router; the engine's processes behind it
+                facts["bundled_engine"]["sglang_router"] = {"url": bundled.url, "metrics": bundled.metrics_url}
+        elif not config.metrics:
+            config = dataclasses.replace(config, metrics=_found_metrics(deployment, facts, quiet))
         try:
             summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
         except ExporterError as e:
@@ -140,6 +136,30 @@ def agents(
             bundled.stop()
     print_verdict(summary, run_dir)
     raise typer.Exit(_exit_code(summary, config.fail_on))
+
+
+def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[str, ...]:
+    """No --metrics: the /metrics of every server found (the target, and the workers its router
+    lists), said on stderr; a router's own alone cannot show a wedge, and is said so."""
+    urls = tuple(deployment.metrics_urls) or ((facts["metrics_url"],) if facts.get("metrics_url") else ())
+    target = deployment.endpoints[0] if deployment.endpoints else None
+    workers = [e for e in deployment.found if e.metrics_url]
+    if quiet:
+        return urls
+    if workers:
+        listed = ", ".join(f"{e.role} {e.metrics_url}" for e in workers)
+        err.print(escape(f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
+                         f"{target.root if target else '?'} (its /workers): {listed}: their queues are watched for a "
+                         "wedge after the load (--metrics URL to choose the endpoints)"), highlight=False, soft_wrap=True)
+    elif target is not None and target.role == "router":
+        what = f"found {urls[0]}, a router's" if urls else f"{target.root} is a router and serves no engine /metrics"
+        err.print(escape(f"{what}: its workers' queues are not in it, so the wedge is not checked; give --metrics for "
+                         "each prefill and decode server"), highlight=False, soft_wrap=True)
+    elif urls:
+        err.print(escape(f"found {urls[0]}: its queues are watched for a wedge after the load "
+                         "(--metrics URL to choose the endpoints: router, prefill, decode)"), highlight=False,
+                  soft_wrap=True)
+    return urls
 
 
 def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
@@ -154,7 +174,7 @@ def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
         behind = " behind SGLang's router" if router == "sglang" else ""
         err.print(f"no --url given: starting the bundled DSV4-mini engine{behind} on loopback ...", highlight=False)
     try:
-        return sglang_router.start_routed_engine(engine_args) if router == "sglang" else start_engine(engine_args)
+        return start_engine([*engine_args, "--router", "sglang"] if router == "sglang" else engine_args)
     except EngineStartError as e:
         raise fail(str(e))
 

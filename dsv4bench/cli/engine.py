@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ..config import ConfigError
-from ..engine.config import TOOL_CALL_PARSERS, EngineConfig, ModelConfig
+from ..engine.config import ROUTER_PORT, ROUTERS, TOOL_CALL_PARSERS, DeploymentConfig, EngineConfig, ModelConfig
 from ..engine.faults import FAULTS, FaultError, parse_faults
 from ..engine.training.config import TRAIN_SEED_BASE, CorpusConfig, TrainConfig
 from .common import app, err, fail, out
@@ -23,6 +23,7 @@ app.add_typer(engine_app, name="engine")
 
 @engine_app.command("serve")
 def engine_serve(
+    ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
     port: Optional[int] = typer.Option(None, help="Port to serve on: 30000; with --pd the router's port, 8000."),
     device: str = typer.Option(EngineConfig.device, help="cpu or cuda."),
@@ -43,12 +44,15 @@ def engine_serve(
     hicache: bool = typer.Option(EngineConfig.hicache, "--hicache", help="HiCache host tier: evicted prefix pages are backed up to host memory and loaded back layer by layer, readers gated per layer."),
     hicache_host_pages: int = typer.Option(EngineConfig.hicache_host_pages, help="Host-tier capacity in pages (--hicache); 0 = twice --num-pages."),
     hicache_load_gbps: float = typer.Option(EngineConfig.hicache_load_gbps, help="Modelled host-to-device bandwidth of --hicache loads, GB/s: a layer of a load lands after its bytes would have crossed the link."),
-    pd: bool = typer.Option(EngineConfig.pd, "--pd", help="Prefill/decode disaggregation: a router (OpenAI API, on --port), a prefill and a decode server, each with its own /health and /metrics, and a KV transfer between their pools."),
-    prefill_port: Optional[int] = typer.Option(None, help="Port of the prefill server (--pd); 30000."),
-    decode_port: Optional[int] = typer.Option(None, help="Port of the decode server (--pd); 30002."),
-    pd_link_gbps: Optional[float] = typer.Option(None, help="Modelled bandwidth of the prefill-to-decode KV transfer (--pd, --pd-role), GB/s; 0.1; 0 = memory speed."),
-    pd_role: Optional[str] = typer.Option(None, "--pd-role", metavar="prefill|decode", help="Serve one half of a PD deployment in this process (on --port: 30000 prefill, 30002 decode), for a PD router speaking SGLang's protocol in front, ours or SGLang's: `python -m sglang_router.launch_router --pd-disaggregation --prefill http://HOST:PORT BOOTSTRAP_PORT --decode http://HOST:PORT`."),
-    bootstrap_port: Optional[int] = typer.Option(None, help="The prefill half's bootstrap port (--pd-role prefill), where decode halves fetch each request's KV; 8998, SGLang's default."),
+    pd: bool = typer.Option(EngineConfig.pd, "--pd", help=f"Prefill/decode disaggregation as SGLang deploys it: a prefill and a decode server, each its own process with its own /health and /metrics, the KV between them over the prefill's bootstrap port, and a PD router in front on --port ({ROUTER_PORT})."),
+    router: str = typer.Option(DeploymentConfig.router, metavar="|".join(ROUTERS), help="The router in front: ours (in this process; with --pd only), or SGLang's (`sglang-router`, pip install 'dsv4bench[sglang]'), started on --port in front of the two halves (--pd) or of one engine process (on --worker-port)."),
+    prefill_port: Optional[int] = typer.Option(None, help=f"Port of the prefill server (--pd); {DeploymentConfig.prefill_port}."),
+    decode_port: Optional[int] = typer.Option(None, help=f"Port of the decode server (--pd); {DeploymentConfig.decode_port}."),
+    worker_port: Optional[int] = typer.Option(None, help=f"Port of the engine behind --router sglang without --pd; {DeploymentConfig.worker_port}."),
+    router_metrics_port: Optional[int] = typer.Option(None, help=f"Prometheus port of SGLang's router (--router sglang), bound to --host; {DeploymentConfig.router_metrics_port}."),
+    pd_link_gbps: Optional[float] = typer.Option(None, help=f"Modelled bandwidth of the prefill-to-decode KV transfer (--pd, --pd-role), GB/s; {DeploymentConfig.link_gbps}; 0 = memory speed."),
+    pd_role: Optional[str] = typer.Option(None, "--pd-role", metavar="prefill|decode", help=f"Serve one half of a PD deployment in this process (on --port: {DeploymentConfig.prefill_port} prefill, {DeploymentConfig.decode_port} decode), for a PD router speaking SGLang's protocol in front, ours or SGLang's: `python -m sglang_router.launch_router --pd-disaggregation --prefill http://HOST:PORT BOOTSTRAP_PORT --decode http://HOST:PORT`."),
+    bootstrap_port: Optional[int] = typer.Option(None, help=f"The prefill server's bootstrap port (--pd, --pd-role prefill), where decode servers fetch each request's KV; {DeploymentConfig.bootstrap_port}, SGLang's default."),
     tool_call_parser: str = typer.Option(EngineConfig.tool_call_parser, help=f"Who parses tool calls out of the model's text: {' or '.join(TOOL_CALL_PARSERS)} (SGLang's own DeepSeek-V4 detector: a streamed call arrives whole at its closing tag, as from SGLang)."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
@@ -68,42 +72,48 @@ def engine_serve(
                        "`pip install --no-deps -r requirements-sglang-parsers.txt`")
     if pd_role is not None and pd_role not in ("prefill", "decode"):
         raise fail(f"--pd-role must be prefill or decode, not {pd_role!r}")
-    if pd_role is not None and (pd or prefill_port is not None or decode_port is not None):
-        raise fail("--pd-role serves one half on --port: not with --pd, --prefill-port or --decode-port")
-    if bootstrap_port is not None and pd_role != "prefill":
-        raise fail("--bootstrap-port is the prefill half's: it needs --pd-role prefill")
-    if bootstrap_port is not None and not 0 < bootstrap_port < 65536:
-        raise fail(f"--bootstrap-port must be a port number (1-65535), got {bootstrap_port}")
-    if not (pd or pd_role) and pd_link_gbps is not None:
-        raise fail("--pd-link-gbps needs --pd or --pd-role")
+    if router not in ROUTERS:
+        raise fail(f"--router must be {' or '.join(ROUTERS)}, not {router!r}")
+    deployment = pd or router == "sglang"  # several processes, this one supervising them
+    if pd_role is not None and deployment:
+        raise fail("--pd-role serves one half on --port: not with --pd or --router")
     if not pd and (prefill_port, decode_port) != (None, None):
         raise fail("--prefill-port and --decode-port need --pd")
-    pd_cfg = None
-    if pd_role is not None:
-        from ..engine.pd.halves import BOOTSTRAP_PORT
-        from ..engine.pd.serve import PDConfig
-
-        port = (PDConfig.prefill_port if pd_role == "prefill" else PDConfig.decode_port) if port is None else port
-        bootstrap_port = BOOTSTRAP_PORT if bootstrap_port is None else bootstrap_port
-        if pd_role == "prefill" and bootstrap_port == port:
-            raise fail("--port and --bootstrap-port must differ")
-    if pd:
-        from ..engine.pd.serve import ROUTER_PORT, PDConfig
-
-        port = ROUTER_PORT if port is None else port
-        given = {"prefill_port": prefill_port, "decode_port": decode_port, "link_gbps": pd_link_gbps}
-        try:  # PDConfig checks the prefill and decode ports
-            pd_cfg = PDConfig(**{k: v for k, v in given.items() if v is not None})
-        except ValueError as e:
-            raise fail(f"bad PD settings: {e}")
-        if port in (pd_cfg.prefill_port, pd_cfg.decode_port):
-            raise fail("--port (the router's), --prefill-port and --decode-port must differ")
-    port = ServerConfig.port if port is None else port
-    if not 0 < port < 65536:
-        raise fail(f"--port must be a port number (1-65535), got {port}")
+    if (pd or router != "sglang") and worker_port is not None:
+        raise fail("--worker-port is the engine's behind --router sglang without --pd")
+    if router != "sglang" and router_metrics_port is not None:
+        raise fail("--router-metrics-port is SGLang's router's: it needs --router sglang")
+    if bootstrap_port is not None and not (pd or pd_role == "prefill"):
+        raise fail("--bootstrap-port is the prefill server's: it needs --pd or --pd-role prefill")
+    if not (pd or pd_role) and pd_link_gbps is not None:
+        raise fail("--pd-link-gbps needs --pd or --pd-role")
     for name, x in (("--hicache-load-gbps", hicache_load_gbps), ("--pd-link-gbps", pd_link_gbps)):
         if x is not None and not math.isfinite(x):  # typer reads "nan" and "inf" as floats
             raise fail(f"{name} must be a finite number, got {x}")
+    for name, v in (("--bootstrap-port", bootstrap_port), ("--prefill-port", prefill_port),
+                    ("--decode-port", decode_port), ("--worker-port", worker_port),
+                    ("--router-metrics-port", router_metrics_port)):
+        if v is not None and not 0 < v < 65536:
+            raise fail(f"{name} must be a port number (1-65535), got {v}")
+    dcfg = None
+    if pd_role is not None:
+        port = (DeploymentConfig.prefill_port if pd_role == "prefill" else DeploymentConfig.decode_port) \
+            if port is None else port
+        bootstrap_port = DeploymentConfig.bootstrap_port if bootstrap_port is None else bootstrap_port
+        if pd_role == "prefill" and bootstrap_port == port:
+            raise fail("--port and --bootstrap-port must differ")
+    if deployment:
+        port = ROUTER_PORT if port is None else port
+        given = {"router": router, "prefill_port": prefill_port, "decode_port": decode_port,
+                 "worker_port": worker_port, "bootstrap_port": bootstrap_port,
+                 "router_metrics_port": router_metrics_port, "link_gbps": pd_link_gbps}
+        try:
+            dcfg = DeploymentConfig(**{k: v for k, v in given.items() if v is not None})
+        except ValueError as e:
+            raise fail(f"bad deployment settings: {e}")
+    port = ServerConfig.port if port is None else port
+    if not 0 < port < 65536:
+        raise fail(f"--port must be a port number (1-65535), got {port}")
     for name, v in (("--max-running-requests", max_running_requests), ("--num-pages", num_pages),
                     ("--page-size", page_size), ("--chunked-prefill-tokens", chunked_prefill_tokens)):
         if v < 1:
@@ -129,14 +139,17 @@ def engine_serve(
     try:
         if pd_role is not None:
             from ..engine.pd.halves import serve_half
-            from ..engine.pd.serve import PDConfig
 
-            link = PDConfig.link_gbps if pd_link_gbps is None else pd_link_gbps
+            link = DeploymentConfig.link_gbps if pd_link_gbps is None else pd_link_gbps
             serve_half(pd_role, cfg, server_cfg, bootstrap_port or 0, link, weights, random_weights, seed, log_level)
-        elif pd_cfg is not None:
-            from ..engine.pd import serve_pd
+        elif dcfg is not None:
+            import os
 
-            serve_pd(cfg, server_cfg, pd_cfg, weights, random_weights, seed, log_level)
+            from ..engine.deployment import serve_deployment
+
+            if api_key:  # to the workers through their environment, not their command lines
+                os.environ["DSV4BENCH_ENGINE_API_KEY"] = api_key
+            serve_deployment(cfg, server_cfg, dcfg, worker_flags(ctx), log_level)
         else:
             serve(cfg, server_cfg, weights, random_weights, seed, log_level)
     except ServeError as e:  # a busy port, a host that does not resolve: already one line
@@ -144,9 +157,34 @@ def engine_serve(
     except EngineSetupError as e:
         raise fail(str(e))
     except OSError as e:
-        where = host if pd else f"{host}:{port} (or the bootstrap port {bootstrap_port})" if pd_role == "prefill" \
-            else f"{host}:{port}"
+        where = f"{host}:{port} (or the bootstrap port {bootstrap_port})" if pd_role == "prefill" else f"{host}:{port}"
         raise fail(f"cannot serve on {where}: {e.strerror or e}")
+
+
+# The `engine serve` flags that say how the deployment is laid out, not how an engine serves:
+# the supervising process reads them; each worker gets its own (deployment.parts_of).
+DEPLOYMENT_PARAMS = frozenset({"host", "port", "pd", "router", "prefill_port", "decode_port", "worker_port",
+                               "router_metrics_port", "bootstrap_port", "pd_link_gbps", "pd_role", "api_key"})
+
+
+def worker_flags(ctx: typer.Context) -> list[str]:
+    """The `engine serve` flags given on this command line that each worker process of a
+    deployment needs too (every one but DEPLOYMENT_PARAMS), as flags again."""
+    flags: list[str] = []
+    for param in ctx.command.params:
+        if getattr(param, "param_type_name", None) != "option" or param.name in DEPLOYMENT_PARAMS:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name == "DEFAULT":
+            continue
+        value, opt = ctx.params[param.name], max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            flags += [opt] if value else []
+        elif param.multiple:
+            flags += [f"{opt}={v}" for v in value]
+        elif value is not None:
+            flags.append(f"{opt}={value}")
+    return flags
 
 
 @engine_app.command("faults")

@@ -16,14 +16,16 @@ from .common import app, err, fail
 
 @app.command()
 def probe(
-    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode)."),
+    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:8000 (a router: its workers are found at its /workers) or http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode)."),
     timeout: float = typer.Option(10.0, help="Seconds each check (metrics, health, canary) may take."),
     stuck_s: float = typer.Option(2.0, "--stuck-s", help="Seconds a queue holding requests is watched, when nothing hangs, for a counter to move."),
     api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
+    workers: bool = typer.Option(True, "--workers/--no-workers", help="Also probe every server a router lists at its /workers."),
 ) -> None:
     """One-shot wedge check of each endpoint by its role (read from the server): gauges,
-    /health and /health_generate everywhere, a canary on a router or unified server.
+    /health and /health_generate everywhere, a canary on a router or unified server; a router's
+    workers are found and probed too, each with the settings it reports.
     Exit 0 healthy, 1 wedged or unhealthy, 2 unreachable or not judged."""
     from ..probe import probe_main
 
@@ -32,7 +34,8 @@ def probe(
         raise fail("--timeout must be a positive number")
     if not math.isfinite(stuck_s) or stuck_s < 0:
         raise fail("--stuck-s must be a number of seconds, 0 or more")
-    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key))
+    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key,
+                                follow_workers=workers))
 
 
 @app.command()

@@ -10,10 +10,13 @@ import json
 import re
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..checks.parser_view import RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements, sglang_like
 from ..checks.sglang_oracle import REASONING_PARSER, TOOL_CALL_PARSER
 from ..codes import ORACLE_CODE, TURN_CODES, code_class, meaning
+from ..dialect import stage
+from ..discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
 from ..history import History
 from ..records import TurnRecord, Verdict
 from ..summary import counts_code, run_window
@@ -22,6 +25,7 @@ from .escape import escape_text
 EXAMPLES_PER_CODE = 3
 ORACLE_EXAMPLES = 5  # turns shown whose parsers' readings disagree
 EXCERPT_CHARS = 400
+DEPLOYMENT_COLUMNS = 8  # servers shown side by side in the header; run.json has every one
 # Facts from SGLang's /get_server_info worth a line in an incident report, in display order.
 SERVER_FACTS: tuple[str, ...] = (
     "version", "model_path", "served_model_name", "disaggregation_mode", "tp_size", "dp_size",
@@ -209,6 +213,60 @@ def turns_phrase(t: dict[str, int]) -> str:
             f"{fmt_int(t['killed'])} killed, {fmt_int(t['error'])} error")
 
 
+def _dialect_words(d: Any) -> str:
+    """{"name": "sglang", "generation": "bootstrap"} -> 'sglang (bootstrap)'."""
+    if not isinstance(d, dict) or not d.get("name"):
+        return "names unknown"
+    return f"{d['name']} ({d['generation']})" if d.get("generation") else str(d["name"])
+
+
+def _endpoint_head(ep: Endpoint) -> str:
+    return f"{ep.role} {code_span(urlsplit(ep.root).netloc or ep.root)}"
+
+
+def _metrics_cell(ep: Endpoint) -> str:
+    if ep.metrics_url:
+        return cell(f"/metrics, {_dialect_words(ep.metrics_dialect)}")
+    return "not found at its root" if ep.answered or ep.listed_as else "–"
+
+
+def _setting_cell(ep: Endpoint, key: str) -> str:
+    shown = dict(ep.shown_settings())
+    return cell(show_setting(key, shown[key])) if key in shown else "–"
+
+
+def deployment_section(history: History) -> list[str]:
+    """The servers discovery found (discovery.py), side by side: role, metrics, and the settings
+    each reported under SGLang's server_args names. Nothing for a run that recorded none."""
+    server = history.run.get("server")
+    dep = Deployment.from_dict(server.get("deployment")) if isinstance(server, dict) else None
+    if dep is None or not dep.endpoints:
+        return []
+    eps = dep.endpoints[:DEPLOYMENT_COLUMNS]
+    via = f", from {', '.join(code_span(v) for v in dep.found_via)} `/workers`" if dep.found_via else ""
+    rows = [["metrics", *(_metrics_cell(e) for e in eps)]]
+    if any(e.listed_as for e in eps):
+        rows.append(["router's list", *(cell(f"{e.listed_as}{', healthy' if e.listed_healthy else ''}"
+                                             f"{', not healthy' if e.listed_healthy is False else ''}")
+                                        if e.listed_as else "–" for e in eps)])
+    shown = [k for k in SETTINGS if any(k in dict(e.shown_settings()) for e in eps)]
+    rows += [[code_span(k), *(_setting_cell(e, k) for e in eps)] for k in shown]
+    if not all(e.answered for e in eps):
+        rows.append(["answered", *("yes" if e.answered else cell("no: " + "; ".join(e.problems[:2]), 160)
+                                   for e in eps)])
+    out = [f"**Deployment** ({plural(len(dep.endpoints), 'server')}{via}):", "",
+           table(["", *(_endpoint_head(e) for e in eps)], rows), "",
+           f"Settings as each server reported them (`/get_server_info`), by SGLang's server_args names; "
+           f"*{NOT_REPORTED}*: the server did not say; –: not its role's, or no answer."]
+    if len(dep.endpoints) > len(eps):
+        out[-1] += f" {len(dep.endpoints) - len(eps)} more servers are in run.json."
+    config = history.run.get("config")
+    scraped = config.get("metrics") if isinstance(config, dict) else None
+    if isinstance(scraped, list) and scraped:
+        out[-1] += " Scraped during the run: " + ", ".join(code_span(m, 200) for m in scraped if isinstance(m, str)) + "."
+    return out
+
+
 def _model_ids(models: Any) -> list[str]:
     """Model ids from a /v1/models body, a list of such entries, or a list of names."""
     entries = models.get("data", []) if isinstance(models, dict) else models
@@ -228,6 +286,8 @@ def _server_section(history: History) -> list[str]:
     info = server.get("server_info")
     if isinstance(info, dict):
         rows += [[code_span(k), cell(info[k])] for k in SERVER_FACTS if k in info]
+    if isinstance(server.get("metrics_dialect"), dict):
+        rows.append(["metrics dialect", cell(_dialect_words(server["metrics_dialect"]))])
     if not rows:
         return ["## Server", "", "No model ids or known server facts recorded."]
     return ["## Server", "", table(["fact", "value"], rows)]
@@ -446,9 +506,9 @@ def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
         out += ["", f"### {code_span(endpoint, 300)}", ""]
         if found["gauges"]:
             stuck = " ".join(details)
-            grows = [[code_span(k, 300), f"{v:g}" if isinstance(v, (int, float)) else cell(v),
+            grows = [[code_span(k, 300), stage(k) or "–", f"{v:g}" if isinstance(v, (int, float)) else cell(v),
                       "**stuck**" if v and k in stuck else ""] for k, v in found["gauges"].items()]
-            out += ["Gauges at the end of the drain window:", "", table(["gauge", "value", ""], grows)]
+            out += ["Gauges at the end of the drain window:", "", table(["gauge", "stage", "value", ""], grows)]
         if details:
             out += ["", *(f"- {inline(d)}" for d in details)]
     return out
@@ -464,6 +524,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
     parts: list[list[str]] = [
         [f"# dsv4bench report: {inline(summary['run'])}", "", headline(summary)],
         _notes(summary),
+        deployment_section(history),
         _run_section(history, summary),
         _server_section(history),
         _codes_section(summary),

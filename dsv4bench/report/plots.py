@@ -17,7 +17,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from ..dialect import QUEUE_GAUGES, RUNNING, is_queue_gauge, metric_name
+from ..dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
 from ..history import History
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
@@ -166,7 +166,7 @@ def queue_series(history: History, t0: int) -> dict[str, tuple[list[float], list
     keep = {k: v for k, v in series.items() if metric_name(k[1]) in RUNNING or any(y > 0 for y in v[1])}
 
     def order(k: tuple[str, str]) -> tuple[str, int, str]:
-        name = metric_name(k[1])
+        name = current_name(metric_name(k[1]))  # an older release's name sorts with its current one
         return k[0], QUEUE_GAUGES.index(name) if name in QUEUE_GAUGES else 99, k[1]
 
     return {f"{metric_name(g).split(':', 1)[-1]} @ {ep}": keep[(ep, g)] for ep, g in sorted(keep, key=order)}

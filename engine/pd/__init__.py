@@ -1,21 +1,21 @@
-"""Prefill/decode disaggregation (`engine serve --pd`), shaped like an SGLang PD deployment.
+"""Prefill/decode disaggregation (`engine serve --pd`), laid out as an SGLang PD deployment:
+a prefill and a decode server, each its own process (`halves.py`), behind a PD router (ours,
+`http_router.py`, or SGLang's), composed by engine/deployment.py.
 
 A request's way through it:
-1. The router (`router.py`, served by engine/server.py's app) renders the OpenAI request,
-   opens the request's bootstrap room and sends the request to both servers.
+1. The router sends the same request to both servers with a fresh `bootstrap_room` and the
+   prefill's `bootstrap_host` and `bootstrap_port`.
 2. Decode (`decode.py`): prealloc queue -> pages for the prompt reserved as the destination of
-   a KVTransfer, sent to the room -> transfer queue (waits for the KV).
-3. Bootstrap (`bootstrap.py`): the worker attaches the transfer to the room: BOOTSTRAPPED.
+   a KVTransfer, announced to the prefill's bootstrap port (`bootstrap_client.py`) -> transfer
+   queue (waits for the KV).
+3. Bootstrap (`bootstrap_server.py` over `bootstrap.py`): the prefill's worker attaches the
+   transfer to the room: BOOTSTRAPPED.
 4. Prefill (`prefill.py`): bootstrap queue -> prefill (chunked, prefix cache) -> the first token
-   is sampled -> inflight queue while the transfer worker (`transfer.py`) copies KV, compressed
-   and index-K pages into the reserved decode pages.
-5. Decode: the request enters RUNNING with the prefill's first token; the router streams the
-   decode server's tokens as OpenAI chunks.
+   is sampled -> inflight queue while the transfer worker (`transfer.py`) sends KV, compressed
+   and index-K pages (`kv_wire.py`) into the reserved decode pages.
+5. Decode: the request enters RUNNING with the prefill's first token; the decode server
+   streams the answer, which the router passes on.
 
-An abort (client disconnect, /abort_request) reaches both servers and leaves every queue.
-`serve.py` is the composition root; `http.py` the prefill and decode servers' endpoints.
+A client that leaves closes the router's connections to both servers, which aborts the request
+on each in whatever queue it is. `worker.py` is what each server serves for its engine.
 """
-
-from .serve import PDConfig, PDEngine, build_pd_engine, serve_pd
-
-__all__ = ["PDConfig", "PDEngine", "build_pd_engine", "serve_pd"]

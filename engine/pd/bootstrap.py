@@ -165,7 +165,13 @@ class BootstrapWorker:
         elif isinstance(msg, AbortRoom):
             self._on_abort(msg.rid)
         elif isinstance(msg, CloseRoom):
-            self.rooms.pop(msg.rid, None)
+            room = self.rooms.pop(msg.rid, None)
+            if room is not None and room.state in (RoomState.BOOTSTRAPPING, RoomState.BOOTSTRAPPED):
+                # Closed before its KV moved: no one will send or take it now, so a prefill
+                # request still waiting on the room must hear that it ended.
+                room.state = RoomState.ABORTED
+                if room.transfer is not None:
+                    room.transfer.abort()
 
     def _on_prealloc(self, rid: str, transfer: KVTransfer) -> None:
         room = self.rooms.get(rid)

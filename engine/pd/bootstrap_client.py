@@ -2,8 +2,8 @@
 room on the prefill server named by the request's `bootstrap_host`, `bootstrap_port` and
 `bootstrap_room` (bootstrap_server.py speaks the other end, kv_wire.py the frames).
 
-It offers the DecodeEngine what the in-process `BootstrapWorker` does (`prealloc`, `decoding`,
-`abort`, `close`), so the decode engine is the same in both layouts. The request's local
+It offers the DecodeEngine what a `BootstrapWorker` does (`prealloc`, `decoding`, `abort`,
+`close`), so the decode engine is the one the in-process test rig drives too. The request's local
 `KVTransfer` (its reserved pages) is concluded here: a reader thread per connection writes
 the arriving pages into the decode pools and settles the transfer when the prefill says the
 KV is all there, failed or was aborted. A dropped connection fails it, so the decode queue
@@ -47,6 +47,16 @@ class BootstrapClient:
 
     def alive(self) -> bool:
         return True  # no thread of its own outlives a request: nothing here can die for all
+
+    def start(self) -> None:
+        pass  # a connection starts with its request
+
+    def stop(self) -> None:
+        """Close every request's connection (the decode server is going away)."""
+        with self._lock:
+            rids = list(self._channels)
+        for rid in rids:
+            self.close(rid)
 
     # ---- the decode server: before its request enters the engine ----------------------------
 

@@ -110,6 +110,9 @@ class BootstrapServer:
                 return False
             self._opened[number] = room.rid
             self.worker.open(room)
+            if number in self._released:  # its decode came and went first: nothing will take the KV
+                self.worker.abort(room.rid)
+                return True
             early = self._pending.pop(number, None)
             if early is not None:
                 early.rid = room.rid
@@ -206,6 +209,8 @@ class BootstrapServer:
     def _abort(self, number: int) -> None:
         with self._lock:
             early = self._pending.pop(number, None)
+            if early is not None:
+                self._remember(number)  # a prefill arriving later opens the room aborted
         if early is not None:
             early.abort()
         else:
@@ -217,8 +222,8 @@ class BootstrapServer:
             self._connected.discard(number)
             early = self._pending.pop(number, None)
             rid = self._opened.pop(number, None)
+            self._remember(number)  # also when the prefill has not come yet: it will find it gone
             if rid is not None:
-                self._remember(number)
                 if aborted:
                     self.worker.abort(rid)
                 self.worker.close(rid)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from starlette.applications import Starlette
 
-from ..config import EngineConfig
+from ..config import DeploymentConfig, EngineConfig
 from ..faults import Fault
 from ..frontend import Frontend
 from ..model_runner import ModelRunner
@@ -39,16 +39,19 @@ from .worker import DecodeServing, PrefillServing
 log = logging.getLogger("dsv4bench.engine")
 
 ROLES = ("prefill", "decode")
-BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
 
 
 @dataclass
 class Half:
-    """One running half: its parts (started and stopped in order) and its app."""
+    """One half: its engine, its parts (started and stopped in order, the engine among them),
+    its app, and on the prefill side the bootstrap worker and its bound port."""
 
     role: str
     app: Starlette
+    engine: PrefillEngine | DecodeEngine
     parts: list = field(default_factory=list)
+    bootstrap: BootstrapWorker | None = None
+    transfers: TransferWorker | None = None
     bootstrap_port: int | None = None
 
     def start(self) -> None:
@@ -61,7 +64,7 @@ class Half:
 
 
 def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_host: str = "127.0.0.1",
-               bootstrap_port: int = BOOTSTRAP_PORT, link_gbps: float = 0.0, weights: Path | None = None,
+               bootstrap_port: int = DeploymentConfig.bootstrap_port, link_gbps: float = 0.0, weights: Path | None = None,
                random_weights: bool = False, init_seed: int = 0) -> Half:
     """Build (not start) the `role` half; the prefill's bootstrap port is bound here."""
     if role not in ROLES:
@@ -69,6 +72,7 @@ def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap
     tok, model = load_model(cfg, weights, random_weights, init_seed)
     runner = ModelRunner(cfg, model)
     server_cfg = dataclasses.replace(server_cfg, engine_type=role)
+    worker = server = transfers = None
     if role == "prefill":
         worker = BootstrapWorker(stall_on_unexpected_abort=Fault.BOOTSTRAP_STALL in cfg.faults)
         server = BootstrapServer(worker, bootstrap_host, bootstrap_port)
@@ -83,19 +87,19 @@ def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap
         engine = DecodeEngine(cfg, runner, client, tok.eos_token_id)  # type: ignore[arg-type]
         ctx = min(cfg.model.max_context, engine.scheduler.max_seq_len)
         serving = DecodeServing(cfg, engine, client, (), tok.eos_token_id, ctx)
-        parts = [engine]
-        server = None
+        parts = [client, engine]
     app = build_app(serving, Frontend(tok, model_name=server_cfg.model_name, max_context=ctx,
                                       tool_call_parser=cfg.tool_call_parser), server_cfg)
-    return Half(role, app, parts, server.port if server is not None else None)
+    return Half(role, app, engine, parts, worker, transfers, server.port if server is not None else None)
 
 
-def serve_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_port: int = BOOTSTRAP_PORT,
+def serve_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_port: int = DeploymentConfig.bootstrap_port,
                link_gbps: float = 0.0, weights: Path | None = None, random_weights: bool = False, init_seed: int = 0,
                log_level: str = "warning") -> None:
     """Serve one half in the foreground until interrupted. ServeError when it cannot listen,
     EngineSetupError when it cannot be built."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # NOTE: the role in every line: a deployment's processes share one terminal (deployment.py).
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s [{role}]: %(message)s")
     sock = listen(server_cfg.host, server_cfg.port)
     try:
         torch.set_num_threads(max(1, torch.get_num_threads()))

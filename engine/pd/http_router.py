@@ -2,12 +2,13 @@
 processes by default, speaking SGLang's PD request protocol as SGLang's router does
 (engine/sglang_router.py starts that one instead).
 
-Each generation request (`/v1/chat/completions`, `/v1/completions`) gets a fresh random 63-bit
-`bootstrap_room` and the prefill server's `bootstrap_host` and `bootstrap_port`, and goes to
-both halves at once; the client gets the decode's answer, streamed or not. A client that leaves
-closes both upstream connections, which aborts the request on each half in whatever queue it is
-(SGLang's router never calls /abort_request either). A decode that answers an error gets that
-error back to the client, and the prefill's half is closed with it.
+Each generation request (`/v1/chat/completions`, `/v1/completions`, SGLang's native
+`/generate`) gets a fresh random 63-bit `bootstrap_room` and the prefill server's
+`bootstrap_host` and `bootstrap_port`, and goes to both halves at once; the client gets the
+decode's answer, streamed or not. A client that leaves closes both upstream connections, which
+aborts the request on each half in whatever queue it is (SGLang's router never calls
+/abort_request either). A decode that answers an error gets that error back to the client,
+and the prefill's half is closed with it.
 
 `/health` is one short generation through both halves within `health_timeout_s` (a request
 the halves leave out of their gauges), so a deployment that cannot produce a token is 503;
@@ -43,7 +44,7 @@ from ..faults import Fault
 from ..generations import unless_disconnected
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..request_limits import RequestError
-from ..server import HEALTH_PROBE_HEADER, ServerConfig, auth_middleware, guarded, http_error, read_json
+from ..server import HEALTH_PROBE_HEADER, ServerConfig, auth_middleware, guarded, http_error, model_list, read_json
 from ..server_loop import EngineStats
 from ..tokenizer import DSV4Tokenizer
 
@@ -92,6 +93,9 @@ class _Router:
     async def completions(self, request: Request) -> Response:
         return await self._route(request, "/v1/completions")
 
+    async def generate(self, request: Request) -> Response:
+        return await self._route(request, "/generate")
+
     def _with_room(self, body: dict[str, Any]) -> dict[str, Any]:
         return {**body, "bootstrap_host": self.halves.bootstrap_host, "bootstrap_port": self.halves.bootstrap_port,
                 "bootstrap_room": secrets.randbits(63)}
@@ -107,7 +111,7 @@ class _Router:
             decode = await self.client.send(self.client.build_request("POST", self.halves.decode + path, json=body),
                                             stream=True)
         except httpx.HTTPError as e:
-            prefill.cancel()
+            await _cancel(prefill)
             raise RequestError(503, f"the decode server is not answering: {type(e).__name__}", code="engine_unavailable")
         self.active += 1
         self.counts["requests"] += 1
@@ -139,14 +143,14 @@ class _Router:
         """One one-token completion through both halves within the health timeout."""
         body = self._with_room(HEALTH_PROBE)
         headers = {HEALTH_PROBE_HEADER: "1"}
-        with anyio.move_on_after(self.health_timeout_s):
-            try:
-                answers = await asyncio.gather(*(self.client.post(root + "/v1/completions", json=body, headers=headers)
-                                                 for root in (self.halves.prefill, self.halves.decode)))
-                return all(r.status_code == 200 for r in answers)
-            except httpx.HTTPError:
-                return False
-        return False  # the deadline passed: the cancelled requests close, which aborts them
+        halves = [asyncio.ensure_future(self.client.post(root + "/v1/completions", json=body, headers=headers))
+                  for root in (self.halves.prefill, self.halves.decode)]
+        try:
+            done, late = await asyncio.wait(halves, timeout=self.health_timeout_s)
+        finally:
+            for task in halves:  # past the deadline: closing the requests aborts them on the halves
+                await _cancel(task)
+        return not late and all(t.exception() is None and t.result().status_code == 200 for t in done)
 
     async def workers(self, request: Request) -> Response:
         alive = [await self._alive(root) for root in (self.halves.prefill, self.halves.decode)]
@@ -172,10 +176,7 @@ class _Router:
                                                     self.tokenizer.eos_token_id, self.max_context))
 
     async def models(self, request: Request) -> Response:
-        name = self.server_cfg.model_name
-        card = {"id": name, "object": "model", "created": 0, "owned_by": "dsv4bench", "root": name,
-                "max_model_len": self.max_context}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse(model_list(self.server_cfg.model_name, self.max_context))
 
     async def to_both(self, request: Request) -> Response:
         """`/abort_request` and `/flush_cache`: to both halves; the decode's answer is the router's
@@ -195,6 +196,15 @@ class _Router:
         return Response(self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
+async def _cancel(task: asyncio.Future) -> None:
+    """Cancel an upstream request unless it is done, and wait until its connection is closed
+    (a task left to the loop's end would leave its socket open)."""
+    if not task.done():
+        task.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(task, return_exceptions=True)
+
+
 class _Upstream:
     """One routed request's two upstream answers; closing it closes both, once."""
 
@@ -209,8 +219,7 @@ class _Upstream:
         self.closed = True
         with anyio.CancelScope(shield=True):
             await self.decode.aclose()  # a decode still answering hears the client leave
-            if not self.prefill.done():
-                self.prefill.cancel()  # and so does a prefill
+            await _cancel(self.prefill)  # and so does a prefill
             self.router.active -= 1
             if completed:
                 self.router.metrics.observe_request(time.monotonic() - self.arrival)
@@ -255,6 +264,7 @@ def build_router_app(halves: Halves, cfg: EngineConfig, tokenizer: DSV4Tokenizer
         Route("/v1/chat/completions", guarded(r.chat), methods=["POST"]),
         Route("/v1/completions", guarded(r.completions), methods=["POST"]),
         Route("/v1/models", guarded(r.models), methods=["GET"]),
+        Route("/generate", guarded(r.generate), methods=["POST"]),
         Route("/health", guarded(r.health), methods=["GET"]),
         Route("/health_generate", guarded(r.health), methods=["GET"]),
         Route("/workers", guarded(r.workers), methods=["GET"]),

@@ -10,7 +10,7 @@
 4. When the transfer is settled, the held references are dropped: full pages stay in the
    prefix cache for later turns, the rest are free. The request's sink hears how it ended:
    its one token when the KV arrived, ABORT otherwise (the prefill server's HTTP answer in a
-   PD deployment of two processes; in one process nobody listens but the decode side's).
+   PD deployment; in the in-process test rig nobody listens but the decode side's).
 
 A request whose prefill step fails on its own (server_loop.run_batch) leaves the Scheduler,
 its transfer records why and its room is aborted, so the decode side ends it with that error.
@@ -44,7 +44,7 @@ log = logging.getLogger("dsv4bench.engine.pd")
 
 
 class NullSink:
-    """Where a prefill request's events go when nobody awaits them (PD in one process)."""
+    """Where a prefill request's events go when nobody awaits them (the in-process test rig)."""
 
     def push(self, event: TokenEvent) -> None:
         pass

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from dsv4bench.canary import CanaryResult, HealthResult, check_canary, check_health
 from dsv4bench.monitor import MetricSample, scrape_once
-from dsv4bench.probe import probe, probe_exit_code, probe_main, render_probe
+from dsv4bench.probe import DEFAULT_STUCK_S, probe, probe_exit_code, probe_main, render_probe
 from dsv4bench.wedge import WedgeConfig, detect_wedge
 
 from dsv4bench.engine.launcher import start_engine
@@ -221,14 +221,24 @@ def cli_80(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_probe_and_watch_on_the_healthy_bundled_pd_engine(tmp_path):
     with start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path) as engine:
         router, prefill, decode = engine.roots
-        r = cli_80("probe", router, prefill, decode, "--json", str(tmp_path / "p.json"))
+        # The router's URL alone: its /workers names the halves, each judged by its role.
+        r = cli_80("probe", router, "--json", str(tmp_path / "p.json"))
         assert r.returncode == 0, r.stdout + r.stderr
         assert max(len(line) for line in r.stdout.splitlines()) <= 80, r.stdout
         for role, root in (("router", router), ("prefill", prefill), ("decode", decode)):
             assert f"{role:<8} {root}: healthy" in r.stdout, r.stdout
+        assert "listed by the router as prefill, healthy" in r.stdout and "transfer tcp" in r.stdout, r.stdout
         found = json.loads((tmp_path / "p.json").read_text())
-        assert [e["role"] for e in found["endpoints"]] == ["router", "prefill", "decode"]
+        assert [(e["root"], e["role"]) for e in found["endpoints"]] == [(router, "router"), (prefill, "prefill"),
+                                                                      (decode, "decode")]
         assert found["endpoints"][0]["canary"]["ok"] and found["endpoints"][1]["canary"] == {}
+        assert found["deployment"]["found_via"] == [router]
+        halves = found["deployment"]["endpoints"][1:]
+        assert [e["settings"]["disaggregation_mode"] for e in halves] == ["prefill", "decode"]
+        assert found["deployment"]["endpoints"][1]["listed_bootstrap_port"] > 0
+
+        alone = cli_80("probe", router, "--no-workers", "--json", str(tmp_path / "alone.json"))
+        assert [e["root"] for e in json.loads((tmp_path / "alone.json").read_text())["endpoints"]] == [router], alone
 
         w = cli_80("watch", *engine.metrics_urls, "--duration", "2", "--interval", "0.5")
         assert w.returncode == 0, w.stdout + w.stderr
@@ -268,13 +278,11 @@ def _storm(served, n: int, ready, max_tokens: int = 200) -> None:
 
 def _served(*faults: str):
     from dsv4bench.engine.model.kv_pools import KVPools
-    from dsv4bench.engine.pd import PDConfig
-    from tests.engine.pd.helpers import ServedPD, build_tiny, tiny_cfg
+    from tests.engine.pd.helpers import ServedPD, tiny_cfg
 
     # A 13-page prompt crosses the link in ~0.1 s, so transfers are caught in flight.
     link_gbps = 13 * KVPools(tiny_cfg(num_pages=1)).bytes_per_page() / 0.1 / 1e9
-    return ServedPD(build_tiny(start=True, pd_cfg=PDConfig(link_gbps=link_gbps, health_timeout_s=1.0),
-                               chunked_prefill_tokens=32, faults=frozenset(faults)))
+    return ServedPD(link_gbps=link_gbps, health_timeout_s=1.0, chunked_prefill_tokens=32, faults=frozenset(faults))
 
 
 def _probe_pd(served, tmp_path, *extra: str) -> tuple[int, list[dict], str]:
@@ -317,8 +325,11 @@ def test_bootstrap_stall_after_a_killed_load_is_wedged(tmp_path):
         router, prefill, decode = found
         assert "canary_timeout" in router["codes"] and router["canary"]["result"] == "timeout"
         assert "health_lies" not in router["codes"] and router["health"]["status"] == 503  # it tells the truth
-        assert prefill["codes"] == ["queue_stuck"] and prefill["health"]["status"] == 503
-        assert any("sglang:num_prefill_bootstrap_queue_reqs=" in r for r in prefill["reasons"]), out
+        # The prefill half says it is down; the requests whose KV never comes wait in the
+        # decode half's transfer queue while the canary hangs.
+        assert prefill["state"] == "unhealthy" and prefill["health"]["status"] == 503
+        assert decode["codes"] == ["queue_stuck"], out
+        assert any("sglang:num_decode_transfer_queue_reqs=" in r for r in decode["reasons"]), out
         assert prefill["canary"] == {} and decode["canary"] == {}
     finally:
         served.stop()
@@ -351,3 +362,18 @@ def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
     assert after == {(f"{trio[0]}/health", "router"), (f"{trio[1]}/health", "prefill"),
                      (f"{trio[1]}/health_generate", "prefill"), (f"{trio[2]}/health", "decode"),
                      (f"{trio[2]}/health_generate", "decode")}
+
+
+def test_failure_counters_that_rose_during_the_probe_are_shown_not_judged():
+    from dsv4bench.probe import EndpointProbe, ProbeResult, _classify
+
+    failed = 'sglang:num_bootstrap_failed_reqs_total{engine_type="prefill"}'
+    ok = [HealthResult(0, f"http://p:1{path}", "ok", 0.01, 200) for path in ("/health", "/health_generate")]
+    ep = EndpointProbe(root="http://p:1", role="prefill", health=ok[0], health_generate=ok[1],
+                       looks=[(0, {failed: 1.0}), (10**9, {failed: 4.0})])
+    _classify(ep, None, DEFAULT_STUCK_S)
+    assert ep.state == "healthy" and ep.codes == [] and ep.failures == [f"{failed} +3"]
+    console = Console(width=80, record=True, file=io.StringIO())
+    render_probe(ProbeResult([ep]), console)
+    text = " ".join(console.export_text().split())
+    assert f"failed {failed} +3 during the probe" in text

@@ -130,9 +130,10 @@ def test_probe_on_the_sglang_router_and_the_halves(tmp_path, fault, code):
     """`probe` on SGLang's router and the two halves behind it: 0 on the healthy deployment
     before and after a storm of clients that leave mid-answer, 1 once the stalled bootstrap
     worker has wedged it (the router still says 200)."""
-    routed = sglang_router.start_routed_engine(["--pd", "--num-pages", "2048", *((f"--fault={fault}",) if fault else ())])
+    routed = start_engine(["--pd", "--router", "sglang", "--num-pages", "2048",
+                           *((f"--fault={fault}",) if fault else ())])
     try:
-        roots = [routed.router.root, routed.engines[0].roots[0], routed.engines[1].roots[0]]
+        roots = routed.roots  # SGLang's router, then the prefill and decode processes behind it
 
         def probe() -> tuple[int, str]:
             r = run_cli("probe", *roots, timeout=120)

@@ -16,7 +16,7 @@ from dsv4bench.engine.serve import build_engine
 from dsv4bench.engine.server import ServerConfig, build_app
 from tests.fixtures.hostile_requests import CHAT, Case, base, dumps, sample, send
 
-from .pd.helpers import ServerThread, build_tiny, quiet, tiny_cfg, wait_until
+from .pd.helpers import ServedPD, ServerThread, quiet, tiny_cfg, wait_until
 
 MAX_BODY = 256 * 1024
 SEED = 16  # the number
@@ -35,14 +35,11 @@ def single() -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def pd() -> Iterator[dict[str, str]]:
-    built = build_tiny(start=True)
-    servers = {name: ServerThread(app) for name, app in built.apps(ServerConfig(max_body_bytes=MAX_BODY)).items()}
-    yield {"api": servers["router"].url, "prefill": servers["prefill"].url, "decode": servers["decode"].url}
-    wait_until(lambda: quiet(built), what="the PD engine to drain")
-    assert built.prefill.alive() and built.decode.alive()
-    for srv in servers.values():
-        srv.stop()
-    built.stop()
+    served = ServedPD(server_cfg=ServerConfig(max_body_bytes=MAX_BODY))
+    yield {"api": served.router, "prefill": served.prefill, "decode": served.decode}
+    wait_until(lambda: quiet(served.pd), what="the PD engine to drain")
+    assert served.pd.prefill.alive() and served.pd.decode.alive()
+    served.stop()
 
 
 def fuzz(roots: dict[str, str], cases: list[Case]) -> Counter[tuple[str, int]]:

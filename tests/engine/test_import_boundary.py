@@ -13,8 +13,9 @@ import dsv4bench.engine
 
 ENGINE = Path(dsv4bench.engine.__file__).resolve().parent
 FORBIDDEN = ("dsv4bench.agents", "dsv4bench.engine.training")
-SERVING = ["dsv4bench.engine.serve", "dsv4bench.engine.pd.serve", "dsv4bench.engine.server",
-           "dsv4bench.engine.launcher", "dsv4bench.engine.model_runner"]
+SERVING = ["dsv4bench.engine.serve", "dsv4bench.engine.deployment", "dsv4bench.engine.pd.halves",
+           "dsv4bench.engine.pd.http_router", "dsv4bench.engine.server", "dsv4bench.engine.launcher",
+           "dsv4bench.engine.model_runner"]
 
 
 def forbidden(name: str) -> bool:
@@ -63,5 +64,5 @@ def test_a_serving_process_loads_neither_agents_nor_training(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.split()
-    assert "dsv4bench.engine.serve" in loaded and "dsv4bench.engine.pd.serve" in loaded
+    assert "dsv4bench.engine.serve" in loaded and "dsv4bench.engine.pd.halves" in loaded
     assert [m for m in loaded if forbidden(m)] == []

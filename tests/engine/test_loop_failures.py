@@ -17,9 +17,10 @@ from dsv4bench.engine.server_loop import AsyncSink
 from dsv4bench.engine.model_runner import ModelRunner
 from dsv4bench.engine.request import Request, SamplingParams
 from dsv4bench.engine.serve import build_engine
+from dsv4bench.engine.pd.bootstrap_server import BootstrapServer
 from dsv4bench.engine.server import ServerConfig, build_app
 
-from .pd.helpers import ServerThread, build_tiny, prompt, quiet, tiny_cfg, wait_until
+from .pd.helpers import ServedPD, ServerThread, build_tiny, prompt, quiet, tiny_cfg, wait_until
 
 DOOMED_SEED = 13  # a seed the edge accepts; the patched sampler raises on it
 
@@ -123,11 +124,11 @@ def test_sampling_params_refuse_what_the_sampler_cannot_take():
 
 @pytest.mark.parametrize("where", ["prefill", "decode"])
 def test_a_request_failing_in_a_pd_engine_fails_alone(where):
-    built = build_tiny(start=True)
+    served = ServedPD()
+    built = served.pd
     doom(getattr(built, where).runner)
-    servers = {name: ServerThread(app) for name, app in built.apps(ServerConfig()).items()}
     try:
-        exercise(f"{servers['router'].url}/v1", [s.url for s in servers.values()])
+        exercise(served.api, [served.router, served.prefill, served.decode])
         wait_until(lambda: quiet(built), what="the PD engine to drain")
         assert built.prefill.alive() and built.decode.alive()
         assert built.prefill.allocator.num_used == built.prefill.cache.num_cached_pages
@@ -135,9 +136,7 @@ def test_a_request_failing_in_a_pd_engine_fails_alone(where):
         for engine in (built.prefill, built.decode):
             engine.scheduler.check_integrity()
     finally:
-        for srv in servers.values():
-            srv.stop()
-        built.stop()
+        served.stop()
 
 
 def test_the_prefill_s_failure_reaches_the_decode_side_s_client():
@@ -147,9 +146,43 @@ def test_the_prefill_s_failure_reaches_the_decode_side_s_client():
     built = build_tiny()
     doom(built.prefill.runner)
     sink = ListSink()
-    built.router.dispatch("r1", prompt(40, seed=1), SamplingParams(max_tokens=4, temperature=0.7,
+    built.dispatch("r1", prompt(40, seed=1), SamplingParams(max_tokens=4, temperature=0.7,
                                                                    seed=DOOMED_SEED), sink)
     pump = Pump(built)
     pump.until(lambda: sink.finish is not None)
     pump.until_quiet()
     assert sink.finish.value == "abort" and "RuntimeError" in sink.events[-1].error
+
+
+def test_a_retry_with_a_fresh_room_after_a_prefill_error_leaves_no_room_behind():
+    """What SGLang's router does when a prefill fails: the same request again, to both halves,
+    with a new room. The failed room must be gone from both halves, and the retry served."""
+    served = ServedPD()
+    doom(served.pd.prefill.runner)
+    prefill_half = served.halves["prefill"]
+    bootstrap_server = prefill_half.parts[1]
+    assert isinstance(bootstrap_server, BootstrapServer)
+
+    def attempt(room: int, seed: int) -> list[httpx.Response]:
+        routed = {**body(seed, False), "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill_half.bootstrap_port,
+                  "bootstrap_room": room}
+
+        async def main() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                return list(await asyncio.gather(*(client.post(f"{root}/v1/chat/completions", json=routed)
+                                                   for root in (served.prefill, served.decode))))
+        return asyncio.run(main())
+
+    try:
+        failed = attempt(101, DOOMED_SEED)
+        assert [r.status_code for r in failed] == [500, 500], [r.text for r in failed]
+        assert "RuntimeError" in failed[1].json()["error"]["message"]  # the decode's client hears why
+        retried = attempt(102, 5)
+        assert [r.status_code for r in retried] == [200, 200], [r.text for r in retried]
+        assert retried[1].json()["choices"][0]["finish_reason"] in ("stop", "length")
+        wait_until(lambda: quiet(served.pd), what="both halves to be empty")
+        assert not bootstrap_server._opened and not bootstrap_server._pending and not bootstrap_server._connected
+        assert served.pd.decode.allocator.num_used == 0
+        assert served.pd.prefill.allocator.num_used == served.pd.prefill.cache.num_cached_pages
+    finally:
+        served.stop()

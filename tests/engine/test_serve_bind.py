@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.pd import PDConfig, serve_pd
+from dsv4bench.engine.config import DeploymentConfig, EngineConfig
+from dsv4bench.engine.deployment import serve_deployment
 from dsv4bench.engine.serve import EngineSetupError, ServeError, listen, serve
 from dsv4bench.engine.server import ServerConfig
 
@@ -46,8 +46,9 @@ def test_serve_fails_before_building_or_logging_anything(busy_port, caplog):
         with pytest.raises(ServeError):
             serve(EngineConfig(), ServerConfig(port=busy_port))
         with pytest.raises(ServeError):
-            serve_pd(EngineConfig(pd=True), ServerConfig(port=_free()), PDConfig(prefill_port=busy_port,
-                                                                                 decode_port=_free()))
+            # a deployment checks every part's port before it starts any process
+            serve_deployment(EngineConfig(pd=True), ServerConfig(port=_free()),
+                             DeploymentConfig(prefill_port=busy_port, decode_port=_free(), bootstrap_port=_free()), [])
     assert "serving" not in caplog.text
 
 

@@ -72,8 +72,8 @@ def test_wedge_report_has_table_drain_time_and_timeline(tmp_path: Path) -> None:
     assert f"| {PREFILL} | none | all 0 | 2.10 s |" in section
     assert "load stopped at 10.0 s; drain window ended at 20.0 s" in section
     # Per-endpoint table of gauges at the end of the window, the stuck one marked, and the details.
-    assert f"| `{TRANSFER}` | 58 | **stuck** |" in section
-    assert f"| `{BOOTSTRAP}` | 0 |  |" in section
+    assert f"| `{TRANSFER}` | transfer | 58 | **stuck** |" in section
+    assert f"| `{BOOTSTRAP}` | bootstrap | 0 |  |" in section
     assert f"- {TRANSFER}=58 on {DECODE}, no progress for 10.0 s" in section
     assert "`queue_stuck` = a queue stuck with no progress" in section
     assert "No metrics endpoints were scraped" not in md

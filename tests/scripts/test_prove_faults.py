@@ -1,8 +1,10 @@
 """The proof's bookkeeping: corrupt turns and when they came, the reference recipe's row (found
-by reference_mismatch, with the compared-turn counts), and the race's own counter."""
+by reference_mismatch, with the compared-turn counts), the race's own counter, and the router
+column (SGLang's router in front of every run, its own /health lie kept apart)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -59,3 +61,64 @@ def test_unguarded_reads_come_from_the_last_scrape(tmp_path):
     assert prove.read_unguarded_reads(tmp_path) == 42
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"values": {"sglang:num_running_reqs": 0.0}}) + "\n")
     assert prove.read_unguarded_reads(tmp_path) is None
+
+
+def _recipe(name: str):
+    return next(r for r in prove.RECIPES if r.fault == name)
+
+
+def test_the_sglang_router_column_passes_engine_router_to_every_run(tmp_path):
+    recipe = _recipe("abort-leak")
+    bundled = prove.agents_command(recipe, False, 3, tmp_path)
+    assert "--engine-router" not in bundled and "--engine-fault=abort-leak" in bundled
+    routed = prove.agents_command(recipe, True, 3, tmp_path, router="sglang")
+    assert routed[-2:] == ["--engine-router", "sglang"] and "--engine-arg=--pd" in routed
+    assert not any(a.startswith("--engine-fault") for a in routed)  # the clean replay keeps the router
+    assert prove.router_label("bundled") == "bundled"
+    assert prove.router_label("sglang") in (f"SGLang {importlib.metadata.version('sglang-router')}",
+                                            "SGLang (not installed)")
+
+
+def _wedged(router_root: str) -> tuple[dict, list[dict]]:
+    """A bootstrap-stall run's summary as SGLang's router in front of two halves leaves it."""
+    summary = {"counts": {}, "wedge": {
+        "http://127.0.0.1:9002/metrics": {"codes": ["queue_stuck"]},
+        f"{router_root}/v1": {"codes": ["canary_timeout", "health_lies"]},
+        "http://127.0.0.1:9003/health_generate": {"codes": []}}}
+    events = [{"kind": "run_start", "t_ns": 0}, {"kind": "drain_end", "t_ns": 30_000_000_000},
+              {"kind": "health", "endpoint": f"{router_root}/health", "role": "router"},
+              {"kind": "health", "endpoint": "http://127.0.0.1:9002/health", "role": "prefill"}]
+    return summary, events
+
+
+def test_sglang_routers_own_health_lie_is_kept_apart_and_finds_no_fault():
+    summary, events = _wedged("http://127.0.0.1:9000")
+    routers = prove.router_roots(events)
+    assert routers == {"http://127.0.0.1:9000"}
+    codes, first = prove.read_findings(summary, {"health_lies"}, {}, events, routers)
+    assert codes == {"queue_stuck": 1, "canary_timeout": 1, "health_lies@router": 1} and first is None
+    codes, first = prove.read_findings(summary, {"queue_stuck", "canary_timeout"}, {}, events, routers)
+    assert first == 30.0  # the stall itself is still found, at the end of the drain window
+    # behind our own router /health is a generation through both halves: its lie is the fault's
+    codes, first = prove.read_findings(summary, {"health_lies"}, {}, events)
+    assert codes["health_lies"] == 1 and first == 30.0
+    # a server behind SGLang's router that lies is the fault found
+    summary["wedge"]["http://127.0.0.1:9003/health_generate"]["codes"] = ["health_lies"]
+    codes, first = prove.read_findings(summary, {"health_lies"}, {}, events, routers)
+    assert codes["health_lies"] == 1 and codes["health_lies@router"] == 1 and first == 30.0
+
+
+def test_the_table_has_a_router_column_and_says_what_the_routers_own_lie_is():
+    recipe = _recipe("health-lies")
+    lied = prove.RunResult(recipe.fault, False, "WEDGE", {"canary_timeout": 1, "health_lies@router": 1}, None)
+    clean = prove.RunResult(recipe.fault, True, "CLEAN", {}, None)
+    label = prove.router_label("sglang")
+    lines = prove.table([lied, clean], (recipe,), 1, "sglang").splitlines()
+    assert lines[0].startswith("| fault | router | expected code | found |")
+    assert lines[2].startswith(f"| `health-lies` | {label} | health_lies | 0/1 | canary_timeout (1), "
+                               "health_lies@router (1) | - |")
+    assert lines[2].endswith("--canary-timeout 5 --engine-router sglang` |")  # the row's recipe reproduces it
+    assert lines[3].startswith(f"| clean (recipes' settings, no fault) | {label} | none | 1/1 clean |")
+    assert lines[-1].startswith("`health_lies@router`: SGLang's router answered its own /health 200")
+    text = prove.table([clean], (recipe,), 1)
+    assert "| bundled |" in text and "@router" not in text and "--engine-router" not in text

@@ -1,24 +1,36 @@
-"""Shared pieces of the PD tests: a tiny model, a PD engine driven by hand (no threads, every
-step chosen by the test), and the cleanliness check every abort test ends with."""
+"""Shared pieces of the PD tests: a tiny model, the in-process PD rig driven by hand (no
+threads, every step chosen by the test; in_process.py), the halves served as a deployment
+serves them (`ServedPD`: two HTTP servers joined by the loopback bootstrap port, our PD
+router in front), and the cleanliness check every abort test ends with."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import uvicorn
 
-from dsv4bench.engine.config import EngineConfig, ModelConfig
-from dsv4bench.engine.server_loop import TokenEvent
-from dsv4bench.engine.pd import PDConfig, PDEngine, build_pd_engine
+from dsv4bench.engine.config import DeploymentConfig, EngineConfig, ModelConfig
 from dsv4bench.engine.launcher import free_port
+from dsv4bench.engine.pd.bootstrap import BootstrapWorker
+from dsv4bench.engine.pd.decode import DecodeEngine
+from dsv4bench.engine.pd.halves import build_half
+from dsv4bench.engine.pd.http_router import Halves, build_router_app
+from dsv4bench.engine.pd.prefill import PrefillEngine
+from dsv4bench.engine.pd.transfer import TransferWorker
 from dsv4bench.engine.request import FinishReason, SamplingParams
 from dsv4bench.engine.server import ServerConfig
+from dsv4bench.engine.server_loop import TokenEvent
+from dsv4bench.engine.tokenizer import load_tokenizer
 from dsv4bench.monitor import parse_metrics
+
+from .in_process import PDEngine, build_pd_engine
 
 # Small enough that a step takes milliseconds; windows, blocks and pages still matter at ~100 tokens.
 TINY = ModelConfig(d_model=64, n_layers=2, n_heads=2, head_dim=32, rope_dim=16, window=32, csa_rate=2, hca_rate=8,
@@ -31,8 +43,9 @@ def tiny_cfg(**overrides) -> EngineConfig:
     return EngineConfig(**settings)
 
 
-def build_tiny(start: bool = False, pd_cfg: PDConfig = PDConfig(link_gbps=0), **overrides) -> PDEngine:
-    return build_pd_engine(tiny_cfg(**overrides), pd_cfg, random_weights=True, start=start)
+def build_tiny(start: bool = False, link_gbps: float = 0.0, **overrides) -> PDEngine:
+    """The in-process rig over the tiny model (random weights, seed 0)."""
+    return build_pd_engine(tiny_cfg(**overrides), link_gbps, start=start)
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -101,7 +114,7 @@ class Pump:
         self.until(lambda: quiet(self.pd), rounds=rounds)
 
 
-def quiet(pd: PDEngine) -> bool:
+def quiet(pd: PDEngine | LivePD) -> bool:
     """Nothing in any queue, message box or room of the PD engine."""
     p, d = pd.prefill, pd.decode
     return not (p.bootstrap_queue or p.prefilling or p.inflight_queue or p.scheduler.has_work or not p.inbox.empty()
@@ -109,7 +122,7 @@ def quiet(pd: PDEngine) -> bool:
                 or pd.bootstrap.rooms or not pd.bootstrap.inbox.empty() or not pd.transfers.inbox.empty())
 
 
-def assert_clean(pd: PDEngine) -> None:
+def assert_clean(pd: PDEngine | LivePD) -> None:
     """No request anywhere, no page held but the prefill's prefix cache, refcounts exact."""
     assert quiet(pd)
     for engine in (pd.prefill, pd.decode):
@@ -144,13 +157,42 @@ class ServerThread:
         self.thread.join(5)
 
 
-class ServedPD:
-    """A started PD engine with its router, prefill and decode servers on loopback."""
+@dataclass
+class LivePD:
+    """The parts of a served PD deployment a test looks into: the prefill half's engine, its
+    bootstrap worker and transfer worker, the decode half's engine, and our router."""
 
-    def __init__(self, pd: PDEngine, model_name: str = "dsv4-mini") -> None:
-        self.pd = pd
-        apps = pd.apps(ServerConfig(model_name=model_name))
-        self.servers = {name: ServerThread(app) for name, app in apps.items()}
+    prefill: PrefillEngine
+    decode: DecodeEngine
+    bootstrap: BootstrapWorker
+    transfers: TransferWorker
+    router: Any  # http_router._Router: `active` counts the requests it is routing
+
+
+class ServedPD:
+    """A PD deployment as `engine serve --pd` lays it out, in threads of this process: the
+    prefill and the decode half, each an HTTP server with its own engine and pools, joined
+    only by the prefill's bootstrap port on loopback, and our PD router in front."""
+
+    def __init__(self, link_gbps: float = 0.0, health_timeout_s: float = DeploymentConfig.health_timeout_s,
+                 server_cfg: ServerConfig = ServerConfig(), start: bool = True, **overrides: Any) -> None:
+        cfg = tiny_cfg(**overrides)
+        self.halves = {role: build_half(role, cfg, server_cfg, bootstrap_port=0, link_gbps=link_gbps,
+                                        random_weights=True) for role in ("prefill", "decode")}
+        prefill, decode = self.halves["prefill"], self.halves["decode"]
+        if start:
+            for half in self.halves.values():
+                half.start()
+        self.servers = {role: ServerThread(half.app) for role, half in self.halves.items()}
+        assert prefill.bootstrap_port is not None
+        app = build_router_app(Halves(self.servers["prefill"].url, self.servers["decode"].url, prefill.bootstrap_port),
+                               cfg, load_tokenizer(),
+                               min(cfg.model.max_context, prefill.engine.scheduler.max_seq_len,
+                                   decode.engine.scheduler.max_seq_len),
+                               dataclasses.replace(server_cfg, engine_type="router"), health_timeout_s)
+        self.servers = {"router": ServerThread(app), **self.servers}
+        self.pd = LivePD(prefill.engine, decode.engine, prefill.bootstrap, prefill.transfers,  # type: ignore[arg-type]
+                         app.state.router)
         self.router, self.prefill, self.decode = (self.servers[k].url for k in ("router", "prefill", "decode"))
         self.api = f"{self.router}/v1"
 
@@ -164,4 +206,5 @@ class ServedPD:
     def stop(self) -> None:
         for server in self.servers.values():
             server.stop()
-        self.pd.stop()
+        for half in self.halves.values():
+            half.stop()

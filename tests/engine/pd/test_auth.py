@@ -12,7 +12,7 @@ import pytest
 
 from dsv4bench.engine.server import ServerConfig
 
-from .helpers import ServerThread, build_tiny
+from .helpers import ServedPD
 
 KEY = "sk-test-key"
 GOOD = {"Authorization": f"Bearer {KEY}"}
@@ -27,19 +27,15 @@ ROUTER_ENDPOINTS = (("POST", "/v1/chat/completions", CHAT),
                     ("POST", "/flush_cache", None))
 
 
-def serve(**cfg) -> tuple[dict[str, str], object, dict[str, ServerThread]]:
-    built = build_tiny(start=True)
-    servers = {name: ServerThread(app) for name, app in built.apps(ServerConfig(api_key=KEY, **cfg)).items()}
-    return {name: srv.url for name, srv in servers.items()}, built, servers
+def serve(**cfg) -> ServedPD:
+    return ServedPD(server_cfg=ServerConfig(api_key=KEY, **cfg))
 
 
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[dict[str, str]]:
-    roots, built, servers = serve()
-    yield roots
-    for srv in servers.values():
-        srv.stop()
-    built.stop()
+    served = serve()
+    yield {name: srv.url for name, srv in served.servers.items()}
+    served.stop()
 
 
 def endpoints(port: str):
@@ -74,16 +70,14 @@ def test_health_and_metrics_are_open_by_default(keyed, port):
 
 
 def test_auth_health_metrics_closes_them_too():
-    roots, built, servers = serve(auth_health_metrics=True)
+    served = serve(auth_health_metrics=True)
     try:
-        for root in roots.values():
+        for root in (served.router, served.prefill, served.decode):
             for path in ("/health", "/metrics"):
                 assert httpx.get(root + path, timeout=10).status_code == 401
                 assert httpx.get(root + path, headers=GOOD, timeout=10).status_code == 200
     finally:
-        for srv in servers.values():
-            srv.stop()
-        built.stop()
+        served.stop()
 
 
 def test_abort_all_without_the_key_cannot_end_a_users_stream(keyed):

@@ -20,7 +20,7 @@ def pd():
 
 def start(pd, rid: str, max_tokens: int = 8, n_prompt: int = 60) -> ListSink:
     sink = ListSink()
-    pd.router.dispatch(rid, prompt(n_prompt, seed=len(rid) + ord(rid[-1])), greedy(max_tokens), sink)
+    pd.dispatch(rid, prompt(n_prompt, seed=len(rid) + ord(rid[-1])), greedy(max_tokens), sink)
     return sink
 
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from dsv4bench.engine.pd import PDConfig
+from dsv4bench.engine.metrics import ServerMetrics
 from dsv4bench.engine.pd.bootstrap import Room, RoomState, UnexpectedAbort
 from dsv4bench.engine.pd.transfer import KVTransfer
 from dsv4bench.engine.request import HEALTH_PROBE_PREFIX
-from dsv4bench.monitor import QUEUE_GAUGES
+from dsv4bench.monitor import QUEUE_GAUGES, parse_metrics
 from dsv4bench.wedge import is_queue_gauge
 
 from .helpers import ListSink, ServedPD, build_tiny, greedy, prompt, wait_until
@@ -23,7 +23,7 @@ PD_GAUGES = {"prefill": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[ServedPD]:
-    s = ServedPD(build_tiny(start=True))
+    s = ServedPD()
     yield s
     s.stop()
 
@@ -52,21 +52,25 @@ def test_each_server_exports_sglang_gauges_under_its_engine_type(served):
 
 
 def test_the_pd_gauges_count_requests_in_their_queues():
-    stalled = ServedPD(build_tiny())  # engine threads not started: requests stay where they are put
-    try:
-        for i in range(3):
-            stalled.pd.router.dispatch(f"r{i}", prompt(40, seed=i), greedy(4), ListSink())
-        stalled.pd.router.dispatch(f"{HEALTH_PROBE_PREFIX}1", prompt(40, seed=9), greedy(1), ListSink())
-        stalled.pd.prefill.run_once(block=False)
-        stalled.pd.decode.run_once(block=False)
-        # all four are in both queues; the health probe is left out of the gauges and counters
-        assert len(stalled.pd.prefill.bootstrap_queue) == len(stalled.pd.decode.transfer_queue) == 4
-        assert stalled.gauge("prefill", PD_GAUGES["prefill"][0]) == 3
-        assert stalled.gauge("decode", PD_GAUGES["decode"][1]) == 3
-        assert stalled.gauge("decode", "sglang:num_requests_total") == 3
-        assert stalled.gauge("decode", "sglang:token_usage") > 0
-    finally:
-        stalled.stop()
+    stalled = build_tiny()  # engine threads not started: requests stay where they are put
+    for i in range(3):
+        stalled.dispatch(f"r{i}", prompt(40, seed=i), greedy(4), ListSink())
+    stalled.dispatch(f"{HEALTH_PROBE_PREFIX}1", prompt(40, seed=9), greedy(1), ListSink())
+    stalled.prefill.run_once(block=False)
+    stalled.decode.run_once(block=False)
+    # all four are in both queues; the health probe is left out of the gauges and counters
+    assert len(stalled.prefill.bootstrap_queue) == len(stalled.decode.transfer_queue) == 4
+
+    def gauge(engine_type: str, metric: str) -> float:
+        engine = getattr(stalled, engine_type)
+        text = ServerMetrics(lambda: engine.stats, "dsv4-mini", engine_type, stalled.cfg.page_size).render()
+        return parse_metrics(text.decode() if isinstance(text, bytes) else text)[
+            f'{metric}{{engine_type="{engine_type}",model_name="dsv4-mini"}}']
+
+    assert gauge("prefill", PD_GAUGES["prefill"][0]) == 3
+    assert gauge("decode", PD_GAUGES["decode"][1]) == 3
+    assert gauge("decode", "sglang:num_requests_total") == 3
+    assert gauge("decode", "sglang:token_usage") > 0
 
 
 def test_health_of_every_server_and_server_info(served):
@@ -91,7 +95,7 @@ def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
 @pytest.mark.parametrize("lies", [False, True], ids=["honest", "health-lies"])
 def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
     faults = {"bootstrap-stall", "health-lies"} if lies else {"bootstrap-stall"}
-    s = ServedPD(build_tiny(start=True, pd_cfg=PDConfig(link_gbps=0, health_timeout_s=1.0), faults=frozenset(faults)))
+    s = ServedPD(health_timeout_s=1.0, faults=frozenset(faults))
     try:
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == 200
         room = Room("x")  # a request that reaches decoding, then an ABORT the worker does not expect

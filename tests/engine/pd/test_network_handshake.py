@@ -28,11 +28,11 @@ from dsv4bench.engine.pd.prefill import PrefillEngine
 from dsv4bench.engine.pd.transfer import TransferStatus, TransferWorker
 from dsv4bench.engine.request import FinishReason, Request
 from dsv4bench.engine.pd.worker import DecodeServing, PrefillServing
-from dsv4bench.engine.serve import load_model
+from dsv4bench.engine.serve import build_engine, load_model
 from dsv4bench.engine.server import ServerConfig, build_app
 from dsv4bench.engine.tokenizer import load_tokenizer
 
-from .helpers import ListSink, ServedPD, ServerThread, build_tiny, greedy, prompt, tiny_cfg, wait_until
+from .helpers import ListSink, ServerThread, build_tiny, greedy, prompt, tiny_cfg, wait_until
 
 
 @dataclass
@@ -102,7 +102,7 @@ def reference() -> Iterator:
 
 def in_process_answer(pd, ids: list[int], max_tokens: int) -> list[int]:
     sink = ListSink()
-    pd.router.dispatch("ref", ids, greedy(max_tokens), sink)
+    pd.dispatch("ref", ids, greedy(max_tokens), sink)
     wait_until(lambda: sink.finish is not None, what="the in-process answer")
     return sink.tokens
 
@@ -114,6 +114,29 @@ def test_the_answer_is_the_in_process_one_whichever_server_hears_first(split, re
     sink = split.send(11 if decode_first else 12, ids, 12, decode_first)
     wait_until(lambda: sink.finish is not None, what="the answer")
     assert sink.finish in (FinishReason.LENGTH, FinishReason.STOP) and sink.tokens == expected
+    split.assert_clean()
+
+
+@pytest.mark.parametrize("prefill_after_close", [True, False], ids=["after-the-decode-left", "before-it-left"])
+def test_a_prefill_arriving_after_its_decode_gave_up_leaves_no_room(split, prefill_after_close):
+    """A kill in the first milliseconds: the decode's prealloc reached the bootstrap port before
+    the prefill had the request, then the decode aborted and left. The prefill's copy, arriving
+    last, must end at once instead of waiting in the bootstrap queue for ever."""
+    room, ids = 31 + prefill_after_close, prompt(40, seed=6)
+    params = replace(greedy(8), stop_token_ids=(1,))
+    split.client.open(f"d{room}", Bootstrap("127.0.0.1", split.server.port, room))
+    split.decode.submit(Request(f"d{room}", list(ids), params), ListSink())
+    wait_until(lambda: room in split.server._pending, what="the decode's prealloc to be held")
+    split.decode.abort(f"d{room}").result(5)
+    if prefill_after_close:
+        wait_until(lambda: room not in split.server._connected, what="the decode to leave the room")
+    r = Room(room_rid(room))
+    assert split.server.open(room, r)
+    ended = ListSink()
+    split.prefill.submit(Request(r.rid, list(ids), replace(params, max_tokens=1)), r, ended)
+    wait_until(lambda: ended.finish is not None, what="the prefill's copy to end")
+    assert ended.finish is FinishReason.ABORT
+    split.server.release(room)  # what the prefill server does when its request ends
     split.assert_clean()
 
 
@@ -183,8 +206,18 @@ def test_garbage_on_the_bootstrap_port_harms_no_room(split):
 # ---- the two halves as HTTP servers, as SGLang's router sees them ------------------------------
 
 @pytest.fixture(scope="module")
-def halves(split, reference) -> Iterator[tuple[str, str, str]]:
-    """(prefill URL, decode URL, in-process PD router URL) over the split halves."""
+def unified() -> Iterator[str]:
+    """The unified engine over the same seeded weights: the answer PD must give."""
+    built = build_engine(tiny_cfg(pd=False), random_weights=True)
+    server = ServerThread(build_app(built.engine, built.frontend, ServerConfig()))
+    yield f"{server.url}/v1"
+    server.stop()
+    built.stop()
+
+
+@pytest.fixture(scope="module")
+def halves(split, unified) -> Iterator[tuple[str, str, str]]:
+    """(prefill URL, decode URL, the unified engine's API URL) over the split halves."""
     tok = load_tokenizer()
     frontend = Frontend(tok, max_context=4096)
     cfg = split.prefill.cfg
@@ -192,12 +225,9 @@ def halves(split, reference) -> Iterator[tuple[str, str, str]]:
     prefill = PrefillServing(cfg, split.prefill, split.server, needs_p, tok.eos_token_id, 4096)
     decode = DecodeServing(split.decode.cfg, split.decode, split.client, (), tok.eos_token_id, 4096)
     servers = [ServerThread(build_app(prefill, frontend, ServerConfig(engine_type="prefill"))),
-               ServerThread(build_app(decode, frontend, ServerConfig(engine_type="decode"))),
-               ServedPD(reference)]
-    yield servers[0].url, servers[1].url, servers[2].api
-    for s in servers[:2]:
-        s.stop()
-    for s in servers[2].servers.values():  # the reference engine is the module fixture's to stop
+               ServerThread(build_app(decode, frontend, ServerConfig(engine_type="decode")))]
+    yield servers[0].url, servers[1].url, unified
+    for s in servers:
         s.stop()
 
 
@@ -212,7 +242,7 @@ def both(prefill: str, decode: str, path: str, body: dict, port: int, room: int)
     return asyncio.run(main())
 
 
-def test_the_halves_over_http_answer_as_the_in_process_router(split, halves):
+def test_the_halves_over_http_answer_as_the_unified_engine(split, halves):
     prefill, decode, router = halves
     body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 10,
             "temperature": 0}
@@ -254,7 +284,7 @@ def test_a_client_leaving_the_decode_half_ends_the_request_on_both(split, halves
 @pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
 def test_sglang_router_in_front_of_the_halves(split, halves, tmp_path):
     """SGLang's real router in PD mode: it adds the room itself, sends to both halves and
-    streams the decode's answer, which is the in-process router's."""
+    streams the decode's answer, which is the unified engine's."""
     prefill, decode, reference = halves
     router = sglang_router.start_sglang_router(prefill=[(prefill, split.server.port)], decode=[decode], log_dir=tmp_path)
     try:

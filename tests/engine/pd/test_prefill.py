@@ -21,7 +21,7 @@ def pd():
 
 def start(pd, rid: str, n_prompt: int = 100, max_tokens: int = 8) -> ListSink:
     sink = ListSink()
-    pd.router.dispatch(rid, prompt(n_prompt, seed=len(rid)), greedy(max_tokens), sink)
+    pd.dispatch(rid, prompt(n_prompt, seed=len(rid)), greedy(max_tokens), sink)
     return sink
 
 
@@ -104,9 +104,9 @@ def test_an_abort_on_the_prefill_server_alone_reaches_the_decode_server_and_the_
 def test_the_second_turn_reuses_the_prefill_cache_and_ships_the_same_kv(pd):
     first = prompt(100, seed=7)
     a, b = ListSink(), ListSink()
-    pd.router.dispatch("t1", first, greedy(4), a)
+    pd.dispatch("t1", first, greedy(4), a)
     Pump(pd).until_quiet()
-    pd.router.dispatch("t2", first + a.tokens + prompt(20, seed=8), greedy(4), b)
+    pd.dispatch("t2", first + a.tokens + prompt(20, seed=8), greedy(4), b)
     Pump(pd).until_quiet()
     assert b.events[0].cached_tokens == 96 and b.finish is FinishReason.LENGTH
     assert_clean(pd)

@@ -13,7 +13,7 @@ import pytest
 from dsv4bench.engine.serve import build_engine
 from dsv4bench.engine.server import ServerConfig, build_app
 
-from .helpers import ServedPD, ServerThread, build_tiny, tiny_cfg, wait_until
+from .helpers import ServedPD, ServerThread, tiny_cfg, wait_until
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
@@ -22,7 +22,7 @@ MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[ServedPD]:
-    s = ServedPD(build_tiny(start=True))
+    s = ServedPD()
     yield s
     s.stop()
 
