@@ -304,8 +304,12 @@ class _Server:
                 await gen.aclose()  # aborts a probe still queued
 
     async def server_info(self, request: Request) -> Response:
-        return JSONResponse(server_facts.server_info(self.engine_cfg, self.cfg.engine_type, self.cfg.model_name,
-                                                     self.frontend.tokenizer, self.engine.max_context))
+        facts = server_facts.server_info(self.engine_cfg, self.cfg.engine_type, self.cfg.model_name,
+                                         self.frontend.tokenizer, self.engine.max_context)
+        bootstrap_port = getattr(self.engine, "bootstrap_port", None)  # a PD prefill server's
+        if bootstrap_port is not None:
+            facts["disaggregation_bootstrap_port"] = bootstrap_port
+        return JSONResponse(facts)
 
     async def model_info(self, request: Request) -> Response:
         return JSONResponse(server_facts.model_info(self.cfg.engine_type, self.cfg.model_name, self.frontend.tokenizer,

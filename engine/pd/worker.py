@@ -81,6 +81,11 @@ class PrefillServing(_Half):
         super().__init__(cfg, engine, needs, eos_token_id, max_context)
         self.prefill, self.server = engine, server
 
+    @property
+    def bootstrap_port(self) -> int:
+        """Where decode servers reach this server's rooms (SGLang's disaggregation_bootstrap_port)."""
+        return self.server.port
+
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
                        bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
         assert bootstrap is not None, "the server refuses a PD half's request without its room"

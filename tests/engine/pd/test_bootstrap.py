@@ -79,7 +79,18 @@ def test_answers_for_closed_or_unknown_rooms_are_aborted_and_aborts_for_them_ign
     orphan = KVTransfer("never-opened", [1])
     worker.prealloc("never-opened", orphan)
     worker.drain()
-    assert not worker.rooms and orphan.status is TransferStatus.ABORTED and room.state is RoomState.BOOTSTRAPPED
+    # closed before its KV moved: aborted, so a prefill request still waiting on it ends
+    assert not worker.rooms and orphan.status is TransferStatus.ABORTED and room.state is RoomState.ABORTED
+    assert room.transfer is not None and room.transfer.status is TransferStatus.ABORTED
+
+
+def test_closing_a_room_whose_kv_moved_changes_nothing():
+    worker = BootstrapWorker(stall_on_unexpected_abort=True)
+    room, transfer = handshake(worker, "r2")
+    worker.decoding("r2")
+    worker.close("r2")
+    worker.drain()
+    assert not worker.rooms and room.state is RoomState.DECODING and transfer.status is TransferStatus.WAITING_FOR_INPUT
 
 
 def test_the_stalled_worker_thread_dies_and_every_later_room_waits_for_ever():

@@ -79,6 +79,8 @@ def test_health_of_every_server_and_server_info(served):
         assert httpx.get(f"{url}/health_generate", timeout=10).status_code == 200
     info = httpx.get(f"{served.prefill}/get_server_info", timeout=5).json()
     assert info["disaggregation_mode"] == "prefill" and info["pd"] is True and info["page_size"] == 16
+    assert info["disaggregation_bootstrap_port"] == served.halves["prefill"].bootstrap_port
+    assert "disaggregation_bootstrap_port" not in httpx.get(f"{served.decode}/get_server_info", timeout=5).json()
     assert httpx.get(f"{served.router}/get_server_info", timeout=5).json()["engine_type"] == "router"
 
 
