@@ -36,19 +36,19 @@ def gauges(ep) -> dict[str, float]:
 
 
 def test_openai_client_streaming_and_not_with_tools(engine):
-    client = openai.OpenAI(base_url=engine.url, api_key="none", max_retries=0)
-    r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
-    assert r.id.startswith("chatcmpl-") and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert r.usage.prompt_tokens > 20 and 1 <= r.usage.completion_tokens <= 16
-    chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16,
-                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
-    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
-    # Greedy decoding is deterministic: the same request twice gives the same text.
-    again = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
-    assert again.choices[0].message.content == r.choices[0].message.content
-    # The second request reused the prompt's cached pages.
-    assert again.usage.prompt_tokens == r.usage.prompt_tokens
+    with openai.OpenAI(base_url=engine.url, api_key="none", max_retries=0) as client:
+        r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+        assert r.id.startswith("chatcmpl-") and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        assert r.usage.prompt_tokens > 20 and 1 <= r.usage.completion_tokens <= 16
+        chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16,
+                                                     temperature=0, stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+        # Greedy decoding is deterministic: the same request twice gives the same text.
+        again = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+        assert again.choices[0].message.content == r.choices[0].message.content
+        # The second request reused the prompt's cached pages.
+        assert again.usage.prompt_tokens == r.usage.prompt_tokens
 
 
 def test_80_streams_half_disconnect_leave_nothing_behind(engine):

@@ -164,9 +164,9 @@ def test_the_http_server_streams_sglangs_shape():
     srv = ServerThread(build_app(engine, Frontend(tok, MODEL, 4096, tool_call_parser="sglang"),
                                  ServerConfig(model_name=MODEL)))
     try:
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
-        chunks = list(client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True))
-        whole = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS)
+        with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x") as client:
+            chunks = list(client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True))
+            whole = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS)
     finally:
         srv.stop()
     deltas = [tc for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []]

@@ -69,13 +69,14 @@ def test_streamed_chat_with_usage_is_what_the_unified_engine_streams(served, uni
 
 
 def test_the_openai_client_reads_the_router(served):
-    client = openai.OpenAI(base_url=served.api, api_key="none", max_retries=0, timeout=30)
-    r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 10
-    chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8,
-                                                 temperature=0, stream=True))
-    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
-    assert [m.id for m in client.models.list().data] == ["dsv4-mini"]
+    with openai.OpenAI(base_url=served.api, api_key="none", max_retries=0, timeout=30) as client:
+        r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8,
+                                           temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 10
+        chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8,
+                                                     temperature=0, stream=True))
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+        assert [m.id for m in client.models.list().data] == ["dsv4-mini"]
 
 
 def test_a_disconnect_while_decoding_aborts_on_both_servers(served):
