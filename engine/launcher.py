@@ -214,9 +214,16 @@ def _ready(ep: EngineProcess) -> bool:
     try:
         if not all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
             return False
-        if not ep.server_ports:
-            return True
-        listed = httpx.get(f"{ep.roots[0]}/workers", timeout=5.0).json().get("workers", [])
-        return len(listed) == len(ep.server_ports) and all(w.get("is_healthy") for w in listed)
+    except httpx.HTTPError:
+        return False
+    return not ep.server_ports or lists_healthy(ep.roots[0], len(ep.server_ports))
+
+
+def lists_healthy(router_root: str, expected: int) -> bool:
+    """The router at `router_root` lists `expected` workers, all healthy (its `/workers`, in the
+    shape SGLang's router and ours answer)."""
+    try:
+        listed = httpx.get(f"{router_root}/workers", timeout=5.0).json().get("workers", [])
+        return len(listed) == expected and all(w.get("is_healthy") for w in listed)
     except (httpx.HTTPError, ValueError, AttributeError):
         return False

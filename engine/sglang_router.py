@@ -23,9 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from .launcher import EngineStartError, free_ports, spawn_child, stop_child
+from .launcher import EngineStartError, free_ports, lists_healthy, spawn_child, stop_child
 
 HOST = "127.0.0.1"
 MISSING = "SGLang's router is not installed: pip install 'dsv4bench[sglang]'"
@@ -120,12 +118,8 @@ def start_sglang_router(workers: Sequence[str] = (), prefill: Sequence[tuple[str
         if proc.poll() is not None:
             router.stop()
             raise EngineStartError(f"SGLang's router exited with code {proc.returncode}{where}")
-        try:
-            listed = httpx.get(f"{router.root}/workers", timeout=5.0).json().get("workers", [])
-            if len(listed) == expected and all(w.get("is_healthy") for w in listed):
-                return router
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
+        if lists_healthy(router.root, expected):
+            return router
         time.sleep(0.25)
     router.stop()
     raise EngineStartError(f"SGLang's router did not list its {expected} server(s) healthy within "
