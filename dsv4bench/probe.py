@@ -233,8 +233,13 @@ def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
     if "canary_timeout" in codes:
         out.append(f"canary_timeout: the canary got no answer in {ep.canary.latency_s:.1f} s")
     if "health_lies" in codes:
-        what = "the canary" if "canary_timeout" in codes else "/health_generate"
-        out.append(f"health_lies: /health answered 200 while {what} hung")
+        if "canary_timeout" in codes:
+            what = "the canary hung"
+        elif ep.health_generate is not None and ep.health_generate.result != TIMEOUT:
+            what = f"/health_generate answered {ep.health_generate.status}"
+        else:
+            what = "/health_generate hung"
+        out.append(f"health_lies: /health answered 200 while {what}")
     return out
 
 

@@ -16,8 +16,9 @@ Verdicts (the wedge family of codes.py):
   connection is an error of the check: it goes into the finding's `check_errors` (and
   `details`), never into the codes.
 - `health_lies`: that canary hung while the same server's latest `/health` answered 200; for a
-  server that gets no canary (a prefill or decode server), its `/health_generate` hung while
-  its `/health` answered 200.
+  server that gets no canary (a prefill or decode server), its `/health_generate` hung, or
+  answered 503 (the server saying it could not generate: SGLang's does so once its own probe
+  times out, which a patient check sees), while its `/health` answered 200.
 
 Failure counters that rose in the drain window (bootstrap or transfer failures, the router's
 retries: dialect.failures) are evidence beside the codes, never a code: a failed transfer
@@ -188,11 +189,12 @@ def _judge_probes(out: dict[str, WedgeFinding], health: list[HealthResult], cana
     for origin in sorted({_origin(h.endpoint) for h in after} - canaried):
         gen = _latest(after, origin, "/health_generate")
         h = _latest(after, origin, "/health")
-        if gen is None or gen.result != TIMEOUT or h is None or h.status != 200:
+        if gen is None or not (gen.result == TIMEOUT or gen.status == 503) or h is None or h.status != 200:
             continue
         found = out.setdefault(gen.endpoint, WedgeFinding())
         found.codes = sorted(set(found.codes) | {"health_lies"})
-        found.details.append(f"{h.endpoint} answered 200 while {gen.endpoint} hung ({gen.error or 'no answer'})")
+        how = f"hung ({gen.error or 'no answer'})" if gen.result == TIMEOUT else "answered 503"
+        found.details.append(f"{h.endpoint} answered 200 while {gen.endpoint} {how}")
 
 
 def detect_wedge(samples: list[MetricSample], load_stopped_ns: int, cfg: WedgeConfig,

@@ -19,6 +19,7 @@ Health: `/health` and `/health_generate` share one handler, as in SGLang: a real
 probe request (rid prefix `HEALTH_CHECK_`: not counted in the request counters or the queue
 gauges) must produce its token within `health_generate_timeout_s`, else 503. A probe waits its
 turn like any request, so under saturation a poll may time out: a new request waits as long.
+On a PD half the probe goes through that half alone (engine/pd/worker.py says how).
 
 Hostile input: every POST body crosses engine/request_limits.py (size, nesting depth, integer
 range, finite numbers, encodable strings) before anything reads it, so a client's bytes are a
@@ -192,7 +193,7 @@ class _Server:
         self.parser_split = Fault.PARSER_SPLIT in faults
         self.health_prompt_ids = frontend.tokenizer.encode(HEALTH_PROMPT)
         # A prefill or decode server of a PD deployment in separate processes (engine/pd/worker.py):
-        # it generates only with its other half, so its /health is its threads' liveness.
+        # it takes only a PD router's requests (its health probe excepted: the half gives it a room).
         self.pd_half = cfg.engine_type in PD_HALVES
 
     async def read_json(self, request: Request) -> Any:
@@ -270,8 +271,6 @@ class _Server:
         return await self._generate(request, self.native.prepare, self.native.stream, self.native.collect)
 
     async def health(self, request: Request) -> Response:
-        if self.pd_half:
-            return Response(status_code=200 if self.engine.alive() else 503)
         if self.health_lies:
             # The fault: the liveness flag stands in for a generation, so a loop that is alive
             # but cannot produce a token still answers 200.
@@ -281,8 +280,6 @@ class _Server:
     async def health_generate(self, request: Request) -> Response:
         """200 when a one-token probe request produces its token within the timeout; 503 when
         the engine is not running, the probe is aborted, or nothing comes in time."""
-        if self.pd_half:
-            return await self.health(request)
         if not self.engine.alive():
             return Response(status_code=503)
         ok = await unless_disconnected(request, self._probe)

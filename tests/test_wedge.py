@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dsv4bench.canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
 from dsv4bench.codes import WEDGE_CODES
 from dsv4bench.monitor import MetricSample
@@ -146,6 +148,17 @@ def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
     found = detect_wedge([], STOP, CFG, health=health)
     assert found["http://p/health_generate"].codes == ["health_lies"]
     assert found["http://p/health"].codes == []
+
+
+@pytest.mark.parametrize(("status", "lies"), [(503, True), (500, False), (200, False)])
+def test_a_worker_lies_when_health_generate_says_503_behind_a_200(status, lies):
+    """A patient check outwaits the server's own probe timeout and hears its 503: the same lie."""
+    health = [HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
+              HealthResult(STOP + 31 * S, "http://p/health_generate", OK if status == 200 else FAILING, 20.0,
+                           status=status)]
+    found = detect_wedge([], STOP, CFG, health=health)
+    assert found["http://p/health_generate"].codes == (["health_lies"] if lies else [])
+    assert any("answered 503" in d for d in found["http://p/health_generate"].details) == lies
 
 
 def test_failures_that_rose_in_the_drain_window_are_evidence_never_a_code():

@@ -8,6 +8,10 @@ It offers the DecodeEngine what a `BootstrapWorker` does (`prealloc`, `decoding`
 the arriving pages into the decode pools and settles the transfer when the prefill says the
 KV is all there, failed or was aborted. A dropped connection fails it, so the decode queue
 lets go and the client hears why.
+
+A health probe has no prefill behind it (`open_probe`): its KV is taken as arrived when its
+pages are reserved, as SGLang's fake bootstrap receiver does, so the probe goes through the
+decode engine's queues and one decode step and nothing else.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ CONNECT_TIMEOUT_S = 5.0
 
 @dataclass(eq=False)
 class _Channel:
-    address: Bootstrap
+    address: Bootstrap | None  # None: a health probe's, with no room anywhere
     sock: socket.socket | None = None
     transfer: KVTransfer | None = None
     outbox: list[dict] = field(default_factory=list)  # room messages sent before the connection is up
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    probe_token: int = 0  # a probe's first token (its last prompt token stands in)
 
 
 class BootstrapClient:
@@ -64,6 +69,11 @@ class BootstrapClient:
         with self._lock:
             self._channels[rid] = _Channel(address)
 
+    def open_probe(self, rid: str, first_token: int) -> None:
+        """A health probe's channel: no connection; its KV counts as arrived once reserved."""
+        with self._lock:
+            self._channels[rid] = _Channel(None, probe_token=first_token)
+
     # ---- the DecodeEngine (its thread) ----------------------------------------------------
 
     def prealloc(self, rid: str, transfer: KVTransfer) -> None:
@@ -74,6 +84,10 @@ class BootstrapClient:
             transfer.abort()
             return
         channel.transfer = transfer
+        if channel.address is None:  # a health probe: the pages hold what they hold
+            if transfer.begin([], channel.probe_token, 0):
+                transfer.conclude(ok=True)
+            return
         threading.Thread(target=self._run, args=(rid, channel), name="pd-kv-recv", daemon=True).start()
 
     def decoding(self, rid: str) -> None:
@@ -85,6 +99,10 @@ class BootstrapClient:
         has stopped (the transfer settles ABORTED at its next frame)."""
         channel = self._channels.get(rid)
         if channel is None:
+            return
+        if channel.address is None:  # a health probe: no room to tell
+            if channel.transfer is not None:
+                channel.transfer.abort()
             return
         if channel.transfer is None:  # refused before any reservation: tell the room on its own
             threading.Thread(target=self._abort_room, args=(channel.address,), name="pd-room-abort", daemon=True).start()

@@ -9,8 +9,14 @@ room (bootstrap_client.py), receives the KV and streams the answer. The prefill 
 answer is its one token once the KV has left, or an abort. A client that leaves either half
 aborts the request there, in whatever queue it is; the room tells the other half.
 
-`/health` of a half is the liveness of every thread it needs (it cannot generate alone); with
-the planted `health-lies` fault it is its engine loop's alone.
+Health (engine/server.py's handler): a one-token generation through the half, as SGLang's
+`/health_generate` on a PD server runs one with a fake bootstrap. The probe comes with no
+room: on the prefill it gets a room of its own at this half's bootstrap worker, and its KV is
+computed and handed to the transfer worker, which sends it nowhere; on the decode its KV is
+taken as arrived and one step decodes a token. So the probe runs every part of the half but
+the network, and a stalled bootstrap worker stalls it as it stalls every request. `alive()`
+(the engine answers 503 at once when it is false) is the liveness of every thread the half
+needs; with the planted `health-lies` fault it is its engine loop's alone.
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ from .bootstrap_client import BootstrapClient
 from .bootstrap_server import BootstrapServer, room_rid
 from .decode import DecodeEngine
 from .prefill import PrefillEngine
+from .transfer import KVTransfer
+
+
+class DiscardedKVTransfer(KVTransfer):
+    """The KV of a prefill health probe: the transfer worker sends its pages nowhere (a probe
+    has no decode half behind it), so it ends as a real transfer does, without a connection."""
+
+    def send_pages(self, offset: int, data: bytes) -> None:
+        pass
 
 
 class _Half:
@@ -88,7 +103,11 @@ class PrefillServing(_Half):
 
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
                        bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
-        assert bootstrap is not None, "the server refuses a PD half's request without its room"
+        if bootstrap is None:
+            assert is_health_probe(rid), "the server refuses a PD half's request without its room"
+            async for event in self._probe(rid, prompt_ids, params):
+                yield event
+            return
         room = Room(room_rid(bootstrap.room, is_health_probe(rid)))
         if not self.server.open(bootstrap.room, room):
             yield TokenEvent([], FinishReason.ABORT, len(prompt_ids), 0, f"bootstrap room {bootstrap.room} is in use")
@@ -101,6 +120,20 @@ class PrefillServing(_Half):
                 yield event
         finally:
             self.server.release(bootstrap.room)
+
+    async def _probe(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """A health probe's room, opened and preallocated at this half's own bootstrap worker."""
+        worker, room = self.server.worker, Room(rid)
+        worker.open(room)
+        worker.prealloc(rid, DiscardedKVTransfer(rid, list(range(-(-len(prompt_ids) // self.cfg.page_size)))))
+        try:
+            sink = AsyncSink(asyncio.get_running_loop())
+            self.prefill.submit(Request(rid, list(prompt_ids), dataclasses.replace(self._params(params), max_tokens=1)),
+                                room, sink)
+            async for event in self._events(rid, rid, sink):
+                yield event
+        finally:
+            worker.close(rid)
 
     def flush_cache(self) -> bool:
         try:
@@ -117,11 +150,21 @@ class DecodeServing(_Half):
 
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
                        bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
-        assert bootstrap is not None, "the server refuses a PD half's request without its room"
+        probe = bootstrap is None
+        if probe:
+            assert is_health_probe(rid), "the server refuses a PD half's request without its room"
+            self.client.open_probe(rid, prompt_ids[-1])
+            # NOTE: its first token is a stand-in that came with the KV, not generated here: the
+            # probe asks for one more, and its answer is that token, from a decode step.
+            params = dataclasses.replace(params, max_tokens=params.max_tokens + 1)
+        else:
+            self.client.open(rid, bootstrap)
         sink = AsyncSink(asyncio.get_running_loop())
-        self.client.open(rid, bootstrap)
         self.decode.submit(Request(rid, list(prompt_ids), self._params(params)), sink)
         async for event in self._events(rid, rid, sink):
+            if probe and event.token_ids:
+                probe = False
+                event = dataclasses.replace(event, token_ids=event.token_ids[1:])
             yield event
 
     def flush_cache(self) -> bool:

@@ -3,6 +3,7 @@ the harness reads them, /health of each server, /get_server_info, /abort_request
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -12,11 +13,13 @@ from dsv4bench.engine.metrics import ServerMetrics
 from dsv4bench.engine.pd.bootstrap import Room, RoomState, UnexpectedAbort
 from dsv4bench.engine.pd.transfer import KVTransfer
 from dsv4bench.engine.request import HEALTH_PROBE_PREFIX
+from dsv4bench.engine.server import ServerConfig
 from dsv4bench.monitor import QUEUE_GAUGES, parse_metrics
 from dsv4bench.wedge import is_queue_gauge
 
 from .helpers import ListSink, ServedPD, build_tiny, greedy, prompt, wait_until
 
+PROBE_TIMEOUT_S = 1.0
 PD_GAUGES = {"prefill": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"),
              "decode": ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")}
 
@@ -84,6 +87,33 @@ def test_health_of_every_server_and_server_info(served):
     assert httpx.get(f"{served.router}/get_server_info", timeout=5).json()["engine_type"] == "router"
 
 
+def test_a_halfs_health_is_a_generation_through_that_half_alone_that_leaves_nothing_behind(served):
+    """SGLang's fake bootstrap: the prefill computes the probe's prompt and its KV goes nowhere;
+    the decode takes the KV as arrived and runs one decode step. No room, page or count is left."""
+    prefill, decode = served.halves["prefill"].engine, served.halves["decode"].engine
+    ran: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for role, engine in (("prefill", prefill), ("decode", decode)):
+        def spy(outputs, role=role, original=engine.postprocess):
+            ran[role].extend(outputs)
+            original(outputs)
+        engine.postprocess = spy
+    counts = {role: dict(e.counts) for role, e in (("prefill", prefill), ("decode", decode))}
+    try:
+        for url in (served.prefill, served.decode):
+            assert httpx.get(f"{url}/health_generate", timeout=10).status_code == 200
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        del prefill.postprocess, decode.postprocess
+    assert len(ran["prefill"]) == 2 and all(r.startswith(HEALTH_PROBE_PREFIX) for r in ran["prefill"])
+    assert len(ran["decode"]) == 2 and all(r.startswith(HEALTH_PROBE_PREFIX) for r in ran["decode"])
+    wait_until(lambda: not served.pd.bootstrap.rooms and not prefill.rids() and not decode.rids(),
+               what="the probes to leave")
+    assert not served.halves["decode"].parts[0]._channels  # the decode's bootstrap client
+    assert prefill.allocator.num_free + prefill.cache.num_cached_pages == prefill.allocator.num_pages
+    assert decode.allocator.num_free == decode.allocator.num_pages
+    assert {role: dict(e.counts) for role, e in (("prefill", prefill), ("decode", decode))} == counts
+
+
 def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
     for url in (served.prefill, served.decode):
         assert httpx.post(f"{url}/abort_request", json={"rid": "nope"}, timeout=5).json() == {"rid": "nope",
@@ -97,7 +127,8 @@ def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
 @pytest.mark.parametrize("lies", [False, True], ids=["honest", "health-lies"])
 def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
     faults = {"bootstrap-stall", "health-lies"} if lies else {"bootstrap-stall"}
-    s = ServedPD(health_timeout_s=1.0, faults=frozenset(faults))
+    s = ServedPD(health_timeout_s=1.0, server_cfg=ServerConfig(health_generate_timeout_s=PROBE_TIMEOUT_S),
+                 faults=frozenset(faults))
     try:
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == 200
         room = Room("x")  # a request that reaches decoding, then an ABORT the worker does not expect
@@ -111,6 +142,11 @@ def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
         expected = 200 if lies else 503
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == expected  # the probe cannot bootstrap
         assert httpx.get(f"{s.prefill}/health", timeout=10).status_code == expected
+        # /health_generate tells the truth either way: at once from the dead thread, or, with
+        # the lie, from its probe, which waits at the dead worker as every request does
+        started = time.monotonic()
+        assert httpx.get(f"{s.prefill}/health_generate", timeout=10).status_code == 503
+        assert (time.monotonic() - started >= PROBE_TIMEOUT_S) == lies
         assert httpx.get(f"{s.decode}/health", timeout=10).status_code == 200  # it needs no bootstrap worker
     finally:
         s.stop()
