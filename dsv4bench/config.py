@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from .agents import FAMILIES
-from .client import Deadlines
+from .turn_answer import Deadlines
 from .redact import MASK, Redactor, redact_command
 from .session import SessionConfig, SessionConfigError
 

@@ -29,15 +29,17 @@ import httpx
 from .agents import family_for_session
 from .checks import run_checks
 from .checks.parser_view import kept_oracles
-from .client import Deadlines, TurnOutcome, TurnProbe, chat_turn
+from .client import chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .observe import ServerWatch, raw_completion
 from .progress import LiveStats
-from .records import OracleReadings, Timings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .records import Timings, TurnContext, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers
 from .session import AgentSession, EndReason, request_summary
+from .turn_answer import Deadlines, TurnOutcome, TurnProbe
+from .turn_judge import turn_context, turn_headers, turn_record
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
 _SEED_STRIDE = 100_000
@@ -207,13 +209,7 @@ class AgentRun:
 
     async def _turn(self, sess: AgentSession, slot: Slot) -> None:
         body = sess.next_request()
-        headers = {
-            "X-Dsv4bench-Run": self.run_id,
-            "X-Dsv4bench-Session": sess.session_id,
-            "X-Dsv4bench-Turn": str(sess.turn),
-            "X-Dsv4bench-Scenario": sess.family.name,
-            "X-Dsv4bench-Seed": str(sess.seed),
-        }
+        headers = turn_headers(self.run_id, sess)
         probe = slot.probe = TurnProbe()
         outcome: TurnOutcome | None = None
         with anyio.CancelScope() as scope:
@@ -225,18 +221,7 @@ class AgentRun:
         # nothing; the killed agent still never acts on that reply, so the turn is killed too.
         if outcome is None or scope.cancelled_caught or slot.killed_by is not None:
             outcome = _killed_outcome(outcome, probe, slot)
-        ctx = TurnContext(
-            response=outcome.response,
-            tools=sess.schemas,
-            status=outcome.status,
-            http_status=outcome.http_status,
-            error=outcome.error,
-            error_kind=outcome.error_kind,
-            stream=bool(body.get("stream")),
-            max_tokens=body.get("max_tokens"),
-            thinking=self.config.thinking,
-            tool_choice=str(body.get("tool_choice", "auto")),
-        )
+        ctx = turn_context(sess, body, outcome)
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await raw_completion(self.client, self.config.base_url, body, headers,
                                                       self.config.total_timeout)
@@ -247,36 +232,10 @@ class AgentRun:
         verdicts, check_errors = run_checks(ctx)
         if ctx.reference is not None and outcome.status is TurnStatus.OK:
             summary["compared"] = True  # the reference sent this same request: judged against it
-        rec = self._record(sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
+        rec = turn_record(self.run_id, sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
         self.history.turn(rec)
         self.stats.add_turn(rec)
         sess.observe(outcome.status, outcome.response, verdicts)
-
-    def _record(self, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any], outcome: TurnOutcome,
-                verdicts: list, check_errors: list[str], oracles: OracleReadings | None) -> TurnRecord:
-        # Parsers that read the turn differently are evidence worth its request and stream too.
-        failing = (bool(verdicts) or bool(check_errors) or oracles is not None
-                   or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED))
-        if failing:
-            summary["body"] = body  # the exact request, so the turn can be replayed and audited
-        return TurnRecord(
-            run=self.run_id,
-            session=sess.session_id,
-            turn=sess.turn,
-            scenario=sess.family.name,
-            seed=sess.seed,
-            status=outcome.status,
-            timings=outcome.timings,
-            http_status=outcome.http_status,
-            error=outcome.error,
-            error_kind=outcome.error_kind,
-            request=summary,
-            response=outcome.response,
-            verdicts=verdicts,
-            raw_sse=outcome.raw_lines if failing else None,
-            check_errors=check_errors,
-            oracles=oracles,
-        )
 
 
 def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:

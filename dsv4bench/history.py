@@ -113,11 +113,15 @@ class HistoryWriter:
     `dsv4bench report` can tell a complete history from one that lost records.
     """
 
-    def __init__(self, run_dir: Path, run_info: dict[str, Any], redactor: Redactor | None = None) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, run_dir: Path, run_info: dict[str, Any] | None, redactor: Redactor | None = None) -> None:
+        """A new run folder with `run_info` as its run.json; None: join the folder another process
+        of the same run created (Locust mode's server watch writes its samples and checks beside
+        the recorder's turns: each record is one append, so the two never tear each other's lines)."""
+        if run_info is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(run_dir / RUN_FILE, run_info, redactor)
         self.redactor = redactor
         self.run_dir = run_dir
-        write_json_atomic(run_dir / RUN_FILE, run_info, redactor)
         self.turns = JsonlWriter(run_dir / TURNS_FILE, redactor)
         self.events = JsonlWriter(run_dir / EVENTS_FILE, redactor)
         self.metrics = JsonlWriter(run_dir / METRICS_FILE, redactor)

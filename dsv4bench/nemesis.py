@@ -47,7 +47,7 @@ from typing import Any
 import anyio
 import httpx
 
-from .client import TurnProbe
+from .turn_answer import TurnProbe
 from .preflight import root_of
 
 WHO_CHOICES = ("all", "ttft", "toolcall")

@@ -40,6 +40,10 @@ class ServerWatch:
         self.canaries: list[CanaryResult] = []
         self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
 
+    def latest(self) -> dict[str, MetricSample]:
+        """Each endpoint's latest sample."""
+        return dict(self._latest)
+
     def know_roles(self, roles: dict[str, Role]) -> None:
         """Roles already found (discovery.py: a worker the router lists keeps the role it is
         listed with even when it states none itself), so they are not asked again."""

@@ -72,7 +72,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
         with ProgressView(stats, config.quiet):
             anyio.run(driver.run)
         if driver.watch.load_stopped_ns is not None:
-            wedge = _wedge(config, driver.watch, history)
+            wedge = judge_wedge(config, driver.watch, history)
             if wedge is not None:
                 run_info["wedge"] = wedge
                 if config.recover_cmd and any(w["codes"] for w in wedge.values()):
@@ -94,7 +94,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     return build_report(run_dir), run_dir
 
 
-def _wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:
+def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:
     """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
     samples; canary and /health from the checks after it), as run.json keeps them, or None if
     the detector failed."""

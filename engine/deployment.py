@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import httpx
 
 from .config import DeploymentConfig, EngineConfig
-from .launcher import spawn_child, stop_child
+from .launcher import answers_healthy, spawn_child, stop_child
 from .serve import EngineSetupError, ServeError, listen, serve_together
 from .server import ServerConfig
 
@@ -148,15 +148,8 @@ def _wait_healthy(parts: list[Part], host: str, timeout_s: float, stopping: _Sto
             stopping.died = f"the {names} did not answer /health within {timeout_s:.0f} s"
             stopping.event.set()
             return
-        waiting = [p for p in waiting if not _healthy(p.root(host))]
+        waiting = [p for p in waiting if not answers_healthy(p.root(host))]
         stopping.event.wait(0.25)
-
-
-def _healthy(root: str) -> bool:
-    try:
-        return httpx.get(f"{root}/health", timeout=5.0, trust_env=False).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _context_length(root: str) -> int | None:

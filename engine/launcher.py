@@ -211,19 +211,26 @@ def _wait_ready(ep: EngineProcess, startup_timeout: float) -> None:
 def _ready(ep: EngineProcess) -> bool:
     """Every server answers /health 200, and a router lists every worker healthy (SGLang's
     answers its own /health before it has registered them)."""
-    try:
-        if not all(httpx.get(f"{root}/health", timeout=5.0).status_code == 200 for root in ep.roots):
-            return False
-    except httpx.HTTPError:
+    if not all(answers_healthy(root) for root in ep.roots):
         return False
     return not ep.server_ports or lists_healthy(ep.roots[0], len(ep.server_ports))
+
+
+# NOTE: trust_env=False in both: these servers are ours on loopback, and a proxy named in the
+# environment (HTTP_PROXY without a NO_PROXY for 127.0.0.1) must not stand between.
+def answers_healthy(root: str) -> bool:
+    """The server at `root` answers /health 200."""
+    try:
+        return httpx.get(f"{root}/health", timeout=5.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def lists_healthy(router_root: str, expected: int) -> bool:
     """The router at `router_root` lists `expected` workers, all healthy (its `/workers`, in the
     shape SGLang's router and ours answer)."""
     try:
-        listed = httpx.get(f"{router_root}/workers", timeout=5.0).json().get("workers", [])
+        listed = httpx.get(f"{router_root}/workers", timeout=5.0, trust_env=False).json().get("workers", [])
         return len(listed) == expected and all(w.get("is_healthy") for w in listed)
     except (httpx.HTTPError, ValueError, AttributeError):
         return False

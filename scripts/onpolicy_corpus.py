@@ -28,7 +28,7 @@ import httpx
 
 
 from dsv4bench.agents import FAMILIES
-from dsv4bench.client import Deadlines
+from dsv4bench.turn_answer import Deadlines
 from dsv4bench.driver import play_session
 from dsv4bench.engine.training.onpolicy import Rollout, relabel, score
 from dsv4bench.session import AgentSession, SessionConfig

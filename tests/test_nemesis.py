@@ -121,7 +121,7 @@ def test_config_rejects_bad_spec() -> None:
 def test_a_kill_landing_after_the_last_byte_still_kills_the_turn() -> None:
     """The turn finished before the cancel could catch anything: the killed agent never acts on
     the reply, so the turn is recorded killed, with its response and its own end time kept."""
-    from dsv4bench.client import TurnOutcome, TurnProbe
+    from dsv4bench.turn_answer import TurnOutcome, TurnProbe
     from dsv4bench.driver import _killed_outcome
     from dsv4bench.nemesis import Slot
     from dsv4bench.records import AssembledResponse, Timings, TurnStatus

@@ -7,7 +7,8 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.client import Deadlines, chat_turn, encode_body
+from dsv4bench.client import chat_turn
+from dsv4bench.turn_answer import Deadlines, encode_body
 from dsv4bench.records import TurnStatus
 from dsv4bench.sse import DeltaAssembler, assemble_completion
 from dsv4bench.stream_reader import BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw

@@ -3,6 +3,8 @@ flags into one config object and its errors into one line on stderr (exit 2).
 
 - common.py: the typer app, the consoles, `fail`, the verdict line
 - agents.py: `agents`, the main job
+- locust.py: `locust`, the same sessions as Locust users (web UI, headless, distributed)
+- target.py: the server a load command drives (--url, or the bundled engine started for it)
 - servers.py: `probe` and `watch`, looking at running servers
 - offline.py: `report` and `audit`, working on what was recorded
 - engine.py: `engine serve`, `engine faults`, `engine train`
@@ -13,8 +15,8 @@ from __future__ import annotations
 import sys
 
 # Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
-from . import agents, servers, offline, engine  # noqa: F401, I001
-from .agents import BUNDLED_PLACEHOLDER_URL
+from . import agents, locust, servers, offline, engine  # noqa: F401, I001
+from .target import BUNDLED_PLACEHOLDER_URL
 from .common import app, err
 
 __all__ = ["BUNDLED_PLACEHOLDER_URL", "app", "main"]

@@ -3,25 +3,18 @@ no --url is given, and run.py drives the run."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 
 from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
-from ..discovery import Deployment, discover_sync
-from ..preflight import HostLimitError, ServerError, ensure_open_files, root_of, server_facts
+from ..preflight import HostLimitError, ensure_open_files
 from ..redact import redact_argv, shell_line
+from ..verdict import exit_code
 from .common import app, err, fail, print_verdict
-from .engine import check_faults
-
-ENGINE_ROUTERS = ("bundled", "sglang")  # what may front the bundled engine (--engine-router)
-
-BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
-
+from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 @app.command()
 def agents(
@@ -84,13 +77,7 @@ def agents(
         )
         check_out_dir(out_dir)
         ensure_open_files(concurrency)
-        if (engine_fault or engine_pd or engine_router != "bundled") and url is not None:
-            raise ConfigError("--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with --url")
-        if engine_router not in ENGINE_ROUTERS:
-            raise ConfigError(f"--engine-router must be one of {', '.join(ENGINE_ROUTERS)}, not {engine_router!r}")
-        engine_arg = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]
-        if engine_pd and "--pd" not in engine_arg:
-            engine_arg.append("--pd")
+        engine = engine_args(url is not None, engine_arg, engine_fault, engine_pd, engine_router)
     except (ConfigError, HostLimitError) as e:
         raise fail(str(e))
     if sessions is None and duration is None and not quiet:
@@ -107,90 +94,17 @@ def agents(
         except ReferenceRunError as e:
             raise fail(str(e))
 
-    bundled = None
-    if url is None:
-        bundled = _start_bundled_engine(engine_arg, engine_router, quiet)
-        config = dataclasses.replace(config, url=bundled.url, metrics=(*config.metrics, *bundled.metrics_urls))
+    target = open_target(config, url is not None, engine, engine_router, quiet)
     try:
         try:
-            facts = server_facts(config.base_url, config.api_key)
-        except ServerError as e:
-            raise fail(str(e))
-        deployment = discover_sync([root_of(config.base_url)], config.api_key)
-        facts["deployment"] = deployment.as_dict()
-        if not quiet:
-            for line in deployment.describe():
-                err.print(escape(line), highlight=False, soft_wrap=True)
-        if bundled is not None:
-            facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
-            if engine_router == "sglang":  # the run's server is the router; the engine's processes behind it
-                facts["bundled_engine"]["sglang_router"] = {"url": bundled.url, "metrics": bundled.metrics_url}
-        elif not config.metrics:
-            config = dataclasses.replace(config, metrics=_found_metrics(deployment, facts, quiet))
-        try:
-            summary, run_dir = run_agents(config, facts, command=_command_line(config), reference=answers)
+            summary, run_dir = run_agents(target.config, target.facts, command=_command_line(target.config),
+                                          reference=answers)
         except ExporterError as e:
             raise fail(str(e))
     finally:
-        if bundled is not None:
-            bundled.stop()
+        target.stop()
     print_verdict(summary, run_dir)
-    raise typer.Exit(_exit_code(summary, config.fail_on))
-
-
-def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[str, ...]:
-    """No --metrics: the /metrics of every server found (the target, and the workers its router
-    lists), said on stderr; a router's own alone cannot show a wedge, and is said so."""
-    urls = tuple(deployment.metrics_urls) or ((facts["metrics_url"],) if facts.get("metrics_url") else ())
-    target = deployment.endpoints[0] if deployment.endpoints else None
-    workers = [e for e in deployment.found if e.metrics_url]
-    if quiet:
-        return urls
-    if workers:
-        listed = ", ".join(f"{e.role} {e.metrics_url}" for e in workers)
-        err.print(escape(f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
-                         f"{target.root if target else '?'} (its /workers): {listed}: their queues are watched for a "
-                         "wedge after the load (--metrics URL to choose the endpoints)"), highlight=False, soft_wrap=True)
-    elif target is not None and target.role == "router":
-        what = f"found {urls[0]}, a router's" if urls else f"{target.root} is a router and serves no engine /metrics"
-        err.print(escape(f"{what}: its workers' queues are not in it, so the wedge is not checked; give --metrics for "
-                         "each prefill and decode server"), highlight=False, soft_wrap=True)
-    elif urls:
-        err.print(escape(f"found {urls[0]}: its queues are watched for a wedge after the load "
-                         "(--metrics URL to choose the endpoints: router, prefill, decode)"), highlight=False,
-                  soft_wrap=True)
-    return urls
-
-
-def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
-    """No --url: start DSV4-mini on a free loopback port for this run (behind SGLang's router
-    with `router` "sglang")."""
-    from ..engine import sglang_router
-    from ..engine.launcher import EngineStartError, start_engine
-
-    if router == "sglang" and not sglang_router.installed():  # before the engine's minute of loading
-        raise fail(sglang_router.MISSING)
-    if not quiet:
-        behind = " behind SGLang's router" if router == "sglang" else ""
-        err.print(f"no --url given: starting the bundled DSV4-mini engine{behind} on loopback ...", highlight=False)
-    try:
-        return start_engine([*engine_args, "--router", "sglang"] if router == "sglang" else engine_args)
-    except EngineStartError as e:
-        raise fail(str(e))
-
-
-def _exit_code(summary: dict, fail_on: tuple[str, ...]) -> int:
-    v = summary.get("verdict")
-    t = summary.get("turns", {})
-    if fail_on and v == "INCOMPLETE":  # lost records: no --fail-on condition can be ruled out
-        return 1
-    if "corruption" in fail_on and (v == "CORRUPTION" or t.get("corrupt", 0) > 0):
-        return 1
-    if "errors" in fail_on and (v == "ERRORS" or t.get("error", 0) > 0):
-        return 1
-    if "wedge" in fail_on and v == "WEDGE":
-        return 1
-    return 0
+    raise typer.Exit(exit_code(summary, config.fail_on))
 
 
 def _command_line(config: RunConfig) -> str:

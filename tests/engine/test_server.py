@@ -4,16 +4,12 @@ by the official `openai` client and raw httpx."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4bench.engine.frontend import Frontend
@@ -22,33 +18,12 @@ from dsv4bench.engine.server import ServerConfig, build_app
 from dsv4bench.engine.tokenizer import load_tokenizer
 
 from .fake_engine import FakeEngine
+from .pd.helpers import ServerThread
 from .test_frontend import TOOLS, USER
 from .test_tokenizer import DSML_CALL
 
 MODEL = "dsv4-mini"
 TOK = load_tokenizer()
-
-
-class ServerThread:
-    """uvicorn serving `app` from a daemon thread on a free loopback port."""
-
-    def __init__(self, app: Any) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
 
 
 def make_server(api_key: str | None = None) -> tuple[ServerThread, FakeEngine]:

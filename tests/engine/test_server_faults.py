@@ -25,7 +25,8 @@ from dsv4bench.sse import DeltaAssembler, assemble_completion
 
 from .fake_engine import FakeEngine
 from .test_frontend import TOOLS
-from .test_server import MODEL, TOK, ServerThread
+from .pd.helpers import ServerThread
+from .test_server import MODEL, TOK
 from .test_tokenizer import DSML_CALL
 
 TEXT_ID = TOK.encode("ok")[0]

@@ -156,7 +156,8 @@ def test_the_http_server_streams_sglangs_shape():
 
     from .fake_engine import FakeEngine
     from .test_frontend import TOOLS, USER
-    from .test_server import MODEL, ServerThread
+    from .pd.helpers import ServerThread
+    from .test_server import MODEL
     from .test_tokenizer import DSML_CALL
 
     tok = load_tokenizer()

@@ -1,0 +1,164 @@
+"""One Locust test from its start to its report, in whichever Locust process this is:
+
+- the process that owns the test's run folder (Locust's master, or the only process): makes
+  the folder at the test's start, starts the server watch beside it (server_watch.py, with
+  --metrics), writes what every user records, and at the stop tells the watch, waits for its
+  drain and checks, ends the history and builds the report; at quitting, waits for that and
+  sets the exit code from `--fail-on`, as `agents` does;
+- a worker: plays its users under the master's plan and run id and sends every record to the
+  master (recorder.py); a master whose worker stops answering ends that worker's open
+  sessions `worker_lost`.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import gevent
+from gevent import subprocess as gsubprocess
+from locust.runners import MasterRunner, WorkerRunner
+
+from ..config import ConfigError
+from ..report import build_report
+from ..verdict import exit_code
+from .plan import API_KEY_ENV, Plan
+from .recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
+
+log = logging.getLogger("dsv4bench.locust")
+
+RUN_ID_OPTION = "dsv4bench_run"  # the master's run id, forwarded to its workers with every spawn
+STRAGGLER_GRACE_S = 1.0  # for the last records from workers, when no watch's drain waits longer
+MISSING_POLL_S = 1.0
+
+
+class Lifecycle:
+    """The listeners of one Locust process (installed by the locustfile)."""
+
+    def __init__(self, environment: Any) -> None:
+        self.env = environment
+        self.folder: RunFolder | None = None
+        self.watcher: subprocess.Popen | None = None
+        self.finishing: gevent.Greenlet | None = None
+        self.watching_workers: gevent.Greenlet | None = None
+        self.lost: set[str] = set()
+        self.last_summary: dict[str, Any] | None = None
+        self.last_plan: Plan | None = None
+        self.last_run_dir: Path | None = None  # the latest test whose history is complete
+        runner = environment.runner
+        if isinstance(runner, MasterRunner):
+            runner.register_message(TURN_MESSAGE, self._on_turn_message)
+            runner.register_message(EVENT_MESSAGE, self._on_event_message)
+
+    # ---- Locust's events --------------------------------------------------------------------------
+
+    def test_start(self, **_: Any) -> None:
+        if self.finishing is not None:
+            self.finishing.join()  # the last test's report first: one folder at a time
+        try:
+            plan = Plan.from_options(self.env.parsed_options)
+        except ConfigError as e:
+            log.error("dsv4bench: %s", e)
+            self.env.runner.quit()
+            return
+        runner = self.env.runner
+        if isinstance(runner, WorkerRunner):
+            run_id = getattr(self.env.parsed_options, RUN_ID_OPTION, "") or "unknown"
+            set_current(LocustRun(plan, run_id, max(runner.worker_index, 0),
+                                  send=lambda kind, data: runner.send_message(kind, data)))
+            return
+        folder = RunFolder.new(plan, self._locust_info())
+        setattr(self.env.parsed_options, RUN_ID_OPTION, folder.run_id)
+        self.folder, self.last_plan, self.lost = folder, plan, set()
+        set_current(LocustRun(plan, folder.run_id, 0, folder=folder))
+        if plan.config.metrics:
+            self.watcher = gsubprocess.Popen(
+                [sys.executable, "-m", "dsv4bench.locust.server_watch", str(folder.run_dir)], stdin=subprocess.PIPE,
+                env=_watch_env(plan))
+        if isinstance(runner, MasterRunner):
+            self.watching_workers = gevent.spawn(self._watch_workers, folder)
+        log.warning("dsv4bench: test %s recording into %s", folder.run_id, folder.run_dir)
+
+    def test_stop(self, **_: Any) -> None:
+        if isinstance(self.env.runner, WorkerRunner):
+            if (run := current_or_none()) is not None:
+                run.report_sent()
+            return
+        if self.folder is None:
+            return
+        folder, watcher, self.folder, self.watcher = self.folder, self.watcher, None, None
+        if self.watching_workers is not None:
+            self.watching_workers.kill(block=False)
+            self.watching_workers = None
+        # NOTE: not here: test_stop runs inside the web UI's /stop request; the drain takes seconds.
+        self.finishing = gevent.spawn(self._finish, folder, watcher)
+
+    def quitting(self, **_: Any) -> None:
+        if self.folder is not None:  # quit while a test runs (Ctrl-C, SIGTERM): it stops first
+            self.test_stop()
+        if self.finishing is not None:
+            self.finishing.join()
+        if self.last_summary is not None and self.last_plan is not None:
+            self.env.process_exit_code = exit_code(self.last_summary, self.last_plan.config.fail_on)
+
+    # ---- the owner's work -------------------------------------------------------------------------
+
+    def _finish(self, folder: RunFolder, watcher: subprocess.Popen | None) -> None:
+        if watcher is not None:
+            try:
+                watcher.stdin.write(b"stop\n")
+                watcher.stdin.close()
+            except OSError:
+                pass  # it died: its end of input is the same word
+            watcher.wait()
+        else:
+            gevent.sleep(STRAGGLER_GRACE_S)
+        folder.close("complete")
+        self.last_run_dir = folder.run_dir
+        try:
+            self.last_summary = build_report(folder.run_dir)
+        except Exception:  # noqa: BLE001 - the history stands; `dsv4bench report` can rebuild it
+            log.exception("dsv4bench: the report of %s could not be built", folder.run_dir)
+            return
+        log.warning("dsv4bench: %s: %s (%s)", folder.run_id, self.last_summary.get("verdict"),
+                    folder.run_dir / "report.md")
+
+    def _locust_info(self) -> dict[str, Any]:
+        o = self.env.parsed_options
+        return {"mode": "master" if isinstance(self.env.runner, MasterRunner) else "local",
+                "users": getattr(o, "num_users", None), "spawn_rate": getattr(o, "spawn_rate", None),
+                "run_time": getattr(o, "run_time", None), "headless": getattr(o, "headless", None),
+                "shape": type(self.env.shape_class).__name__ if self.env.shape_class is not None else None}
+
+    # ---- the master -------------------------------------------------------------------------------
+
+    def _on_turn_message(self, msg: Any, **_: Any) -> None:
+        if self.folder is not None and isinstance(msg.data, dict):
+            self.folder.turn(msg.data, worker=msg.node_id)
+
+    def _on_event_message(self, msg: Any, **_: Any) -> None:
+        data = msg.data
+        if self.folder is not None and isinstance(data, dict) and isinstance(data.get("kind"), str):
+            fields = {k: v for k, v in data.items() if k != "kind"}
+            self.folder.event(data["kind"], worker=msg.node_id, **fields)
+
+    def _watch_workers(self, folder: RunFolder) -> None:
+        while True:
+            for node in self.env.runner.clients.missing:
+                if node.id not in self.lost:
+                    self.lost.add(node.id)
+                    folder.history.event("worker_lost", worker=node.id)
+                    folder.worker_lost(node.id)
+            gevent.sleep(MISSING_POLL_S)
+
+
+def _watch_env(plan: Plan) -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    if plan.config.api_key:
+        env[API_KEY_ENV] = plan.config.api_key
+    return env

@@ -1,0 +1,41 @@
+"""The locustfile `dsv4bench locust` hands Locust (`-f`): the agent user, the load shape chosen
+by `--shape`, the dsv4bench tab of the web UI, and the listeners that make each test a run
+folder (lifecycle.py). Run through `dsv4bench locust`, which writes the run's plan; Locust
+alone cannot start it without one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from locust import events
+
+from dsv4bench.locust import plan as _plan
+from dsv4bench.locust.lifecycle import Lifecycle
+from dsv4bench.locust.shapes import selected_shape
+from dsv4bench.locust.user import AgentUser
+
+__all__ = ["AgentUser"]
+
+# NOTE: httpx logs every request at INFO, which would drown Locust's own log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+if (_shape := selected_shape()) is not None:
+    LoadShape = _shape  # Locust uses the locustfile's one LoadTestShape subclass
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser, **_):
+    _plan.add_arguments(parser)
+
+
+@events.init.add_listener
+def _init(environment, **_):
+    lifecycle = Lifecycle(environment)
+    environment.events.test_start.add_listener(lifecycle.test_start)
+    environment.events.test_stop.add_listener(lifecycle.test_stop)
+    environment.events.quitting.add_listener(lifecycle.quitting)
+    if environment.web_ui is not None:
+        from dsv4bench.locust.web_tab import install
+
+        install(environment, lifecycle)

@@ -1,0 +1,225 @@
+"""One turn's exchange without the I/O: the request's bytes, and what the answer's bytes become
+(timings, raw lines kept as evidence, the assembled response, or the error it was), whichever
+I/O reads them: client.py's anyio + httpx for `agents`, the Locust user's gevent + httpx
+(locust/turn.py). Both read an answer the same way because they share everything here.
+
+What it takes in is bounded (stream_reader.StreamBounds); it never raises for anything the
+server sends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import AssembledResponse, ErrorKind, Timings, TurnStatus
+from .sse import DeltaAssembler, assemble_completion, replace_surrogates
+from .stream_reader import DEFAULT_BOUNDS, BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
+
+# Inter-token gaps kept per turn: enough for any max_tokens a user sets, bounded for a server
+# that streams tokens forever.
+MAX_TOKEN_GAPS = 65_536
+
+
+@dataclass
+class TurnOutcome:
+    """What came back for one request, before any checker looked at it."""
+
+    status: TurnStatus
+    timings: Timings
+    response: AssembledResponse | None = None
+    http_status: int | None = None
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    raw_lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def starting(cls) -> TurnOutcome:
+        """An outcome whose clock starts now."""
+        return cls(status=TurnStatus.OK, timings=Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns()))
+
+
+@dataclass
+class TurnProbe:
+    """What the nemesis may read of a turn in flight (the driver passes one to chat_turn).
+
+    `phase`: "waiting" until the first token, "streaming" after it, "toolcall" once a
+    tool-call delta arrived. `outcome` is the turn's outcome object as it fills up, so a turn
+    cancelled from outside keeps its timings and raw lines; `assembler` its partial response.
+    """
+
+    phase: str = "waiting"
+    outcome: TurnOutcome | None = None
+    assembler: DeltaAssembler | None = None
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds from the start of a request to its first token, and to its end."""
+
+    ttft_s: float = 60.0
+    total_s: float = 300.0
+
+
+# ---- the request ----------------------------------------------------------------------------------
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The request as JSON bytes (what httpx's `json=` sends), with ASCII escapes where the text
+    holds something UTF-8 cannot encode, so no request built from a server's reply can fail."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def request_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    return {"Content-Type": "application/json", **(headers or {})}
+
+
+# ---- the answer -----------------------------------------------------------------------------------
+
+def is_event_stream(headers: Mapping[str, str]) -> bool:
+    return "text/event-stream" in headers.get("content-type", "").partition(";")[0]
+
+
+def take_http_error(out: TurnOutcome, status: int, headers: Mapping[str, str], raw: bytes) -> None:
+    """An answer with HTTP status >= 400 (`raw`: the head of its body)."""
+    text = raw.decode("utf-8", "replace")
+    retry_after = headers.get("retry-after")
+    out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.HTTP_ERROR
+    out.error = f"HTTP {status}: {_error_message(text)}" + (f" (Retry-After: {retry_after[:40]})" if retry_after else "")
+    out.raw_lines = [text[:4000]]
+
+
+def take_not_a_stream(out: TurnOutcome, headers: Mapping[str, str], raw: bytes) -> None:
+    """A streamed request answered with something that is no SSE stream (`raw`: its head)."""
+    content_type = headers.get("content-type", "")
+    out.response = AssembledResponse(stream=True, protocol_errors=[f"not an SSE stream: Content-Type {content_type[:80]!r}"])
+    out.raw_lines = [raw.decode("utf-8", "replace")]
+
+
+def take_completion(out: TurnOutcome, raw: bytes, over: bool, bounds: StreamBounds = DEFAULT_BOUNDS) -> None:
+    """A non-streamed body, `over` when it was longer than bounds.body_bytes (then `raw` is its head)."""
+    out.timings.first_token_ns = time.monotonic_ns()
+    if over:
+        detail = f"a response body larger than {bounds.body_bytes:,} bytes"
+        out.response = AssembledResponse(stream=False, stopped_at_bound=detail,
+                                         protocol_errors=[f"the harness stopped reading: {detail}"])
+    else:
+        try:
+            parsed = json.loads(raw.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            out.response = AssembledResponse(stream=False, protocol_errors=["response body is not JSON"])
+        else:
+            out.response = assemble_completion(parsed, bounds)
+    out.raw_lines = [clip_raw(raw.decode("utf-8", "replace"), bounds)]
+
+
+def take_connection_error(out: TurnOutcome, e: BaseException) -> None:
+    """The transport failed (or a body did not decode): no answer to judge."""
+    out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.CONNECTION_ERROR
+    out.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def take_timeout(out: TurnOutcome, deadlines: Deadlines) -> None:
+    """A deadline passed: the TTFT one when no token had come, else the total one."""
+    out.status = TurnStatus.TIMEOUT
+    if out.timings.first_token_ns is None:
+        out.error_kind, out.error = ErrorKind.TIMEOUT_TTFT, f"no first token within {deadlines.ttft_s:g} s"
+    else:
+        out.error_kind, out.error = ErrorKind.TIMEOUT_TOTAL, f"not finished within {deadlines.total_s:g} s"
+    out.response = None
+
+
+def finish(out: TurnOutcome) -> TurnOutcome:
+    """Stamp the end; the error text made encodable."""
+    if out.error is not None:
+        out.error = replace_surrogates(out.error)[0]
+    out.timings.end_ns = time.monotonic_ns()
+    return out
+
+
+class StreamedAnswer:
+    """An SSE answer as its text arrives: events decoded under the bounds, raw lines kept, deltas
+    assembled, the first token and the gaps between tokens stamped. `on_first_token` runs once,
+    when the first token arrives (where the reader moves from the TTFT to the total deadline)."""
+
+    def __init__(self, out: TurnOutcome, probe: TurnProbe | None = None, bounds: StreamBounds = DEFAULT_BOUNDS,
+                 on_first_token: Callable[[], None] | None = None) -> None:
+        self.t = out.timings
+        self.asm = DeltaAssembler(bounds)
+        self.reader = SSEEventReader(bounds)
+        self.raw = RawLines(out.raw_lines, bounds)
+        self.probe = probe
+        self.on_first_token = on_first_token
+        self._last_token_ns: int | None = None
+        if probe is not None:
+            probe.assembler = self.asm
+
+    def feed(self, text: str) -> bool:
+        """The next piece of the body; False once nothing more must be read (a bound, or the end)."""
+        try:
+            events = self.reader.feed(text)
+        except BoundExceeded as e:
+            self.raw.add(e.head + "…")
+            self.asm.stop(e.detail)
+            return False
+        probe = self.probe
+        for event in events:
+            self.raw.add(event.data)
+            if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in event.data:
+                probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
+            if self.asm.feed(event.data):
+                now = time.monotonic_ns()
+                if self.t.first_token_ns is None:
+                    self.t.first_token_ns = now
+                    if self.on_first_token is not None:
+                        self.on_first_token()
+                    if probe is not None and probe.phase == "waiting":
+                        probe.phase = "streaming"
+                elif self._last_token_ns is not None and len(self.t.token_gaps_ms) < MAX_TOKEN_GAPS:
+                    self.t.token_gaps_ms.append((now - self._last_token_ns) / 1e6)
+                self._last_token_ns = now
+            if self.asm.stopped:
+                return False
+        return True
+
+    def end_of_body(self) -> None:
+        """The body ended: what the decoder still holds is the last event."""
+        try:
+            for event in self.reader.flush():
+                self.raw.add(event.data)
+                self.asm.feed(event.data)
+        except BoundExceeded as e:
+            self.raw.add(e.head + "…")
+            self.asm.stop(e.detail)
+
+    @property
+    def any_output(self) -> bool:
+        """Whether a chunk came: a stream cut after one is a truncated answer, not a failed connection."""
+        return self.asm.response.chunks > 0
+
+    def close(self) -> None:
+        """No more text will come: the raw lines' kept tail joins their head."""
+        self.raw.close()
+
+    def finish(self) -> AssembledResponse:
+        self.close()
+        return self.asm.finish()
+
+
+def _error_message(text: str) -> str:
+    """The `message` of an OpenAI-style error body, or the body's first line."""
+    try:
+        body = json.loads(text)
+        err = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:300]
+        if isinstance(body, dict) and body.get("detail"):
+            return str(body["detail"])[:300]
+    except (ValueError, RecursionError):
+        pass
+    return text.strip().splitlines()[0][:300] if text.strip() else "(empty body)"

@@ -1,0 +1,69 @@
+"""A turn judged and recorded, without the I/O: the headers that tag a turn's request, the
+checkers' context of its outcome, and the TurnRecord that turns.jsonl keeps. The `agents`
+driver (driver.py) and the Locust user (locust/user.py) both go through here, so a turn reads
+the same in the history whichever played it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .records import OracleReadings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .session import AgentSession
+from .turn_answer import TurnOutcome
+
+
+def turn_headers(run_id: str, sess: AgentSession) -> dict[str, str]:
+    """What tags the request of `sess`'s next turn (the bundled engine logs them)."""
+    return {
+        "X-Dsv4bench-Run": run_id,
+        "X-Dsv4bench-Session": sess.session_id,
+        "X-Dsv4bench-Turn": str(sess.turn),
+        "X-Dsv4bench-Scenario": sess.family.name,
+        "X-Dsv4bench-Seed": str(sess.seed),
+    }
+
+
+def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome) -> TurnContext:
+    """What the checkers judge of one turn's outcome."""
+    return TurnContext(
+        response=outcome.response,
+        tools=sess.schemas,
+        status=outcome.status,
+        http_status=outcome.http_status,
+        error=outcome.error,
+        error_kind=outcome.error_kind,
+        stream=bool(body.get("stream")),
+        max_tokens=body.get("max_tokens"),
+        thinking=sess.config.thinking,
+        tool_choice=str(body.get("tool_choice", "auto")),
+    )
+
+
+def turn_record(run_id: str, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any],
+                outcome: TurnOutcome, verdicts: list[Verdict], check_errors: list[str],
+                oracles: OracleReadings | None) -> TurnRecord:
+    """The history's record of the turn `sess` just played (before it observes the outcome)."""
+    # Parsers that read the turn differently are evidence worth its request and stream too.
+    failing = (bool(verdicts) or bool(check_errors) or oracles is not None
+               or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED))
+    if failing:
+        summary["body"] = body  # the exact request, so the turn can be replayed and audited
+    return TurnRecord(
+        run=run_id,
+        session=sess.session_id,
+        turn=sess.turn,
+        scenario=sess.family.name,
+        seed=sess.seed,
+        status=outcome.status,
+        timings=outcome.timings,
+        http_status=outcome.http_status,
+        error=outcome.error,
+        error_kind=outcome.error_kind,
+        request=summary,
+        response=outcome.response,
+        verdicts=verdicts,
+        raw_sse=outcome.raw_lines if failing else None,
+        check_errors=check_errors,
+        oracles=oracles,
+    )
