@@ -88,13 +88,13 @@ class EngineProcess:
         self.stop()
 
 
-def spawn_child(cmd: list[str], log: Any = None) -> subprocess.Popen:
+def spawn_child(cmd: list[str], log: Any = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a child that dies with the calling thread (and so with us, even when we are
-    SIGKILLed); its output goes to `log`, or to ours."""
+    SIGKILLed); its output goes to `log`, or to ours; `env`: its environment (default: ours)."""
     # NOTE: PR_SET_PDEATHSIG fires when the spawning *thread* exits, so this must be called from
     # a thread that lives as long as the child should: the caller's main one, never a pool's.
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-                            stdin=subprocess.DEVNULL, env=os.environ.copy(),
+                            stdin=subprocess.DEVNULL, env=env if env is not None else os.environ.copy(),
                             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
 
 

@@ -131,8 +131,11 @@ def _run_folders(out_dir: Path) -> set[Path]:
 
 
 def _run_locust(args: list[str], env: dict[str, str]) -> int:
-    """Locust in the foreground; Ctrl-C and SIGTERM reach it, and it ends its test first."""
-    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *args], env=env)
+    """Locust in the foreground; Ctrl-C and SIGTERM reach it, and it ends its test first. It dies
+    with this process (SIGTERM, even when this one is SIGKILLed), so no Locust outlives us."""
+    from ..engine.launcher import spawn_child
+
+    proc = spawn_child([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *args], env=env)
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     try:
         while True:

@@ -41,6 +41,9 @@ class Lifecycle:
     def __init__(self, environment: Any) -> None:
         self.env = environment
         self.folder: RunFolder | None = None
+        # NOTE: the folder workers' records go to: kept past the stop until it is closed, since
+        # the turns each worker's stopped users record, and its tally, arrive after it.
+        self.receiving: RunFolder | None = None
         self.watcher: subprocess.Popen | None = None
         self.finishing: gevent.Greenlet | None = None
         self.watching_workers: gevent.Greenlet | None = None
@@ -72,7 +75,8 @@ class Lifecycle:
             return
         folder = RunFolder.new(plan, self._locust_info())
         setattr(self.env.parsed_options, RUN_ID_OPTION, folder.run_id)
-        self.folder, self.last_plan, self.lost = folder, plan, set()
+        self.folder = self.receiving = folder
+        self.last_plan, self.lost = plan, set()
         set_current(LocustRun(plan, folder.run_id, 0, folder=folder))
         if plan.config.metrics:
             self.watcher = gsubprocess.Popen(
@@ -116,6 +120,8 @@ class Lifecycle:
             watcher.wait()
         else:
             gevent.sleep(STRAGGLER_GRACE_S)
+        if self.receiving is folder:
+            self.receiving = None
         folder.close("complete")
         self.last_run_dir = folder.run_dir
         try:
@@ -136,14 +142,14 @@ class Lifecycle:
     # ---- the master -------------------------------------------------------------------------------
 
     def _on_turn_message(self, msg: Any, **_: Any) -> None:
-        if self.folder is not None and isinstance(msg.data, dict):
-            self.folder.turn(msg.data, worker=msg.node_id)
+        if self.receiving is not None and isinstance(msg.data, dict):
+            self.receiving.turn(msg.data, worker=msg.node_id)
 
     def _on_event_message(self, msg: Any, **_: Any) -> None:
         data = msg.data
-        if self.folder is not None and isinstance(data, dict) and isinstance(data.get("kind"), str):
+        if self.receiving is not None and isinstance(data, dict) and isinstance(data.get("kind"), str):
             fields = {k: v for k, v in data.items() if k != "kind"}
-            self.folder.event(data["kind"], worker=msg.node_id, **fields)
+            self.receiving.event(data["kind"], worker=msg.node_id, **fields)
 
     def _watch_workers(self, folder: RunFolder) -> None:
         while True:

@@ -167,7 +167,8 @@ class RunFolder:
                 continue
             self.history.event("turn_lost", session=session, turn=s["turns"], worker=worker,
                                reason="its worker stopped answering the master")
-            self.event("session_end", session=session, reason="worker_lost", turns=s["turns"], tool_calls=None)
+            self.event("session_end", worker=worker, session=session, reason="worker_lost", turns=s["turns"],
+                       tool_calls=None)
 
     def close(self, reason: str) -> None:
         self.history.event("run_end", run=self.run_id, reason=reason)

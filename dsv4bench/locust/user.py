@@ -35,6 +35,9 @@ from .turn import chat_turn
 class TurnFailure(Exception):
     """What Locust's failures tab shows for a turn: its codes or error, its session and turn."""
 
+    def __repr__(self) -> str:  # Locust's failures tab shows the repr: the message alone reads best
+        return str(self)
+
 
 def turn_kind(sess: AgentSession) -> str:
     """What the next request answers: the task, the last turn's tool results, or a nudge after
