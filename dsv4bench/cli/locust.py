@@ -56,8 +56,8 @@ def locust(
     metrics_interval: float = typer.Option(RunConfig.metrics_interval, help="Seconds between scrapes of each --metrics URL."),
     drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to keep scraping after a test stops, waiting for the queues to drain."),
     canary_timeout: float = typer.Option(RunConfig.canary_timeout, help="Deadline of the one short completion sent after the drain window."),
-    shape: Optional[str] = typer.Option(None, "--shape", metavar="SPEC", help="A load shape instead of --users/--spawn-rate: dsv4bench/locust/shapes.py lists them (ramp, step, spike, kill-storm)."),
-    kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help="Kill schedule for the kill-storm shape, as `agents --kill`: all@30s, frac=0.5/every=10s (with /from= and /until= if wanted)."),
+    shape: Optional[str] = typer.Option(None, "--shape", metavar="SPEC", help="A load shape instead of --users/--spawn-rate: ramp:users=80,rate=10,duration=60s; step:users=80,step=10,every=10s,duration=120s; spike:users=10,peak=80,at=30s,hold=10s,duration=90s; kill-storm:users=80 (every user stopped at 20 s without --kill). Grammar: dsv4bench/locust/shapes.py."),
+    kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help="Kill schedule of the kill-storm shape, as `agents --kill` reads it: all@T stops every user abruptly and ends the test; frac=F/every=S (S at least 3s; /from= and /until= if wanted) drops that share of the users and brings new ones back. who= and abort are refused: Locust stops users by count."),
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --host), repeatable."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --host), repeatable."),
     engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --host) prefill/decode disaggregated."),
@@ -91,7 +91,9 @@ def locust(
     env = dict(os.environ)
     if api_key:
         env[API_KEY_ENV] = api_key
-    if shape:
+    env.pop(SHAPE_ENV, None)  # one left in the shell must not shape this run
+    env.pop(KILL_ENV, None)
+    if shape and not worker:  # the master plays the shape; its workers follow its counts
         env[SHAPE_ENV] = shape
         env[KILL_ENV] = "\n".join(kill)
     if worker:  # it plays what its master says: no engine, no plan of its own

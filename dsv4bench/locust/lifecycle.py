@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from ..report import build_report
 from ..verdict import exit_code
 from .plan import API_KEY_ENV, Plan
 from .recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
+from .shapes import KILL_ENV, SHAPE_ENV
 
 log = logging.getLogger("dsv4bench.locust")
 
@@ -63,9 +66,15 @@ class Lifecycle:
             self.finishing.join()  # the last test's report first: one folder at a time
         try:
             plan = Plan.from_options(self.env.parsed_options)
+            host = (self.env.host or "").rstrip("/")
+            if host and host != plan.config.base_url:  # the web UI's Host field: the users' target now
+                plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, url=host))
         except ConfigError as e:
-            log.error("dsv4bench: %s", e)
-            self.env.runner.quit()
+            log.error("dsv4bench: %s; the test stops", e)
+            if getattr(self.env.parsed_options, "headless", False):
+                self.env.runner.quit()
+            else:  # the web UI stays up for a corrected start
+                gevent.spawn(self.env.runner.stop)
             return
         runner = self.env.runner
         if isinstance(runner, WorkerRunner):
@@ -134,10 +143,13 @@ class Lifecycle:
 
     def _locust_info(self) -> dict[str, Any]:
         o = self.env.parsed_options
+        shaped = self.env.shape_class is not None  # then the shape, not --users, says how many
         return {"mode": "master" if isinstance(self.env.runner, MasterRunner) else "local",
-                "users": getattr(o, "num_users", None), "spawn_rate": getattr(o, "spawn_rate", None),
+                "users": None if shaped else getattr(o, "num_users", None),
+                "spawn_rate": None if shaped else getattr(o, "spawn_rate", None),
                 "run_time": getattr(o, "run_time", None), "headless": getattr(o, "headless", None),
-                "shape": type(self.env.shape_class).__name__ if self.env.shape_class is not None else None}
+                "shape": os.environ.get(SHAPE_ENV) if self.env.shape_class is not None else None,
+                "kill": [k for k in os.environ.get(KILL_ENV, "").splitlines() if k]}
 
     # ---- the master -------------------------------------------------------------------------------
 
@@ -162,8 +174,6 @@ class Lifecycle:
 
 
 def _watch_env(plan: Plan) -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
     if plan.config.api_key:
         env[API_KEY_ENV] = plan.config.api_key

@@ -20,8 +20,7 @@ __all__ = ["AgentUser"]
 # NOTE: httpx logs every request at INFO, which would drown Locust's own log.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-if (_shape := selected_shape()) is not None:
-    LoadShape = _shape  # Locust uses the locustfile's one LoadTestShape subclass
+LoadShape = selected_shape()  # Locust plays the locustfile's one LoadTestShape subclass; None: none
 
 
 @events.init_command_line_parser.add_listener

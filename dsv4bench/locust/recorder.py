@@ -60,7 +60,7 @@ class Tally:
         for code in turn_codes(rec):
             self.by_code[code] += 1
             found = next((v for v in rec.verdicts if v.code == code), None)
-            what = (found.detail if found is not None else rec.error) or code
+            what = (found.detail if found is not None else "") or rec.error or code
             self.examples.setdefault(code, deque(maxlen=EXAMPLES_PER_CODE)).append(
                 {"session": rec.session, "turn": rec.turn, "what": str(what)[:300]})
 

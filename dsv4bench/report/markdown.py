@@ -100,8 +100,8 @@ def fence(text: str, lang: str = "") -> str:
     return f"{bar}{lang}\n{text}\n{bar}"
 
 
-def headline(summary: dict[str, Any]) -> str:
-    """The verdict and its key figures in one line."""
+def headline(summary: dict[str, Any], killer: str = "the nemesis") -> str:
+    """The verdict and its key figures in one line; `killer`: what cut the killed turns short."""
     t = summary["turns"]
     verdict = summary["verdict"]
     calls, bad = summary["tool_calls"], summary["bad_tool_calls"]
@@ -122,7 +122,7 @@ def headline(summary: dict[str, Any]) -> str:
                    f"no corruption in {fmt_int(t['ok'])} completed turns")
     else:
         figures = f"{corrupt}; {fmt_int(calls)} tool calls, none bad"
-    extra = f"; {plural(t['killed'], 'turn')} killed by the nemesis (not judged)" if t["killed"] else ""
+    extra = f"; {plural(t['killed'], 'turn')} killed by {killer} (not judged)" if t["killed"] else ""
     qualified = f" ({'; '.join(q)})" if (q := qualifiers(summary)) else ""
     return f"**{verdict}**{qualified} — {figures}{extra}."
 
@@ -522,7 +522,8 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
     """The markdown incident report for one run."""
     command = history.run.get("command")
     parts: list[list[str]] = [
-        [f"# dsv4bench report: {inline(summary['run'])}", "", headline(summary)],
+        [f"# dsv4bench report: {inline(summary['run'])}", "",
+         headline(summary, "stopping their Locust users" if "locust" in history.run else "the nemesis")],
         _notes(summary),
         deployment_section(history),
         _run_section(history, summary),

@@ -4,6 +4,7 @@ a worker killed mid-run loses only its turns in flight, which the merged history
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -21,7 +22,9 @@ from dsv4bench.summary import turn_codes
 
 from .conftest import ROOT, free_port, only_run_dir, start_replay
 
-pytest.importorskip("locust")
+# NOTE: not importorskip: importing Locust would patch this whole pytest process for gevent.
+if importlib.util.find_spec("locust") is None:
+    pytest.skip("Locust is not installed (pip install 'dsv4bench[locust]')", allow_module_level=True)
 
 
 def locust_cli(*args: str, log: Path) -> subprocess.Popen:
