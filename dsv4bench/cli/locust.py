@@ -12,6 +12,7 @@ writes a run folder under --out, and its verdict line is printed at the end.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from .common import app, err, fail, print_verdict
 from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
+LOCUST_MISSING = "Locust mode needs Locust: pip install 'dsv4bench[locust]'"
 LOOPBACK = "127.0.0.1"
 # Where Locust would listen on every interface unless told: ours bind to loopback by default.
 _BIND_FLAGS = {"--web-host": LOOPBACK, "--master-bind-host": LOOPBACK}
@@ -69,6 +71,8 @@ def locust(
     lists them). The web UI binds to 127.0.0.1 unless --web-host says otherwise."""
     from ..locust.shapes import KILL_ENV, SHAPE_ENV, check_shape  # Locust's own modules load only here
 
+    if importlib.util.find_spec("locust") is None:
+        raise fail(LOCUST_MISSING)
     locust_args = list(ctx.args)
     if "--help-locust" in locust_args:
         raise typer.Exit(subprocess.call([sys.executable, "-m", "locust", "--help"]))
@@ -85,7 +89,9 @@ def locust(
         if not worker:
             check_out_dir(out_dir)
         ensure_open_files(64)
-        engine = engine_args(host is not None or worker, engine_arg, engine_fault, engine_pd, engine_router)
+        engine = engine_args(host is not None, engine_arg, engine_fault, engine_pd, engine_router, "--host")
+        if worker and (engine or engine_router != "bundled" or host or shape or kill):
+            raise ConfigError("a --worker plays its master's plan: --host, --shape, --kill and --engine-* go to the master")
     except (ConfigError, HostLimitError) as e:
         raise fail(str(e))
     env = dict(os.environ)

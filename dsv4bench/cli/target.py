@@ -22,10 +22,11 @@ BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engin
 
 
 def engine_args(url_given: bool, engine_arg: list[str], engine_fault: list[str], engine_pd: bool,
-                engine_router: str) -> list[str]:
-    """The bundled engine's flags from the --engine-* options; ConfigError when they cannot apply."""
+                engine_router: str, url_flag: str = "--url") -> list[str]:
+    """The bundled engine's flags from the --engine-* options; ConfigError when they cannot apply
+    (`url_flag`: what the command calls its server's URL)."""
     if (engine_fault or engine_pd or engine_router != "bundled") and url_given:
-        raise ConfigError("--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with --url")
+        raise ConfigError(f"--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with {url_flag}")
     if engine_router not in ENGINE_ROUTERS:
         raise ConfigError(f"--engine-router must be one of {', '.join(ENGINE_ROUTERS)}, not {engine_router!r}")
     args = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]

@@ -18,6 +18,7 @@ from dsv4bench.history import read_history
 from dsv4bench.locust.shapes import DROP_S, KILL_ENV, MIN_EVERY_S, SHAPE_ENV, check_shape, parse_shape
 
 from .conftest import ROOT, only_run_dir, run_cli
+from .locust_stats import assert_stats_match_history
 
 # NOTE: a mark, not importorskip: importing Locust would patch this whole pytest process for
 # gevent, and the spec language needs no Locust.
@@ -228,7 +229,7 @@ def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     out = tmp_path / "runs"
     faults = ("--engine-fault", fault) if fault else ()
     r = run_cli("locust", "--headless", *STORM, "--engine-pd", *faults, "--max-turns", "6", "--drain-timeout", "10",
-                "--canary-timeout", "5", "--out", str(out), "-q", timeout=150)
+                "--canary-timeout", "5", "--out", str(out), "-q", "--csv", str(tmp_path / "stats"), timeout=150)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = only_run_dir(out)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -238,6 +239,7 @@ def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     assert summary["turns"]["killed"] > 0 and summary["turns"]["good"] > 0, summary["turns"]
     # The drops brought users back with new sessions: more sessions than users were played.
     history = read_history(run_dir)
+    assert_stats_match_history(tmp_path / "stats", history)  # Locust's own counts tell the same story
     assert sum(e["kind"] == "session_start" for e in history.events) > USERS
     assert json.loads((run_dir / "run.json").read_text())["locust"]["shape"] == "KillStormShape"
     assert verdict in r.stdout + r.stderr  # the verdict line of the run
