@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class Lifecycle:
         self.watcher: subprocess.Popen | None = None
         self.finishing: gevent.Greenlet | None = None
         self.watching_workers: gevent.Greenlet | None = None
+        self.marking_kills: gevent.Greenlet | None = None
         self.lost: set[str] = set()
         self.last_summary: dict[str, Any] | None = None
         self.last_plan: Plan | None = None
@@ -93,6 +95,9 @@ class Lifecycle:
                 env=_watch_env(plan))
         if isinstance(runner, MasterRunner):
             self.watching_workers = gevent.spawn(self._watch_workers, folder)
+        kills = getattr(getattr(self.env.shape_class, "plan", None), "kills", None)
+        if kills is not None:
+            self.marking_kills = gevent.spawn(self._mark_kills, folder, kills())
         log.warning("dsv4bench: test %s recording into %s", folder.run_id, folder.run_dir)
 
     def test_stop(self, **_: Any) -> None:
@@ -103,9 +108,13 @@ class Lifecycle:
         if self.folder is None:
             return
         folder, watcher, self.folder, self.watcher = self.folder, self.watcher, None, None
+        if self.marking_kills is not None:  # a kill storm: its end stops every user at once
+            self.marking_kills.kill(block=False)
+            folder.history.event("kill", spec=_kill_specs() or "kill-storm", users=self.env.shape_class.plan.users,
+                                 sessions=[], reason="the storm's end")
         if self.watching_workers is not None:
             self.watching_workers.kill(block=False)
-            self.watching_workers = None
+        self.watching_workers = self.marking_kills = None
         # NOTE: not here: test_stop runs inside the web UI's /stop request; the drain takes seconds.
         self.finishing = gevent.spawn(self._finish, folder, watcher)
 
@@ -149,7 +158,7 @@ class Lifecycle:
                 "spawn_rate": None if shaped else getattr(o, "spawn_rate", None),
                 "run_time": getattr(o, "run_time", None), "headless": getattr(o, "headless", None),
                 "shape": os.environ.get(SHAPE_ENV) if self.env.shape_class is not None else None,
-                "kill": [k for k in os.environ.get(KILL_ENV, "").splitlines() if k]}
+                "kill": _kill_specs().split(" ") if _kill_specs() else []}
 
     # ---- the master -------------------------------------------------------------------------------
 
@@ -163,6 +172,14 @@ class Lifecycle:
             fields = {k: v for k, v in data.items() if k != "kind"}
             self.receiving.event(data["kind"], worker=msg.node_id, **fields)
 
+    @staticmethod
+    def _mark_kills(folder: RunFolder, kills: list[tuple[float, int]]) -> None:
+        """A kill storm's `kill` events, as the nemesis of `agents` writes them, at its schedule."""
+        started = time.monotonic()
+        for at, users in kills:
+            gevent.sleep(max(0.0, started + at - time.monotonic()))
+            folder.history.event("kill", spec=_kill_specs() or "kill-storm", at_s=at, users=users, sessions=[])
+
     def _watch_workers(self, folder: RunFolder) -> None:
         while True:
             for node in self.env.runner.clients.missing:
@@ -171,6 +188,11 @@ class Lifecycle:
                     folder.history.event("worker_lost", worker=node.id)
                     folder.worker_lost(node.id)
             gevent.sleep(MISSING_POLL_S)
+
+
+def _kill_specs() -> str:
+    """The kill storm's --kill specs, space-separated ("" without)."""
+    return " ".join(k for k in os.environ.get(KILL_ENV, "").splitlines() if k.strip())
 
 
 def _watch_env(plan: Plan) -> dict[str, str]:

@@ -157,6 +157,17 @@ class KillStorm:
             return self.users - down, float(max(self.rate, down))
         return self.users, self.rate
 
+    def kills(self) -> list[tuple[float, int]]:
+        """When the storm's frac drops stop users, and how many, in order, for the history's
+        `kill` events (the report's timeline marks them); its end stops every user."""
+        out = []
+        for d in self.drops:
+            n = 0
+            while (at := d.first + n * d.every) < self.end and (d.until is None or at <= d.until):
+                out.append((at, d.users))
+                n += 1
+        return sorted(out)
+
 
 # ---- the spec language ----------------------------------------------------------------------------
 

@@ -240,6 +240,14 @@ def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     # The drops brought users back with new sessions: more sessions than users were played.
     history = read_history(run_dir)
     assert_stats_match_history(tmp_path / "stats", history)  # Locust's own counts tell the same story
+    kills = [e for e in history.events if e["kind"] == "kill"]  # the report's timeline marks them
+    assert [e.get("at_s") for e in kills] == [3.0, 6.0, 9.0, None] and kills[-1]["users"] == USERS
     assert sum(e["kind"] == "session_start" for e in history.events) > USERS
     assert json.loads((run_dir / "run.json").read_text())["locust"]["shape"] == "KillStormShape"
     assert verdict in r.stdout + r.stderr  # the verdict line of the run
+
+
+def test_a_kill_storm_lists_its_drops_for_the_history():
+    storm = parse_shape("kill-storm:users=24", ("frac=0.5/every=3s/from=3s", "frac=0.25/every=4s/until=8s", "all@12s"))
+    assert storm.kills() == [(3.0, 12), (4.0, 6), (6.0, 12), (8.0, 6), (9.0, 12)]
+    assert parse_shape("kill-storm:users=80").kills() == []  # its end alone: every user at 20 s
