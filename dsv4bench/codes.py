@@ -49,6 +49,9 @@ CODES: tuple[VerdictCode, ...] = (
           "Raw DSML tool-call markup leaked into `content` instead of being parsed into tool calls."),
     _turn("dsml_leak_reasoning", CORRUPTION, "dsml", "Raw DSML tool-call markup leaked into the reasoning text."),
     _turn("dsml_in_arguments", CORRUPTION, "dsml", "DSML markup appears inside a tool call's `arguments`."),
+    _turn("special_token_leak", CORRUPTION, "special_tokens",
+          "A DSV4 special token (`<｜end▁of▁sentence｜>`, a role token, `<think>` / `</think>`; DSML "
+          "aside) reached the client in `content`, the reasoning or a tool call's `arguments`."),
     _turn("args_not_json", CORRUPTION, "arguments", "A tool call's `arguments` is not valid JSON."),
     _turn("schema_violation", CORRUPTION, "arguments",
           "A tool call's arguments are JSON but violate the tool's JSON Schema."),

@@ -13,7 +13,7 @@ from ...driver import play_session
 from ...records import TurnStatus, Verdict
 from ...session import AgentSession, EndReason, SessionConfig
 
-BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments"}
+BAD_CALL = {"args_not_json", "schema_violation", "unknown_tool", "dsml_in_arguments", "special_token_leak"}
 
 
 async def eval_family(url: str, family: str, seeds: range, max_turns: int, context: int | None) -> dict:
