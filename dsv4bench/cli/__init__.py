@@ -5,6 +5,8 @@ flags into one config object and its errors into one line on stderr (exit 2).
 - agents.py: `agents`, the main job
 - locust.py: `locust`, the same sessions as Locust users (web UI, headless, distributed)
 - target.py: the server a load command drives (--url, or the bundled engine started for it)
+- sweep.py: `sweep`, agents at rising concurrency: where corruption starts
+- proxy.py: `proxy`, a user's own agent audited live through a pass-through
 - servers.py: `probe` and `watch`, looking at running servers
 - offline.py: `report` and `audit`, working on what was recorded
 - engine.py: `engine serve`, `engine faults`, `engine train`
@@ -15,7 +17,7 @@ from __future__ import annotations
 import sys
 
 # Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
-from . import agents, locust, servers, offline, engine  # noqa: F401, I001
+from . import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
 from .target import BUNDLED_PLACEHOLDER_URL
 from .common import app, err
 

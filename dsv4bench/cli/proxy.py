@@ -1,0 +1,1 @@
+"""`dsv4bench proxy` (being built)."""

@@ -1,0 +1,1 @@
+"""`dsv4bench sweep` (being built)."""
