@@ -243,7 +243,8 @@ def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     kills = [e for e in history.events if e["kind"] == "kill"]  # the report's timeline marks them
     assert [e.get("at_s") for e in kills] == [3.0, 6.0, 9.0, None] and kills[-1]["users"] == USERS
     assert sum(e["kind"] == "session_start" for e in history.events) > USERS
-    assert json.loads((run_dir / "run.json").read_text())["locust"]["shape"] == "KillStormShape"
+    locust_info = json.loads((run_dir / "run.json").read_text())["locust"]
+    assert locust_info["shape"] == f"kill-storm:users={USERS}" and locust_info["kill"] == [STORM[3], STORM[5]]
     assert verdict in r.stdout + r.stderr  # the verdict line of the run
 
 
