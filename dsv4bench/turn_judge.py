@@ -40,13 +40,18 @@ def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome)
     )
 
 
+def keeps_evidence(status: TurnStatus, verdicts: list[Verdict], check_errors: list[str],
+                   oracles: OracleReadings | None = None) -> bool:
+    """Whether a turn's record keeps its exact request and raw stream: one with findings, a
+    checker that failed, parsers that read it differently, or an error (not a kill)."""
+    return bool(verdicts) or bool(check_errors) or oracles is not None or status not in (TurnStatus.OK, TurnStatus.KILLED)
+
+
 def turn_record(run_id: str, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any],
                 outcome: TurnOutcome, verdicts: list[Verdict], check_errors: list[str],
                 oracles: OracleReadings | None) -> TurnRecord:
     """The history's record of the turn `sess` just played (before it observes the outcome)."""
-    # Parsers that read the turn differently are evidence worth its request and stream too.
-    failing = (bool(verdicts) or bool(check_errors) or oracles is not None
-               or outcome.status not in (TurnStatus.OK, TurnStatus.KILLED))
+    failing = keeps_evidence(outcome.status, verdicts, check_errors, oracles)
     if failing:
         summary["body"] = body  # the exact request, so the turn can be replayed and audited
     return TurnRecord(

@@ -72,8 +72,9 @@ def test_engine_faults_lists_every_fault_with_its_bug_class():
         assert name in r.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["agents"], ["probe"], ["watch"], ["report"], ["audit"], ["engine"],
-                                     ["engine", "serve"], ["engine", "train"], ["engine", "faults"]])
+@pytest.mark.parametrize("command", [[], ["agents"], ["locust"], ["sweep"], ["proxy"], ["probe"], ["watch"], ["report"],
+                                     ["audit"], ["engine"], ["engine", "serve"], ["engine", "train"],
+                                     ["engine", "faults"]])
 def test_every_help_renders(command):
     r = run_cli(*command, "--help")
     assert r.returncode == 0, r.stderr

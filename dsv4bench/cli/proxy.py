@@ -1,1 +1,130 @@
-"""`dsv4bench proxy` (being built)."""
+"""`dsv4bench proxy`: a user's own agent audited live through an OpenAI-compatible pass-through
+(dsv4bench/proxy.py); Ctrl-C or --duration ends the history and writes the report."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import httpx
+import typer
+from rich.markup import escape
+
+from ..config import FAIL_ON_CHOICES, ConfigError, check_http_url, check_out_dir, parse_fail_on
+from ..redact import MASK, redact_argv, shell_line
+from ..verdict import exit_code
+from .common import app, err, fail, print_verdict
+
+if TYPE_CHECKING:
+    from ..proxy import AuditProxy
+    from ..records import TurnRecord
+
+
+@app.command()
+def proxy(
+    upstream: str = typer.Option(..., help="The server to audit: its root or OpenAI base URL, e.g. http://127.0.0.1:30000/v1."),
+    port: int = typer.Option(8800, help="Port to listen on (0: any free port, printed at start)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on; 0.0.0.0 lets other machines in."),
+    duration: Optional[float] = typer.Option(None, help="Seconds to serve before writing the report; default: until Ctrl-C."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
+    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token added upstream to requests that carry none of their own; written nowhere."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No line per finding; print the verdict line only."),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors (and, with either, on INCOMPLETE)."),
+) -> None:
+    """An OpenAI-compatible pass-through to point your own agent at: every answer reaches it byte for
+    byte as the upstream sent it, and every chat completion is checked and recorded as `agents`
+    records its own turns. Ctrl-C or --duration ends the run and writes the report."""
+    try:
+        check_http_url("--upstream", upstream)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port must be a port number (0-65535), got {port}")
+        if duration is not None and not (math.isfinite(duration) and duration > 0):
+            raise ConfigError(f"--duration must be a positive number of seconds, got {duration}")
+        fail_codes = parse_fail_on(fail_on)
+        bad = [f for f in fail_codes if f not in FAIL_ON_CHOICES]
+        if bad:
+            raise ConfigError(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)}; got {', '.join(bad)}")
+        check_out_dir(out_dir)
+    except ConfigError as e:
+        raise fail(str(e))
+    try:
+        from ..proxy import AuditProxy, ProxyRun, upstream_base
+    except ImportError as e:
+        raise fail(f"dsv4bench proxy needs starlette and uvicorn ({e}): pip install 'dsv4bench[proxy]'")
+    from ..preflight import ServerError, server_facts
+    from ..report import build_report
+
+    _, base = upstream_base(upstream)
+    try:
+        httpx.get(f"{base}/models", timeout=10, trust_env=False,
+                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    except httpx.HTTPError as e:
+        raise fail(f"--upstream {upstream}: cannot reach it ({type(e).__name__}: {e or 'no answer'})")
+    try:
+        facts = server_facts(base, api_key)
+    except ServerError as e:  # reachable, but not telling: the proxy forwards all the same
+        facts = {"base_url": base, "problem": str(e)}
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise fail(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})")
+    listening = sock.getsockname()[1]
+    config = {"upstream": redact_argv([upstream])[0], "host": host, "port": listening, "duration": duration,
+              "api_key": MASK if api_key else None, "fail_on": list(fail_codes)}
+    run = ProxyRun(out_dir, {"command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]), "config": config,
+                             "server": facts, "proxy": {"upstream": config["upstream"]}},
+                   api_key=api_key, on_turn=None if quiet else _print_finding)
+    shown = f"[{host}]" if ":" in host else host
+    err.print(escape(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
+                     f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "
+                     f"the report ({run.run_dir})"), highlight=False, soft_wrap=True)
+    reason = "interrupted"
+    try:
+        reason = asyncio.run(_serve(AuditProxy(upstream, run, api_key), host, sock, duration))
+    except KeyboardInterrupt:
+        reason = "interrupted"  # the history so far is kept and reported
+    except BaseException:
+        reason = "error"
+        raise
+    finally:
+        sock.close()
+        run.end(reason)
+    summary = build_report(run.run_dir)
+    print_verdict(summary, run.run_dir)
+    raise typer.Exit(exit_code(summary, fail_codes))
+
+
+async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None) -> str:
+    """Serve until --duration has passed ("duration") or Ctrl-C; uvicorn re-raises the
+    interrupt as KeyboardInterrupt once it has shut down."""
+    import uvicorn
+
+    from ..proxy import build_app, uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(build_app(proxy), host))
+    timed_out = False
+
+    def time_up() -> None:
+        nonlocal timed_out
+        timed_out = True
+        server.should_exit = True
+
+    if duration is not None:
+        asyncio.get_running_loop().call_later(duration, time_up)
+    await server.serve(sockets=[sock])
+    return "duration" if timed_out else "interrupted"
+
+
+def _print_finding(rec: TurnRecord) -> None:
+    """One line on stderr per turn the checkers or the transport found something wrong with."""
+    codes = sorted({v.code for v in rec.verdicts})
+    if codes or rec.error_kind is not None:
+        what = ", ".join(codes) or str(rec.error_kind)
+        err.print(escape(f"session {rec.session} turn {rec.turn}: {what}"), highlight=False, soft_wrap=True)

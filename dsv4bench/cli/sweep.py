@@ -1,1 +1,159 @@
-"""`dsv4bench sweep` (being built)."""
+"""`dsv4bench sweep`: `agents` at rising concurrency on the same seeds, each level run in batches
+until its corrupt-turn rate is known to the stated confidence, and the smallest concurrency at
+which corruption appears reported (the rules: dsv4bench/sweep.py). One sweep folder holds
+sweep.json, sweep.md, sweep.png and, per level, its batches as ordinary run folders."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import secrets
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from ..preflight import HostLimitError, ensure_open_files
+from ..redact import redact_argv, shell_line
+from ..verdict import exit_code
+from .common import VERDICT_STYLE, app, err, fail, out
+from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
+
+# The sweep's own flags, which an `agents` reproduce line must leave out (with their values).
+_SWEEP_ONLY = ("--confidence", "--precision", "--baseline", "--level-turns")
+_PER_BATCH = ("--concurrency", "--seed")  # set per batch in its reproduce line
+
+
+@app.command()
+def sweep(
+    concurrency: str = typer.Option(..., help="Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in dsv4bench/sweep.py."),
+    url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL; with none, the bundled DSV4-mini engine is started once for the whole sweep."),
+    sessions: Optional[int] = typer.Option(RunConfig.sessions, help="Sessions per batch, the same at every level (so every level plays the same tasks). With neither --sessions nor --duration: one whole session per slot."),
+    duration: Optional[float] = typer.Option(RunConfig.duration, help="Seconds per batch to keep starting turns."),
+    confidence: float = typer.Option(0.95, help="Confidence of each level's Wilson score interval."),
+    precision: float = typer.Option(0.05, help="A level stops once its interval is at most this wide (upper minus lower bound, as a rate: 0.05 = 5 points)."),
+    level_turns: int = typer.Option(2000, help="Turns after which a level stops whatever its interval."),
+    baseline: float = typer.Option(0.0, help="Corrupt-turn rate the server is known to have anyway; the threshold is the smallest level whose interval's lower bound is above it."),
+    max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
+    scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
+    seed: int = typer.Option(RunConfig.seed, help="Seed of batch 0 at every level; batch k is seeded seed + k."),
+    thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
+    stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
+    max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
+    context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens. Default: what the server reports."),
+    temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
+    ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
+    total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
+    on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
+    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
+    api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
+    out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the sweep folder is created."),
+    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when any batch of any level meets one: corruption,errors,wedge (as agents --fail-on judges one run)."),
+    quiet: bool = typer.Option(RunConfig.quiet, "--quiet", "-q", help="No progress per batch; print the result lines only."),
+    metrics: list[str] = typer.Option(list(RunConfig.metrics), "--metrics", help="Prometheus /metrics URL to scrape during each batch (repeatable). Default: the server's own, as agents finds it."),
+    drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to watch the queues drain after each batch."),
+    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable."),
+    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
+    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated."),
+    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router."),
+) -> None:
+    """Where corruption starts: agents at rising concurrency on the same seeds, each level run
+    until its corrupt-turn rate is known to --confidence, and the smallest level at which
+    corruption appears reported, with a table and a plot (sweep.md, sweep.png)."""
+    from .. import sweep as plan_rules
+
+    try:
+        plan = plan_rules.SweepPlan(plan_rules.parse_levels(concurrency), confidence=confidence, precision=precision,
+                                    baseline=baseline, level_turns=level_turns)
+        top = max(plan.levels)
+        # One config checks every flag once; each batch's is this one at its level and seed.
+        base = RunConfig(
+            url=url or BUNDLED_PLACEHOLDER_URL, concurrency=top, sessions=sessions, duration=duration,
+            max_turns=max_turns, scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
+            context_length=context_length, temperature=temperature, ttft_timeout=ttft_timeout,
+            total_timeout=total_timeout, on_corrupt=on_corrupt, model=model, api_key=api_key, out=out_dir,
+            fail_on=parse_fail_on(fail_on), quiet=True, metrics=tuple(metrics), drain_timeout=drain_timeout,
+        )
+        check_out_dir(out_dir)
+        ensure_open_files(top)
+        engine = engine_args(url is not None, engine_arg, engine_fault, engine_pd, engine_router)
+    except (ConfigError, HostLimitError) as e:
+        raise fail(str(e))
+    from ..run import run_agents
+
+    sweep_dir = out_dir / _sweep_id(base)
+    target = open_target(base, url is not None, engine, engine_router, quiet)
+    argv = redact_argv(sys.argv[1:])
+    exit_codes = [0]  # each batch judged by --fail-on as `agents` judges its run
+
+    def run_batch(level: int, batch: int) -> tuple[dict, str]:
+        config = dataclasses.replace(target.config, concurrency=level, sessions=sessions, seed=seed + batch,
+                                     out=sweep_dir / f"c{level}")
+        summary, run_dir = run_agents(config, target.facts, command=batch_command(argv, level, seed + batch))
+        exit_codes.append(exit_code(summary, base.fail_on))
+        return summary, str(run_dir.relative_to(sweep_dir))
+
+    def on_batch(level: plan_rules.Level, batch: int) -> None:
+        if quiet:
+            return
+        lower, upper = level.interval(plan.confidence)
+        t = level.turns
+        err.print(escape(f"c{level.concurrency} batch {batch}: {level.verdicts[-1]}; level so far {t['total']} turns, "
+                         f"{t['corrupt']} corrupt of {t['ok']} completed, interval {100 * lower:.1f}%-{100 * upper:.1f}%"),
+                  highlight=False, soft_wrap=True)
+
+    levels: list[plan_rules.Level] = []
+    try:
+        sweep_dir.mkdir(parents=True)
+        for level in plan.levels:
+            if not quiet:
+                err.print(f"level c{level} ...", highlight=False)
+            levels.append(plan_rules.run_level(level, plan, run_batch, on_batch))
+    finally:
+        target.stop()
+        summary = plan_rules.sweep_summary(levels, plan, shell_line(["dsv4bench", *argv]))
+        if levels:  # an interrupted sweep still says what its finished levels found
+            plan_rules.write_sweep(sweep_dir, summary)
+    _print_result(summary, sweep_dir)
+    raise typer.Exit(max(exit_codes))
+
+
+def _sweep_id(config: RunConfig) -> str:
+    """A fresh, sortable, unique sweep folder name, as run folders are named."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"sweep-{stamp}-{config.scenario}-{secrets.token_hex(2)}"
+
+
+def batch_command(argv: list[str], level: int, seed: int) -> str:
+    """The `agents` line that reruns one batch: the sweep's flags less its own, at the batch's
+    concurrency and seed (`argv`: the sweep's arguments, already redacted)."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in argv[1:]:  # argv[0] is "sweep"
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _SWEEP_ONLY or name in _PER_BATCH:
+            skip_value = "=" not in arg
+            continue
+        kept.append(arg)
+    return shell_line(["dsv4bench", "agents", *kept, "--concurrency", str(level), "--seed", str(seed)])
+
+
+def _print_result(summary: dict, sweep_dir: Path) -> None:
+    """One line per level and the threshold, on stdout."""
+    for lv in summary["levels"]:
+        lower, upper = lv["interval"]
+        rate = "-" if lv["rate"] is None else f"{100 * lv['rate']:.1f}%"
+        style = VERDICT_STYLE.get(lv["verdict"], "bold")
+        out.print(f"c{lv['concurrency']:<4} [{style}]{escape(lv['verdict'])}[/]  turns {lv['turns']['total']} "
+                  f"(corrupt {lv['turns']['corrupt']} of {lv['turns']['ok']} completed)  rate {rate} "
+                  f"({100 * lower:.1f}%-{100 * upper:.1f}%)  stopped by {lv['stopped_by']}", highlight=False,
+                  soft_wrap=True)
+    found = summary["threshold"]
+    where = f"corruption appears at concurrency {found}" if found is not None else "no level shows corruption"
+    out.print(escape(f"{where}  report: {sweep_dir / 'sweep.md'}"), highlight=False, soft_wrap=True)
