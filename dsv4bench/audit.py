@@ -1,4 +1,5 @@
-"""`dsv4bench audit FILE`: the checkers over traffic recorded elsewhere (production logs).
+"""`dsv4bench audit FILE`: the checkers over traffic recorded elsewhere (production logs, a proxy
+capture, a run of our own), and with `--reference RUN` a recorded run judged against another.
 
 Each JSONL line is one exchange, in any of these shapes:
   {"request": {chat body}, "response": {chat.completion body}}      a non-streamed pair
@@ -9,6 +10,12 @@ Optional fields: "http_status" (>= 400 makes it an http_error), "raw_completion"
 --raw oracle's text; a turns.jsonl record keeps it in "oracles"), "tools" (when the request is
 not recorded). With a raw completion, the parsers' view (checks/parser_view.py) is printed
 beside the verdicts: where the server, deepseek-recipe and SGLang read it differently.
+
+A run folder (an `agents` run, or what `dsv4bench proxy` captured) is read as its turns.jsonl.
+A passing turn keeps only a summary of its request and its assembled answer, not the request
+body nor the raw stream: it cannot be re-judged from what was on the wire, only its recorded
+answer re-checked (without the offered tools). Such turns are counted and said, never passed
+off as re-judged.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from rich.table import Table
 
 from .checks import run_checks
 from .checks.parser_view import Disagreement, disagreements, oracle_versions, read_oracles
-from .codes import AVAILABILITY_CODES, CORRUPTION_CODES
+from .checks.reference import check_reference_mismatch
+from .codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
+from .history import TURNS_FILE
 from .records import AssembledResponse, OracleReadings, TurnContext, TurnStatus, Verdict
+from .reference_run import ReferenceAnswers, is_greedy, request_key
 from .sse import DeltaAssembler, assemble_completion
 
 # Without the offered tools, these two cannot be judged and are left out.
@@ -47,6 +57,19 @@ class AuditResult:
     problem: str | None = None  # the line could not be read as an exchange
     oracles: OracleReadings | None = None  # the --raw oracles' readings, where there was a raw completion
     parsers: list[Disagreement] = field(default_factory=list)  # where they and the server disagree
+    session: str | None = None  # a turns.jsonl record's session and turn
+    turn: int | None = None
+    # A turn record that kept neither its request body nor its raw stream (it passed when
+    # recorded): only its recorded answer was re-checked, nothing re-read from the wire.
+    summary_only: bool = False
+    reference_compared: bool = False  # --reference: judged against the reference run's answer
+    reference_parted: bool = False  # ... had one, but its session had parted from the reference before
+
+    @property
+    def where(self) -> str:
+        """How a finding names this exchange: its line, and its session and turn where recorded."""
+        turn = f" (session {self.session} turn {self.turn})" if self.session is not None else ""
+        return f"line {self.line}{turn}"
 
     @property
     def corrupt(self) -> bool:
@@ -138,17 +161,38 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
         rid = ctx.response.response_id if isinstance(ctx.response, AssembledResponse) else None
         oracles = read_oracles(ctx)
         parsers = disagreements(ctx.response, oracles) if oracles is not None and ctx.response else []
-        results.append(AuditResult(line, rid, verdicts, check_errors, oracles=oracles, parsers=parsers))
+        result = AuditResult(line, rid, verdicts, check_errors, oracles=oracles, parsers=parsers)
+        if _is_turn_record(rec):
+            result.session, result.turn = str(rec["session"]), rec.get("turn")
+            result.summary_only = _kept_no_evidence(rec)
+        results.append(result)
     return results
 
 
-def audit_file(path: Path) -> list[AuditResult]:
-    """Read and check every exchange of a JSONL file; unreadable lines are reported as results
-    (`problem`), and a file with no readable exchange at all is an AuditError."""
+def _is_turn_record(rec: Any) -> bool:
+    return isinstance(rec, dict) and "session" in rec and "status" in rec
+
+
+def _kept_no_evidence(rec: dict[str, Any]) -> bool:
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    return rec.get("raw_sse") is None and rec.get("sse") is None and not isinstance(req.get("body"), dict)
+
+
+def exchanges_file(path: Path) -> Path:
+    """The JSONL file to audit: the path itself, or a run folder's turns.jsonl."""
     if path.is_dir():
-        raise AuditError(f"{path} is a folder; give a JSONL file (a run's turns.jsonl, say)")
+        if not (path / TURNS_FILE).is_file():
+            raise AuditError(f"{path} is a folder with no {TURNS_FILE}; give a run folder or a JSONL file")
+        return path / TURNS_FILE
     if not path.exists():
         raise AuditError(f"{path}: no such file")
+    return path
+
+
+def read_exchanges(path: Path) -> list[tuple[int, Any]]:
+    """Every non-blank line of a JSONL file (or a run folder's turns.jsonl) with its line number,
+    parsed; None for a line that is not JSON."""
+    path = exchanges_file(path)
     records: list[tuple[int, Any]] = []
     try:
         with open(path, "rb") as f:
@@ -161,11 +205,74 @@ def audit_file(path: Path) -> list[AuditResult]:
                     records.append((n, None))
     except OSError as e:
         raise AuditError(f"{path}: {e.strerror or e}") from None
+    return records
+
+
+def audit_file(path: Path, reference: ReferenceAnswers | None = None) -> list[AuditResult]:
+    """Read and check every exchange of a JSONL file or a run folder; unreadable lines are reported
+    as results (`problem`), and a file with no readable exchange at all is an AuditError. With a
+    `reference`, the recorded turns are judged against it too (judge_against_reference)."""
+    records = read_exchanges(path)
     results = audit_records(records)
     if not any(r.problem is None for r in results):
-        raise AuditError(f"{path} holds no readable exchange ({len(results)} lines, none a JSON exchange): "
-                         "is it a JSONL capture?")
+        raise AuditError(f"{exchanges_file(path)} holds no readable exchange ({len(results)} lines, none a JSON "
+                         "exchange): is it a JSONL capture?")
+    if reference is not None:
+        judge_against_reference(path, records, results, reference)
     return results
+
+
+def judge_against_reference(path: Path, records: list[tuple[int, Any]], results: list[AuditResult],
+                            reference: ReferenceAnswers) -> None:
+    """`agents --reference`, after the fact: every completed greedy turn whose request the reference
+    run also answered is judged by the same checker on the answer it recorded. Each mismatch is
+    its session's first, as live: there the session's later requests carry the differing answer,
+    so the reference never saw them. Here the rule is kept outright (later turns of a parted
+    session are marked `reference_parted`, not compared), so that a difference the next request
+    does not carry, or a reference edited after the fact, still gives one verdict per session."""
+    turns = [(rec, result) for (_, rec), result in zip(records, results) if _is_turn_record(rec)]
+    greedy = [(rec, result) for rec, result in turns if is_greedy(_request_body(rec))]
+    if not greedy:
+        raise AuditError(f"{path}: no greedy turn to compare with --reference "
+                         f"({len(turns)} dsv4bench turn records; a run at --temperature above 0 has none)")
+    parted: set[str] = set()
+    for rec, result in sorted(greedy, key=lambda x: (str(x[0]["session"]), _turn_number(x[0]))):
+        key = _request_key(rec)
+        answer = reference.get(key) if key else None
+        if answer is None or rec.get("status") != TurnStatus.OK.value or not isinstance(rec.get("response"), dict):
+            continue
+        if result.session in parted:
+            result.reference_parted = True
+            continue
+        found = check_reference_mismatch(TurnContext(response=AssembledResponse.from_json(rec["response"]),
+                                                     tools={}, reference=answer))
+        result.reference_compared = True
+        if found:
+            result.verdicts.extend(found)
+            parted.add(str(result.session))
+
+
+def _request_body(rec: dict[str, Any]) -> dict[str, Any]:
+    """What a turn record kept of its request: the body where kept, else its summary (which keeps
+    the temperature and the key)."""
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    return req["body"] if isinstance(req.get("body"), dict) else req
+
+
+def _request_key(rec: dict[str, Any]) -> str | None:
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    if isinstance(req.get("key"), str):
+        return req["key"]
+    return request_key(req["body"]) if isinstance(req.get("body"), dict) else None
+
+
+def _turn_number(rec: dict[str, Any]) -> int:
+    return rec["turn"] if isinstance(rec.get("turn"), int) else 0
+
+
+def reference_mismatches(results: list[AuditResult]) -> list[tuple[AuditResult, Verdict]]:
+    """Each session's first parting from the reference run, in the file's order."""
+    return [(r, v) for r in results for v in r.verdicts if v.code == REFERENCE_CODE]
 
 
 def unreadable_summary(results: list[AuditResult]) -> str | None:
@@ -177,11 +284,18 @@ def unreadable_summary(results: list[AuditResult]) -> str | None:
             f"{bad[0].problem}); a torn or mixed file?")
 
 
-def render_audit(results: list[AuditResult], console: Console) -> None:
+def render_audit(results: list[AuditResult], console: Console, reference: ReferenceAnswers | None = None) -> None:
     counts: Counter[str] = Counter(code for r in results for code in {v.code for v in r.verdicts})
     bad = [r for r in results if r.verdicts or r.problem or r.parsers]
     console.print(f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
                   f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable")
+    summary_only = [r for r in results if r.summary_only]
+    if summary_only:
+        console.print(f"{len(summary_only)} turns could not be re-judged: the record kept no request body or stream "
+                      "for them (they passed when recorded); only their recorded answers were re-checked, without "
+                      "the offered tools", highlight=False, markup=False, soft_wrap=True)
+    if reference is not None:
+        render_reference(results, reference, console)
     read = [r for r in results if r.oracles is not None]
     if read:
         console.print(f"parser oracles ({'; '.join(oracle_versions().values())}): {len(read)} raw completions, "
@@ -194,15 +308,33 @@ def render_audit(results: list[AuditResult], console: Console) -> None:
         console.print(t)
     for r in bad[:20]:
         what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts) or "parsers disagree"
-        console.print(f"line {r.line} {r.response_id or ''}: {what}", highlight=False, markup=False)
+        console.print(f"{r.where} {r.response_id or ''}: {what}", highlight=False, markup=False)
         for d in r.parsers:
             console.print(f"  {d.describe()}", highlight=False, markup=False)
+
+
+def render_reference(results: list[AuditResult], reference: ReferenceAnswers, console: Console) -> None:
+    """What was compared with the reference run, and where each session first parted from it."""
+    mismatches = reference_mismatches(results)
+    parted = sum(r.reference_parted for r in results)
+    console.print(f"reference {reference.run_dir}: {sum(r.reference_compared for r in results)} completed greedy "
+                  f"turns sent a request the reference had answered; {len(mismatches)} got a different answer "
+                  f"({REFERENCE_CODE})" + (f"; {parted} later turns of parted sessions not compared" if parted else ""),
+                  highlight=False, markup=False, soft_wrap=True)
+    if reference.conflicts:
+        console.print(f"the reference run itself answered {reference.conflicts} request(s) two ways: its server "
+                      "was not deterministic there", highlight=False, markup=False, soft_wrap=True)
+    for r, v in mismatches:
+        console.print(f"  session {r.session} first parts at turn {r.turn} ({v.where}): {v.detail}",
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def write_results(results: list[AuditResult], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in results:
             f.write(json.dumps({"line": r.line, "response_id": r.response_id, "problem": r.problem,
+                                "session": r.session, "turn": r.turn, "summary_only": r.summary_only,
+                                "reference_compared": r.reference_compared, "reference_parted": r.reference_parted,
                                 "verdicts": [v.to_json() for v in r.verdicts], "check_errors": r.check_errors,
                                 "oracles": r.oracles.to_json() if r.oracles else None,
                                 "parsers": [d.describe() for d in r.parsers]},

@@ -26,22 +26,30 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder (possibly part
 
 @app.command()
 def audit(
-    file: Path = typer.Argument(..., help="JSONL of recorded request/response pairs or SSE transcripts."),
+    file: Path = typer.Argument(..., metavar="RUN_DIR_OR_FILE", help=(
+        "JSONL of recorded request/response pairs or SSE transcripts, a turns.jsonl, or a run folder "
+        "(an agents run, or what dsv4bench proxy captured).")),
+    reference: Optional[Path] = typer.Option(None, "--reference", metavar="RUN", help=(
+        "Judge the recorded run against another, offline, as agents --reference does live: every completed "
+        "greedy turn whose request RUN also answered must have RUN's answer (reference_mismatch); a session's "
+        "turns after its first mismatch are not compared.")),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-record verdicts as JSONL here."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors."),
 ) -> None:
-    """Run the checkers offline over traffic captured in production."""
+    """Run the checkers offline over traffic captured in production, a proxy capture or a recorded run."""
     from ..audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
+    from ..reference_run import ReferenceAnswers, ReferenceRunError
 
     codes = parse_fail_on(fail_on)
     bad = [c for c in codes if c not in ("corruption", "errors")]
     if bad:
         raise fail(f"audit --fail-on takes corruption,errors; got {', '.join(bad)}")
     try:
-        results = audit_file(file)
-    except AuditError as e:
+        answers = ReferenceAnswers.load(reference) if reference is not None else None
+        results = audit_file(file, answers)
+    except (AuditError, ReferenceRunError) as e:
         raise fail(str(e))
-    render_audit(results, out)
+    render_audit(results, out, answers)
     if out_file:
         try:
             write_results(results, out_file)
