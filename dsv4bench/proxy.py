@@ -40,6 +40,7 @@ from .checks import run_checks
 from .history import HistoryWriter
 from .records import TurnContext, TurnRecord, TurnStatus
 from .redact import MASK, Redactor
+from .replay import HOP_BY_HOP, request_context
 from .session import request_summary
 from .turn_judge import keeps_evidence
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
@@ -54,9 +55,6 @@ from .turn_answer import (
     take_not_a_stream,
 )
 
-# RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
 # Set by httpx for the upstream connection itself; `expect` is answered by the proxy's own server.
 _SET_UPSTREAM = frozenset({"host", "content-length", "expect"})
 # Header names whose values are credentials: learnt as secrets, masked where headers are kept.
@@ -99,18 +97,6 @@ def upstream_base(upstream: str) -> tuple[str, str]:
     root = upstream.rstrip("/")
     root = root[: -len("/v1")] if root.endswith("/v1") else root
     return root, f"{root}/v1"
-
-
-def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The request's tools as the checkers take them: name -> JSON Schema of its arguments."""
-    tools: dict[str, dict[str, Any]] = {}
-    listed = body.get("tools")
-    for t in listed if isinstance(listed, list) else []:
-        fn = t.get("function", t) if isinstance(t, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            params = fn.get("parameters")
-            tools[fn["name"]] = params if isinstance(params, dict) else {}
-    return tools
 
 
 def _content_decoder(encoding: str) -> Callable[[bytes], bytes] | None:
@@ -245,17 +231,7 @@ class ChatExchange:
 
     def context(self) -> TurnContext:
         """What the checkers judge of this exchange."""
-        out = self.out
-        body = self.body
-        thinking = (body.get("chat_template_kwargs") or {}).get("thinking") \
-            if isinstance(body.get("chat_template_kwargs"), dict) else None
-        return TurnContext(
-            response=out.response, tools=offered_tools(body), status=out.status, http_status=out.http_status,
-            error=out.error, error_kind=out.error_kind, stream=self.stream,
-            max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
-            thinking=thinking if isinstance(thinking, bool) else None,
-            tool_choice=str(body.get("tool_choice", "auto")),
-        )
+        return request_context(self.body, self.out)
 
 
 def headers_charset(headers: httpx.Headers) -> str:
@@ -280,7 +256,7 @@ class ProxyRun:
     and the lifecycle events that make it a history `dsv4bench report` reads."""
 
     def __init__(self, out: Path, run_info: dict[str, Any], api_key: str | None = None,
-                 on_turn: Callable[[TurnRecord], None] | None = None) -> None:
+                 on_turn: Callable[[TurnRecord], None] | None = None, capture: bool = False) -> None:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{stamp}-proxy-{secrets.token_hex(2)}"
         self.run_dir = out / self.run_id
@@ -288,6 +264,9 @@ class ProxyRun:
         info = {"run": self.run_id, **run_info, "started": dt.datetime.now(dt.timezone.utc).isoformat()}
         self.history = HistoryWriter(self.run_dir, info, self.secrets)
         self.on_turn = on_turn
+        # Every turn keeps its exact request, not only a failing one's: the run folder is then a
+        # capture that `agents --replay` sends again (replay.py).
+        self.capture = capture
         self.turns: dict[str, int] = {}  # session -> turns numbered so far
         self.ended = False
         self.history.event("run_start", run=self.run_id)
@@ -329,7 +308,7 @@ class ProxyRun:
             check_errors = [*ex.problems, *check_errors]
             summary = _summary(ex.body)
             failing = keeps_evidence(out.status, verdicts, check_errors)
-            if failing:  # the exact request, so the turn can be replayed and audited
+            if failing or self.capture:  # the exact request, so the turn can be replayed and audited
                 summary["body"] = ex.body
                 summary["headers"] = ex.headers
             rec = TurnRecord(run=self.run_id, session=ex.session, turn=ex.turn, scenario=ex.scenario, seed=ex.seed,

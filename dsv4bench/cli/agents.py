@@ -16,8 +16,16 @@ from ..verdict import exit_code
 from .common import app, err, fail, print_verdict
 from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
+# Flags that shape the generated workload or watch the server around it: a replay sends the
+# capture's own requests and only judges their answers, so none of them applies.
+NOT_WITH_REPLAY = ("rate", "sessions", "duration", "max_turns", "scenario", "seed", "thinking", "stream", "max_tokens",
+                   "context_length", "temperature", "on_corrupt", "raw", "metrics", "metrics_interval", "kill",
+                   "drain_timeout", "serve_metrics", "canary_timeout", "recover_cmd")
+
+
 @app.command()
 def agents(
+    ctx: typer.Context,
     url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1."),
     concurrency: int = typer.Option(RunConfig.concurrency, help="Sessions in flight at once (closed pool; with --rate, the cap)."),
     rate: Optional[float] = typer.Option(RunConfig.rate, help="Open model: new sessions per second, Poisson arrivals."),
@@ -35,7 +43,7 @@ def agents(
     total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
     on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
     raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions with the deepseek-recipe prompt and read the raw completion with deepseek-recipe's and SGLang's parsers, beside the server's answer."),
-    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
+    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models (with --replay: the one each recorded request names)."),
     api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
     out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)."),
@@ -61,11 +69,21 @@ def agents(
     engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
     engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
     engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
-    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench[sglang]') started in front of it on loopback; with --engine-pd the prefill and decode halves then run as two processes behind it in PD mode. The run also scrapes the router's smg_* metrics."),
+    replay: Optional[Path] = typer.Option(None, "--replay", metavar="CAPTURE", help=(
+        "Send a capture's conversations again instead of generated sessions: the run folder of `dsv4bench proxy "
+        "--capture`. Each session's recorded requests go out as recorded, one after the other, sessions side by "
+        "side up to --concurrency, at the recorded pace (see --speed); every answer is checked, and with "
+        "--reference CAPTURE compared with the recorded one. Not with the flags that make or watch sessions.")),
+    speed: Optional[str] = typer.Option(None, "--speed", metavar="X|max", help="With --replay: the recorded pace times X (2: twice as fast); 0 or max: each request as soon as its turn may go. Default 1."),
+    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench\\[sglang]') started in front of it on loopback; with --engine-pd the prefill and decode halves then run as two processes behind it in PD mode. The run also scrapes the router's smg_* metrics."),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 
     With no --url, the bundled DSV4-mini engine is started on a free loopback port for the run."""
+    if replay is not None or speed is not None:
+        _replay(ctx, replay, speed, url, concurrency, model, api_key, out_dir, fail_on, quiet, ttft_timeout,
+                total_timeout, reference, engine_flags=(engine_arg, engine_fault, engine_pd, engine_router))
+        return
     try:
         config = RunConfig(
             url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
@@ -101,6 +119,51 @@ def agents(
                                           reference=answers)
         except ExporterError as e:
             raise fail(str(e))
+    finally:
+        target.stop()
+    print_verdict(summary, run_dir)
+    raise typer.Exit(exit_code(summary, config.fail_on))
+
+
+def _replay(ctx: typer.Context, capture_dir: Path | None, speed_text: str | None, url: str | None, concurrency: int,
+            model: str | None, api_key: str | None, out_dir: Path, fail_on: str | None, quiet: bool,
+            ttft_timeout: float, total_timeout: float, reference: Path | None,
+            engine_flags: tuple[list[str], list[str], bool, str]) -> None:
+    """`agents --replay CAPTURE`: the capture's requests sent again (replay.py), judged and reported."""
+    from ..replay import CaptureError, load_capture, parse_speed, run_replay
+
+    if capture_dir is None:
+        raise fail("--speed paces a --replay; it needs --replay CAPTURE")
+    given = [p.opts[0] for p in ctx.command.params if p.name in NOT_WITH_REPLAY
+             and getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+    if given:
+        raise fail(f"--replay sends the capture's own requests: not with {', '.join(given)}")
+    try:
+        speed = parse_speed(speed_text if speed_text is not None else "1")
+        config = RunConfig(url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, model=model, api_key=api_key,
+                           out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet, ttft_timeout=ttft_timeout,
+                           total_timeout=total_timeout)
+        check_out_dir(out_dir)
+        ensure_open_files(concurrency)
+        engine = engine_args(url is not None, *engine_flags)
+        capture = load_capture(capture_dir)  # read before anything starts: a bad folder fails at once
+    except (ConfigError, HostLimitError, CaptureError) as e:
+        raise fail(str(e))
+    from ..reference_run import ReferenceAnswers, ReferenceRunError
+
+    answers = None
+    if reference is not None:
+        try:
+            answers = ReferenceAnswers.load(reference)
+        except ReferenceRunError as e:
+            raise fail(str(e))
+    if capture.unplayable:
+        err.print(f"{capture.unplayable} of {capture.turns} captured turns keep no request body and are not replayed "
+                  "(only `dsv4bench proxy --capture` keeps every turn's)", highlight=False, soft_wrap=True)
+    target = open_target(config, url is not None, engine, engine_flags[3], quiet)
+    try:
+        summary, run_dir = run_replay(target.config, target.facts, _command_line(target.config), capture, speed,
+                                      answers)
     finally:
         target.stop()
     print_verdict(summary, run_dir)

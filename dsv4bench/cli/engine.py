@@ -45,7 +45,7 @@ def engine_serve(
     hicache_host_pages: int = typer.Option(EngineConfig.hicache_host_pages, help="Host-tier capacity in pages (--hicache); 0 = twice --num-pages."),
     hicache_load_gbps: float = typer.Option(EngineConfig.hicache_load_gbps, help="Modelled host-to-device bandwidth of --hicache loads, GB/s: a layer of a load lands after its bytes would have crossed the link."),
     pd: bool = typer.Option(EngineConfig.pd, "--pd", help=f"Prefill/decode disaggregation as SGLang deploys it: a prefill and a decode server, each its own process with its own /health and /metrics, the KV between them over the prefill's bootstrap port, and a PD router in front on --port ({ROUTER_PORT})."),
-    router: str = typer.Option(DeploymentConfig.router, metavar="|".join(ROUTERS), help="The router in front: ours (in this process; with --pd only), or SGLang's (`sglang-router`, pip install 'dsv4bench[sglang]'), started on --port in front of the two halves (--pd) or of one engine process (on --worker-port)."),
+    router: str = typer.Option(DeploymentConfig.router, metavar="|".join(ROUTERS), help="The router in front: ours (in this process; with --pd only), or SGLang's (`sglang-router`, pip install 'dsv4bench\\[sglang]'), started on --port in front of the two halves (--pd) or of one engine process (on --worker-port)."),
     prefill_port: Optional[int] = typer.Option(None, help=f"Port of the prefill server (--pd); {DeploymentConfig.prefill_port}."),
     decode_port: Optional[int] = typer.Option(None, help=f"Port of the decode server (--pd); {DeploymentConfig.decode_port}."),
     worker_port: Optional[int] = typer.Option(None, help=f"Port of the engine behind --router sglang without --pd; {DeploymentConfig.worker_port}."),

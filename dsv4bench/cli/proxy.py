@@ -34,6 +34,7 @@ def proxy(
     api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token added upstream to requests that carry none of their own; written nowhere."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No line per finding; print the verdict line only."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors (and, with either, on INCOMPLETE)."),
+    capture: bool = typer.Option(False, "--capture", help="Keep every turn's full request body and headers (credentials masked), not only a failing turn's: the run folder becomes a capture that `dsv4bench agents --replay` sends again."),
 ) -> None:
     """An OpenAI-compatible pass-through to point your own agent at: every answer reaches it byte for
     byte as the upstream sent it, and every chat completion is checked and recorded as `agents`
@@ -77,10 +78,10 @@ def proxy(
         raise fail(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})")
     listening = sock.getsockname()[1]
     config = {"upstream": redact_argv([upstream])[0], "host": host, "port": listening, "duration": duration,
-              "api_key": MASK if api_key else None, "fail_on": list(fail_codes)}
+              "api_key": MASK if api_key else None, "fail_on": list(fail_codes), "capture": capture}
     run = ProxyRun(out_dir, {"command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]), "config": config,
-                             "server": facts, "proxy": {"upstream": config["upstream"]}},
-                   api_key=api_key, on_turn=None if quiet else _print_finding)
+                             "server": facts, "proxy": {"upstream": config["upstream"], "capture": capture}},
+                   api_key=api_key, on_turn=None if quiet else _print_finding, capture=capture)
     shown = f"[{host}]" if ":" in host else host
     err.print(escape(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
                      f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "

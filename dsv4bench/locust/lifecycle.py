@@ -23,6 +23,7 @@ from typing import Any
 
 import gevent
 from gevent import subprocess as gsubprocess
+from locust import stats as locust_stats
 from locust.runners import MasterRunner, WorkerRunner
 
 from ..config import ConfigError
@@ -123,6 +124,10 @@ class Lifecycle:
             self.test_stop()
         if self.finishing is not None:
             self.finishing.join()
+            if getattr(self.env.parsed_options, "csv_prefix", None):
+                # NOTE: Locust rewrites its --csv files once a CSV_STATS_INTERVAL_SEC and does not
+                # at exit: one more pass, so they count the turns its stopped users recorded last.
+                gevent.sleep(locust_stats.CSV_STATS_INTERVAL_SEC + 0.2)
         if self.last_summary is not None and self.last_plan is not None:
             self.env.process_exit_code = exit_code(self.last_summary, self.last_plan.config.fail_on)
 
