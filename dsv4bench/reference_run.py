@@ -97,6 +97,8 @@ class ReferenceAnswers:
 
 
 def _find_run(path: Path) -> Path:
+    if path.is_file():
+        raise ReferenceRunError(f"--reference {path}: a file, not a run folder (name the folder that holds {TURNS_FILE})")
     if not path.is_dir():
         raise ReferenceRunError(f"--reference {path}: no such folder")
     if (path / TURNS_FILE).is_file():

@@ -75,7 +75,7 @@ def test_a_bad_reference_or_a_run_at_temperature_is_one_line_exit_2(tmp_path):
     ref = run_folder(tmp_path / "ref", [turn("a", 0, "a0", "x")])
     hot = run_folder(tmp_path / "hot", [turn("a", 0, "a0", "x", temperature=0.7)])
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path / "nowhere")), "no such folder")
-    assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(ref / "turns.jsonl")), "no such folder")
+    assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(ref / "turns.jsonl")), "a file, not a run folder")
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path)), "holds 2 runs")
     (tmp_path / "empty").mkdir()
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path / "empty")), "not a dsv4bench run")
