@@ -54,7 +54,7 @@ def finish(proc: subprocess.Popen, timeout: float = 90) -> int:
 def test_a_master_and_two_workers_write_one_history_that_sums_what_each_recorded(tmp_path):
     replay = start_replay(tmp_path, fault_rate=20)
     try:
-        master, workers = start_cluster(tmp_path, replay.url, workers=2, run_time="12s")
+        master, workers = start_cluster(tmp_path, replay.url, workers=2, run_time="8s")
         code = finish(master)
         for w in workers:
             finish(w, 30)
@@ -83,12 +83,12 @@ def test_a_master_and_two_workers_write_one_history_that_sums_what_each_recorded
 def test_a_worker_that_dies_loses_only_its_turns_in_flight_and_the_history_says_so(tmp_path):
     replay = start_replay(tmp_path, fault_rate=0)
     try:
-        master, (doomed, survivor) = start_cluster(tmp_path, replay.url, workers=2, run_time="14s")
+        master, (doomed, survivor) = start_cluster(tmp_path, replay.url, workers=2, run_time="11s")
         deadline = time.monotonic() + 60
         log = tmp_path / "master.log"
         while "recording into" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(4)  # both workers mid-session
+        time.sleep(3)  # both workers mid-session
         # The worker's Locust process itself dies at once (its dsv4bench parent would stop it gently).
         for child in psutil.Process(doomed.pid).children(recursive=True):
             child.send_signal(signal.SIGKILL)
