@@ -1,4 +1,4 @@
-"""DSV4-mini serving throughput: output tokens/s and per-step latency at batch 1, 8 and 80.
+"""DSV4-mini serving throughput: output tokens/s and per-step latency at each --batches size.
 
 Each batch size runs `batch` concurrent requests through the real engine loop (scheduler,
 model runner, default model config, seeded random weights), each with its own prompt of
@@ -51,12 +51,37 @@ class TimedRunner:
         self.runner.forget(rid)
 
 
+def output_tokens(batch: int, prompt_tokens: int, max_tokens: int, chunk: int) -> int:
+    """What each request of a batch generates: the first request decodes during every later
+    prefill step, so it must outlast them all and still decode --max-tokens with the whole batch."""
+    return -(-batch * prompt_tokens // chunk) + batch + max_tokens
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        batches = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--batches takes whole numbers separated by commas, e.g. 1,8,80; got {text!r}") from None
+    if not batches or min(batches) < 1:
+        raise SystemExit(f"--batches takes batch sizes of at least 1, e.g. 1,8,80; got {text!r}")
+    return batches
+
+
+def engine_config(device: str, batches: list[int], prompt_tokens: int, max_tokens: int) -> EngineConfig:
+    """A config that can hold the largest batch whole: a running slot for each request and the
+    pages of all of them at once (else no step could decode the whole batch)."""
+    base = EngineConfig(device=device, enable_prefix_cache=False)
+    pages = max(b * -(-(prompt_tokens + output_tokens(b, prompt_tokens, max_tokens, base.chunked_prefill_tokens))
+                      // base.page_size) for b in batches)
+    return EngineConfig(device=device, enable_prefix_cache=False, max_running_requests=max(batches),
+                        num_pages=max(16384, pages + max(batches)))
+
+
 async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tokens: int, vocab: int,
                     chunk: int) -> float:
     """Run one batch; returns seconds until every request had its first token."""
-    # The first request decodes during every later prefill step, so it must outlast them all.
-    prefill_steps = -(-batch * prompt_tokens // chunk) + batch
-    params = SamplingParams(max_tokens=prefill_steps + max_tokens, temperature=0.0, stop_token_ids=())
+    params = SamplingParams(max_tokens=output_tokens(batch, prompt_tokens, max_tokens, chunk), temperature=0.0,
+                            stop_token_ids=())
     start = time.perf_counter()
     first_at: dict[int, float] = {}
 
@@ -78,7 +103,8 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,80")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
-    cfg = EngineConfig(device=args.device, num_pages=16384, enable_prefix_cache=False)
+    batches = parse_batches(args.batches)
+    cfg = engine_config(args.device, batches, args.prompt_tokens, args.max_tokens)
     torch.manual_seed(0)
     runner = TimedRunner(ModelRunner(cfg, DSV4Mini(cfg.model)))
     alloc = PageAllocator(cfg.num_pages)
@@ -87,19 +113,26 @@ def main() -> None:
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=-1)  # never sampled: every request runs its full length
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request")
+          f"device {args.device}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request; "
+          f"{cfg.num_pages} pages of {cfg.page_size} tokens, {cfg.max_running_requests} running slots")
     print(f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} "
           f"{'all first tokens':>17}")
     try:
-        for b in [int(x) for x in args.batches.split(",")]:
+        for b in batches:
             runner.steps.clear()
             ttft_all = asyncio.run(run_batch(engine, b, args.prompt_tokens, args.max_tokens, cfg.model.vocab_size,
                                              cfg.chunked_prefill_tokens))
             d = sorted(ms for n, pf, ms in runner.steps if n == b and pf == 0)
             pf = sorted(ms for _, p, ms in runner.steps if p)
+            if not d:  # say why rather than fail on an empty median
+                widest = max((n for n, _, _ in runner.steps), default=0)
+                print(f"{b:>5} no step decoded all {b} requests at once (at most {widest}): the scheduler did not "
+                      f"hold the batch whole ({cfg.max_running_requests} running slots, {cfg.num_pages} pages)",
+                      flush=True)
+                continue
             p50 = statistics.median(d)
             p90 = d[int(0.9 * (len(d) - 1))]
-            print(f"{b:>5} {b / p50 * 1e3:>10.1f} {p50:>13.1f} ms {p90:>5.1f} ms {statistics.median(pf):>14.1f} ms "
+            print(f"{b:>5} {b / p50 * 1e3:>10.1f} {p50:>13.1f} ms {p90:>5.1f} ms {statistics.median(pf) if pf else float('nan'):>14.1f} ms "
                   f"{ttft_all:>15.1f} s   ({len(d)} full-batch decode steps)", flush=True)
     finally:
         loop.stop()
