@@ -288,6 +288,23 @@ class HistoryError(Exception):
     """The folder is not a dsv4bench run."""
 
 
+def find_run_folder(path: Path, flag: str, error: type[Exception] = HistoryError) -> Path:
+    """The run folder named by `flag`'s value `path`: itself, or the one run folder an --out
+    folder holds; `error` (one line naming `flag`) when there is none or more than one."""
+    if path.is_file():
+        raise error(f"{flag} {path}: a file, not a run folder (name the folder that holds {TURNS_FILE})")
+    if not path.is_dir():
+        raise error(f"{flag} {path}: no such folder")
+    if (path / TURNS_FILE).is_file():
+        return path
+    runs = sorted(p for p in path.iterdir() if (p / TURNS_FILE).is_file())
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise error(f"{flag} {path}: not a dsv4bench run folder (no {TURNS_FILE})")
+    raise error(f"{flag} {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")
+
+
 def read_history(run_dir: Path) -> History:
     """Load a (possibly partial) run folder."""
     run_dir = Path(run_dir)

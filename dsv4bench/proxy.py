@@ -41,8 +41,7 @@ from .history import HistoryWriter
 from .records import TurnContext, TurnRecord, TurnStatus
 from .redact import MASK, Redactor
 from .replay import HOP_BY_HOP, request_context
-from .session import request_summary
-from .turn_judge import keeps_evidence
+from .turn_judge import client_request_summary, keeps_evidence
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
 from .turn_answer import (
     StreamedAnswer,
@@ -243,14 +242,6 @@ def headers_charset(headers: httpx.Headers) -> str:
     return "utf-8"
 
 
-def _summary(body: dict[str, Any]) -> dict[str, Any]:
-    """request_summary of a body a client wrote (any shape): what it cannot summarize is said."""
-    try:
-        return request_summary(body)
-    except Exception as e:  # noqa: BLE001 - a client's odd body is recorded, never a crash
-        return {"unsummarized": f"{type(e).__name__}: {e}"[:200], "stream": bool(body.get("stream"))}
-
-
 class ProxyRun:
     """The run folder of one proxy run: every exchange's turn record, per-session numbering,
     and the lifecycle events that make it a history `dsv4bench report` reads."""
@@ -306,7 +297,7 @@ class ProxyRun:
             ctx = ex.context()
             verdicts, check_errors = run_checks(ctx)
             check_errors = [*ex.problems, *check_errors]
-            summary = _summary(ex.body)
+            summary = client_request_summary(ex.body)
             failing = keeps_evidence(out.status, verdicts, check_errors)
             if failing or self.capture:  # the exact request, so the turn can be replayed and audited
                 summary["body"] = ex.body

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .history import TURNS_FILE, read_jsonl
+from .history import TURNS_FILE, find_run_folder, read_jsonl
 from .records import ReferenceAnswer
 
 # Request fields that do not change what a deterministic server writes.
@@ -75,7 +75,7 @@ class ReferenceAnswers:
     @classmethod
     def load(cls, path: Path) -> ReferenceAnswers:
         """Read a run folder (or an --out folder holding exactly one run)."""
-        run_dir = _find_run(path)
+        run_dir = find_run_folder(path, "--reference", ReferenceRunError)
         records, _ = read_jsonl(run_dir / TURNS_FILE)
         answers: dict[str, ReferenceAnswer] = {}
         conflicts = 0
@@ -96,16 +96,3 @@ class ReferenceAnswers:
         return cls(run_dir, answers, conflicts)
 
 
-def _find_run(path: Path) -> Path:
-    if path.is_file():
-        raise ReferenceRunError(f"--reference {path}: a file, not a run folder (name the folder that holds {TURNS_FILE})")
-    if not path.is_dir():
-        raise ReferenceRunError(f"--reference {path}: no such folder")
-    if (path / TURNS_FILE).is_file():
-        return path
-    runs = sorted(p for p in path.iterdir() if (p / TURNS_FILE).is_file())
-    if len(runs) == 1:
-        return runs[0]
-    if not runs:
-        raise ReferenceRunError(f"--reference {path}: not a dsv4bench run folder (no {TURNS_FILE})")
-    raise ReferenceRunError(f"--reference {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")

@@ -35,15 +35,14 @@ from .checks import run_checks
 from .client import chat_turn
 from .config import RunConfig
 from .driver import make_client
-from .history import TURNS_FILE, HistoryWriter, read_jsonl
+from .history import TURNS_FILE, HistoryWriter, find_run_folder, read_jsonl
 from .progress import LiveStats, ProgressView
 from .records import TurnContext, TurnRecord, TurnStatus
 from .redact import MASK
 from .reference_run import ReferenceAnswers
 from .report import build_report
-from .session import request_summary
 from .turn_answer import Deadlines, TurnOutcome
-from .turn_judge import keeps_evidence
+from .turn_judge import client_request_summary, keeps_evidence
 
 # RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded nor replayed.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
@@ -171,20 +170,6 @@ class Capture:
         return sum(t.body is None for s in self.sessions for t in s.turns)
 
 
-def find_capture_run(path: Path) -> Path:
-    """The run folder at `path`, or the one run folder an --out folder holds."""
-    if not path.is_dir():
-        raise CaptureError(f"--replay {path}: no such folder")
-    if (path / TURNS_FILE).is_file():
-        return path
-    runs = sorted(p for p in path.iterdir() if (p / TURNS_FILE).is_file())
-    if len(runs) == 1:
-        return runs[0]
-    if not runs:
-        raise CaptureError(f"--replay {path}: not a dsv4bench run folder (no {TURNS_FILE})")
-    raise CaptureError(f"--replay {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")
-
-
 def _captured_turn(rec: dict[str, Any]) -> CapturedTurn | None:
     """A turn record read as a recorded request; None for a line that is no turn record."""
     session, turn, timings = rec.get("session"), rec.get("turn"), rec.get("timings")
@@ -208,7 +193,7 @@ def _captured_turn(rec: dict[str, Any]) -> CapturedTurn | None:
 
 def load_capture(path: Path) -> Capture:
     """Read a capture's conversations; CaptureError when there is nothing to replay."""
-    run_dir = find_capture_run(path)
+    run_dir = find_run_folder(path, "--replay", CaptureError)
     records, _ = read_jsonl(run_dir / TURNS_FILE)  # a torn last line (a killed proxy) is no turn
     by_session: dict[str, dict[int, CapturedTurn]] = {}
     for n, rec in enumerate(records, 1):
@@ -238,14 +223,6 @@ def replay_headers(recorded: dict[str, str], run_id: str) -> dict[str, str]:
     sent = {k: v for k, v in recorded.items()
             if v != MASK and k.lower() not in HOP_BY_HOP | _SET_BY_CLIENT and k.lower() != RUN_HEADER}
     return {**sent, "X-Dsv4bench-Run": run_id}
-
-
-def _summary(body: dict[str, Any]) -> dict[str, Any]:
-    """request_summary of a body a client wrote (any shape): what it cannot summarize is said."""
-    try:
-        return request_summary(body)
-    except Exception as e:  # noqa: BLE001 - a client's odd body is recorded, never a crash
-        return {"unsummarized": f"{type(e).__name__}: {e}"[:200], "stream": bool(body.get("stream"))}
 
 
 class CaptureReplay:
@@ -310,7 +287,7 @@ class CaptureReplay:
         body = recorded if self.model is None else {**recorded, "model": self.model}
         outcome = await self.send(body, replay_headers(captured.headers, self.run_id))
         ctx = request_context(body, outcome)
-        summary = _summary(body)
+        summary = client_request_summary(body)
         if self.reference is not None and "key" in summary:  # only greedy requests are keyed there
             ctx.reference = self.reference.get(summary["key"])
         verdicts, check_errors = run_checks(ctx)

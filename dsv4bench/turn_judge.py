@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .records import OracleReadings, TurnContext, TurnRecord, TurnStatus, Verdict
-from .session import AgentSession
+from .session import AgentSession, request_summary
 from .turn_answer import TurnOutcome
 
 
@@ -38,6 +38,15 @@ def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome)
         thinking=sess.config.thinking,
         tool_choice=str(body.get("tool_choice", "auto")),
     )
+
+
+def client_request_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """request_summary of a body a client wrote (any shape: the proxy's traffic, a capture's
+    replay): what it cannot summarize is said, never raised."""
+    try:
+        return request_summary(body)
+    except Exception as e:  # noqa: BLE001 - a client's odd body is recorded, never a crash
+        return {"unsummarized": f"{type(e).__name__}: {e}"[:200], "stream": bool(body.get("stream"))}
 
 
 def keeps_evidence(status: TurnStatus, verdicts: list[Verdict], check_errors: list[str],
