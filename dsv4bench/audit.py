@@ -38,6 +38,7 @@ from .codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
 from .history import TURNS_FILE
 from .records import AssembledResponse, OracleReadings, TurnContext, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers, is_greedy, request_key
+from .request_terms import RequestTerms
 from .sse import DeltaAssembler, assemble_completion
 
 # Without the offered tools, these two cannot be judged and are left out.
@@ -111,8 +112,10 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
         req = req["body"]
     kept = rec.get("oracles")  # a turns.jsonl record keeps its raw completion there
     raw = rec.get("raw_completion", kept.get("raw_completion") if isinstance(kept, dict) else None)
+    # What the request asked: its body's own terms, else those its summary kept.
+    terms = RequestTerms.of_body(req) if "messages" in req else RequestTerms.from_json(req.get("terms"))
     ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
-                      max_tokens=req.get("max_tokens"), raw_completion=raw)
+                      max_tokens=req.get("max_tokens"), raw_completion=raw, thinking=terms.thinking, terms=terms)
     status_code = rec.get("http_status")
     if is_turn_record and rec["status"] != TurnStatus.OK.value:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code

@@ -69,6 +69,16 @@ CODES: tuple[VerdictCode, ...] = (
     _turn("garbled_text", CORRUPTION, "text",
           "The text is garbled: control characters, invalid UTF-8, lone surrogates, undecoded tokens, "
           "mojibake or mixed-up scripts."),
+    # What the request asked of the answer (dsv4bench/request_terms.py; varied by --request-mix).
+    _turn("tool_choice_violation", CORRUPTION, "request_terms",
+          "The answer broke the request's `tool_choice`: a tool call under `\"none\"`, none under "
+          "`\"required\"`, or a named function not called or another tool called instead."),
+    _turn("parallel_calls_violation", CORRUPTION, "request_terms",
+          "`parallel_tool_calls` was false, yet the turn holds more than one tool call."),
+    _turn("stop_sequence_ignored", CORRUPTION, "request_terms",
+          "A stop sequence of the request appears in `content` or the reasoning: the server did not stop at it."),
+    _turn("reasoning_only", CORRUPTION, "request_terms",
+          "The turn finished (`stop`) with reasoning but no content and no tool call: nothing an agent can act on."),
     # Judged only with --reference (dsv4bench/reference_run.py).
     _turn("reference_mismatch", CORRUPTION, "reference",
           "The reference run (--reference) got a different answer to this same greedy request: "

@@ -18,6 +18,7 @@ import httpx
 from .agents import FAMILIES
 from .turn_answer import Deadlines
 from .redact import MASK, Redactor, redact_command
+from .request_mix import RequestMix, RequestMixError
 from .session import SessionConfig, SessionConfigError
 
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
@@ -41,6 +42,7 @@ class RunConfig:
     scenario: str = "mixed"
     seed: int = 0
     thinking: bool = SessionConfig.thinking
+    request_mix: str | None = None  # a request_mix.py spec: each turn's tool_choice, thinking... drawn
     stream: bool = SessionConfig.stream
     max_tokens: int = SessionConfig.max_tokens
     # The server's context in tokens; None: what the server reports (/v1/models, /get_model_info).
@@ -85,6 +87,8 @@ class RunConfig:
             self.session_config(model="")
         except SessionConfigError as e:
             raise ConfigError(f"{flag_of(e.field)} {e.problem}") from None
+        except RequestMixError as e:
+            raise ConfigError(f"--request-mix {self.request_mix!r} {e}") from None
         if self.context_length is not None and self.context_length <= self.max_tokens:
             raise ConfigError(f"--context-length must be more than --max-tokens ({self.max_tokens})")
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
@@ -124,7 +128,8 @@ class RunConfig:
         """How this run's sessions talk to `model` in a context of `context_tokens` (None: unknown)."""
         return SessionConfig(model=model, max_turns=self.max_turns, thinking=self.thinking, stream=self.stream,
                              max_tokens=self.max_tokens, temperature=self.temperature, on_corrupt=self.on_corrupt,
-                             context_tokens=context_tokens)
+                             context_tokens=context_tokens,
+                             request_mix=RequestMix.parse(self.request_mix) if self.request_mix is not None else None)
 
     @property
     def deadlines(self) -> Deadlines:

@@ -35,7 +35,7 @@ from .history import HistoryWriter
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .observe import ServerWatch, raw_completion
 from .progress import LiveStats
-from .records import Timings, TurnContext, TurnStatus, Verdict
+from .records import Timings, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers
 from .session import AgentSession, EndReason, request_summary
 from .turn_answer import Deadlines, TurnOutcome, TurnProbe
@@ -51,10 +51,9 @@ async def play_session(client: httpx.AsyncClient, base_url: str, sess: AgentSess
     loop of the tools that need no kills, history or run statistics (scripts/eval_engine.py,
     scripts/onpolicy_corpus.py); `on_turn` sees each turn before the session takes it in."""
     while not sess.done:
-        outcome = await chat_turn(client, f"{base_url}/chat/completions", sess.next_request(), deadlines)
-        verdicts, _ = run_checks(TurnContext(response=outcome.response, tools=sess.schemas, status=outcome.status,
-                                             http_status=outcome.http_status, error=outcome.error,
-                                             error_kind=outcome.error_kind, thinking=sess.config.thinking))
+        body = sess.next_request()
+        outcome = await chat_turn(client, f"{base_url}/chat/completions", body, deadlines)
+        verdicts, _ = run_checks(turn_context(sess, body, outcome))
         if on_turn is not None:
             on_turn(outcome, verdicts)
         sess.observe(outcome.status, outcome.response, verdicts)

@@ -40,8 +40,8 @@ from .checks import run_checks
 from .history import HistoryWriter
 from .records import TurnContext, TurnRecord, TurnStatus
 from .redact import MASK, Redactor
-from .replay import HOP_BY_HOP, request_context
-from .turn_judge import client_request_summary, keeps_evidence
+from .replay import HOP_BY_HOP
+from .turn_judge import client_request_summary, keeps_evidence, request_context
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
 from .turn_answer import (
     StreamedAnswer,

@@ -19,6 +19,7 @@ from .codes import (
     REFERENCE_CODE as REFERENCE_CODE,
     WEDGE_CODES as WEDGE_CODES,
 )
+from .request_terms import RequestTerms
 
 
 class TurnStatus(str, enum.Enum):
@@ -246,7 +247,7 @@ class TurnContext:
     stream: bool = True
     max_tokens: int | None = None
     thinking: bool | None = None  # the request's thinking flag; None when not known (audit)
-    tool_choice: str = "auto"
+    terms: RequestTerms = field(default_factory=RequestTerms)  # tool_choice, parallel calls, stop
     raw_completion: str | None = None  # the --raw oracle's completion text, when fetched
     reference: ReferenceAnswer | None = None  # --reference: that run's answer to this same request
 

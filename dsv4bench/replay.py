@@ -37,12 +37,12 @@ from .config import RunConfig
 from .driver import make_client
 from .history import TURNS_FILE, HistoryWriter, find_run_folder, read_jsonl
 from .progress import LiveStats, ProgressView
-from .records import TurnContext, TurnRecord, TurnStatus
+from .records import TurnRecord, TurnStatus
 from .redact import MASK
 from .reference_run import ReferenceAnswers
 from .report import build_report
 from .turn_answer import Deadlines, TurnOutcome
-from .turn_judge import client_request_summary, keeps_evidence
+from .turn_judge import client_request_summary, keeps_evidence, request_context
 
 # RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded nor replayed.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
@@ -60,32 +60,6 @@ SendTurn = Callable[[dict[str, Any], dict[str, str]], Awaitable[TurnOutcome]]
 
 class CaptureError(Exception):
     """The folder cannot be replayed; the CLI prints it as one line."""
-
-
-def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The request's tools as the checkers take them: name -> JSON Schema of its arguments."""
-    tools: dict[str, dict[str, Any]] = {}
-    listed = body.get("tools")
-    for t in listed if isinstance(listed, list) else []:
-        fn = t.get("function", t) if isinstance(t, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            params = fn.get("parameters")
-            tools[fn["name"]] = params if isinstance(params, dict) else {}
-    return tools
-
-
-def request_context(body: dict[str, Any], out: TurnOutcome) -> TurnContext:
-    """What the checkers judge of the answer to a request a client wrote (any shape): what it
-    offered and allowed is read from the body itself, there being no session to ask."""
-    kwargs = body.get("chat_template_kwargs")
-    thinking = kwargs.get("thinking") if isinstance(kwargs, dict) else None
-    return TurnContext(
-        response=out.response, tools=offered_tools(body), status=out.status, http_status=out.http_status,
-        error=out.error, error_kind=out.error_kind, stream=bool(body.get("stream")),
-        max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
-        thinking=thinking if isinstance(thinking, bool) else None,
-        tool_choice=str(body.get("tool_choice", "auto")),
-    )
 
 
 def parse_speed(text: str) -> float:

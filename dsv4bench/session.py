@@ -17,6 +17,8 @@ from .agents.call_gate import CallGate
 from .agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
 from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 from .reference_run import request_key
+from .request_mix import RequestMix, apply
+from .request_terms import RequestTerms
 
 
 class SessionState(str, enum.Enum):
@@ -66,6 +68,9 @@ class SessionConfig:
     # ends there, as an agent framework stops or compacts its history, instead of sending a
     # request the server must refuse: a refusal of an oversized prompt is not the server's fault.
     context_tokens: int | None = None
+    # --request-mix: each turn's tool_choice, parallel_tool_calls, thinking and stop drawn from
+    # it (request_mix.py); None: every turn asks the same (auto, `thinking` above).
+    request_mix: RequestMix | None = None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -76,6 +81,8 @@ class SessionConfig:
             raise SessionConfigError("on_corrupt", "must be 'continue' or 'stop'")
         if self.context_tokens is not None and self.context_tokens < 1:
             raise SessionConfigError("context_tokens", "must be at least 1")
+        if self.thinking and self.request_mix is not None and "thinking" in self.request_mix.varies:
+            raise SessionConfigError("thinking", "is drawn per turn by the request mix: drop one of the two")
 
 
 # Bounds for the next prompt's size from the last turn's usage: every character added since
@@ -110,6 +117,7 @@ class AgentSession:
         self.tool_calls_run = 0
         self.state = SessionState.READY
         self.end_reason: EndReason | None = None
+        self._thinking_sent = config.thinking  # whether the request out asked for thinking
         self._tokens_used: int | None = None  # prompt + completion tokens of the last turn, as reported
         self._messages_counted = 0  # messages the reported usage covers
 
@@ -129,6 +137,9 @@ class AgentSession:
         }
         if self.config.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.config.request_mix is not None:
+            apply(body, self.config.request_mix.draw(self.seed, self.turn, list(self.schemas)))
+        self._thinking_sent = bool(RequestTerms.of_body(body).thinking)
         self.state = SessionState.AWAITING
         return body
 
@@ -145,8 +156,9 @@ class AgentSession:
             return self._end(EndReason.CORRUPT)
         calls = [CallText(c.id or default_call_id(self.turn, c.index), c.name or "", c.arguments)
                  for c in response.tool_calls]
+        # DeepSeek-V4 wants a thinking turn's reasoning back with its tool results.
         self.messages.append(assistant_message(response.content, calls, reasoning=response.reasoning,
-                                               with_reasoning=self.config.thinking))
+                                               with_reasoning=self._thinking_sent))
         self._note_usage(response)
         if calls:
             for call in calls:
@@ -221,5 +233,5 @@ def request_summary(body: dict[str, Any]) -> dict[str, Any]:
         "tools": len(body.get("tools") or []),
         "stream": bool(body.get("stream")),
         "max_tokens": body.get("max_tokens"),
-        "thinking": bool((body.get("chat_template_kwargs") or {}).get("thinking")),
+        "terms": RequestTerms.of_body(body).to_json(),  # tool_choice, thinking, stop...
     }

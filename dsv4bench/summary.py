@@ -31,6 +31,7 @@ from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
 from .discovery import Deployment
 from .history import History, history_gaps
 from .records import TurnRecord, TurnStatus
+from .request_terms import DIMENSIONS, RequestTerms
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
@@ -170,6 +171,28 @@ def _grouped(turns: list[TurnRecord], key: Callable[[TurnRecord], Any]) -> dict[
     return {str(k): outcome_counts(groups[k]) for k in sorted(groups)}
 
 
+def request_variant(turn: TurnRecord) -> dict[str, str] | None:
+    """The variant of what the turn's request asked (request_terms.py), or None where its summary
+    kept no terms (a history from before they were kept)."""
+    terms = turn.request.get("terms")
+    return RequestTerms.from_json(terms).variant() if isinstance(terms, dict) else None
+
+
+def _by_variant(turns: list[TurnRecord]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per dimension of the request (tool_choice, ...), per value: the turns' outcome counts and
+    the turns carrying each code, so "leaks only with tool_choice none" reads off one table."""
+    variants = [(t, v) for t in turns if (v := request_variant(t)) is not None]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for dim in DIMENSIONS:
+        groups: dict[str, list[TurnRecord]] = {}
+        for t, v in variants:
+            groups.setdefault(v[dim], []).append(t)
+        out[dim] = {value: {**outcome_counts(g), "codes": {c: n for c in TURN_CODES
+                                                           if (n := sum(c in turn_codes(t) for t in g))}}
+                    for value, g in sorted(groups.items())}
+    return out
+
+
 def _sessions(history: History) -> dict[str, Any]:
     ids = {t.session for t in history.turns}
     ends: dict[str, str] = {}
@@ -267,6 +290,7 @@ def summarize(history: History) -> dict[str, Any]:
         "sessions": _sessions(history),
         "by_depth": _grouped(turns, lambda t: t.turn),
         "by_scenario": _grouped(turns, lambda t: t.scenario),
+        "by_variant": _by_variant(turns),
         "percentile_method": PERCENTILE_METHOD,
         "latency": {
             "ttft_s": distribution([x for t in ok if (x := t.timings.ttft_s) is not None]),

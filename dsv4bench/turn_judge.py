@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .records import OracleReadings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .request_terms import RequestTerms
 from .session import AgentSession, request_summary
 from .turn_answer import TurnOutcome
 
@@ -24,20 +25,36 @@ def turn_headers(run_id: str, sess: AgentSession) -> dict[str, str]:
     }
 
 
-def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome) -> TurnContext:
-    """What the checkers judge of one turn's outcome."""
+def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The request's tools as the checkers take them: name -> JSON Schema of its arguments."""
+    tools: dict[str, dict[str, Any]] = {}
+    listed = body.get("tools")
+    for t in listed if isinstance(listed, list) else []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            tools[fn["name"]] = params if isinstance(params, dict) else {}
+    return tools
+
+
+def request_context(body: dict[str, Any], outcome: TurnOutcome,
+                    tools: dict[str, dict[str, Any]] | None = None) -> TurnContext:
+    """What the checkers judge of the answer to `body`: what it offered and allowed (tools,
+    tool_choice, thinking, stop...) is read from the body itself, so a request any client wrote
+    (a proxied agent, a replayed capture) is judged as ours are. `tools`: the schemas where the
+    caller has them already (a session's)."""
+    terms = RequestTerms.of_body(body)
     return TurnContext(
-        response=outcome.response,
-        tools=sess.schemas,
-        status=outcome.status,
-        http_status=outcome.http_status,
-        error=outcome.error,
-        error_kind=outcome.error_kind,
-        stream=bool(body.get("stream")),
-        max_tokens=body.get("max_tokens"),
-        thinking=sess.config.thinking,
-        tool_choice=str(body.get("tool_choice", "auto")),
+        response=outcome.response, tools=offered_tools(body) if tools is None else tools, status=outcome.status,
+        http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
+        stream=bool(body.get("stream")), max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
+        thinking=terms.thinking, terms=terms,
     )
+
+
+def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome) -> TurnContext:
+    """What the checkers judge of one of `sess`'s turns."""
+    return request_context(body, outcome, sess.schemas)
 
 
 def client_request_summary(body: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
 - Thinking: it ignores `chat_template_kwargs`; we pass `thinking` / `enable_thinking` from it as
   `ConversionOptions(default_thinking_mode=...)` (default off). The body's own `thinking`
   object and `reasoning_effort` still win.
-- tool_choice: auto, none, required, or a named function (required, with that tool only).
+- tool_choice: auto, none, required, or a named function (required, with that tool only); the
+  answer keeps to it and to `parallel_tool_calls` by constrained decoding (tool_choice_decoding.py).
   Thinking mode refuses required and named (400), as does a name not in `tools`.
 - Sampling: it forces temperature = top_p = 1.0 in thinking mode; explicit values win here.
 - Outputs: see engine/outputs.py (EOS, stop strings, usage). With `tool_call_parser="sglang"`
@@ -14,6 +15,7 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -22,6 +24,7 @@ from typing import Any
 
 import deepseek_recipe as dr
 
+from . import tool_choice_decoding
 from .config import TOOL_CALL_PARSERS, ModelConfig
 from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
 from .prepared_request import Bootstrap, PreparedRequest
@@ -191,6 +194,9 @@ class Frontend:
             raise err from None
         io = conv.inference_options
         params = self.sampling(body, max_tokens, io.temperature, io.top_p, io.seed)
+        constraint = tool_choice_decoding.for_request(body, self.tokenizer)
+        if constraint is not None:
+            params = dataclasses.replace(params, constraint=constraint)
         return PreparedRequest(
             rid=f"chatcmpl-{uuid.uuid4().hex}", model=model, prompt_ids=prompt_ids, params=params,
             stream=conv.stream, include_usage=self._include_usage(body), thinking=conv.conversation.thinking_mode,

@@ -33,6 +33,12 @@ class ModelRunner:
         # replaces req.pages, and the forward must write where the scheduler reserved.
         fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages)) for e in batch.entries])
         logits = self.model.forward(fb, self.pools)
+        if banned := [(i, e.req.params.constraint.banned_ids) for i, e in enumerate(batch.entries)
+                      if e.sample and e.req.params.constraint is not None and e.req.params.constraint.banned_ids]:
+            # A request's banned ids (tool_choice "none": no call can start) are never sampled.
+            logits = logits.clone()
+            for i, ids in banned:
+                logits[i, list(ids)] = float("-inf")
         out: dict[str, int] = {}
         failed: dict[str, BaseException] = {}
         for i, e in enumerate(batch.entries):

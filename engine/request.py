@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class RequestState(enum.Enum):
@@ -56,6 +58,15 @@ class FinishReason(str, enum.Enum):
 SEED_MAX = 2**63 - 1  # what a torch.Generator and deepseek-recipe both take
 
 
+class DecodingConstraint(Protocol):
+    """What a request's answer must keep to beyond its sampling (engine/tool_choice_decoding.py):
+    ids never sampled, and output ids forced by what came before."""
+
+    banned_ids: tuple[int, ...]
+
+    def forced_next(self, output_ids: Sequence[int]) -> int | None: ...
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -64,6 +75,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # EOS does not finish the request (SGLang's flag); its caller ends it
+    constraint: DecodingConstraint | None = None  # tool_choice / parallel_tool_calls (chat only)
 
     def __post_init__(self) -> None:
         # NOTE: the loop samples with these; a value that passed here must not raise there.

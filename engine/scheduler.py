@@ -278,6 +278,9 @@ class Scheduler:
             if not e.sample:
                 continue
             tok = sampled[req.rid]
+            if req.params.constraint is not None:
+                forced = req.params.constraint.forced_next(req.output_ids)
+                tok = tok if forced is None else forced
             req.output_ids.append(tok)
             assert req.num_computed == req.num_tokens - 1
             if req.first_token_at is None:

@@ -160,7 +160,9 @@ def test_request_summary_is_small_and_exact():
     summary = request_summary(body)
     assert summary == {"key": request_key(body), "temperature": 0.0, "messages": 2,
                        "prompt_chars": len("You add numbers.") + len("Add 3 to 5."), "tools": 1,
-                       "stream": True, "max_tokens": 1024, "thinking": False}
+                       "stream": True, "max_tokens": 1024,
+                       "terms": {"tool_choice": "auto", "named_tool": None, "parallel_tool_calls": None,
+                                 "thinking": False, "reasoning_effort": None, "stop": []}}
     assert json.dumps(summary)
 
 

@@ -155,7 +155,7 @@ def body_for(ctx: TurnContext) -> dict[str, Any]:
     parser (TurnContext holds no transcript). An unknown thinking flag (None, as in audits)
     is left out, so `parse_raw_completion` infers it from the raw text."""
     body: dict[str, Any] = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "."}],
-                            "tool_choice": ctx.tool_choice}
+                            "tool_choice": ctx.terms.tool_choice_body()}
     if ctx.thinking is not None:
         body["chat_template_kwargs"] = {"thinking": ctx.thinking}
     if ctx.tools:

@@ -13,12 +13,12 @@ from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
 from ..preflight import HostLimitError, ensure_open_files
 from ..redact import redact_argv, shell_line
 from ..verdict import exit_code
-from .common import app, err, fail, print_verdict
+from .common import REQUEST_MIX_HELP, app, err, fail, print_verdict
 from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # Flags that shape the generated workload or watch the server around it: a replay sends the
 # capture's own requests and only judges their answers, so none of them applies.
-NOT_WITH_REPLAY = ("rate", "sessions", "duration", "max_turns", "scenario", "seed", "thinking", "stream", "max_tokens",
+NOT_WITH_REPLAY = ("rate", "sessions", "duration", "max_turns", "scenario", "seed", "thinking", "request_mix", "stream", "max_tokens",
                    "context_length", "temperature", "on_corrupt", "raw", "metrics", "metrics_interval", "kill",
                    "drain_timeout", "serve_metrics", "canary_timeout", "recover_cmd")
 
@@ -35,6 +35,7 @@ def agents(
     scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
     seed: int = typer.Option(RunConfig.seed, help="Run seed; the same seed replays the same tasks."),
     thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
+    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
     stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
     max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
     context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens; a session whose next turn would not fit ends there (context_full). Default: what /v1/models or /get_model_info reports."),
@@ -87,7 +88,7 @@ def agents(
     try:
         config = RunConfig(
             url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
-            scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens, context_length=context_length,
+            scenario=scenario, seed=seed, thinking=thinking, request_mix=request_mix, stream=stream, max_tokens=max_tokens, context_length=context_length,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
             raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
             metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,

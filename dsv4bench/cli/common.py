@@ -24,6 +24,16 @@ VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold
                  "INCOMPLETE": "bold red"}
 
 
+REQUEST_MIX_HELP = (
+    "Vary what each turn asks, drawn per turn from a seeded mix: tool_choice (auto, required, none, named), "
+    "parallel_tool_calls (unset, true, false), thinking (off, on, low, high, xhigh, max: the reasoning_effort "
+    "tiers) and stop (none, set). `frameworks` is what common agent frameworks send; or name=value:weight,... "
+    "per dimension, `;` between them, after a preset or alone: e.g. 'frameworks;thinking=off' or "
+    "'tool_choice=auto:6,none:2,named:2'. Each value's expectation is checked (tool_choice_violation, "
+    "parallel_calls_violation, stop_sequence_ignored, reasoning_only) and the report splits every code by "
+    "variant. Grammar and the default weights: dsv4bench/request_mix.py.")
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """The one line a bad flag or an unusable input gets on stderr; raise what it returns.
     `message` is plain text: brackets in it (an IPv6 URL, `pip install 'pkg[extra]'`) print as they are."""

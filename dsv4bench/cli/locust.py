@@ -28,7 +28,7 @@ from ..history import SUMMARY_FILE
 from ..locust.plan import API_KEY_ENV, PLAN_ARG, Plan
 from ..preflight import HostLimitError, ensure_open_files
 from ..redact import redact_argv, shell_line
-from .common import app, err, fail, print_verdict
+from .common import REQUEST_MIX_HELP, app, err, fail, print_verdict
 from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
@@ -46,6 +46,7 @@ def locust(
     seed: int = typer.Option(RunConfig.seed, help="Run seed; the same seed replays the same tasks."),
     max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
     thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
+    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
     max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
     temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
     ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
@@ -79,7 +80,7 @@ def locust(
     worker = "--worker" in locust_args
     try:
         config = RunConfig(
-            url=host or BUNDLED_PLACEHOLDER_URL, scenario=scenario, seed=seed, max_turns=max_turns, thinking=thinking,
+            url=host or BUNDLED_PLACEHOLDER_URL, scenario=scenario, seed=seed, max_turns=max_turns, thinking=thinking, request_mix=request_mix,
             max_tokens=max_tokens, temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout,
             model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), metrics=tuple(metrics),
             metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,

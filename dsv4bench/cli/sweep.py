@@ -19,7 +19,7 @@ from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
 from ..preflight import HostLimitError, ensure_open_files
 from ..redact import redact_argv, shell_line
 from ..verdict import exit_code
-from .common import VERDICT_STYLE, app, err, fail, out
+from .common import REQUEST_MIX_HELP, VERDICT_STYLE, app, err, fail, out
 from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # The sweep's own flags, which an `agents` reproduce line must leave out (with their values).
@@ -41,6 +41,7 @@ def sweep(
     scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
     seed: int = typer.Option(RunConfig.seed, help="Seed of batch 0 at every level; batch k is seeded seed + k."),
     thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
+    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
     stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
     max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
     context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens. Default: what the server reports."),
@@ -72,7 +73,7 @@ def sweep(
         # One config checks every flag once; each batch's is this one at its level and seed.
         base = RunConfig(
             url=url or BUNDLED_PLACEHOLDER_URL, concurrency=top, sessions=sessions, duration=duration,
-            max_turns=max_turns, scenario=scenario, seed=seed, thinking=thinking, stream=stream, max_tokens=max_tokens,
+            max_turns=max_turns, scenario=scenario, seed=seed, thinking=thinking, request_mix=request_mix, stream=stream, max_tokens=max_tokens,
             context_length=context_length, temperature=temperature, ttft_timeout=ttft_timeout,
             total_timeout=total_timeout, on_corrupt=on_corrupt, model=model, api_key=api_key, out=out_dir,
             fail_on=parse_fail_on(fail_on), quiet=True, metrics=tuple(metrics), drain_timeout=drain_timeout,

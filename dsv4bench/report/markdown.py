@@ -321,6 +321,21 @@ def _breakdown_section(title: str, key: str, groups: dict[str, dict[str, int]]) 
             table(header, rows)]
 
 
+def variant_section(by_variant: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Every code by the request's variant (--request-mix, or whatever a proxied agent sent):
+    only where some dimension took more than one value, else it would repeat the totals."""
+    if not any(len(values) > 1 for values in by_variant.values()):
+        return []
+    fired = [c for c in TURN_CODES if any(c in g["codes"] for values in by_variant.values() for g in values.values())]
+    rows = [[cell(dim), code_span(value), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_pct(g["corrupt"], g["ok"]),
+             *(fmt_int(g["codes"].get(c, 0)) for c in fired)]
+            for dim, values in by_variant.items() if len(values) > 1 for value, g in values.items()]
+    note = ("Turns by what their request asked (a dimension every turn asked alike is left out); each code "
+            "column counts the turns carrying it.")
+    return ["## Codes by request variant", "", note, "",
+            table(["dimension", "value", "turns", "ok", "corrupt / ok", *(code_span(c) for c in fired)], rows)]
+
+
 def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> str:
     """A few hundred characters of evidence: raw SSE lines where kept, else the assembled text."""
     if turn.raw_sse:
@@ -531,6 +546,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _codes_section(summary),
         _breakdown_section("Corruption by turn depth", "turn", summary["by_depth"]),
         _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),
+        variant_section(summary.get("by_variant") or {}),
         _examples_section(history, summary),
         _oracles_section(history),
         _latency_section(summary),
