@@ -34,6 +34,11 @@ def assert_one_line_exit_2(result, needle: str) -> None:
     (["agents", "--url", "http:///v1", "--sessions", "1"], "names no host"),
     (["agents", "--url", "http://127.0.0.1:99999/v1", "--sessions", "1"], "port 99999 is not a port number"),
     (["agents", "--url", DEAD, "--sessions", "1", "--metrics", "http://[::1/metrics"], "--metrics"),
+    # request mixes that cannot be drawn from
+    (["agents", "--url", DEAD, "--request-mix", "fastest"], "--request-mix 'fastest' 'fastest' is neither a preset"),
+    (["agents", "--url", DEAD, "--request-mix", "thinking=max;tool_choice=named"], "thinking mode refuses"),
+    (["agents", "--url", DEAD, "--request-mix", "frameworks", "--thinking"], "--thinking is drawn per turn"),
+    (["sweep", "--url", DEAD, "--concurrency", "1,2", "--request-mix", "stop=sometimes"], "stop='sometimes'"),
     # numbers typer accepts that no run can use
     (["agents", "--url", DEAD, "--duration", "nan"], "--duration must be a finite number"),
     (["agents", "--url", DEAD, "--duration", "inf"], "--duration must be a finite number"),

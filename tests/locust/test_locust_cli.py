@@ -33,12 +33,25 @@ def assert_one_line_exit_2(result, needle: str) -> None:
     (["--engine-fault", "no-such-fault"], "no-such-fault"),
     (["--worker", "--engine-pd"], "go to the master"),
     (["--worker", "--host", DEAD], "go to the master"),
+    (["--host", DEAD, "--request-mix", "tool_choice=sometimes"], "--request-mix 'tool_choice=sometimes'"),
 ])
 def test_bad_flags_are_one_line_before_anything_starts(tmp_path, args, needle):
     out = tmp_path / "runs"
     result = CliRunner().invoke(app, ["locust", *args, "--out", str(out), "--headless"])
     assert_one_line_exit_2(result, needle)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_request_mix_reaches_the_users_through_the_plan():
+    """Each Locust user's sessions draw from the mix `dsv4bench locust --request-mix` was given."""
+    import json
+
+    from dsv4bench.config import RunConfig
+    from dsv4bench.locust.plan import Plan
+
+    plan = Plan(config=RunConfig(url=DEAD, request_mix="frameworks;stop=none"), model="m", facts={}, command="")
+    mix = Plan.from_json(json.loads(plan.to_arg())).session_config.request_mix
+    assert mix is not None and dict(mix.weights)["stop"] == (("none", 1.0),) and "tool_choice" in mix.varies
 
 
 def test_without_locust_installed_it_says_what_to_install(monkeypatch):
