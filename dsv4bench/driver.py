@@ -38,6 +38,7 @@ from .progress import LiveStats
 from .records import Timings, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers
 from .session import AgentSession, EndReason, request_summary
+from .transport import AiohttpTransport
 from .turn_answer import Deadlines, TurnOutcome, TurnProbe
 from .turn_judge import turn_context, turn_headers, turn_record
 
@@ -72,7 +73,7 @@ def make_client(config: RunConfig) -> httpx.AsyncClient:
                           keepalive_expiry=2.0)
     # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn.
     timeout = httpx.Timeout(connect=10.0, read=config.total_timeout + 5, write=30.0, pool=config.total_timeout + 5)
-    return httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, trust_env=False)
+    return httpx.AsyncClient(headers=headers, timeout=timeout, trust_env=False, transport=AiohttpTransport(limits))
 
 
 class AgentRun:

@@ -1,5 +1,5 @@
-"""Reading a server's stream under bounds (`StreamBounds`): SSE lines and events decoded with
-httpx-sse's decoders and refused before a line past its bound is ever held whole, and the raw
+"""Reading a server's stream under bounds (`StreamBounds`): SSE lines and events decoded as
+httpx-sse's decoders do and refused before a line past its bound is ever held whole, and the raw
 lines of a turn kept as evidence, head and tail, each line clipped. Everything a server sends
 is bounded: a line or event, the tool calls of a turn, one call's arguments, the text of a
 turn, the protocol errors noted, the raw lines kept. sse.py assembles what passes.
@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-
-from httpx_sse import ServerSentEvent
-from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -47,48 +44,97 @@ class BoundExceeded(Exception):
 
 
 class SSEEventReader:
-    """Decoded stream text in, SSE events out (httpx-sse's decoders), with the line and event
-    bounds enforced before a line is ever held whole."""
+    """Decoded stream text in, the `data` of each completed SSE event out, with the line and
+    event bounds enforced before a line is ever held whole.
+
+    NOTE: the reading is httpx-sse's (SSELineDecoder + SSEDecoder) to the letter, in one pass
+    with no object per line or event, since it runs for every line a server sends: lines end at
+    CRLF, CR or LF (a CR at the end of a piece waits for the next piece); a blank line
+    dispatches the event when it has data, an event name, a retry or once any id was seen;
+    `data:` lines join with LF; `:` lines are comments; one space after the colon is dropped.
+    tests/test_sse.py holds it to httpx-sse's decoders on random streams.
+    """
 
     def __init__(self, bounds: StreamBounds = DEFAULT_BOUNDS) -> None:
         self.bounds = bounds
-        self._lines = SSELineDecoder()
-        self._events = SSEDecoder()
-        self._pending = 0  # characters of the line not yet ended
+        self._buf = ""  # the line not yet ended
+        self._cr = False  # the last piece ended in CR: its line ended, an LF may follow
+        self._pending = 0  # characters of the line not yet ended, as counted for the bound
         self._event_chars = 0
+        self._data: list[str] = []
+        self._event = ""
+        self._id = ""
+        self._retry: int | None = None
 
-    def feed(self, text: str) -> list[ServerSentEvent]:
-        """Events completed by `text`; raises BoundExceeded past a bound."""
-        lines = self._lines.decode(text)
-        if lines:
-            self._pending = sum(len(b) for b in self._lines.buffer)  # at most the tail after the last newline
+    def feed(self, text: str) -> list[str]:
+        """The data of the events completed by `text`; raises BoundExceeded past a bound."""
+        piece = text
+        if self._cr:
+            piece, self._cr = "\r" + piece, False
+        if piece.endswith("\r"):
+            piece, self._cr = piece[:-1], True
+        if "\r" in piece:
+            piece = piece.replace("\r\n", "\n").replace("\r", "\n")
+        lines = piece.split("\n") if piece else []
+        if len(lines) > 1:
+            lines[0] = self._buf + lines[0]
+            self._buf = lines.pop()
+            self._pending = len(self._buf)
         else:
+            self._buf += piece
             self._pending += len(text)
+            lines = []
         if self._pending > self.bounds.line_chars:
-            head = "".join(self._lines.buffer)[: self.bounds.raw_line_chars]
-            self._lines.buffer = []
+            head = self._buf[: self.bounds.raw_line_chars]
+            self._buf = ""
             raise BoundExceeded(f"an SSE line longer than {self.bounds.line_chars:,} characters", head)
-        return self._decode(lines)
+        return self._decode(lines) if lines else lines
 
-    def flush(self) -> list[ServerSentEvent]:
+    def flush(self) -> list[str]:
         """Events completed by a last line without a newline. As in httpx-sse (and the SSE
         spec), an event with no blank line after it is never dispatched."""
-        return self._decode(self._lines.flush())
+        if not self._buf and not self._cr:
+            return []
+        line, self._buf, self._cr = self._buf, "", False
+        return self._decode([line])
 
-    def _decode(self, lines: list[str]) -> list[ServerSentEvent]:
+    def _decode(self, lines: list[str]) -> list[str]:
         out = []
+        b = self.bounds
         for line in lines:
-            if len(line) > self.bounds.line_chars:
-                raise BoundExceeded(f"an SSE line longer than {self.bounds.line_chars:,} characters",
-                                    line[: self.bounds.raw_line_chars])
-            self._event_chars = 0 if not line else self._event_chars + len(line)
-            if self._event_chars > self.bounds.event_chars:
-                raise BoundExceeded(f"an SSE event longer than {self.bounds.event_chars:,} characters",
-                                    line[: self.bounds.raw_line_chars])
-            event = self._events.decode(line)
-            if event is not None:
-                out.append(event)
+            if not line:
+                self._event_chars = 0
+                if self._data or self._event or self._id or self._retry is not None:
+                    out.append("\n".join(self._data))
+                    self._data, self._event, self._retry = [], "", None
+                continue
+            if len(line) > b.line_chars:
+                raise BoundExceeded(f"an SSE line longer than {b.line_chars:,} characters", line[: b.raw_line_chars])
+            self._event_chars += len(line)
+            if self._event_chars > b.event_chars:
+                raise BoundExceeded(f"an SSE event longer than {b.event_chars:,} characters", line[: b.raw_line_chars])
+            if line.startswith("data: "):
+                self._data.append(line[6:])
+            elif line[0] != ":":
+                self._field(line)
         return out
+
+    def _field(self, line: str) -> None:
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._id = value
+        elif name == "retry":
+            try:
+                self._retry = int(value)
+            except ValueError:
+                pass
 
 
 class RawLines:
@@ -120,6 +166,17 @@ class RawLines:
             self._tail_chars -= len(gone)
             self._dropped += 1
             self._dropped_chars += len(gone)
+
+    def extend(self, lines: list[str]) -> None:
+        """`add` each of `lines`; at once when they all fit in the head whole."""
+        b = self.bounds
+        total = sum(map(len, lines))
+        if lines and self._head_chars + total <= b.raw_head_chars and max(map(len, lines)) <= b.raw_line_chars:
+            self.out.extend(lines)
+            self._head_chars += total
+            return
+        for line in lines:
+            self.add(line)
 
     def close(self) -> None:
         if self._dropped:

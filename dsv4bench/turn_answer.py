@@ -167,32 +167,35 @@ class StreamedAnswer:
             self.raw.add(e.head + "…")
             self.asm.stop(e.detail)
             return False
-        probe = self.probe
-        for event in events:
-            self.raw.add(event.data)
-            if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in event.data:
+        probe, asm, t = self.probe, self.asm, self.t
+        # NOTE: the events' raw lines are kept after the loop, up to the one the assembler stopped
+        # at: the same lines as one by one, since nothing can read them while the loop runs.
+        for n, data in enumerate(events, 1):
+            if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in data:
                 probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
-            if self.asm.feed(event.data):
+            if asm.feed(data):
                 now = time.monotonic_ns()
-                if self.t.first_token_ns is None:
-                    self.t.first_token_ns = now
+                if t.first_token_ns is None:
+                    t.first_token_ns = now
                     if self.on_first_token is not None:
                         self.on_first_token()
                     if probe is not None and probe.phase == "waiting":
                         probe.phase = "streaming"
-                elif self._last_token_ns is not None and len(self.t.token_gaps_ms) < MAX_TOKEN_GAPS:
-                    self.t.token_gaps_ms.append((now - self._last_token_ns) / 1e6)
+                elif self._last_token_ns is not None and len(t.token_gaps_ms) < MAX_TOKEN_GAPS:
+                    t.token_gaps_ms.append((now - self._last_token_ns) / 1e6)
                 self._last_token_ns = now
-            if self.asm.stopped:
+            if asm.response.stopped_at_bound is not None:
+                self.raw.extend(events[:n])
                 return False
+        self.raw.extend(events)
         return True
 
     def end_of_body(self) -> None:
         """The body ended: what the decoder still holds is the last event."""
         try:
-            for event in self.reader.flush():
-                self.raw.add(event.data)
-                self.asm.feed(event.data)
+            for data in self.reader.flush():
+                self.raw.add(data)
+                self.asm.feed(data)
         except BoundExceeded as e:
             self.raw.add(e.head + "…")
             self.asm.stop(e.detail)

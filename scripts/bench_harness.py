@@ -112,13 +112,85 @@ def in_process(repeats: int) -> dict[str, float]:
             "checkers_us_per_turn": statistics.median(chk_us)}
 
 
+def turn_overhead(repeats: int) -> dict[str, float]:
+    """Harness CPU per turn outside the stream, at the last turn (turn 12) of expert coding
+    sessions: what the driver does around chat_turn (AgentRun._turn), the stream itself
+    replaced by the assembled answer the replay server would send. Median over sessions and
+    repeats, per stage, in microseconds."""
+    from dsv4bench.agents import get_family, run_expert_session
+    from dsv4bench.checks import run_checks
+    from dsv4bench.checks.parser_view import kept_oracles
+    from dsv4bench.history import HistoryWriter
+    from dsv4bench.progress import LiveStats
+    from dsv4bench.records import TurnStatus
+    from dsv4bench.session import AgentSession, SessionConfig, request_summary
+    from dsv4bench.sse import DeltaAssembler
+    from dsv4bench.turn_answer import TurnOutcome, encode_body, finish
+    from dsv4bench.turn_judge import turn_context, turn_headers, turn_record
+    plan_chunks = load_fixture("replay_server").plan_chunks
+
+    fam = get_family("coding")
+    stages: dict[str, list[float]] = {k: [] for k in ("request", "encode", "checks", "record", "observe", "total")}
+    with tempfile.TemporaryDirectory() as tmp:
+        history = HistoryWriter(Path(tmp) / "run", {"run": "bench"})
+        stats = LiveStats()
+        for _ in range(repeats):
+            for seed in range(20):
+                _, steps, _ = run_expert_session(fam, seed)
+                sess = AgentSession(f"s{seed}", fam, seed, SessionConfig(model="replay-dsv4"))
+                for n, step in enumerate(steps):
+                    clock = [time.process_time_ns()]
+
+                    def lap(stage: str) -> None:
+                        clock.append(time.process_time_ns())
+                        if n == len(steps) - 1:
+                            stages[stage].append((clock[-1] - clock[-2]) / 1e3)
+
+                    body = sess.next_request()
+                    turn_headers("bench", sess)
+                    lap("request")
+                    encode_body(body)
+                    lap("encode")
+                    asm = DeltaAssembler()  # the stream, not counted: chat_turn's part
+                    for c in plan_chunks(f"r{seed}", step, fam.tool_schemas(), ""):
+                        asm.feed(json.dumps(c))
+                    asm.feed("[DONE]")
+                    outcome = TurnOutcome.starting()
+                    outcome.response, outcome.http_status = asm.finish(), 200
+                    finish(outcome)
+                    clock.append(time.process_time_ns())
+                    ctx = turn_context(sess, body, outcome)
+                    verdicts, errors = run_checks(ctx)
+                    lap("checks")
+                    summary = request_summary(body)
+                    rec = turn_record("bench", sess, body, summary, outcome, verdicts, errors, kept_oracles(ctx))
+                    history.turn(rec)
+                    stats.add_turn(rec)
+                    lap("record")
+                    sess.observe(TurnStatus.OK, outcome.response, verdicts)
+                    lap("observe")
+                    if n == len(steps) - 1:
+                        stages["total"].append(sum(stages[k][-1] for k in ("request", "encode", "checks", "record",
+                                                                           "observe")))
+                    assert not verdicts and not errors, (verdicts, errors)
+        history.close()
+    return {k: statistics.median(v) for k, v in stages.items()} | {"turns": len(steps), "samples": len(stages["total"])}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=80)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--turn-only", action="store_true", help="only the per-turn cost outside the stream")
     args = p.parse_args()
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    to = turn_overhead(args.repeats)
+    print(f"per turn outside the stream, turn {to['turns']:.0f} of {to['turns']:.0f} (median of {to['samples']:.0f}): "
+          + ", ".join(f"{k} {to[k]:.0f} us" for k in ("request", "encode", "checks", "record", "observe", "total")),
+          flush=True)
+    if args.turn_only:
+        return
     ip = in_process(args.repeats)
     print(f"in-process: assembler {ip['assembler_us_per_chunk']:.1f} us/chunk, checkers {ip['checkers_us_per_turn']:.0f} us/turn "
           f"({ip['streams']} turns, {ip['chunks']} chunks)")

@@ -125,7 +125,7 @@ SMALL = StreamBounds(line_chars=1000, event_chars=2000, tool_calls=3, argument_c
 
 def test_reader_stops_a_long_line_before_it_is_whole():
     reader = SSEEventReader(SMALL)
-    assert [e.data for e in reader.feed('data: {"a":1}\n\n')] == ['{"a":1}']
+    assert reader.feed('data: {"a":1}\n\n') == ['{"a":1}']
     reader.feed("data: " + "x" * 600)  # no newline yet: pending, under the bound
     with pytest.raises(BoundExceeded) as e:
         reader.feed("x" * 600)
@@ -276,3 +276,63 @@ def test_chat_turn_an_undecodable_body_is_a_connection_error():
     out = _turn(lambda req: httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip"),
                 body={"stream": False})
     assert out.status is TurnStatus.ERROR and out.error_kind == "connection_error" and "DecodingError" in out.error
+
+
+# --- the reader is httpx-sse's decoding; msgspec decodes as json does -------------------
+
+def _httpx_sse_events(pieces: list[str]) -> list[str]:
+    from httpx_sse._decoders import SSEDecoder, SSELineDecoder
+
+    lines, events, out = SSELineDecoder(), SSEDecoder(), []
+    for piece in pieces:
+        for line in lines.decode(piece):
+            if (e := events.decode(line)) is not None:
+                out.append(e.data)
+    for line in lines.flush():
+        if (e := events.decode(line)) is not None:
+            out.append(e.data)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reader_reads_what_httpx_sse_reads(seed):
+    import random
+
+    rng = random.Random(seed)
+    lines = ["data: {\"a\": 1}", "data:{\"b\":2}", "data", "data:  two spaces", ": a comment", "event: ping",
+             "id: 7", "id: a\0b", "retry: 30", "retry: x", "field: ignored", "", "", "data: [DONE]", "data: é ｜"]
+    ends = ["\n", "\r\n", "\r"]
+    text = "".join(rng.choice(lines) + rng.choice(ends) for _ in range(rng.randint(0, 60)))
+    cuts = sorted(rng.sample(range(1, max(2, len(text))), min(len(text) - 1, rng.randint(0, 12)))) if text else []
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)]) if text[a:b]]
+    reader = SSEEventReader()
+    got = [d for piece in pieces for d in reader.feed(piece)] + reader.flush()
+    assert got == _httpx_sse_events(pieces)
+
+
+@pytest.mark.parametrize("data", [
+    '{"id":"r","choices":[{"index":0,"delta":{"content":"a\\ud800b"}}]}',  # msgspec refuses: json's path
+    '{"id":"r","usage":{"prompt_tokens":1e400},"choices":[]}',
+    '{"id":"r","usage":{"prompt_tokens":123456789012345678901234567890},"choices":[]}',
+    '{"id":"r","choices":[{"index":0,"delta":{"content":"é \\u00e9 ｜"},"finish_reason":null}]}',
+    '{"id":7,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}',
+    "[" * 5000 + "]" * 5000,
+    "not json",
+])
+def test_the_fast_decoder_assembles_what_json_assembles(data, monkeypatch):
+    import dsv4bench.sse as sse
+
+    def run() -> dict:
+        asm = DeltaAssembler()
+        for d in ['{"id":"r","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+                  data, data, "[DONE]"]:
+            asm.feed(d)
+        return asm.finish().to_json()
+
+    fast = run()
+
+    def refuse(_: str) -> None:
+        raise ValueError("json's path")
+
+    monkeypatch.setattr(sse, "_fast_decode", refuse)
+    assert fast == run()

@@ -121,9 +121,21 @@ def _candidates(text: str) -> list[DsmlMatch]:
     return found
 
 
+def _may_hold_dsml(text: str) -> bool:
+    """False only when no pattern can match: every one needs a `<`, `dsml`, `string` or a bar
+    next to `tool`. Decided for ASCII text alone, where IGNORECASE folds nothing beyond
+    ASCII's own letters (in other text it also folds `ſ` to `s`, the Kelvin sign to `k`)."""
+    if not text.isascii():
+        return True
+    if "<" in text:
+        return True
+    low = text.lower()
+    return "dsml" in low or "string" in low or ("|" in text and "tool" in low)
+
+
 def find_dsml(text: str) -> list[DsmlMatch]:
     """Every DSML leak in `text`, in order; overlapping findings keep the earliest, longest one."""
-    if not text:
+    if not text or not _may_hold_dsml(text):
         return []
     found = sorted(_candidates(text), key=lambda d: (d.start, -(d.end - d.start)))
     kept: list[DsmlMatch] = []

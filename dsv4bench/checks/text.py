@@ -56,13 +56,17 @@ def _min_reps(unit_len: int) -> int:
 
 def _tail_loop(s: str) -> Loop | None:
     """The shortest unit that repeats up to the very end of `s` (a loop cut mid-unit counts)."""
+    last = s[-1] if s else ""
     for p in range(1, min(MAX_UNIT, len(s) // 2) + 1):
+        if s[-1 - p] != last:
+            continue  # the unit's copy before it would end in another character: one copy only
         unit, i, reps = s[-p:], len(s) - p, 1
         while i >= p and s.startswith(unit, i - p):
             i, reps = i - p, reps + 1
-        need = TAIL_MIN_CHARS_ONE if len(set(unit)) == 1 else TAIL_MIN_CHARS
-        if reps >= _min_reps(p) and reps * p >= need:
-            return Loop(unit, reps, i, len(s), "tail")
+        if reps >= _min_reps(p):
+            need = TAIL_MIN_CHARS_ONE if len(set(unit)) == 1 else TAIL_MIN_CHARS
+            if reps * p >= need:
+                return Loop(unit, reps, i, len(s), "tail")
     return _tail_block(s)
 
 
@@ -111,11 +115,58 @@ def _long_runs(s: str) -> Iterator[Loop]:
             run_d, run_start = d, i
 
 
+def _periodic_stretch(s: str, period: int, length: int) -> bool:
+    """Whether `s[x] == s[x + period]` for `length` positions x in a row.
+
+    Any such stretch holds a multiple of `length`, so only those positions are tried first (two
+    strided slices, compared in one pass) and a stretch is grown only around a hit.
+    """
+    n = len(s) - period
+    if n < length:
+        return False
+    for j, (a, b) in enumerate(zip(s[0:n:length], s[period::length])):
+        if a != b:
+            continue
+        lo = hi = j * length
+        while lo > 0 and s[lo - 1] == s[lo - 1 + period]:
+            lo -= 1
+        while hi + 1 < n and s[hi + 1] == s[hi + 1 + period]:
+            hi += 1
+        if hi - lo + 1 >= length:
+            return True
+    return False
+
+
 def _runs(s: str) -> Iterator[Loop]:
-    for m in _RUN_SHORT.finditer(s):
-        unit = m.group(1)
-        yield Loop(unit, (m.end() - m.start()) // len(unit), m.start(), m.end(), "")
-    yield from _long_runs(s)
+    """The candidate loops of `s`, short units first; find_loop keeps the first that counts.
+
+    NOTE: the two searches are slow (a backreference regex, a k-gram walk), so each runs only
+    when `s` holds what any loop it could report with enough repeats must hold (a unit of u
+    characters repeated REPEATS_SHORT times is a stretch of period u and length
+    (REPEATS_SHORT - 1) * u; for longer units see `_may_have_long_run`). Loops with fewer
+    repeats find_loop skips anyway.
+    """
+    if any(_periodic_stretch(s, u, (REPEATS_SHORT - 1) * u) for u in range(1, SHORT_UNIT + 1)):
+        for m in _RUN_SHORT.finditer(s):
+            unit = m.group(1)
+            yield Loop(unit, (m.end() - m.start()) // len(unit), m.start(), m.end(), "")
+    if _may_have_long_run(s):
+        yield from _long_runs(s)
+
+
+def _may_have_long_run(s: str) -> bool:
+    """Whether `_long_runs` can find a run of REPEATS_LONG copies of a unit longer than SHORT_UNIT.
+
+    Such a run is `need` positions in a row whose k-gram occurs d back (SHORT_UNIT < d <=
+    MAX_UNIT), `need` = (REPEATS_LONG - 1) * d - SHORT_UNIT + 1 at least; any `need` positions in
+    a row hold a multiple of `need`, so only those k-grams are looked up.
+    """
+    k = SHORT_UNIT
+    need = (REPEATS_LONG - 1) * (SHORT_UNIT + 1) - SHORT_UNIT + 1
+    for g in range(need, len(s) - k + 1, need):
+        if s.find(s[g : g + k], max(0, g - MAX_UNIT), g - SHORT_UNIT - 1 + k) >= 0:
+            return True
+    return False
 
 
 def _repeated_line(text: str) -> Loop | None:
@@ -207,10 +258,19 @@ def _mixed_words(text: str) -> list[re.Match[str]]:
 _NONCHARS = "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}" for plane in range(17))
 # Control characters but \t \n \r, lone surrogates, U+FFFD, and the Unicode noncharacters.
 _BAD_CODEPOINT = re.compile(rf"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffd\ufdd0-\ufdef{_NONCHARS}]")
+_BAD_ASCII = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # what of _BAD_CODEPOINT is ASCII
 
 
 def find_garbled(text: str) -> tuple[str, int] | None:
     """(signal, offset) of the first garbled-text signal in `text`, or None."""
+    if text.isascii():  # every signal but a control character needs a non-ASCII character
+        bad = _BAD_ASCII.search(text)
+        return None if bad is None else (f"invalid character U+{ord(bad.group()):04X}", bad.start())
+    return _find_garbled_any(text)
+
+
+def _find_garbled_any(text: str) -> tuple[str, int] | None:
+    """find_garbled for text of any characters."""
     bad = _BAD_CODEPOINT.search(text)
     if bad:
         ch = bad.group()

@@ -1,0 +1,170 @@
+"""How many agent sessions one harness process drives before its own clock goes wrong.
+
+For each session count: the real driver (`AgentRun`: sessions, chat_turn over make_client's
+client, every checker, the history written) plays closed-pool agent sessions for
+`--duration` seconds in this process, pinned to core 1, against tests/fixtures/stream_server.py
+in its own process, pinned to core 0. The server paces each stream like a loaded server
+(`--ttft-ms` before the first token, then one chunk every `--interval-ms`) and stamps the moment
+it sends a turn's first token into that chunk (CLOCK_MONOTONIC, the harness's clock). Measured
+after a `--warmup` of seconds:
+
+  loop lag      how late a task sleeping 10 ms wakes up (p50 / p99 / max), and of the ticks
+                more than 5 ms late, how many this process spent mostly off the CPU (another
+                process had its core: on a shared machine that is not the harness's doing)
+  TTFT error    the harness's first-token stamp less the server's send stamp, per turn (p50 / p99)
+  chunks/s      SSE chunks the harness took in per second of wall time, and per second of its
+                CPU (= per harness core, when the process is CPU bound)
+
+A count holds when lag p99 < 5 ms and TTFT error p99 < 5 ms.
+
+    python scripts/bench_scale.py [--sessions 500,1000,2000] [--duration 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER_CORE, HARNESS_CORE = 0, 1
+LAG_TICK_S = 0.010
+BOUND_MS = 5.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def drive(url: str, sessions: int, duration: float, warmup: float, out: Path) -> dict[str, float]:
+    from dsv4bench.config import RunConfig
+    from dsv4bench.driver import AgentRun
+    from dsv4bench.history import HistoryWriter, read_history
+    from dsv4bench.progress import LiveStats
+
+    config = RunConfig(url=url, concurrency=sessions, duration=duration, quiet=True, out=out)
+    run_dir = out / "run"
+    history = HistoryWriter(run_dir, {"run": "scale"}, None)
+    driver = AgentRun(config, "stream-bench", history, LiveStats(), "scale")
+    lags: list[float] = []
+    t0 = time.monotonic()
+    cpu: list[float] = []
+
+    ran: list[float] = []  # per tick: the share of the tick's wall time this process was on a CPU
+
+    async def lag_monitor() -> None:
+        while True:
+            before, cpu_before = time.monotonic(), time.process_time()
+            await anyio.sleep(LAG_TICK_S)
+            now = time.monotonic()
+            if before - t0 >= warmup:  # ticks that began after the warm-up
+                if not cpu:
+                    cpu.append(time.process_time())
+                lags.append((now - before - LAG_TICK_S) * 1e3)
+                ran.append((time.process_time() - cpu_before) / (now - before))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lag_monitor)
+        await driver.run()
+        load_end = time.monotonic()
+        cpu_end = time.process_time()
+        tg.cancel_scope.cancel()
+    history.close()
+    counted_from_ns = int((t0 + warmup) * 1e9)
+    turns = [t for t in read_history(run_dir).turns if t.timings.start_ns >= counted_from_ns]
+    async with httpx.AsyncClient() as client:
+        stamps = (await client.get(url.removesuffix("/v1") + "/stamps")).json()
+    errors = [(t.timings.first_token_ns - stamps[t.response_id]) / 1e6 for t in turns
+              if t.timings.first_token_ns and t.response_id in stamps]
+    chunks = sum(t.response.chunks for t in turns if t.response is not None)
+    statuses = {s: sum(1 for t in turns if t.status.value == s) for s in {t.status.value for t in turns}}
+    errors_seen = sorted({(t.error or "")[:120] for t in turns if t.error})[:3]
+    wall = load_end - (t0 + warmup)
+    return {"sessions": sessions, "turns": len(turns), "statuses": statuses, "errors": errors_seen, "wall_s": wall,
+            "lag_p50_ms": pct(lags, 0.5), "lag_p99_ms": pct(lags, 0.99), "lag_max_ms": max(lags, default=float("nan")),
+            # Ticks more than 5 ms late, and of them those where this process ran less than half
+            # the tick: the core was taken by another process (a shared machine), not by the harness.
+            "late_ticks": sum(1 for x in lags if x > BOUND_MS),
+            "late_ticks_descheduled": sum(1 for x, r in zip(lags, ran) if x > BOUND_MS and r < 0.5),
+            "ticks": len(lags),
+            "ttft_err_p50_ms": pct(errors, 0.5), "ttft_err_p99_ms": pct(errors, 0.99),
+            "chunks_per_s": chunks / wall, "chunks_per_cpu_s": chunks / max(1e-9, cpu_end - cpu[0]) if cpu else 0.0,
+            "cpu_share": (cpu_end - cpu[0]) / wall if cpu else 0.0,
+            "turns_per_s": len(turns) / wall}
+
+
+def child(args: argparse.Namespace) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {HARNESS_CORE})
+    with tempfile.TemporaryDirectory() as tmp:
+        r = anyio.run(drive, f"http://127.0.0.1:{args.port}/v1", args.child, args.duration, args.warmup, Path(tmp))
+    print(json.dumps(r))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", default="500,1000,2000")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per session count")
+    p.add_argument("--warmup", type=float, default=8.0, help="seconds of load before anything is counted")
+    p.add_argument("--interval-ms", type=float, default=50.0, help="between two chunks of a stream")
+    p.add_argument("--ttft-ms", type=float, default=500.0, help="before a stream's first chunk")
+    p.add_argument("--chunks", type=int, default=100, help="SSE events of a tool-call answer")
+    p.add_argument("--agent-turns", type=int, default=12, help="the server answers text only at this turn")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+
+    from dsv4bench.engine.launcher import free_port
+
+    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
+          f"harness on core {HARNESS_CORE}; server: TTFT {args.ttft_ms:g} ms, a chunk every {args.interval_ms:g} ms, "
+          f"{args.chunks} chunks per tool-call answer, text at turn {args.agent_turns}; {args.duration:g} s per count, "
+          f"the first {args.warmup:g} s not counted", flush=True)
+    rows = []
+    for n in [int(x) for x in args.sessions.split(",")]:
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "tests/fixtures/stream_server.py", "--port", str(port), "--chunks", str(args.chunks),
+             "--interval-ms", str(args.interval_ms), "--ttft-ms", str(args.ttft_ms), "--agent-turns", str(args.agent_turns)],
+            cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}) if hasattr(os, "sched_setaffinity") else None)
+        try:
+            time.sleep(1.0)
+            out = subprocess.run([sys.executable, __file__, "--child", str(n), "--port", str(port), "--duration",
+                                  str(args.duration), "--warmup", str(args.warmup)], cwd=ROOT, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{n} sessions failed:\n{out.stderr[-3000:]}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            server.terminate()
+            server.wait(10)
+        r["holds"] = r["lag_p99_ms"] < BOUND_MS and r["ttft_err_p99_ms"] < BOUND_MS
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    print("\n| sessions | turns/s | chunks/s | chunks per harness CPU-s | harness CPU share | loop lag p50 / p99 / max "
+          "| late ticks (descheduled) | TTFT error p50 / p99 | holds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | {r['chunks_per_cpu_s']:,.0f} | "
+              f"{r['cpu_share']:.0%} | {r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
+              f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
+              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {'yes' if r['holds'] else 'no'} |")
+    held = [r["sessions"] for r in rows if r["holds"]]
+    print(f"largest count that holds: {max(held) if held else 'none'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The aiohttp transport under `agents`' httpx client: chat_turn over it reads answers, keeps
+its bounds, its deadlines and its error classes, and a cut-short read drops the connection,
+as over httpcore. A raw asyncio server on loopback answers each request in the way its path names."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anyio
+import httpx
+import pytest
+
+from dsv4bench.client import chat_turn
+from dsv4bench.config import RunConfig
+from dsv4bench.driver import _killed_outcome, make_client
+from dsv4bench.nemesis import Slot, parse_kill_spec
+from dsv4bench.records import ErrorKind, TurnStatus
+from dsv4bench.stream_reader import StreamBounds
+from dsv4bench.transport import AiohttpTransport
+from dsv4bench.turn_answer import Deadlines, TurnProbe
+
+BODY = {"model": "m", "messages": [], "stream": True}
+
+
+def _event(delta: dict, finish: str | None = None) -> bytes:
+    chunk = {"id": "r1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    data = f"data: {json.dumps(chunk)}\n\n".encode()
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Server:
+    """Counts connections and how many ended; each path is one way to answer."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.closed = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next((x.split(b":")[1] for x in head.split(b"\r\n")
+                                   if x.lower().startswith(b"content-length")), b"0"))
+                await reader.readexactly(length)
+                path = head.split(b" ")[1].decode()
+                if not await self.answer(path, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed += 1
+            writer.close()
+
+    async def answer(self, path: str, w: asyncio.StreamWriter) -> bool:
+        """Write the answer; False to close the connection after it."""
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        if path == "/cut-before-output":
+            return False
+        if path == "/stall":
+            await w.drain()
+            await asyncio.sleep(30)
+        w.write(_event({"role": "assistant", "content": ""}) + _event({"content": "Half"}))
+        await w.drain()
+        if path == "/ok":
+            w.write(_event({}, "stop") + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
+            return True
+        if path == "/bad-chunk":
+            await asyncio.sleep(0.1)
+            w.write(b"zz-not-a-chunk-size\r\n")
+            return False
+        if path == "/long-line":
+            w.write(b"%x\r\ndata: %s\r\n" % (6 + 5000, b"x" * 5000))
+        while True:  # /endless, /long-line: more until the client goes
+            await asyncio.sleep(0.02)
+            w.write(_event({"content": " more"}))
+            await w.drain()
+
+
+async def _serve(fn):
+    server = Server()
+    srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    try:
+        async with make_client(RunConfig(url=url + "/v1", concurrency=4)) as client:
+            await fn(client, url, server)
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+def run(fn) -> None:
+    anyio.run(_serve, fn)
+
+
+def test_the_run_uses_the_aiohttp_transport():
+    async def check(client, url, server):
+        assert isinstance(client._transport, AiohttpTransport)
+    run(check)
+
+
+def test_answers_are_read_and_connections_kept_alive():
+    async def check(client, url, server):
+        for _ in range(3):
+            out = await chat_turn(client, url + "/ok", BODY, Deadlines(5, 5))
+            assert out.status is TurnStatus.OK and out.response.content == "Half" and out.response.saw_done
+            assert out.response.finish_reason == "stop" and not out.response.protocol_errors
+        assert server.connections == 1
+    run(check)
+
+
+def test_a_broken_chunk_mid_body_ends_the_read_not_the_deadline():
+    async def check(client, url, server):
+        out = await chat_turn(client, url + "/bad-chunk", BODY, Deadlines(10, 10))
+        assert out.status is TurnStatus.OK and out.response.content == "Half"  # truncated, for the checkers
+        assert out.response.finish_reason is None
+        assert (out.timings.end_ns - out.timings.start_ns) / 1e9 < 5
+    run(check)
+
+
+def test_a_stream_cut_before_any_output_is_a_connection_error():
+    async def check(client, url, server):
+        out = await chat_turn(client, url + "/cut-before-output", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.CONNECTION_ERROR
+        assert out.error.startswith("RemoteProtocolError: ")
+    run(check)
+
+
+def test_a_refused_connection_is_a_connect_error():
+    async def check(client, url, server):
+        out = await chat_turn(client, "http://127.0.0.1:9/v1/chat/completions", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.CONNECTION_ERROR
+        assert out.error.startswith("ConnectError: ")
+    run(check)
+
+
+def test_a_bound_stops_the_read_and_drops_the_connection():
+    async def check(client, url, server):
+        bounds = StreamBounds(line_chars=1000)
+        out = await chat_turn(client, url + "/long-line", BODY, Deadlines(5, 5), bounds=bounds)
+        assert out.status is TurnStatus.OK and "SSE line longer than 1,000" in out.response.stopped_at_bound
+        await anyio.sleep(0.2)
+        assert server.closed == 1  # the server saw the client go
+    run(check)
+
+
+def test_the_deadline_ends_an_endless_stream():
+    async def check(client, url, server):
+        out = await chat_turn(client, url + "/endless", BODY, Deadlines(5, 0.3))
+        assert out.status is TurnStatus.TIMEOUT and out.error_kind is ErrorKind.TIMEOUT_TOTAL
+        await anyio.sleep(0.2)
+        assert server.closed == 1
+    run(check)
+
+
+def test_a_killed_turn_drops_the_connection_and_keeps_what_came():
+    async def check(client, url, server):
+        probe = TurnProbe()
+        with anyio.CancelScope() as scope:
+            async def kill_when_streaming() -> None:
+                while probe.phase != "streaming":
+                    await anyio.sleep(0.01)
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_when_streaming)
+                await chat_turn(client, url + "/endless", BODY, Deadlines(5, 5), probe=probe)
+        assert scope.cancelled_caught
+        out = _killed_outcome(None, probe, Slot("s00000", killed_by=parse_kill_spec("all@1s")))
+        assert out.status is TurnStatus.KILLED and out.response.content.startswith("Half")
+        assert out.raw_lines and out.raw_lines[0].startswith('{"id"')
+        await anyio.sleep(0.2)
+        assert server.closed == 1
+    run(check)
+
+
+def test_read_timeout_is_httpx_read_timeout():
+    async def check(client, url, server):
+        async with httpx.AsyncClient(transport=AiohttpTransport(), timeout=httpx.Timeout(5, read=0.2)) as c:
+            with pytest.raises(httpx.ReadTimeout):
+                async with c.stream("POST", url + "/stall", content=b"{}") as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+    run(check)
