@@ -2,13 +2,18 @@
 one sampled token per sampling entry out.
 
 Sampling is per request: one request's sampling that raises (a seed the generator refuses,
-say) fails that request alone (`RequestFailure`), the others' tokens go on.
+say) fails that request alone (`RequestFailure`), the others' tokens go on. Greedy requests
+share one argmax over the batch and one read back to the host.
+
+On CUDA, a step replays a captured graph (cuda_graphs.py); steps too large for a graph, and
+steps on pools with a read gate (HiCache), run the model eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import cuda_graphs
 from .config import EngineConfig
 from .model.batch import ForwardBatch, SeqSlice
 from .model.kv_pools import KVPools
@@ -24,37 +29,56 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         self.model = model.to(self.device).eval()
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        self.pools = KVPools(cfg, dtype=dtype, device=self.device)
+        mode = cuda_graphs.mode() if self.device.type == "cuda" else "0"
+        self.pools = KVPools(cfg, dtype=dtype, device=self.device, scratch_page=mode != "0")
+        self.graphs = (cuda_graphs.DecodeGraphs(
+            self.model, self.pools, cfg.max_running_requests + cfg.chunked_prefill_tokens,
+            decode_only=mode == "decode") if mode != "0" else None)
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()
     def __call__(self, batch) -> dict[str, int]:  # batch: scheduler.ScheduledBatch
-        # NOTE: copy each page table now: an abort between schedule() and postprocess()
-        # replaces req.pages, and the forward must write where the scheduler reserved.
-        fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages)) for e in batch.entries])
-        logits = self.model.forward(fb, self.pools)
+        entries = batch.entries
+        greedy: list[int] | None = None
+        if self.graphs is not None and self.graphs.supports(batch):
+            logits, greedy = self.graphs.run(entries)
+        else:
+            logits = self._eager(entries)
         if banned := [(i, e.req.params.constraint.banned_ids) for i, e in enumerate(batch.entries)
                       if e.sample and e.req.params.constraint is not None and e.req.params.constraint.banned_ids]:
             # A request's banned ids (tool_choice "none": no call can start) are never sampled.
             logits = logits.clone()
             for i, ids in banned:
                 logits[i, list(ids)] = float("-inf")
+            greedy = None
         out: dict[str, int] = {}
         failed: dict[str, BaseException] = {}
-        for i, e in enumerate(batch.entries):
-            if e.sample:
-                try:
-                    out[e.req.rid] = self._sample(e.req, logits[i])
-                except Exception as err:
-                    failed[e.req.rid] = err
+        for i, e in enumerate(entries):
+            if not e.sample:
+                continue
+            if e.req.params.temperature <= 0.0:
+                if greedy is None:
+                    greedy = logits.argmax(-1).tolist()
+                out[e.req.rid] = greedy[i]
+                continue
+            try:
+                out[e.req.rid] = self._sample(e.req, logits[i])
+            except Exception as err:
+                failed[e.req.rid] = err
         if failed:
             raise RequestFailure(failed, out)
         return out
 
+    def _eager(self, entries) -> torch.Tensor:
+        # NOTE: copy each page table now: an abort between schedule() and postprocess()
+        # replaces req.pages, and the forward must write where the scheduler reserved.
+        fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages))
+                           for e in entries])
+        return self.model.forward(fb, self.pools)
+
     def _sample(self, req, logits: torch.Tensor) -> int:
         p = req.params
-        if p.temperature <= 0.0:
-            return int(torch.argmax(logits).item())
+        assert p.temperature > 0.0, "greedy rows take the batch's argmax"
         gen = self._generators.get(req.rid)
         if gen is None:
             gen = torch.Generator(device=logits.device)

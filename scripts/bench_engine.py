@@ -9,7 +9,11 @@ model runner, default model config, seeded random weights), each with its own pr
   - median latency of the steps that carry a prefill chunk (chunked prefill, mixed with decodes);
   - time until every request of the batch has its first token.
 
-    python scripts/bench_engine.py [--prompt-tokens 2048 --max-tokens 32 --batches 1,8,80]
+    python scripts/bench_engine.py [--prompt-tokens 2048 --max-tokens 32 --batches 1,8,80] [--device cuda]
+
+On CUDA, steps replay CUDA graphs (engine/cuda_graphs.py; DSV4_CUDA_GRAPHS=decode for decode-only
+steps, =0 for none); the last line says which graphs were captured, in how long, and how often
+they replayed.
 """
 
 from __future__ import annotations
@@ -112,8 +116,9 @@ def main() -> None:
     loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=-1)  # never sampled: every request runs its full length
+    gpu = f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request; "
+          f"device {args.device}{gpu}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request; "
           f"{cfg.num_pages} pages of {cfg.page_size} tokens, {cfg.max_running_requests} running slots")
     print(f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} "
           f"{'all first tokens':>17}")
@@ -136,6 +141,10 @@ def main() -> None:
                   f"{ttft_all:>15.1f} s   ({len(d)} full-batch decode steps)", flush=True)
     finally:
         loop.stop()
+    graphs = runner.runner.graphs
+    if graphs is not None:
+        print(f"CUDA graphs: {graphs.replays} replays of {len(graphs.captured())} captured "
+              f"(rows, page-table width) buckets, captured in {graphs.capture_s:.1f} s: {graphs.captured()}")
 
 
 if __name__ == "__main__":

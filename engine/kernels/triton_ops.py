@@ -9,9 +9,13 @@
   (half-split partial RoPE), and keeps an online softmax whose running max and denominator
   start at the sink logit (so the sink is in the denominator and never NaN).
 
-Everything is computed in float32 with elementwise products (no tl.dot: heads are few and
-tf32 would break agreement with the reference). Imports are guarded: AVAILABLE is False when
-triton is missing, and kernels/__init__.py then never selects this module.
+Float32 inputs are computed in float32 with elementwise products (no tl.dot: heads are few and
+tf32 would break agreement with the reference). Bfloat16 queries (a bf16 model) take tensor-core
+variants: tl.dot on bf16 operands with float32 accumulation (keys rotated in float32, then
+rounded to bf16; probabilities rounded to bf16 for the value product), what a bf16 model's
+attention does anyway; wide heads (a 1B config's 16 x 128) spill registers in the elementwise
+form. Imports are guarded: AVAILABLE is False when triton is missing, and kernels/__init__.py
+then never selects this module.
 """
 
 from __future__ import annotations
@@ -144,6 +148,113 @@ if AVAILABLE:
                  mask=hm[:, None] & rm[None, :])
 
 
+if AVAILABLE:
+
+    @triton.jit
+    def _indexer_scores_dot_kernel(q_ptr, w_ptr, k_ptr, s_ptr, cand_ptr, nelig_ptr, out_ptr, Q, NB,
+                                   H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                                   BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr):
+        gq = tl.program_id(0)
+        g = gq // Q
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, D)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        hm = h < H
+        q = tl.load(q_ptr + gq * H * D + h[:, None] * D + d[None, :], mask=hm[:, None], other=0.0)
+        w = tl.load(w_ptr + gq * H + h, mask=hm, other=0.0).to(tl.float32)
+        n_elig = tl.load(nelig_ptr + gq)
+        nm = (n < NB) & (n < n_elig)
+        ids = tl.load(cand_ptr + g * NB + n, mask=nm, other=0)
+        nm = nm & (ids >= 0)
+        ids = tl.where(nm, ids, 0)
+        k = tl.load(k_ptr + ids[:, None] * D + d[None, :], mask=nm[:, None], other=0.0)
+        dots = tl.maximum(tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16))), 0.0)  # [BH, BN]
+        score = tl.sum(dots * w[:, None], axis=0)
+        if HAS_SCALE:
+            score = score * tl.load(s_ptr + ids, mask=nm, other=0.0)
+        score = tl.where(nm, score, float("-inf"))
+        tl.store(out_ptr + gq * NB + n, score, mask=n < NB)
+
+    @triton.jit
+    def _attend_tile_dot(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
+                         cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
+                         HALF: tl.constexpr, REST: tl.constexpr, BLOCK_K: tl.constexpr):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        km = kk < K
+        ids = tl.load(ids_ptr + kk, mask=km, other=-1)
+        valid = km & (ids >= 0)
+        ids = tl.where(valid, ids, 0)
+        pos = tl.load(pos_ptr + kk, mask=km, other=0)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)
+        j = tl.arange(0, HALF)
+        r = tl.arange(0, REST)
+        base = src_ptr + ids[:, None] * HD
+        va = tl.load(base + j[None, :], mask=valid[:, None], other=0.0)
+        vb = tl.load(base + HALF + j[None, :], mask=valid[:, None], other=0.0)
+        vc = tl.load(base + 2 * HALF + r[None, :], mask=valid[:, None], other=0.0).to(tl.bfloat16)
+        c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :])
+        s = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :])
+        fa = va.to(tl.float32)
+        fb = vb.to(tl.float32)
+        ka = (fa * c - fb * s).to(tl.bfloat16)
+        kb = (fb * c + fa * s).to(tl.bfloat16)
+        logits = tl.dot(qa, tl.trans(ka))
+        logits = tl.dot(qb, tl.trans(kb), logits)
+        logits = tl.dot(qc, tl.trans(vc), logits) * scale
+        logits = tl.where(valid[None, :], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pb = p.to(tl.bfloat16)
+        acc_a = tl.dot(pb, va.to(tl.bfloat16), acc_a * alpha[:, None])
+        acc_b = tl.dot(pb, vb.to(tl.bfloat16), acc_b * alpha[:, None])
+        acc_c = tl.dot(pb, vc, acc_c * alpha[:, None])
+        return acc_a, acc_b, acc_c, m_new, l_i
+
+    @triton.jit
+    def _sparse_decode_dot_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr, cpos_ptr,
+                                  sink_ptr, cos_ptr, sin_ptr, out_ptr, W, KC, max_pos, scale,
+                                  H: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
+                                  REST: tl.constexpr, BLOCK_H: tl.constexpr,
+                                  BLOCK_K: tl.constexpr):
+        sid = tl.program_id(0)
+        h = tl.arange(0, BLOCK_H)
+        hm = h < H
+        j = tl.arange(0, HALF)
+        r = tl.arange(0, REST)
+        qbase = q_ptr + sid * H * HD + h[:, None] * HD
+        qa = tl.load(qbase + j[None, :], mask=hm[:, None], other=0.0)
+        qb = tl.load(qbase + HALF + j[None, :], mask=hm[:, None], other=0.0)
+        qc = tl.load(qbase + 2 * HALF + r[None, :], mask=hm[:, None], other=0.0)
+        m_i = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+        acc_a = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_b = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_c = tl.zeros([BLOCK_H, REST], tl.float32)
+        for k0 in range(0, W, BLOCK_K):
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_tile_dot(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
+                winpos_ptr + sid * W, cos_ptr, sin_ptr, k0, W, max_pos, scale,
+                HD, HALF, REST, BLOCK_K)
+        for k0 in range(0, KC, BLOCK_K):
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_tile_dot(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
+                cpos_ptr + sid * KC, cos_ptr, sin_ptr, k0, KC, max_pos, scale,
+                HD, HALF, REST, BLOCK_K)
+        inv = 1.0 / l_i
+        obase = out_ptr + sid * H * HD + h[:, None] * HD
+        ty = out_ptr.dtype.element_ty
+        tl.store(obase + j[None, :], (acc_a * inv[:, None]).to(ty), mask=hm[:, None])
+        tl.store(obase + HALF + j[None, :], (acc_b * inv[:, None]).to(ty), mask=hm[:, None])
+        tl.store(obase + 2 * HALF + r[None, :], (acc_c * inv[:, None]).to(ty), mask=hm[:, None])
+
+
+def _dot_ok(*dims: int) -> bool:
+    """tl.dot needs every dimension a power of two of at least 16."""
+    return all(d >= 16 and d & (d - 1) == 0 for d in dims)
+
+
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
                  idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
                  topk: int) -> torch.Tensor:
@@ -156,6 +267,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     scores = torch.empty(G, Q, NB, dtype=torch.float32, device=q.device)
     BLOCK_N = 64
     grid = (G * Q, triton.cdiv(NB, BLOCK_N))
+    if q.dtype == torch.bfloat16 and _dot_ok(D):
+        _indexer_scores_dot_kernel[grid](
+            q.contiguous(), w.contiguous(), idx_k.contiguous(),
+            idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
+            n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=max(16, _pow2(H)),
+            BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
+        return reference.topk_blocks(scores, n_eligible, topk)
     _indexer_scores_kernel[grid](
         q.float().contiguous(), w.float().contiguous(), idx_k.contiguous(),
         idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
@@ -177,6 +295,14 @@ def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: t
                                                  c_ids, c_pos, sink, cos, sin, scale)
     rest = HD - 2 * half
     out = torch.empty_like(q)
+    if q.dtype == torch.bfloat16 and _dot_ok(half, rest):
+        _sparse_decode_dot_kernel[(S,)](
+            q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
+            c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
+            cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
+            c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
+            BLOCK_H=max(16, _pow2(H)), BLOCK_K=32)
+        return out
     _sparse_decode_kernel[(S,)](
         q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
         c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels import ops_for
-from ..kernels.reference import softmax_with_sink
+from ..kernels.reference import softmax_with_sink, take_rows
 from .compressor import Compressor
 from .indexer import Indexer, distill_loss
 from .kv_pools import KVPools
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         if done.entries.numel():
             # NOTE: entries read the block's KV back from the pool, so blocks straddling
             # steps (earlier tokens from earlier steps) compress exactly like dense ones.
-            entries = self.compressor(pools.kv_flat(l)[done.kv_slots].to(x.dtype))
+            entries = self.compressor(take_rows(pools.kv_flat(l), done.kv_slots).to(x.dtype))
             pools.write_ckv(l, done.entries, entries)
             if self.indexer is not None:
                 pools.write_index_k(l, done.entries, self.indexer.keys(entries))
@@ -145,7 +145,7 @@ class Attention(nn.Module):
         Bq = min(W, L)
         nblk = -(-L // Bq)
         Lp, Kw = nblk * Bq, Bq + W - 1
-        span = pools.kv_flat(self.layer)[ext.span_slots].to(q.dtype)
+        span = take_rows(pools.kv_flat(self.layer), ext.span_slots).to(q.dtype)
         buf = span.new_zeros(Lp + W - 1, hd)
         first = max(0, s - W + 1) - (s - W + 1)
         buf[first : first + span.shape[0]] = span
@@ -165,7 +165,7 @@ class Attention(nn.Module):
         NB = cand.shape[0]
         n_elig = torch.zeros(Lp, dtype=torch.long, device=dev)
         n_elig[:L] = (torch.arange(s, s + L, device=dev) + 1) // r
-        comp = pools.ckv_flat(self.layer)[cand].to(q.dtype)  # [NB, hd]
+        comp = take_rows(pools.ckv_flat(self.layer), cand).to(q.dtype)  # [NB, hd]
         ck = rope(comp, (torch.arange(NB, device=dev) + 1) * r - 1)
         if NB == 0:
             lc, mask_c, vc = lw.new_zeros(Lp, H, 0), mask_w.new_zeros(Lp, 1, 0), None
@@ -173,8 +173,8 @@ class Attention(nn.Module):
             sel = torch.full((Lp, picks.shape[1]), -1, dtype=torch.long, device=dev)
             sel[:L] = picks
             pick = sel.clamp(min=0)
-            lc = torch.einsum("lhd,lkd->lhk", qp, ck[pick])
-            mask_c, vc = (sel >= 0).unsqueeze(1), comp[pick]
+            lc = torch.einsum("lhd,lkd->lhk", qp, take_rows(ck, pick))
+            mask_c, vc = (sel >= 0).unsqueeze(1), take_rows(comp, pick)
         else:
             lc = torch.einsum("lhd,bd->lhb", qp, ck)
             mask_c = (torch.arange(NB, device=dev) < n_elig.unsqueeze(1)).unsqueeze(1)

@@ -5,7 +5,8 @@ with random KV so that no prefill is needed to set up long contexts).
 
 Prints the median (and min) over several steps for decode batches of 1, 8 and 80 sequences at
 contexts of 2-4k tokens, a 2048-token prefill chunk (from position 0, and after an 8k prefix),
-and a mixed step (79 decodes + one 2048-token chunk).
+and a mixed step (79 decodes + one 2048-token chunk). On a GPU, `bench_decode.py` times the
+graph-replayed step against the bytes it reads.
 """
 
 from __future__ import annotations

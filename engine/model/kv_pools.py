@@ -53,13 +53,18 @@ class KVPools:
     """All paged tensors of the model; see the module docstring for layout and addressing."""
 
     def __init__(self, cfg: EngineConfig, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", scratch_page: bool = False) -> None:
         m = cfg.model
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.num_pages = cfg.num_pages
         self.index_k_dtype = cfg.index_k_dtype
         P, n = cfg.page_size, cfg.num_pages
+        # NOTE: with scratch_page, every pool has one page more (id num_pages) that no
+        # allocator hands out: static-shape decode steps (CUDA graphs) send the writes of
+        # padding rows and of blocks not yet complete there.
+        self.scratch_page: int | None = n if scratch_page else None
+        n += int(scratch_page)
         assert P % m.hca_rate == 0 and P % m.csa_rate == 0
         # NOTE: zero-initialised: masked reads gather real (finite) rows, and 0 * NaN would
         # poison an attention output even at probability 0.

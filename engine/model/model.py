@@ -3,6 +3,7 @@
 Layer i is CSA (compression rate csa_rate, lightning indexer top-k) when cfg.is_csa(i), else
 HCA (compression rate hca_rate, every complete entry). Two ways to run it:
 - `forward(batch, pools)`: the serving path over paged pools (decode and chunked prefill mixed);
+  `forward_static_decode`, the same over rows of fixed shapes, for CUDA graphs;
 - `forward_dense(token_ids)`: full recompute over [T] or [B, T] tokens, no pools, differentiable
   (training, and the reference the serving path is tested against).
 """
@@ -18,8 +19,9 @@ from .batch import ForwardBatch
 from .kv_pools import KVPools
 from .moe import MoE
 from .norm import RMSNorm
-from .plan import BatchPlan, build_plan
+from .plan import BatchPlan, build_plan, build_static_decode_plan
 from .rope import Rope
+from .static_moe import static_moe
 
 
 class Block(nn.Module):
@@ -33,7 +35,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
                 rope: Rope) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), plan, pools, rope)
-        return x + self.moe(self.ffn_norm(x), plan.token_ids)
+        h = self.ffn_norm(x)
+        # NOTE: on CUDA every step takes the MoE without a host sync (MoE.forward reads the
+        # expert counts back: four syncs a step that leave the GPU idle behind Python)
+        return x + (static_moe(self.moe, h, plan.token_ids) if plan.static or h.is_cuda
+                    else self.moe(h, plan.token_ids))
 
     def forward_dense(self, x: torch.Tensor, token_ids: torch.Tensor, rope: Rope,
                       index_k_dtype: str | None, want_aux: bool
@@ -79,6 +85,21 @@ class DSV4Mini(nn.Module):
         for block in self.blocks:
             x = block(x, plan, pools, self.rope)
         return self.logits(x if all_logits else x[plan.last_rows])
+
+    @torch.inference_mode()
+    def forward_static_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                              page_table: torch.Tensor, pools: KVPools) -> torch.Tensor:
+        """One step of B rows, one new token each (a prefill chunk is a row per token), with
+        every shape fixed by the inputs' sizes and no host sync (plan.build_static_decode_plan;
+        MoE through static_moe): what a CUDA graph captures. Needs pools built with a scratch
+        page. Returns logits [B, vocab] of every row."""
+        assert pools.scratch_page is not None, "a static decode needs pools with a scratch page"
+        plan = build_static_decode_plan(token_ids, positions, page_table, self.cfg,
+                                        pools.page_size, pools.scratch_page)
+        x = self.embed(plan.token_ids)
+        for block in self.blocks:
+            x = block(x, plan, pools, self.rope)
+        return self.logits(x)
 
     def forward_all_logits(self, batch: ForwardBatch, pools: KVPools) -> torch.Tensor:
         """forward(..., all_logits=True)."""

@@ -56,6 +56,9 @@ class BatchPlan:
     compress: dict[int, CompressWrites]  # rate -> blocks completed this step
     decode: DecodeGroup | None
     extends: list[ExtendSeq]
+    # True for a plan of build_static_decode_plan: every shape is fixed by the padded batch
+    # and the page-table width, so the step can be captured in a CUDA graph.
+    static: bool = False
 
 
 def _long(x: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
@@ -134,3 +137,50 @@ def _decode_group(batch: ForwardBatch, rows: list[int], idx: list[int], rates: l
         cand[r] = torch.where(b < nb[:, None], page * (P // r) + (b * r % P) // r, -1)
         n_blocks[r] = nb
     return DecodeGroup(_long(rows, device), t, win_slots, win_pos, cand, n_blocks)
+
+
+def build_static_decode_plan(token_ids: torch.Tensor, positions: torch.Tensor,
+                             page_table: torch.Tensor, cfg: ModelConfig, page_size: int,
+                             scratch_page: int) -> BatchPlan:
+    """The plan of a step of B rows computed on the device from three tensors, with no host
+    sync and shapes fixed by their sizes (what a captured CUDA graph needs). Each row is one
+    new token planned as a decode: a prefill chunk is a row per token: its window and blocks
+    are written, in each layer, before that layer reads them.
+
+    token_ids, positions: [B] (one new token per row); page_table: [B, NP] (NP * page_size
+    must exceed every position). Rows padding the batch carry position 0 and a page table
+    of `scratch_page` only; every write that build_plan would not make (padding rows, blocks
+    not completed this step) goes to `scratch_page`, a page no sequence owns, so it is
+    harmless. Complete blocks, window slots and candidates are build_plan's.
+    """
+    P, W = page_size, cfg.window
+    dev = positions.device
+    B, NP = page_table.shape
+    pos = positions.long()
+    pt = page_table.long()
+    rows = torch.arange(B, device=dev)
+    new_slots = pt.gather(1, (pos // P).unsqueeze(1)).squeeze(1) * P + pos % P
+    win_pos = pos[:, None] - (W - 1) + torch.arange(W, device=dev)
+    valid = win_pos >= 0
+    p = win_pos.clamp(min=0)
+    win_slots = torch.where(valid, pt.gather(1, p // P) * P + p % P, -1)
+    compress: dict[int, CompressWrites] = {}
+    cand: dict[int, torch.Tensor] = {}
+    n_blocks: dict[int, torch.Tensor] = {}
+    for r in sorted({cfg.csa_rate, cfg.hca_rate}):
+        nb = (pos + 1) // r
+        b = torch.arange(NP * P // r, device=dev).expand(B, -1)
+        page = pt.gather(1, b * r // P)
+        cand[r] = torch.where(b < nb[:, None], page * (P // r) + (b * r % P) // r, -1)
+        n_blocks[r] = nb
+        # the block holding each row's new token, written only when that token completes it
+        done = (pos + 1) % r == 0
+        start = pos - pos % r
+        page0 = pt.gather(1, (start // P).unsqueeze(1)).squeeze(1)
+        page0 = torch.where(done, page0, scratch_page)
+        off = torch.where(done, start % P, 0)
+        compress[r] = CompressWrites(
+            (page0 * P + off).unsqueeze(1) + torch.arange(r, device=dev),
+            page0 * (P // r) + off // r)
+    decode = DecodeGroup(rows, pos, win_slots, win_pos, cand, n_blocks)
+    return BatchPlan(token_ids.long(), pos, new_slots, rows, compress, decode, [], static=True)

@@ -1,0 +1,79 @@
+"""The MoE FFN with no host sync and no data-dependent shape, for steps captured in a CUDA
+graph (MoE.forward reads the per-expert token counts back to the host to slice its batch).
+
+Same routing and gates as MoE.forward (it calls MoE.route); two ways to apply the experts:
+- grouped: tokens sorted by expert and one grouped matrix product per projection
+  (`torch._grouped_mm`, bf16 on CUDA), reading each expert's weights once;
+- dense: every expert on every token, the unchosen ones gated by 0 (any dtype or device;
+  the default config's experts are small enough that this costs nothing on a GPU).
+Both compute MoE.forward's function; sums are taken in another order, so the last bits differ.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .moe import MoE
+
+_GROUPED_OK: dict[str, bool] = {}
+
+
+def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm runs here (probed once per device type and dtype)."""
+    key = f"{device.type}:{dtype}"
+    if key not in _GROUPED_OK:
+        ok = False
+        if device.type == "cuda" and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+            try:
+                a = torch.randn(32, 64, device=device, dtype=dtype)
+                b = torch.randn(2, 64, 32, device=device, dtype=dtype)
+                offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
+                got = torch._grouped_mm(a, b, offs=offs)
+                ref = torch.cat((a[:16] @ b[0], a[16:] @ b[1]))
+                ok = bool(torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-1))
+            except (RuntimeError, TypeError, NotImplementedError):
+                ok = False
+        _GROUPED_OK[key] = ok
+    return _GROUPED_OK[key]
+
+
+def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host."""
+    experts, gates = moe.route(x, token_ids)
+    if grouped_mm_usable(x.device, x.dtype):
+        ys = _grouped(moe, x, experts, gates)
+    else:
+        ys = _dense(moe, x, experts, gates)
+    return moe.shared(x) + ys.to(x.dtype)
+
+
+def _dense(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    E = moe.n_experts
+    g = torch.zeros(x.shape[0], E, dtype=x.dtype, device=x.device)
+    g.scatter_(1, experts, gates.to(x.dtype))
+    h = torch.matmul(x.unsqueeze(0), moe.w_in)  # [E, N, 2h]
+    gate, up = h.chunk(2, dim=-1)
+    y = torch.matmul(F.silu(gate) * up, moe.w_out)  # [E, N, d]
+    return (y * g.t().unsqueeze(-1)).sum(0)
+
+
+def _grouped(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    E, k = moe.n_experts, moe.k
+    flat = experts.flatten()
+    # NOTE: a counting sort (stable: rank within the expert in row order) instead of argsort,
+    # whose radix sort costs a GPU some 25 us a layer; no bincount: it reads its max back.
+    # [E, N * k], scanned along its contiguous axis (a scan along the outer one is slow)
+    onehot = (torch.arange(E, device=x.device).unsqueeze(1) == flat.unsqueeze(0)).to(torch.int32)
+    seen = torch.cumsum(onehot, 1, dtype=torch.int32)
+    counts = seen[:, -1]
+    rank = seen.gather(0, flat.unsqueeze(0)).squeeze(0) - 1
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    dest = (offs - counts)[flat] + rank
+    order = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(flat.numel(), device=x.device))
+    tok = order // k
+    h = torch._grouped_mm(x[tok], moe.w_in, offs=offs)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch._grouped_mm((F.silu(gate) * up).contiguous(), moe.w_out, offs=offs)
+    ys = y * gates.flatten()[order].unsqueeze(-1).to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tok, ys.to(x.dtype))
