@@ -9,28 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
 from dsv4bench.audit import audit_file
-from dsv4bench.cli import app
 from dsv4bench.history import read_history
 from dsv4bench.reference_run import ReferenceAnswers
+from tests.cli_output import assert_one_line_exit_2, invoke
 from tests.e2e.conftest import only_run_dir, run_cli, start_replay
 from tests.e2e.test_proxy import start_proxy_cli
 
 RUN = ("--sessions", "8", "--concurrency", "4", "--max-turns", "8", "--seed", "11", "--temperature", "0",
        "--ttft-timeout", "3", "--total-timeout", "8", "--quiet")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=True)
-
-
-def assert_one_line_exit_2(result, needle: str) -> None:
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
 
 
 def turn(session: str, n: int, key: str, content: str, temperature: float = 0, status: str = "ok") -> dict:

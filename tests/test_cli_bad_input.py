@@ -7,24 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from typer.testing import CliRunner
 
-from dsv4bench.cli import app
+from tests.cli_output import assert_one_line_exit_2, invoke
 
 DEAD = "http://127.0.0.1:1/v1"  # nothing listens on port 1: a check that got as far as connecting fails there
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=True)
-
-
-def assert_one_line_exit_2(result, needle: str) -> None:
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error:") and needle in lines[0], lines[0]
-    assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dsv4bench.cli import app
+from tests.cli_output import assert_one_line_exit_2
 from dsv4bench.history import HistoryWriter, read_history
 from dsv4bench.records import AssembledResponse, Timings, TurnStatus
 from dsv4bench.redact import MASK
@@ -165,13 +166,6 @@ def test_speed_and_pace_arithmetic():
     assert paced_offset(T0 + 3 * S, T0, 4.0) == 0.75
     assert paced_offset(T0 + 3 * S, T0, 0.0) == 0.0
     assert paced_offset(T0 - S, T0, 1.0) == 0.0  # a clock step back never means a wait
-
-
-def assert_one_line_exit_2(result, needle: str) -> None:
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("make,needle", [

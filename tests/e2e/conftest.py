@@ -101,6 +101,14 @@ def wedge_server(tmp_path):
 
 
 @pytest.fixture
+def fast_replay(tmp_path):
+    """The replay server with a short stall, for tests that need not wait out a timeout."""
+    srv = start_replay(tmp_path, stall=1.0)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
 def clean_replay(tmp_path):
     srv = start_replay(tmp_path, fault_rate=0)
     yield srv

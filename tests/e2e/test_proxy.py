@@ -22,7 +22,7 @@ import pytest
 from dsv4bench.engine.launcher import start_engine
 from dsv4bench.history import read_history
 
-from .conftest import ROOT, free_port, only_run_dir, run_cli, start_replay
+from .conftest import ROOT, free_port, only_run_dir, run_cli
 
 # What differs between two answers to one request: the server's ids and clock.
 PER_REQUEST = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
@@ -82,13 +82,6 @@ def turn_view(t) -> tuple:
     r = t.response
     answer = (r.content, r.finish_reason, [(c.name, c.arguments) for c in r.tool_calls]) if r else None
     return t.status.value, str(t.error_kind) if t.error_kind else None, sorted({v.code for v in t.verdicts}), answer
-
-
-@pytest.fixture
-def fast_replay(tmp_path):
-    srv = start_replay(tmp_path, stall=1.0)
-    yield srv
-    srv.stop()
 
 
 def test_agents_through_the_proxy_and_the_sdk_get_the_servers_bytes_and_the_same_history(fast_replay, tmp_path):

@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from dsv4bench.engine.launcher import start_engine
 from dsv4bench.history import read_history
 
-from .conftest import only_run_dir, run_cli, start_replay
+from .conftest import only_run_dir, run_cli
 from .test_proxy import start_proxy_cli
 
 
@@ -33,13 +31,6 @@ def capture_agents(upstream: str, tmp_path, *agents_args: str):
         rc, _, stderr = proxy.interrupt()
     assert rc == 0, stderr
     return only_run_dir(tmp_path / "capture")
-
-
-@pytest.fixture
-def fast_replay(tmp_path):
-    srv = start_replay(tmp_path, stall=1.0)
-    yield srv
-    srv.stop()
 
 
 def test_a_capture_replayed_against_the_replay_server_reproduces_its_turns_and_findings(fast_replay, tmp_path):

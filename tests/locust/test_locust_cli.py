@@ -9,16 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from dsv4bench.cli import app
+from tests.cli_output import assert_one_line_exit_2
 from dsv4bench.cli import locust as locust_cli
 
 DEAD = "http://127.0.0.1:1/v1"
-
-
-def assert_one_line_exit_2(result, needle: str) -> None:
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
