@@ -41,7 +41,7 @@ from .records import TurnRecord, TurnStatus
 from .redact import MASK
 from .reference_run import ReferenceAnswers
 from .report import build_report
-from .turn_answer import Deadlines, TurnOutcome
+from .turn_answer import TurnOutcome
 from .turn_judge import client_request_summary, keeps_evidence, request_context
 
 # RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded nor replayed.
@@ -302,7 +302,7 @@ def run_replay(config: RunConfig, facts: dict[str, Any], command: str, capture: 
     history = HistoryWriter(run_dir, run_info, config.redactor)
     stats = LiveStats()
     url = f"{config.base_url}/chat/completions"
-    deadlines = Deadlines(ttft_s=config.ttft_timeout, total_s=config.total_timeout)
+    deadlines = config.deadlines
 
     async def replay() -> None:
         async with make_client(config) as client:  # one pooled client for the run, as `agents` has

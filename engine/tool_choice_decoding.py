@@ -40,7 +40,6 @@ class ToolChoiceDecoding:
     banned_ids: tuple[int, ...] = ()
     prefix_ids: tuple[int, ...] = ()  # the first output ids, forced
     close_ids: tuple[int, ...] = ()  # forced after the first call closes (empty: no limit on calls)
-    invoke_close: str = _INVOKE_CLOSE
     tokenizer: DSV4Tokenizer | None = None
 
     def forced_next(self, output_ids: Sequence[int]) -> int | None:
@@ -68,7 +67,7 @@ class ToolChoiceDecoding:
                 continue
             end = n - done
             tail = self.tokenizer.decode(output_ids[max(0, end - _TAIL_TOKENS):end])
-            if tail.rstrip().endswith(self.invoke_close):  # `>` and a newline may be one token
+            if tail.rstrip().endswith(_INVOKE_CLOSE):  # `>` and a newline may be one token
                 return end
         return None
 
