@@ -8,7 +8,9 @@ hung, and `/health` still said 200.
 
 Verdicts (the wedge family of codes.py):
 - `queue_stuck`: a queue gauge is > 0 at the end of the drain window and has not decreased for
-  at least `min_stuck_s` while no counter (`*_total`) moved: nothing is being worked on.
+  at least `min_stuck_s` while no counter (`*_total`) moved: nothing is being worked on. A gauge
+  still above zero that moved within its last `min_stuck_s` earns no code, only a detail line
+  saying it was not judged: the window was too short to tell a wedge from a slow drain.
 - `ghost_requests`: a running gauge stays > 0 (not decreasing) for `min_stuck_s` while the
   generation-token counter keeps rising after every client is gone: decoding for nobody.
 - `canary_timeout`: the last canary request after the drain window got no answer in time. A
@@ -101,37 +103,53 @@ def _flat_since(series: list[tuple[int, dict[str, float]]], key: str, counters_s
     return i
 
 
+def _judge_gauge(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str,
+                 cfg: WedgeConfig) -> tuple[str, str] | None:
+    """The wedge code a queue gauge above zero in the last sample earns, with its evidence
+    line, or None while it may still be draining."""
+    t_end, last = series[-1]
+    value = last[key]
+    start = _flat_since(series, key, counters_still=True)
+    flat_s = (t_end - series[start][0]) / _NS
+    if flat_s >= cfg.min_stuck_s:
+        return "queue_stuck", f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s"
+    if metric_name(key) in RUNNING:
+        # Running work that never shrinks while tokens are still produced: nobody is
+        # listening (all clients are gone), so the server decodes for ghosts.
+        start = _flat_since(series, key, counters_still=False)
+        flat_s = (t_end - series[start][0]) / _NS
+        gained = generation_tokens(last) - generation_tokens(series[start][1])
+        if flat_s >= cfg.min_stuck_s and gained > 0:
+            return "ghost_requests", (f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
+                                      f"while {gained:g} tokens were generated for no client")
+    return None
+
+
+def _held_gauges(values: dict[str, float]) -> list[str]:
+    return [k for k, v in sorted(values.items()) if is_queue_gauge(k) and v > 0]
+
+
 def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], load_stopped_ns: int,
                    cfg: WedgeConfig) -> WedgeFinding:
     found = WedgeFinding()
     if not series:
         return found
-    t_end, last = series[-1]
+    last = series[-1][1]
     found.gauges = {k: v for k, v in sorted(last.items()) if is_queue_gauge(k)}
     for t, values in series:
         if _in_flight(values) == 0:
             found.drain_s = round((t - load_stopped_ns) / _NS, 3)
             break
     codes: set[str] = set()
-    for key, value in found.gauges.items():
-        if value <= 0:
-            continue
-        start = _flat_since(series, key, counters_still=True)
-        flat_s = (t_end - series[start][0]) / _NS
-        if flat_s >= cfg.min_stuck_s:
-            codes.add("queue_stuck")
-            found.details.append(f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s")
-            continue
-        if metric_name(key) in RUNNING:
-            # Running work that never shrinks while tokens are still produced: nobody is
-            # listening (all clients are gone), so the server decodes for ghosts.
-            start = _flat_since(series, key, counters_still=False)
-            flat_s = (t_end - series[start][0]) / _NS
-            gained = generation_tokens(last) - generation_tokens(series[start][1])
-            if flat_s >= cfg.min_stuck_s and gained > 0:
-                codes.add("ghost_requests")
-                found.details.append(f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
-                                        f"while {gained:g} tokens were generated for no client")
+    for key in _held_gauges(last):
+        judged = _judge_gauge(endpoint, series, key, cfg)
+        if judged is not None:
+            codes.add(judged[0])
+            found.details.append(judged[1])
+        else:  # no verdict either way: say so, so a CLEAN here reads as the short window it is
+            found.details.append(f"{key}={last[key]:g} on {endpoint} when the drain window closed, but it had moved "
+                                 f"in its last {cfg.min_stuck_s:g} s: neither drained nor stuck (a longer "
+                                 "--drain-timeout would tell)")
     found.codes = sorted(codes)
     rose = failures_rose(series[0][1], last)
     if rose:

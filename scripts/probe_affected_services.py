@@ -7,7 +7,8 @@ refused call (bench-plan.md). This probe separates two causes: a model that cann
 held-out ops task whose root cause is not the alerting service it encodes the expert's session
 as the server would, finds the token that starts the second list item of `open_incident`'s
 `affected_services`, and reports the model's greedy token and the expert's token's probability
-there (teacher-forced, CPU).
+there (teacher-forced, the prefix served as the engine serves it: chunked prefill, paged sparse
+attention; CPU).
 
     python scripts/probe_affected_services.py [--weights W] [--sessions 12]
 """
@@ -23,6 +24,7 @@ import torch
 from dsv4bench.agents import FAMILIES
 from dsv4bench.engine.config import ModelConfig
 from dsv4bench.engine.frontend import Frontend
+from dsv4bench.engine.offline import greedy_answers
 from dsv4bench.engine.tokenizer import DSV4Tokenizer, load_tokenizer
 from dsv4bench.engine.training.corpus import encode_session
 from dsv4bench.engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
@@ -60,9 +62,8 @@ def probe(model, frontend: Frontend, seed: int) -> dict | None:
     p = second_item_position(tok, ids, goal["symptom"])
     if p is None:
         return None
-    with torch.no_grad():
-        x, _ = model.hidden_dense(torch.tensor([ids[:p]]), "fp8")
-        probs = torch.softmax(model.logits(x[0, -1]).float(), -1)
+    [(_, [row])] = greedy_answers(model, [ids[:p]], 1)
+    probs = torch.softmax(row.float(), -1)
     greedy = int(probs.argmax())
     return {"seed": seed, "symptom": goal["symptom"], "root": goal["root"], "expert": tok.decode([ids[p]]),
             "greedy": tok.decode([greedy]), "right": greedy == ids[p], "p_expert": float(probs[ids[p]])}
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     frontend = Frontend(load_tokenizer())
     results = []
-    for seed in dependency_seeds(a.sessions):  # each line as it comes: a session takes ~20 s on CPU
+    for seed in dependency_seeds(a.sessions):  # each line as it comes: a session takes seconds on CPU
         if r := probe(model, frontend, seed):
             results.append(r)
             print(f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, "

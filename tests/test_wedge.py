@@ -106,11 +106,18 @@ def test_slow_but_progressing_drain_is_not_a_wedge():
     found = detect_wedge(series, STOP, CFG)
     assert found[DEC].codes == []
     assert found[DEC].drain_s is None
+    # Still held work when the window closed: said, not hidden behind the empty codes.
+    assert any(d.startswith(f"{RUN}=40 on {DEC} when the drain window closed") and "neither drained nor stuck" in d
+               for d in found[DEC].details), found[DEC].details
 
 
 def test_short_plateau_under_min_stuck_is_not_stuck():
     series = [sample(t, transfer=10 if t < 27 else 4, reqs=1 if t < 27 else 7) for t in range(0, 31)]
-    assert detect_wedge(series, STOP, CFG)[DEC].codes == []
+    found = detect_wedge(series, STOP, CFG)[DEC]
+    assert found.codes == []
+    assert [d for d in found.details if "not" in d or "neither" in d] == [
+        f"{TRANSFER}=4 on {DEC} when the drain window closed, but it had moved in its last 5 s: neither drained "
+        "nor stuck (a longer --drain-timeout would tell)"]
 
 
 def test_endpoint_down_mid_window_is_skipped_not_a_crash():

@@ -21,12 +21,8 @@ from pathlib import Path
 
 import torch
 
+from dsv4bench.engine import offline
 from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.memory import PageAllocator
-from dsv4bench.engine.model_runner import ModelRunner
-from dsv4bench.engine.radix_cache import RadixCache
-from dsv4bench.engine.request import Request, SamplingParams
-from dsv4bench.engine.scheduler import Scheduler
 from dsv4bench.engine.weights import DEFAULT_WEIGHTS, load_weights
 
 RECORD = Path(__file__).with_name("shipped_greedy.json")
@@ -42,30 +38,11 @@ def weights_digest() -> str:
 
 
 def greedy_answers(prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-    """Each prompt's `max_tokens` greedy tokens (EOS ignored) and their logits, all served in
-    one engine."""
+    """Each prompt's `max_tokens` greedy tokens (EOS ignored) and the logit of each, all served
+    in one engine."""
     cfg = EngineConfig(num_pages=2048)
-    runner = ModelRunner(cfg, load_weights(cfg.model))
-    alloc = PageAllocator(cfg.num_pages)
-    scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    reqs = [Request(f"p{i}", list(p), params) for i, p in enumerate(prompts)]
-    for r in reqs:
-        scheduler.add(r)
-    logits: list[torch.Tensor] = []
-    forward = runner.model.forward
-    runner.model.forward = lambda *a, **kw: logits.append(forward(*a, **kw)) or logits[-1]
-    chosen: dict[str, list[float]] = {r.rid: [] for r in reqs}
-    while scheduler.has_work:
-        batch = scheduler.schedule()
-        assert batch is not None
-        sampled = runner(batch)
-        step = logits.pop()
-        for i, e in enumerate(batch.entries):
-            if e.sample:
-                chosen[e.req.rid].append(float(step[i, sampled[e.req.rid]]))
-        scheduler.postprocess(batch, sampled)
-    return [(r.output_ids, chosen[r.rid]) for r in reqs]
+    answers = offline.greedy_answers(load_weights(cfg.model), prompts, max_tokens, cfg)
+    return [(out, [float(row[t]) for row, t in zip(rows, out)]) for out, rows in answers]
 
 
 def test_shipped_weights_answer_as_recorded():
