@@ -9,7 +9,6 @@ response and returns what it has, flagged, so no answer can take the harness's m
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -17,6 +16,7 @@ import httpx
 
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
+from .transport import arrival_clock
 from .turn_answer import (
     Deadlines,
     StreamedAnswer,
@@ -60,7 +60,7 @@ async def chat_turn(
 
         try:
             async with client.stream("POST", url, content=encode_body(body), headers=request_headers(headers)) as resp:
-                out.timings.first_byte_ns = time.monotonic_ns()
+                out.timings.first_byte_ns = arrival_clock(resp)()
                 out.http_status = resp.status_code
                 if resp.status_code >= 400:
                     take_http_error(out, resp.status_code, resp.headers, (await _read_body(resp, bounds.error_body_bytes))[0])
@@ -93,9 +93,10 @@ async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
 
 
 async def _read_stream(resp: httpx.Response, answer: StreamedAnswer) -> AssembledResponse:
+    arrived = arrival_clock(resp)  # tokens are stamped when their bytes arrived, not when parsed
     try:
         async for text in resp.aiter_text():
-            if not answer.feed(text):
+            if not answer.feed(text, arrived()):
                 break
         else:
             answer.end_of_body()

@@ -10,16 +10,24 @@ server sees a killed turn's disconnect, as with httpcore.
 httpx-aiohttp does the same job but maps a server that disconnects to `ConnectTimeout` and
 lets other aiohttp errors through unmapped, which would end a turn with an exception no
 caller catches.
+
+Two changes to aiohttp's connection protocol (`_Protocol`) matter at thousands of streams:
+every read is stamped as its bytes come off the socket, before any task runs (`arrival_clock`:
+a first token's stamp is when it arrived, not when a busy loop got round to parsing it), and
+the read timeout keeps one timer per period instead of a new one per read.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import aiohttp
 import httpx
+from aiohttp.client_proto import ResponseHandler
 
 # Most specific first: the first class the error is an instance of decides.
 _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
@@ -53,6 +61,58 @@ def _retrieve(closed: asyncio.Future[None]) -> None:
         closed.exception()
 
 
+class _Protocol(ResponseHandler):
+    """aiohttp's client protocol, with arrival stamps and a lazy read timer.
+
+    aiohttp cancels and re-creates the read timeout's timer on every read: at 250 paced streams
+    that was a tenth of the harness's CPU (bench-plan.md, "Scale in one process"). Here a read
+    only moves the due time; the one timer, when it fires, waits on for the rest if bytes came
+    since, and times out only if none did. A shortened timeout re-arms at once.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.arrived_ns = 0  # CLOCK_MONOTONIC when the latest bytes came off the socket
+        self._read_due = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        if data:
+            self.arrived_ns = time.monotonic_ns()
+        super().data_received(data)
+
+    def _reschedule_timeout(self) -> None:
+        timeout, handle = self._read_timeout, self._read_timeout_handle
+        if not timeout:
+            self._drop_timeout()
+            return
+        self._read_due = due = self._loop.time() + timeout
+        if handle is not None:
+            if handle.when() <= due:
+                return  # it fires first and waits on from there
+            handle.cancel()
+        self._read_timeout_handle = self._loop.call_at(due, self._check_read_timeout)
+
+    def _check_read_timeout(self) -> None:
+        self._read_timeout_handle = None
+        if not self._read_timeout:
+            return
+        if self._loop.time() < self._read_due:
+            self._read_timeout_handle = self._loop.call_at(self._read_due, self._check_read_timeout)
+        else:
+            self._on_read_timeout()
+
+
+_ARRIVAL = "dsv4bench.arrival"
+
+
+def arrival_clock(response: httpx.Response) -> Callable[[], int]:
+    """When the bytes of `response` read so far last came off the socket (CLOCK_MONOTONIC ns,
+    what `time.monotonic_ns()` reads): each stamp is the arrival of the newest bytes handed on,
+    never earlier than the bytes it stamps. Over another transport, the time of the call."""
+    body = response.extensions.get(_ARRIVAL)
+    return body.arrived if isinstance(body, _Body) else time.monotonic_ns
+
+
 class _Body(httpx.AsyncByteStream):
     """A response body as aiohttp buffers it: every read hands on all that has arrived.
 
@@ -68,6 +128,11 @@ class _Body(httpx.AsyncByteStream):
         self._ended = False
         self._closed: asyncio.Future[None] | None = None
         protocol = response.connection.protocol if response.connection is not None else None
+        # NOTE: a body that came whole with its headers has released its connection already;
+        # the response still holds the protocol it was read from (aiohttp's own attribute).
+        stamped = getattr(response, "_protocol", None)
+        self._stamps = stamped if isinstance(stamped, _Protocol) else None
+        self._final_ns = 0  # the arrival of the last bytes, once the body is all in
         if protocol is not None:
             closed = protocol.closed
             if closed is None:  # already lost
@@ -82,6 +147,17 @@ class _Body(httpx.AsyncByteStream):
         content = self._response.content
         if not content.is_eof() and content.exception() is None:
             content.set_exception(aiohttp.ClientPayloadError("the connection closed before the body ended"))
+
+    def arrived(self) -> int:
+        """See arrival_clock."""
+        if self._final_ns:
+            return self._final_ns
+        if self._stamps is None or not self._stamps.arrived_ns:
+            return time.monotonic_ns()
+        ns = self._stamps.arrived_ns
+        if self._response.connection is None:  # all in: later reads on the connection are another body's
+            self._final_ns = ns
+        return ns
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         content = self._response.content
@@ -114,6 +190,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                              keepalive_timeout=self._limits.keepalive_expiry or 0,
                                              force_close=self._limits.max_keepalive_connections == 0)
             # httpx keeps the cookies and decodes the body (gzip and the rest) itself.
+            # NOTE: aiohttp takes no protocol factory; its connector keeps one, which exists
+            # from aiohttp 3.0 on. Without it the stamps are the reads' own times.
+            if hasattr(connector, "_factory"):
+                connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())
             self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                                   auto_decompress=False, trust_env=False)
         return self._session
@@ -128,9 +208,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
                                               sock_connect=timeout.get("connect"), sock_read=timeout.get("read")),
             )
-        return httpx.Response(response.status, headers=response.raw_headers, stream=_Body(response, request),
-                              request=request, extensions={"http_version": b"HTTP/1.1",
-                                                           "reason_phrase": (response.reason or "").encode()})
+        body = _Body(response, request)
+        return httpx.Response(response.status, headers=response.raw_headers, stream=body, request=request,
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode(),
+                                          _ARRIVAL: body})
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -159,8 +159,9 @@ class StreamedAnswer:
         if probe is not None:
             probe.assembler = self.asm
 
-    def feed(self, text: str) -> bool:
-        """The next piece of the body; False once nothing more must be read (a bound, or the end)."""
+    def feed(self, text: str, arrived_ns: int | None = None) -> bool:
+        """The next piece of the body, which arrived at `arrived_ns` (CLOCK_MONOTONIC; now when
+        not given); False once nothing more must be read (a bound, or the end)."""
         try:
             events = self.reader.feed(text)
         except BoundExceeded as e:
@@ -174,7 +175,7 @@ class StreamedAnswer:
             if probe is not None and probe.phase != "toolcall" and '"tool_calls"' in data:
                 probe.phase = "toolcall"  # cheap: only the nemesis's who=toolcall reads it
             if asm.feed(data):
-                now = time.monotonic_ns()
+                now = arrived_ns or time.monotonic_ns()
                 if t.first_token_ns is None:
                     t.first_token_ns = now
                     if self.on_first_token is not None:

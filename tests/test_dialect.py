@@ -196,9 +196,10 @@ def test_one_stuck_rank_is_found_beside_a_rank_whose_queue_moves():
     scrapes = [{**page, rank0: 3.0 if t % 2 else 1.0} for t in range(12)]
     codes, details, gauges = judge(scrapes)
     assert codes == ["queue_stuck"]
-    [line] = details
+    moving, line = details  # by gauge name: rank 0 first
     assert line.startswith('sglang:num_decode_transfer_queue_reqs{dp_rank="2",engine_type="decode",'
                            'model_name="deepseek-v4",moe_ep_rank="2",pp_rank="0",tp_rank="2"}=14 ')
+    assert moving.startswith(f"{rank0}=3 ") and "neither drained nor stuck" in moving  # rank 0 still moves
     assert sum(v for k, v in gauges.items() if k.startswith("sglang:num_decode_transfer_queue_reqs")) == 14 + 3
 
 

@@ -5,6 +5,7 @@ as over httpcore. A raw asyncio server on loopback answers each request in the w
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 
 import anyio
@@ -182,4 +183,47 @@ def test_read_timeout_is_httpx_read_timeout():
                 async with c.stream("POST", url + "/stall", content=b"{}") as resp:
                     async for _ in resp.aiter_bytes():
                         pass
+    run(check)
+
+
+def test_a_read_timeout_waits_on_while_bytes_keep_coming():
+    """The read timer is moved lazily, not re-made per read: bytes every 20 ms keep a 150 ms
+    read timeout from firing for as long as they come."""
+    async def check(client, url, server):
+        async with httpx.AsyncClient(transport=AiohttpTransport(), timeout=httpx.Timeout(5, read=0.15)) as c:
+            async with c.stream("POST", url + "/endless", content=b"{}") as resp:
+                start, pieces = anyio.current_time(), 0
+                async for _ in resp.aiter_bytes():
+                    pieces += 1
+                    if anyio.current_time() - start > 0.6:
+                        break
+        assert pieces > 10
+    run(check)
+
+
+def test_tokens_are_stamped_when_their_bytes_arrived_not_when_a_busy_loop_parsed_them():
+    """A first token that came while the loop was busy elsewhere (here: 300 ms of blocking work
+    before the turn reads on) is stamped at its arrival, and so is the first byte."""
+    async def check(client, url, server):
+        t = {}
+
+        async def busy_after_arrival(resp):
+            await anyio.sleep(0.2)  # the answer's bytes come in meanwhile (data_received runs)
+            t["before_block"] = time.monotonic_ns()
+            time.sleep(0.3)  # the loop is stuck: nothing parses them yet
+            t["after_block"] = time.monotonic_ns()
+
+        transport = client._transport
+        send = transport.handle_async_request
+
+        async def slow_handler(request):
+            resp = await send(request)
+            await busy_after_arrival(resp)
+            return resp
+
+        transport.handle_async_request = slow_handler
+        out = await chat_turn(client, url + "/ok", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.OK and out.response.content == "Half"
+        assert out.timings.first_byte_ns < t["before_block"] and out.timings.first_token_ns < t["before_block"]
+        assert time.monotonic_ns() > t["after_block"]
     run(check)
