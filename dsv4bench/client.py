@@ -9,11 +9,13 @@ response and returns what it has, flagged, so no answer can take the harness's m
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
 import httpx
 
+from .loop_watch import LoopWatch
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
 from .transport import arrival_clock
@@ -41,10 +43,12 @@ async def chat_turn(
     headers: dict[str, str] | None = None,
     probe: TurnProbe | None = None,
     bounds: StreamBounds = DEFAULT_BOUNDS,
+    clock: LoopWatch | None = None,
 ) -> TurnOutcome:
     """POST `body` to `url` (a /chat/completions endpoint) and assemble the reply.
 
-    Cancellation from outside (the nemesis) propagates: the caller records `killed`.
+    Cancellation from outside (the nemesis) propagates: the caller records `killed`. With
+    `clock`, the deadlines run on its listening clock: the harness's own stalls do not count.
     """
     out = TurnOutcome.starting()
     if probe is not None:
@@ -52,11 +56,19 @@ async def chat_turn(
     stream = bool(body.get("stream"))
     # One cancel scope carries both deadlines: it starts at the TTFT deadline and is moved
     # to the total deadline once the first token arrives.
-    with anyio.CancelScope(deadline=anyio.current_time() + min(deadlines.ttft_s, deadlines.total_s)) as scope:
-        total_deadline = anyio.current_time() + deadlines.total_s
+    first_s = min(deadlines.ttft_s, deadlines.total_s)
+    with anyio.CancelScope(deadline=anyio.current_time() + first_s if clock is None else math.inf) as scope:
+        if clock is None:
+            total_deadline = anyio.current_time() + deadlines.total_s
 
-        def at_first_token() -> None:
-            scope.deadline = total_deadline
+            def at_first_token() -> None:
+                scope.deadline = total_deadline
+        else:
+            watched = clock.deadline(scope, first_s)
+            total_due = clock.listening_s() + deadlines.total_s
+
+            def at_first_token() -> None:
+                clock.move(watched, total_due)
 
         try:
             async with client.stream("POST", url, content=encode_body(body), headers=request_headers(headers)) as resp:
@@ -76,6 +88,9 @@ async def chat_turn(
                     at_first_token()
         except httpx.RequestError as e:  # transport failures, and bodies that do not decode (gzip)
             take_connection_error(out, e)
+        finally:
+            if clock is not None:
+                clock.drop(watched)
     if scope.cancelled_caught:
         take_timeout(out, deadlines)
     return finish(out)

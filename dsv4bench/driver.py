@@ -18,6 +18,7 @@ a killed agent's would), and the turn is recorded `killed` with its timings and 
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from .checks.parser_view import kept_oracles
 from .client import chat_turn
 from .config import RunConfig
 from .history import HistoryWriter
+from .loop_watch import LoopWatch
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .observe import ServerWatch, raw_completion
 from .progress import LiveStats
@@ -71,8 +73,12 @@ def make_client(config: RunConfig) -> httpx.AsyncClient:
     # the pool never reuses a socket the server is closing: that race reads as a connection_error.
     limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8,
                           keepalive_expiry=2.0)
-    # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn.
-    timeout = httpx.Timeout(connect=10.0, read=config.total_timeout + 5, write=30.0, pool=config.total_timeout + 5)
+    # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn, on
+    # the run's listening clock (loop_watch.py). A connect the harness's own stall held up must
+    # not fail sooner than the turn's TTFT deadline would, as a 10 s connect limit did at 2,000
+    # sessions starting together: the harness's overload recorded as the server's connection_error.
+    timeout = httpx.Timeout(connect=config.ttft_timeout + 5, read=config.total_timeout + 5, write=30.0,
+                            pool=config.total_timeout + 5)
     return httpx.AsyncClient(headers=headers, timeout=timeout, trust_env=False, transport=AiohttpTransport(limits))
 
 
@@ -93,6 +99,7 @@ class AgentRun:
         self._stop_at: float | None = None
         self.nemesis: Nemesis | None = None
         self.watch = ServerWatch(config, model, history)
+        self.clock = LoopWatch()
 
     async def run(self) -> None:
         """The three phases: load, drain, final checks."""
@@ -106,11 +113,15 @@ class AgentRun:
             self.client = client
             self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
             self.watch.start(background, client)
-            nemesis_scope = anyio.CancelScope()
+            clock_scope, nemesis_scope = anyio.CancelScope(), anyio.CancelScope()
+            background.start_soon(self._run_in, clock_scope, self.clock.run)
             if c.kill:
-                background.start_soon(self._run_nemesis, nemesis_scope, started)
-            await self._load()
+                background.start_soon(self._run_in, nemesis_scope, lambda: self.nemesis.run(started))
+            with _collector_for_load():
+                await self._load()
             nemesis_scope.cancel()  # the load is over: nothing left to kill
+            clock_scope.cancel()
+            self.history.event("harness_clock", **self.clock.as_event())
             await self.watch.drain()
             await self.watch.final_checks(client)
             background.cancel_scope.cancel()  # the monitors and health polls stop
@@ -122,6 +133,9 @@ class AgentRun:
             if self.config.rate is None:
                 for _ in range(self.config.concurrency):
                     tg.start_soon(self._worker)
+                    # One session's start (its world built) per loop pass, with the I/O of those
+                    # already started in between: thousands at once would hold the loop for seconds.
+                    await anyio.sleep(0)
             else:
                 tg.start_soon(self._arrivals, tg)
 
@@ -130,10 +144,10 @@ class AgentRun:
             self.stats.kills += len(fields.get("sessions") or [])
         self.history.event(kind, **fields)
 
-    async def _run_nemesis(self, scope: anyio.CancelScope, started: float) -> None:
-        assert self.nemesis is not None
+    @staticmethod
+    async def _run_in(scope: anyio.CancelScope, fn: Callable[[], Any]) -> None:
         with scope:
-            await self.nemesis.run(started)
+            await fn()
 
     def _take_index(self) -> int | None:
         """The next session to start, or None when the run has started all it should."""
@@ -215,12 +229,14 @@ class AgentRun:
         with anyio.CancelScope() as scope:
             slot.scope = scope
             outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines,
-                                      headers, probe)
+                                      headers, probe, clock=self.clock)
         slot.scope = slot.probe = None
         # NOTE: a kill that lands after the last byte but before the turn returns cancels
         # nothing; the killed agent still never acts on that reply, so the turn is killed too.
         if outcome is None or scope.cancelled_caught or slot.killed_by is not None:
             outcome = _killed_outcome(outcome, probe, slot)
+        t = outcome.timings
+        t.harness_stall_ms = round(self.clock.stall_within(t.start_ns, t.end_ns or time.monotonic_ns()) * 1e3, 1)
         ctx = turn_context(sess, body, outcome)
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await raw_completion(self.client, self.config.base_url, body, headers,
@@ -236,6 +252,23 @@ class AgentRun:
         self.history.turn(rec)
         self.stats.add_turn(rec)
         sess.observe(outcome.status, outcome.response, verdicts)
+
+
+class _collector_for_load:
+    """The garbage collector during the load: what exists before it (modules, the tools'
+    schemas, the client) is frozen out of every collection, and the youngest generation is
+    collected ten times less often. A full collection otherwise walks every live transcript
+    while the loop waits: 130-470 ms at 500 sessions (bench-plan.md, "Scale in one process")."""
+
+    def __enter__(self) -> None:
+        self._thresholds = gc.get_threshold()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(self._thresholds[0] * 10, *self._thresholds[1:])
+
+    def __exit__(self, *exc: object) -> None:
+        gc.set_threshold(*self._thresholds)
+        gc.unfreeze()
 
 
 def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:

@@ -182,6 +182,10 @@ class Timings:
     end_ns: int | None = None
     # Monotonic stamps of each content/reasoning/argument delta after the first, for ITL.
     token_gaps_ms: list[float] = field(default_factory=list)
+    # How long the harness's own event loop stood still while the turn was in flight
+    # (loop_watch.py): stamps inside that stretch may be late by up to this much. Its deadlines
+    # did not count it.
+    harness_stall_ms: float = 0.0
 
     @property
     def ttft_s(self) -> float | None:

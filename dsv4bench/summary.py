@@ -298,10 +298,26 @@ def summarize(history: History) -> dict[str, Any]:
             "e2e_s": distribution([x for t in ok if (x := t.timings.e2e_s) is not None]),
         },
         "events": dict(sorted(Counter(str(e.get("kind")) for e in history.events).items())),
+        "harness": harness_clock(history),
         "wedge": wedge,
         "reference": _reference(history, counts),
         "deployment": _deployment(history),
     }
+
+
+def harness_clock(history: History) -> dict[str, Any] | None:
+    """How late the harness's own event loop ran (the `harness_clock` event, loop_watch.py), and
+    the turns that stall touched: `turns_stalled` had any, `failed_stalled` of them did not
+    complete. None for a run that recorded no clock (older runs, Locust)."""
+    clock = next((e for e in reversed(history.events) if e.get("kind") == "harness_clock"), None)
+    if clock is None:
+        return None
+    out = {k: v for k, v in clock.items() if k not in ("kind", "t", "t_wall_ns", "t_ns")}
+    stalled = [t for t in history.turns if (t.timings.harness_stall_ms or 0) > 0]
+    out["turns_stalled"] = len(stalled)
+    out["failed_stalled"] = sum(t.status in _FAILED for t in stalled)
+    out["turn_stall_max_ms"] = max((t.timings.harness_stall_ms for t in stalled), default=0.0)
+    return out
 
 
 def _deployment(history: History) -> dict[str, Any] | None:

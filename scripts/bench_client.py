@@ -212,6 +212,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--before-rev", default="HEAD")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--interval-ms", type=float, default=0.0,
+                   help="the server's pause between two events of a stream (0: as fast as it can; more: one "
+                        "event a read, as from a paced server, where each read's own cost shows)")
     p.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -222,7 +225,8 @@ def main() -> None:
     port = args.port or free_port()
     variants = args.variants.split(",")
     server = subprocess.Popen([sys.executable, "tests/fixtures/stream_server.py", "--port", str(port),
-                               "--chunks", str(args.chunks)], cwd=ROOT, preexec_fn=lambda: _pin(SERVER_CORE))
+                               "--chunks", str(args.chunks), "--interval-ms", str(args.interval_ms)],
+                              cwd=ROOT, preexec_fn=lambda: _pin(SERVER_CORE))
     results: dict[str, list[float]] = {v: [] for v in variants}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +234,7 @@ def main() -> None:
             time.sleep(1.0)
             print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
                   f"clients on core {CLIENT_CORE}; {args.concurrency} streams x {args.chunks} events, "
-                  f"{args.rounds} counted turns per stream", flush=True)
+                  f"{args.rounds} counted turns per stream, {args.interval_ms:g} ms between events", flush=True)
             for rep in range(args.repeats):
                 for v in variants:
                     env = {**os.environ}

@@ -151,10 +151,27 @@ def _notes(summary: dict[str, Any]) -> list[str]:
         notes.append(f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
                      "(a torn last line is expected after SIGKILL).")
     notes += _reference_notes(summary.get("reference"))
+    notes += harness_clock_notes(summary.get("harness"))
     if summary["check_errors"]:
         notes.append(f"> A checker raised on {fmt_int(summary['check_errors'])} turn(s): "
                      "their verdicts are incomplete (unknown, not clean).")
     return notes
+
+
+def harness_clock_notes(clock: dict[str, Any] | None) -> list[str]:
+    """A note when the harness's own loop stalled: which timings it touched, and that no
+    deadline counted it. Nothing for a run whose loop never stood still."""
+    if not clock or not clock.get("stalls"):
+        return []
+    failed = clock.get("failed_stalled") or 0
+    tail = (f" {plural(failed, 'turn')} of those failed: weigh them knowing that the harness stopped "
+            "reading meanwhile." if failed else "")
+    return [f"> **The harness itself stalled:** its event loop stood still {plural(clock['stalls'], 'time')} "
+            f"(longest {fmt_seconds(clock.get('longest_stall_s'))}, {fmt_seconds(clock.get('stalled_s'))} in all; "
+            f"loop lag p50 / p99 {clock.get('lag_p50_ms')} / {clock.get('lag_p99_ms')} ms). No turn's deadline "
+            f"counted those stalls, but the timings of the {plural(clock.get('turns_stalled') or 0, 'turn')} in "
+            f"flight then may be late by up to {fmt_seconds((clock.get('turn_stall_max_ms') or 0) / 1e3)} "
+            f"(`harness_stall_ms` in turns.jsonl).{tail}"]
 
 
 def _reference_notes(ref: dict[str, Any] | None) -> list[str]:

@@ -133,3 +133,32 @@ def _cli_flags() -> set[str]:
 def test_every_flag_a_hint_names_exists(path: Path) -> None:
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", path.read_text()))
     assert named <= _cli_flags(), sorted(named - _cli_flags())
+
+
+def test_a_harness_stall_is_reported_beside_the_turns_it_touched(run_folder, make_turn, event) -> None:
+    calm = make_turn("s1", 0)
+    stalled_ok, stalled_failed = make_turn("s1", 1), make_turn("s2", 0, status="error", error="HTTP 500",
+                                                               verdicts=[("http_error", "")])
+    stalled_ok.timings.harness_stall_ms, stalled_failed.timings.harness_stall_ms = 120.0, 1500.0
+    clock = event("harness_clock", 30.0, tick_s=0.01, stall_s=0.05, ticks=3000, lag_p50_ms=0.3, lag_p99_ms=9.0,
+                  lag_max_ms=1500.0, stalls=2, stalled_s=1.62, longest_stall_s=1.5)
+    run_dir = run_folder([calm, stalled_ok, stalled_failed], events=[clock])
+    summary = build_report(run_dir)
+    h = summary["harness"]
+    assert (h["stalls"], h["turns_stalled"], h["failed_stalled"], h["turn_stall_max_ms"]) == (2, 2, 1, 1500.0)
+    md = (run_dir / "report.md").read_text()
+    assert ("> **The harness itself stalled:** its event loop stood still 2 times (longest 1.50 s, 1.62 s in all; "
+            "loop lag p50 / p99 0.3 / 9.0 ms)") in md
+    assert "2 turns in flight then may be late by up to 1.50 s" in md and "1 turn of those failed" in md
+    # Read back: the stall stays on the turn.
+    assert [t.timings.harness_stall_ms for t in read_history(run_dir).turns] == [0.0, 120.0, 1500.0]
+
+
+def test_a_run_whose_loop_never_stalled_has_no_stall_note(run_folder, make_turn, event) -> None:
+    clock = event("harness_clock", 30.0, tick_s=0.01, stall_s=0.05, ticks=3000, lag_p50_ms=0.3, lag_p99_ms=2.0,
+                  lag_max_ms=20.0, stalls=0, stalled_s=0.0, longest_stall_s=0.0)
+    run_dir = run_folder([make_turn()], events=[clock])
+    summary = build_report(run_dir)
+    assert summary["harness"]["stalls"] == 0 and summary["harness"]["lag_p99_ms"] == 2.0
+    assert "harness itself stalled" not in (run_dir / "report.md").read_text()
+    assert build_report(run_folder([make_turn()]))["harness"] is None  # no clock recorded (older runs, Locust)
