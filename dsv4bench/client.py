@@ -18,7 +18,7 @@ import httpx
 from .loop_watch import LoopWatch
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
-from .transport import arrival_clock
+from .transport import arrival_clock, unlink
 from .turn_answer import (
     Deadlines,
     StreamedAnswer,
@@ -70,8 +70,10 @@ async def chat_turn(
             def at_first_token() -> None:
                 clock.move(watched, total_due)
 
+        answered: httpx.Response | None = None
         try:
             async with client.stream("POST", url, content=encode_body(body), headers=request_headers(headers)) as resp:
+                answered = resp
                 out.timings.first_byte_ns = arrival_clock(resp)()
                 out.http_status = resp.status_code
                 if resp.status_code >= 400:
@@ -91,6 +93,8 @@ async def chat_turn(
         finally:
             if clock is not None:
                 clock.drop(watched)
+            if answered is not None:
+                unlink(answered)
     if scope.cancelled_caught:
         take_timeout(out, deadlines)
     return finish(out)

@@ -48,7 +48,8 @@ class Deadline:
     __slots__ = ("scope", "due", "live")
 
     def __init__(self, scope: anyio.CancelScope, due: float) -> None:
-        self.scope, self.due, self.live = scope, due, True
+        self.scope: anyio.CancelScope | None = scope
+        self.due, self.live = due, True
 
 
 def _bucket_ms(lag_ms: float) -> float:
@@ -96,13 +97,15 @@ class LoopWatch:
             self._stall_starts.append(woke_ns - int(lag_s * _NS))
             self._stall_ends.append(woke_ns)
             for d in self._live:  # their backstops move too: the stall was ours
-                d.scope.deadline += lag_s
+                if d.scope is not None:
+                    d.scope.deadline += lag_s
         now = self.listening_s(woke_ns)
         while self._due and self._due[0][0] <= now:
             due, _, d = heapq.heappop(self._due)
-            if d.live and d.due == due:  # else dropped, or moved (a newer entry holds it)
+            if d.live and d.due == due and d.scope is not None:  # else dropped, or moved (a newer entry holds it)
+                scope = d.scope
                 self.drop(d)
-                d.scope.cancel()
+                scope.cancel()
 
     def listening_s(self, now_ns: int | None = None) -> float:
         """The listening clock: monotonic seconds less every stall taken in so far."""
@@ -122,12 +125,14 @@ class LoopWatch:
             self._due = [(x.due, next(self._seq), x) for x in self._live if x is not d]
             heapq.heapify(self._due)
         heapq.heappush(self._due, (due, next(self._seq), d))
-        d.scope.deadline = anyio.current_time() + (due - self.listening_s()) + BACKSTOP_S
+        if d.scope is not None:
+            d.scope.deadline = anyio.current_time() + (due - self.listening_s()) + BACKSTOP_S
 
     def drop(self, d: Deadline) -> None:
         """The turn is over: `d` never fires."""
         d.live = False
         self._live.discard(d)
+        d.scope = None  # the heap keeps `d` until it would have fallen due; the turn's scope goes now
 
     def stall_within(self, start_ns: int, end_ns: int) -> float:
         """Seconds of stall that overlap [start_ns, end_ns]."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,21 @@ def error_kind_text(kind: ErrorKind | str | None) -> str | None:
     return kind.value if isinstance(kind, ErrorKind) else kind
 
 
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """A flat dataclass's fields as a dict, each list or dict copied one level: what
+    `dataclasses.asdict` gives for these records, at a tenth of its cost per turn."""
+    out = {}
+    for name in _field_names(type(obj)):
+        v = getattr(obj, name)
+        out[name] = list(v) if type(v) is list else dict(v) if type(v) is dict else v
+    return out
+
 @dataclass(frozen=True)
 class Verdict:
     """One finding about one turn. `where` points into the response, e.g. `tool_calls[0].arguments`."""
@@ -65,7 +81,7 @@ class Verdict:
     where: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _as_dict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Verdict:
@@ -82,7 +98,7 @@ class ToolCall:
     arguments: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _as_dict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ToolCall:
@@ -117,7 +133,7 @@ class AssembledResponse:
     surrogates_replaced: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = _as_dict(self)
         d["tool_calls"] = [tc.to_json() for tc in self.tool_calls]
         return d
 
@@ -200,7 +216,7 @@ class Timings:
         return (self.end_ns - self.start_ns) / 1e9
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _as_dict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Timings:

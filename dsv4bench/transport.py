@@ -113,6 +113,17 @@ def arrival_clock(response: httpx.Response) -> Callable[[], int]:
     return body.arrived if isinstance(body, _Body) else time.monotonic_ns
 
 
+def unlink(response: httpx.Response) -> None:
+    """Cut the reference cycle of a closed response, so reference counting frees it at once.
+
+    httpx binds a response's stream to the response (its BoundAsyncStream keeps it), so every
+    turn's response, request, headers and the aiohttp objects under them became cyclic garbage:
+    a few dozen objects a turn, left to full collections of 40-110 ms at 50-250 sessions
+    (bench-plan.md, "Scale in one process")."""
+    response.stream = httpx.ByteStream(b"")
+    response.extensions.pop(_ARRIVAL, None)
+
+
 class _Body(httpx.AsyncByteStream):
     """A response body as aiohttp buffers it: every read hands on all that has arrived.
 

@@ -17,7 +17,12 @@ after a `--warmup` of seconds:
 
 A count holds when lag p99 < 5 ms and TTFT error p99 < 5 ms.
 
-    python scripts/bench_scale.py [--sessions 500,1000,2000] [--duration 30]
+`--clients ours,aiohttp` measures, beside the harness, the floor of any asyncio client at the
+same count: a bare aiohttp loop like SGLang's `bench_serving` (read a line, strip `data: `,
+`json.loads`, stamp the first content token), with no sessions, checkers or history. Where the
+floor itself breaks the bounds, no harness in one Python process can hold them.
+
+    python scripts/bench_scale.py [--sessions 500,1000,2000] [--duration 30] [--clients ours,aiohttp]
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -48,7 +53,85 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def drive(url: str, sessions: int, duration: float, warmup: float, out: Path) -> dict[str, float]:
+async def lag_monitor(t0: float, warmup: float, lags: list[float], ran: list[float], cpu: list[float]) -> None:
+    """Ticks of LAG_TICK_S after the warm-up: how late each woke (ms), and the share of it this
+    process was on a CPU; `cpu` gets the process time at the first counted tick."""
+    while True:
+        before, cpu_before = time.monotonic(), time.process_time()
+        await anyio.sleep(LAG_TICK_S)
+        now = time.monotonic()
+        if before - t0 >= warmup:
+            if not cpu:
+                cpu.append(time.process_time())
+            lags.append((now - before - LAG_TICK_S) * 1e3)
+            ran.append((time.process_time() - cpu_before) / (now - before))
+
+
+def figures(sessions: int, turns: int, statuses: dict[str, int], errors_seen: list[str], wall: float,
+            lags: list[float], ran: list[float], errors: list[float], chunks: int, cpu_s: float) -> dict[str, Any]:
+    return {"sessions": sessions, "turns": turns, "statuses": statuses, "errors": errors_seen, "wall_s": wall,
+            "lag_p50_ms": pct(lags, 0.5), "lag_p99_ms": pct(lags, 0.99), "lag_max_ms": max(lags, default=float("nan")),
+            # Ticks more than 5 ms late, and of them those where this process ran less than half
+            # the tick: the core was taken by another process (a shared machine), not by the harness.
+            "late_ticks": sum(1 for x in lags if x > BOUND_MS),
+            "late_ticks_descheduled": sum(1 for x, r in zip(lags, ran) if x > BOUND_MS and r < 0.5),
+            "ticks": len(lags),
+            "ttft_err_p50_ms": pct(errors, 0.5), "ttft_err_p99_ms": pct(errors, 0.99),
+            "chunks_per_s": chunks / wall, "chunks_per_cpu_s": chunks / max(1e-9, cpu_s),
+            "cpu_share": cpu_s / wall, "turns_per_s": turns / wall}
+
+
+async def drive_aiohttp(url: str, sessions: int, duration: float, warmup: float) -> dict[str, Any]:
+    """The floor: `sessions` bare aiohttp streams back to back, no harness around them."""
+    import aiohttp
+
+    lags: list[float] = []
+    ran: list[float] = []
+    cpu: list[float] = []
+    t0 = time.monotonic()
+    stop = t0 + duration
+    counted_from_ns = int((t0 + warmup) * 1e9)
+    firsts: list[tuple[int, str]] = []  # (first-token stamp, response id) of counted turns
+    tally = {"turns": 0, "chunks": 0}
+    body = {"model": "stream-bench", "messages": [{"role": "user", "content": "Read the server's entry point."}],
+            "stream": True, "max_tokens": 1024}
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=sessions + 8)) as session:
+        async def one_stream() -> None:
+            while time.monotonic() < stop:
+                start, first, rid, n = time.monotonic_ns(), None, None, 0
+                async with session.post(url + "/chat/completions", json=body) as resp:
+                    async for line in resp.content:
+                        line = line.strip()
+                        if not line:
+                            continue
+                        n += 1
+                        chunk = line.decode("utf-8").removeprefix("data: ")
+                        if chunk != "[DONE]":
+                            data = json.loads(chunk)
+                            choices = data.get("choices") or []
+                            if first is None and choices and (choices[0].get("delta") or {}).get("content"):
+                                first, rid = time.monotonic_ns(), data.get("id")
+                if start >= counted_from_ns:
+                    tally["turns"] += 1
+                    tally["chunks"] += n
+                    if first is not None:
+                        firsts.append((first, rid))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lag_monitor, t0, warmup, lags, ran, cpu)
+            async with anyio.create_task_group() as load:
+                for _ in range(sessions):
+                    load.start_soon(one_stream)
+            load_end, cpu_end = time.monotonic(), time.process_time()
+            tg.cancel_scope.cancel()
+        stamps = await (await session.get(url.removesuffix("/v1") + "/stamps")).json()
+    errors = [(ns - stamps[rid]) / 1e6 for ns, rid in firsts if rid in stamps]
+    return figures(sessions, tally["turns"], {"ok": tally["turns"]}, [], load_end - (t0 + warmup), lags, ran, errors,
+                   tally["chunks"], cpu_end - cpu[0] if cpu else 0.0)
+
+
+async def drive(url: str, sessions: int, duration: float, warmup: float, out: Path) -> dict[str, Any]:
     from dsv4bench.config import RunConfig
     from dsv4bench.driver import AgentRun
     from dsv4bench.history import HistoryWriter, read_history
@@ -59,24 +142,12 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
     history = HistoryWriter(run_dir, {"run": "scale"}, None)
     driver = AgentRun(config, "stream-bench", history, LiveStats(), "scale")
     lags: list[float] = []
-    t0 = time.monotonic()
-    cpu: list[float] = []
-
     ran: list[float] = []  # per tick: the share of the tick's wall time this process was on a CPU
-
-    async def lag_monitor() -> None:
-        while True:
-            before, cpu_before = time.monotonic(), time.process_time()
-            await anyio.sleep(LAG_TICK_S)
-            now = time.monotonic()
-            if before - t0 >= warmup:  # ticks that began after the warm-up
-                if not cpu:
-                    cpu.append(time.process_time())
-                lags.append((now - before - LAG_TICK_S) * 1e3)
-                ran.append((time.process_time() - cpu_before) / (now - before))
+    cpu: list[float] = []
+    t0 = time.monotonic()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lag_monitor)
+        tg.start_soon(lag_monitor, t0, warmup, lags, ran, cpu)
         await driver.run()
         load_end = time.monotonic()
         cpu_end = time.process_time()
@@ -91,25 +162,22 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
     chunks = sum(t.response.chunks for t in turns if t.response is not None)
     statuses = {s: sum(1 for t in turns if t.status.value == s) for s in {t.status.value for t in turns}}
     errors_seen = sorted({(t.error or "")[:120] for t in turns if t.error})[:3]
-    wall = load_end - (t0 + warmup)
-    return {"sessions": sessions, "turns": len(turns), "statuses": statuses, "errors": errors_seen, "wall_s": wall,
-            "lag_p50_ms": pct(lags, 0.5), "lag_p99_ms": pct(lags, 0.99), "lag_max_ms": max(lags, default=float("nan")),
-            # Ticks more than 5 ms late, and of them those where this process ran less than half
-            # the tick: the core was taken by another process (a shared machine), not by the harness.
-            "late_ticks": sum(1 for x in lags if x > BOUND_MS),
-            "late_ticks_descheduled": sum(1 for x, r in zip(lags, ran) if x > BOUND_MS and r < 0.5),
-            "ticks": len(lags),
-            "ttft_err_p50_ms": pct(errors, 0.5), "ttft_err_p99_ms": pct(errors, 0.99),
-            "chunks_per_s": chunks / wall, "chunks_per_cpu_s": chunks / max(1e-9, cpu_end - cpu[0]) if cpu else 0.0,
-            "cpu_share": (cpu_end - cpu[0]) / wall if cpu else 0.0,
-            "turns_per_s": len(turns) / wall}
+    clock = driver.clock.as_event()
+    r = figures(sessions, len(turns), statuses, errors_seen, load_end - (t0 + warmup), lags, ran, errors, chunks,
+                cpu_end - cpu[0] if cpu else 0.0)
+    r["harness_stalls"], r["harness_longest_stall_s"] = clock["stalls"], clock["longest_stall_s"]
+    return r
 
 
 def child(args: argparse.Namespace) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {HARNESS_CORE})
-    with tempfile.TemporaryDirectory() as tmp:
-        r = anyio.run(drive, f"http://127.0.0.1:{args.port}/v1", args.child, args.duration, args.warmup, Path(tmp))
+    url = f"http://127.0.0.1:{args.port}/v1"
+    if args.client == "aiohttp":
+        r = anyio.run(drive_aiohttp, url, args.child, args.duration, args.warmup)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = anyio.run(drive, url, args.child, args.duration, args.warmup, Path(tmp))
     print(json.dumps(r))
 
 
@@ -123,47 +191,61 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=100, help="SSE events of a tool-call answer")
     p.add_argument("--agent-turns", type=int, default=12, help="the server answers text only at this turn")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--clients", default="ours", help="ours (the harness), aiohttp (the floor: a bare loop), or both")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--client", default="ours", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
-
-    from dsv4bench.engine.launcher import free_port
-
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
           f"harness on core {HARNESS_CORE}; server: TTFT {args.ttft_ms:g} ms, a chunk every {args.interval_ms:g} ms, "
           f"{args.chunks} chunks per tool-call answer, text at turn {args.agent_turns}; {args.duration:g} s per count, "
           f"the first {args.warmup:g} s not counted", flush=True)
+    clients = args.clients.split(",")
+    if not set(clients) <= {"ours", "aiohttp"}:
+        p.error("--clients: ours, aiohttp or both")
     rows = []
     for n in [int(x) for x in args.sessions.split(",")]:
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "tests/fixtures/stream_server.py", "--port", str(port), "--chunks", str(args.chunks),
-             "--interval-ms", str(args.interval_ms), "--ttft-ms", str(args.ttft_ms), "--agent-turns", str(args.agent_turns)],
-            cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}) if hasattr(os, "sched_setaffinity") else None)
-        try:
-            time.sleep(1.0)
-            out = subprocess.run([sys.executable, __file__, "--child", str(n), "--port", str(port), "--duration",
-                                  str(args.duration), "--warmup", str(args.warmup)], cwd=ROOT, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{n} sessions failed:\n{out.stderr[-3000:]}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-        finally:
-            server.terminate()
-            server.wait(10)
-        r["holds"] = r["lag_p99_ms"] < BOUND_MS and r["ttft_err_p99_ms"] < BOUND_MS
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-    print("\n| sessions | turns/s | chunks/s | chunks per harness CPU-s | harness CPU share | loop lag p50 / p99 / max "
-          "| late ticks (descheduled) | TTFT error p50 / p99 | holds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+        for client in clients:
+            r = measure(args, n, client)
+            r["client"], r["holds"] = client, r["lag_p99_ms"] < BOUND_MS and r["ttft_err_p99_ms"] < BOUND_MS
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    print("\n| client | sessions | turns/s | chunks/s | chunks per CPU-s | CPU share | loop lag p50 / p99 / max "
+          "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | holds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | {r['chunks_per_cpu_s']:,.0f} | "
-              f"{r['cpu_share']:.0%} | {r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
+        stalls = f"{r['harness_stalls']} ({r['harness_longest_stall_s'] * 1e3:.0f} ms)" if "harness_stalls" in r else "-"
+        print(f"| {r['client']} | {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | "
+              f"{r['chunks_per_cpu_s']:,.0f} | {r['cpu_share']:.0%} | "
+              f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
               f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
-              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {'yes' if r['holds'] else 'no'} |")
-    held = [r["sessions"] for r in rows if r["holds"]]
-    print(f"largest count that holds: {max(held) if held else 'none'}")
+              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {'yes' if r['holds'] else 'no'} |")
+    for client in clients:
+        held = [r["sessions"] for r in rows if r["holds"] and r["client"] == client]
+        print(f"{client}: largest count that holds: {max(held) if held else 'none'}")
+
+
+def measure(args: argparse.Namespace, n: int, client: str) -> dict[str, Any]:
+    """One count and client: a fresh server on its core, the client in a child on the other."""
+    from dsv4bench.engine.launcher import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "tests/fixtures/stream_server.py", "--port", str(port), "--chunks", str(args.chunks),
+         "--interval-ms", str(args.interval_ms), "--ttft-ms", str(args.ttft_ms), "--agent-turns", str(args.agent_turns)],
+        cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}) if hasattr(os, "sched_setaffinity") else None)
+    try:
+        time.sleep(1.0)
+        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--client", client, "--port", str(port),
+                              "--duration", str(args.duration), "--warmup", str(args.warmup)],
+                             cwd=ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{client}, {n} sessions failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 if __name__ == "__main__":
