@@ -84,18 +84,61 @@ class EventSink(Protocol):
     def push(self, event: TokenEvent) -> None: ...
 
 
+class _Outbox:
+    """One event loop's TokenEvents on their way from engine threads, handed over in batches.
+
+    A decode step ends with one event per request in it; one `call_soon_threadsafe` each would
+    wake the loop and write to its self-pipe 80 times a step at batch 80, while the step's
+    OpenMP threads want the same two cores. Events pushed before the loop has drained the
+    outbox ride on the hand-over already scheduled: one wake-up per step, order kept.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[TokenEvent], TokenEvent]] = []
+
+    def push(self, into: asyncio.Queue[TokenEvent], event: TokenEvent) -> None:
+        with self._lock:
+            self._pending.append((into, event))
+            if len(self._pending) > 1:
+                return  # the hand-over of the first is scheduled and has not run yet
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for into, event in pending:
+            into.put_nowait(event)
+
+
+_outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
+_outboxes_lock = threading.Lock()
+
+
+def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
+    with _outboxes_lock:
+        box = _outboxes.get(loop)
+        if box is None or box.loop.is_closed():
+            for old in [k for k in _outboxes if k.is_closed()]:
+                del _outboxes[old]
+            box = _outboxes[loop] = _Outbox(loop)
+        return box
+
+
 class AsyncSink:
-    """Hands TokenEvents from an engine thread to one asyncio consumer."""
+    """Hands TokenEvents from an engine thread to one asyncio consumer (through its loop's outbox)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._outbox = _outbox(loop)
 
     def push(self, event: TokenEvent) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is shutting down
-            pass
+        self._outbox.push(self.queue, event)
 
 
 def failure_text(err: BaseException) -> str:
