@@ -21,7 +21,8 @@ from __future__ import annotations
 import gc
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -254,20 +255,20 @@ class AgentRun:
         sess.observe(outcome.status, outcome.response, verdicts)
 
 
-class _collector_for_load:
+@contextmanager
+def _collector_for_load() -> Iterator[None]:
     """The garbage collector during the load: what exists before it (modules, the tools'
     schemas, the client) is frozen out of every collection, and the youngest generation is
     collected ten times less often. A full collection otherwise walks every live transcript
     while the loop waits: 130-470 ms at 500 sessions (bench-plan.md, "Scale in one process")."""
-
-    def __enter__(self) -> None:
-        self._thresholds = gc.get_threshold()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(self._thresholds[0] * 10, *self._thresholds[1:])
-
-    def __exit__(self, *exc: object) -> None:
-        gc.set_threshold(*self._thresholds)
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(thresholds[0] * 10, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
 
 

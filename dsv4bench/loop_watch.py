@@ -43,13 +43,14 @@ _NS = 1_000_000_000
 
 
 class Deadline:
-    """One cancel scope's deadline on the listening clock (see LoopWatch.deadline)."""
+    """One cancel scope's deadline on the listening clock (see LoopWatch.deadline); `scope` is
+    None once it fired or was dropped."""
 
-    __slots__ = ("scope", "due", "live")
+    __slots__ = ("scope", "due")
 
     def __init__(self, scope: anyio.CancelScope, due: float) -> None:
         self.scope: anyio.CancelScope | None = scope
-        self.due, self.live = due, True
+        self.due = due
 
 
 def _bucket_ms(lag_ms: float) -> float:
@@ -97,13 +98,12 @@ class LoopWatch:
             self._stall_starts.append(woke_ns - int(lag_s * _NS))
             self._stall_ends.append(woke_ns)
             for d in self._live:  # their backstops move too: the stall was ours
-                if d.scope is not None:
-                    d.scope.deadline += lag_s
+                d.scope.deadline += lag_s
         now = self.listening_s(woke_ns)
         while self._due and self._due[0][0] <= now:
             due, _, d = heapq.heappop(self._due)
-            if d.live and d.due == due and d.scope is not None:  # else dropped, or moved (a newer entry holds it)
-                scope = d.scope
+            scope = d.scope
+            if scope is not None and d.due == due:  # else dropped, or moved (a newer entry holds it)
                 self.drop(d)
                 scope.cancel()
 
@@ -130,7 +130,6 @@ class LoopWatch:
 
     def drop(self, d: Deadline) -> None:
         """The turn is over: `d` never fires."""
-        d.live = False
         self._live.discard(d)
         d.scope = None  # the heap keeps `d` until it would have fallen due; the turn's scope goes now
 

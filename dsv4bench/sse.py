@@ -82,8 +82,6 @@ def _loads(data: str) -> Any:
         raise ValueError("nested too deep to decode") from e
 
 
-
-
 class _Collector:
     """What assembly shares between streamed and non-streamed bodies: bounded protocol-error
     notes, the text budget, and the surrogate notes."""

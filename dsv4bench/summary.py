@@ -312,7 +312,7 @@ def harness_clock(history: History) -> dict[str, Any] | None:
     clock = next((e for e in reversed(history.events) if e.get("kind") == "harness_clock"), None)
     if clock is None:
         return None
-    out = {k: v for k, v in clock.items() if k not in ("kind", "t", "t_wall_ns", "t_ns")}
+    out = {k: v for k, v in clock.items() if k not in ("kind", "t_wall_ns", "t_ns")}
     stalled = [t for t in history.turns if (t.timings.harness_stall_ms or 0) > 0]
     out["turns_stalled"] = len(stalled)
     out["failed_stalled"] = sum(t.status in _FAILED for t in stalled)
