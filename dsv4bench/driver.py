@@ -242,7 +242,7 @@ class AgentRun:
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
             ctx.raw_completion = await raw_completion(self.client, self.config.base_url, body, headers,
                                                       self.config.total_timeout)
-        summary = request_summary(body)
+        summary = request_summary(body, sess.keys)
         # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.
         if self.reference is not None:
             ctx.reference = self.reference.get(summary["key"])

@@ -45,12 +45,77 @@ def _message_for_key(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# NOTE: one encoder, built once: json.dumps with any argument builds a new one on every call.
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def request_key(body: dict[str, Any]) -> str:
     """A short hash of everything in a chat request that decides a deterministic server's answer."""
     canon = {k: v for k, v in body.items() if k not in _NOT_IN_KEY}
     canon["messages"] = [_message_for_key(m) if isinstance(m, dict) else m for m in body.get("messages") or []]
-    text = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    return _hash(_canonical(canon))
+
+
+class SessionKeys:
+    """request_key of one session's requests, each message's canonical text encoded once.
+
+    A session's transcript only grows, and every request sends the same message objects again,
+    so the sorted dump of the whole transcript (most of a key's cost by a late turn) is redone
+    only for the new messages. A kept text is reused only for the same object, unchanged since
+    (a shallow copy compared), so a message replaced or edited is encoded again: the key is
+    always request_key's, byte for byte (tests/test_reference_key.py).
+    """
+
+    def __init__(self) -> None:
+        self._messages: list[tuple[Any, Any, str]] = []  # (message, its copy then, its text)
+        self._tools: tuple[Any, Any, str] | None = None
+
+    def key(self, body: dict[str, Any]) -> str:
+        messages = body.get("messages") or []
+        if not isinstance(messages, list) or not all(isinstance(k, str) for k in body):
+            return request_key(body)
+        parts = []
+        for name in sorted({k for k in body if k not in _NOT_IN_KEY} | {"messages"}):
+            if name == "messages":
+                text = "[" + ",".join(self._message_text(i, m) for i, m in enumerate(messages)) + "]"
+            elif name == "tools":
+                text = self._tools_text(body[name])
+            else:
+                text = _canonical(body[name])
+            parts.append(f"{_canonical(name)}:{text}")
+        return _hash("{" + ",".join(parts) + "}")
+
+    def _message_text(self, i: int, m: Any) -> str:
+        if i < len(self._messages):
+            kept, copy, text = self._messages[i]
+            if kept is m and _unchanged(m, copy):
+                return text
+            del self._messages[i:]
+        text = _canonical(_message_for_key(m) if isinstance(m, dict) else m)
+        if i == len(self._messages):
+            self._messages.append((m, _shallow(m), text))
+        return text
+
+    def _tools_text(self, tools: Any) -> str:
+        if self._tools is not None and self._tools[0] is tools and _unchanged(tools, self._tools[1]):
+            return self._tools[2]
+        text = _canonical(tools)
+        self._tools = (tools, _shallow(tools), text)
+        return text
+
+
+def _shallow(value: Any) -> Any:
+    return value.copy() if isinstance(value, (dict, list)) else value
+
+
+def _unchanged(value: Any, copy: Any) -> bool:
+    # NOTE: == on the same element objects is an identity check each, so this is cheap; and a
+    # message's nested tool-call list is built whole once, never edited in place.
+    return type(value) is type(copy) and value == copy
 
 
 def is_greedy(body: dict[str, Any]) -> bool:

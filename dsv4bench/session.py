@@ -16,7 +16,7 @@ from .agents.base import ScenarioFamily, ToolError, format_tool_error
 from .agents.call_gate import CallGate
 from .agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
 from .records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
-from .reference_run import request_key
+from .reference_run import SessionKeys, request_key
 from .request_mix import RequestMix, apply
 from .request_terms import RequestTerms
 
@@ -110,6 +110,7 @@ class AgentSession:
         self.world = family.build_world(seed)
         self.task = family.make_task(self.world, seed)
         self.tools = family.openai_tools()
+        self.keys = SessionKeys()  # request_key of this session's requests
         self.schemas = family.tool_schemas()
         self.gate = CallGate(self.schemas)
         self.messages: list[dict[str, Any]] = opening_messages(family.system_prompt, self.task.prompt)
@@ -221,12 +222,12 @@ class AgentSession:
         return self.state is SessionState.DONE
 
 
-def request_summary(body: dict[str, Any]) -> dict[str, Any]:
+def request_summary(body: dict[str, Any], keys: SessionKeys | None = None) -> dict[str, Any]:
     """What turns.jsonl keeps of a request: its shape and key (dsv4bench/reference_run.py), not its
-    (large) transcript."""
+    (large) transcript. `keys`: the session's, which keeps its transcript's encoding between turns."""
     msgs = body.get("messages") or []
     return {
-        "key": request_key(body),
+        "key": request_key(body) if keys is None else keys.key(body),
         "temperature": body.get("temperature"),
         "messages": len(msgs),
         "prompt_chars": sum(len(str(m.get("content") or "")) for m in msgs),

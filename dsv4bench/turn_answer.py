@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from .records import AssembledResponse, ErrorKind, Timings, TurnStatus
 from .sse import DeltaAssembler, assemble_completion, replace_surrogates
 from .stream_reader import DEFAULT_BOUNDS, BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
@@ -68,11 +70,22 @@ class Deadlines:
 
 def encode_body(body: dict[str, Any]) -> bytes:
     """The request as JSON bytes (what httpx's `json=` sends), with ASCII escapes where the text
-    holds something UTF-8 cannot encode, so no request built from a server's reply can fail."""
+    holds something UTF-8 cannot encode, so no request built from a server's reply can fail. A
+    float JSON cannot hold (NaN, infinity: only a replayed capture can carry one) is sent as
+    null, as JavaScript's JSON.stringify writes it."""
+    # NOTE: msgspec: a late turn's transcript takes json.dumps some 10x longer. What msgspec
+    # refuses (a lone surrogate, a type it does not know) goes to json.
     try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return _ENCODE(body)
+    except (UnicodeEncodeError, TypeError, OverflowError, ValueError):
+        pass
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(body, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+        return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+_ENCODE = msgspec.json.Encoder().encode
 
 
 def request_headers(headers: Mapping[str, str] | None) -> dict[str, str]:

@@ -162,7 +162,7 @@ def turn_overhead(repeats: int) -> dict[str, float]:
                     ctx = turn_context(sess, body, outcome)
                     verdicts, errors = run_checks(ctx)
                     lap("checks")
-                    summary = request_summary(body)
+                    summary = request_summary(body, sess.keys)
                     rec = turn_record("bench", sess, body, summary, outcome, verdicts, errors, kept_oracles(ctx))
                     history.turn(rec)
                     stats.add_turn(rec)

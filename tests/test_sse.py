@@ -2,6 +2,7 @@
 turn may bring in, and the client that enforces them against hostile answers."""
 
 import json
+import random
 
 import anyio
 import httpx
@@ -228,6 +229,18 @@ def test_raw_lines_keep_head_and_tail_only():
 def test_encode_body_survives_lone_surrogates():
     assert json.loads(encode_body({"content": "a\ud800b"})) == {"content": "a\ud800b"}
     assert encode_body({"content": "é"}) == '{"content":"é"}'.encode()
+
+
+def test_encode_body_writes_what_json_reads_back():
+    rng = random.Random(0)
+    leaves = [None, True, 0, -3, 2**70, 0.1, 1e-5, 1e16, "", "ü\u2028\x00\x7f", '"\\/']
+    for _ in range(300):
+        body = {"messages": [{"role": "user", "content": rng.choice(leaves),
+                              "x": [rng.choice(leaves) for _ in range(rng.randint(0, 4))]}],
+                "temperature": rng.choice(leaves), "nested": {"a": {"b": rng.choice(leaves)}}}
+        assert json.loads(encode_body(body)) == body
+    for bad in (float("nan"), float("inf"), -float("inf")):  # JSON has none: null, never a bad body
+        assert json.loads(encode_body({"messages": [], "top_p": bad})) == {"messages": [], "top_p": None}
 
 
 def _turn(handler, body=None, bounds=SMALL):

@@ -96,7 +96,7 @@ class AgentUser(User):
             raise
         ctx = turn_context(sess, body, outcome)
         verdicts, check_errors = run_checks(ctx)
-        rec = turn_record(run.run_id, sess, body, request_summary(body), outcome, verdicts, check_errors,
+        rec = turn_record(run.run_id, sess, body, request_summary(body, sess.keys), outcome, verdicts, check_errors,
                           kept_oracles(ctx))
         run.turn(rec)
         _report(self.environment, rec, kind)
@@ -110,7 +110,7 @@ class AgentUser(User):
         if probe.assembler is not None:
             outcome.response = probe.assembler.response
         outcome.timings.end_ns = outcome.timings.end_ns or time.monotonic_ns()
-        rec = turn_record(run.run_id, sess, body, request_summary(body), outcome, [], [], None)
+        rec = turn_record(run.run_id, sess, body, request_summary(body, sess.keys), outcome, [], [], None)
         run.turn(rec)
         _report(self.environment, rec, kind)
 
