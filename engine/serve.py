@@ -22,6 +22,7 @@ import torch
 import uvicorn
 
 from .config import EngineConfig
+from .cpu_threads import on_passing_thread
 from .unified_engine import AsyncEngine, UnifiedEngine
 from .frontend import Frontend
 from .hiradix_cache import HiRadixCache
@@ -144,12 +145,16 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
                  random_weights: bool = False, init_seed: int = 0) -> Engine:
     """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
     random initialisation when `random_weights`)."""
-    tok, model = load_model(cfg, weights, random_weights, init_seed)
-    runner = ModelRunner(cfg, model)
-    allocator = PageAllocator(cfg.num_pages)
-    # NOTE: the host tier installs itself as the pools' per-layer read gate.
-    cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache
-             else RadixCache(cfg.page_size, allocator))
+    def build() -> tuple[DSV4Tokenizer, ModelRunner, PageAllocator, RadixCache]:
+        tok, model = load_model(cfg, weights, random_weights, init_seed)
+        runner = ModelRunner(cfg, model)
+        allocator = PageAllocator(cfg.num_pages)
+        # NOTE: the host tier installs itself as the pools' per-layer read gate.
+        cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache
+                 else RadixCache(cfg.page_size, allocator))
+        return tok, runner, allocator, cache
+
+    tok, runner, allocator, cache = on_passing_thread(build)  # the loop's CPU threads alone (cpu_threads.py)
     scheduler = Scheduler(cfg, allocator, cache, eos_token_id=tok.eos_token_id)
     loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()

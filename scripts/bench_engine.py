@@ -28,6 +28,7 @@ import torch
 
 
 from dsv4bench.engine.config import EngineConfig
+from dsv4bench.engine.cpu_threads import on_passing_thread
 from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.memory import PageAllocator
 from dsv4bench.engine.model.model import DSV4Mini
@@ -110,7 +111,8 @@ def main() -> None:
     batches = parse_batches(args.batches)
     cfg = engine_config(args.device, batches, args.prompt_tokens, args.max_tokens)
     torch.manual_seed(0)
-    runner = TimedRunner(ModelRunner(cfg, DSV4Mini(cfg.model)))
+    # built as the engine builds it: off the loop's thread, on one that ends (engine/cpu_threads.py)
+    runner = TimedRunner(on_passing_thread(lambda: ModelRunner(cfg, DSV4Mini(cfg.model))))
     alloc = PageAllocator(cfg.num_pages)
     scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)  # never sampled: every request runs its full length
     loop = UnifiedEngine(cfg, scheduler, runner)

@@ -1,0 +1,44 @@
+"""Torch's CPU thread team belongs to the engine loop's thread.
+
+Torch runs its CPU ops on GNU OpenMP, and OpenMP gives every thread that runs a parallel op a
+team of its own, kept as long as that thread lives. Once a process holds more OpenMP threads
+than it has cores, libgomp throttles every team: between two parallel regions its threads spin
+100 times instead of 300,000 and then sleep, so each of the thousands of parallel regions in a
+decode step waits for a sleeping thread to be woken. Building the model and the pools on the
+main thread and then stepping on the engine loop's thread is exactly that: two teams on 2 cores.
+A batch-80 decode step of the default config took 33-42 ms there against 27-30 ms when the
+stepping thread's team was the only one (same process, same step; bench-plan.md, CPU decode).
+
+So the torch work done before the loop starts runs on a thread that ends when it is done: a
+thread's team is let go when the thread exits, and the loop's team is then the only one. (Other
+threads that copy KV pages, the host tier's loader and the PD transfers, can still start teams
+of their own when a copy is large enough to run in parallel.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def on_passing_thread(build: Callable[[], T], name: str = "dsv4-build") -> T:
+    """build() run on a thread of its own that ends before this returns; its result, or the
+    exception it raised, here."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(build())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread as is
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
