@@ -13,15 +13,30 @@ So the torch work done before the loop starts runs on a thread that ends when it
 thread's team is let go when the thread exits, and the loop's team is then the only one. (Other
 threads that copy KV pages, the host tier's loader and the PD transfers, can still start teams
 of their own when a copy is large enough to run in parallel.)
+
+Unthrottled, libgomp spins 300,000 times, long enough to hold a core the harness beside the
+engine needs (README's main job shares 2 cores between them): that job took 177 s against 165 s
+before; with a core taken by a busy loop, decode fell to half. The engine's processes spin
+10,000 times (GOMP_SPINCOUNT, read by libgomp when torch loads, so set before that; a value the
+user set stays): README's job 162 s, batch-80 decode 2,139-2,458 tok/s (bench-plan.md).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+SPIN_COUNT = 10_000  # libgomp's spins between two parallel regions (module docstring)
+
+
+def set_openmp_spin() -> None:
+    """GOMP_SPINCOUNT for this process and its children, unless the user set it; takes effect
+    only if torch has not been imported yet."""
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
 
 
 def on_passing_thread(build: Callable[[], T], name: str = "dsv4-build") -> T:

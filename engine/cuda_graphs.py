@@ -17,7 +17,9 @@ bucket, lazily, the first time a step falls in it:
 3. one read back of the greedy tokens (the logits, for sampled rows, stay on the device).
 Steps of more rows than the largest bucket and pools with a gate (the host tier's loads must
 be waited for in the step) run eagerly; DSV4_CUDA_GRAPHS=decode keeps graphs to decode-only
-steps, DSV4_CUDA_GRAPHS=0 turns them off.
+steps, DSV4_CUDA_GRAPHS=0 turns them off. DSV4_COMPILE=1 captures the step compiled by
+torch.compile (model/compiled_step.py) instead: fewer, fused kernels, at the price of a compile
+of each bucket when it is first captured (off by default for that reason).
 
 Graphs share one memory pool: they are replayed one at a time and only their outputs,
 held here, outlive a replay.
@@ -44,6 +46,11 @@ def mode() -> str:
     """DSV4_CUDA_GRAPHS: "all" steps (the default), "decode"-only steps, or "0" (none)."""
     m = os.environ.get("DSV4_CUDA_GRAPHS", "all")
     return m if m in ("all", "decode", "0") else "all"
+
+
+def compile_enabled() -> bool:
+    """DSV4_COMPILE=1: capture torch.compile'd steps."""
+    return os.environ.get("DSV4_COMPILE", "0") not in ("", "0")
 
 
 def batch_bucket(n: int) -> int | None:
@@ -121,6 +128,11 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._default_gate = pools.gate
         self.replays = 0
+        self._step = model.forward_static_decode
+        if compile_enabled():
+            from .model.compiled_step import compile_static_decode
+
+            self._step = compile_static_decode(model)
 
     def supports(self, batch) -> bool:  # batch: scheduler.ScheduledBatch
         """Whether the step can replay a graph: its rows (one per new token) fit a bucket,
@@ -162,7 +174,7 @@ class DecodeGraphs:
         dev[:, 2:] = self.pools.scratch_page  # warm-up writes land in the scratch page
 
         def step() -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self.model.forward_static_decode(dev[:, 0], dev[:, 1], dev[:, 2:], self.pools)
+            logits = self._step(dev[:, 0], dev[:, 1], dev[:, 2:], self.pools)
             return logits, logits.argmax(-1)
 
         side = torch.cuda.Stream(self.device)

@@ -24,11 +24,13 @@ import os
 import statistics
 import time
 
-import torch
+from dsv4bench.engine.cpu_threads import on_passing_thread, set_openmp_spin
+
+set_openmp_spin()  # as the engine's processes do, before torch loads (engine/cpu_threads.py)
+import torch  # noqa: E402
 
 
 from dsv4bench.engine.config import EngineConfig
-from dsv4bench.engine.cpu_threads import on_passing_thread
 from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.memory import PageAllocator
 from dsv4bench.engine.model.model import DSV4Mini

@@ -130,6 +130,9 @@ def engine_serve(
         raise fail(str(e))
     except ValueError as e:
         raise fail(f"bad engine settings: {e}")
+    from ..engine.cpu_threads import set_openmp_spin
+
+    set_openmp_spin()  # before torch loads (engine/cpu_threads.py)
     from ..engine.serve import EngineSetupError, ServeError, serve
 
     if auth_health_metrics and not api_key:

@@ -255,15 +255,12 @@ def _dot_ok(*dims: int) -> bool:
     return all(d >= 16 and d & (d - 1) == 0 for d in dims)
 
 
-def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
-                 idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
-                 topk: int) -> torch.Tensor:
-    """reference.indexer_topk with the scores computed by a Triton kernel."""
-    assert AVAILABLE and q.is_cuda
+def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
+                    idx_scale: torch.Tensor | None, cand: torch.Tensor,
+                    n_eligible: torch.Tensor) -> torch.Tensor:
+    """Index scores [G, Q, NB] float32 of queries q [G, Q, H, D] over candidates cand [G, NB]."""
     G, Q, H, D = q.shape
     NB = cand.shape[1]
-    if NB == 0 or G * Q == 0:
-        return reference.topk_blocks(q.new_zeros(G, Q, NB), n_eligible, topk)
     scores = torch.empty(G, Q, NB, dtype=torch.float32, device=q.device)
     BLOCK_N = 64
     grid = (G * Q, triton.cdiv(NB, BLOCK_N))
@@ -273,26 +270,37 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
             idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
             n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=max(16, _pow2(H)),
             BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
-        return reference.topk_blocks(scores, n_eligible, topk)
+        return scores
     _indexer_scores_kernel[grid](
         q.float().contiguous(), w.float().contiguous(), idx_k.contiguous(),
         idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
         n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=_pow2(H), BLOCK_D=_pow2(D),
         BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
+    return scores
+
+
+def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
+                 idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
+                 topk: int) -> torch.Tensor:
+    """reference.indexer_topk with the scores computed by a Triton kernel."""
+    assert AVAILABLE and q.is_cuda
+    G, Q, H, D = q.shape
+    NB = cand.shape[1]
+    if NB == 0 or G * Q == 0:
+        return reference.topk_blocks(q.new_zeros(G, Q, NB), n_eligible, topk)
+    # NOTE: under torch.compile the launch goes through an opaque custom op, so the tracer
+    # never looks inside the kernel and the compiled graph needs no break around it
+    scores = (torch.ops.dsv4.indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible)
+              if _compiling() else _indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible))
     return reference.topk_blocks(scores, n_eligible, topk)
 
 
-def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
-                            win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
-                            c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, scale: float) -> torch.Tensor:
-    """reference.sparse_decode_attention as one Triton program per sequence."""
-    assert AVAILABLE and q.is_cuda
+def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
+                      win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
+                      c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, scale: float) -> torch.Tensor:
     S, H, HD = q.shape
     half = cos.shape[1]
-    if half & (half - 1) or S == 0:  # tl.arange needs a power of two
-        return reference.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
-                                                 c_ids, c_pos, sink, cos, sin, scale)
     rest = HD - 2 * half
     out = torch.empty_like(q)
     if q.dtype == torch.bfloat16 and _dot_ok(half, rest):
@@ -310,3 +318,49 @@ def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: t
         c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
         REST_P=_pow2(max(rest, 1)), BLOCK_H=_pow2(H), BLOCK_K=32)
     return out
+
+
+def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
+                            win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
+                            c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, scale: float) -> torch.Tensor:
+    """reference.sparse_decode_attention as one Triton program per sequence."""
+    assert AVAILABLE and q.is_cuda
+    S, H, HD = q.shape
+    half = cos.shape[1]
+    if half & (half - 1) or S == 0:  # tl.arange needs a power of two
+        return reference.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
+                                                 c_ids, c_pos, sink, cos, sin, scale)
+    if _compiling():
+        return torch.ops.dsv4.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
+                                                      c_ids, c_pos, sink, cos, sin, scale)
+    return _decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink,
+                             cos, sin, scale)
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+if AVAILABLE:
+    # Opaque to torch.compile: the kernels read the pools (graph inputs that the step mutates
+    # before these reads); functionalization orders the reads after the writes.
+    _indexer_scores_op = torch.library.custom_op(
+        "dsv4::indexer_scores", _indexer_scores, mutates_args=(),
+        schema="(Tensor q, Tensor w, Tensor idx_k, Tensor? idx_scale, Tensor cand, "
+               "Tensor n_eligible) -> Tensor")
+
+    @_indexer_scores_op.register_fake
+    def _(q, w, idx_k, idx_scale, cand, n_eligible):  # type: ignore[no-untyped-def]
+        G, Q = q.shape[:2]
+        return q.new_empty(G, Q, cand.shape[1], dtype=torch.float32)
+
+    _decode_attention_op = torch.library.custom_op(
+        "dsv4::sparse_decode_attention", _decode_attention, mutates_args=(),
+        schema="(Tensor q, Tensor kv_flat, Tensor win_slots, Tensor win_pos, Tensor ckv_flat, "
+               "Tensor c_ids, Tensor c_pos, Tensor sink, Tensor cos, Tensor sin, float scale) "
+               "-> Tensor")
+
+    @_decode_attention_op.register_fake
+    def _(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale):  # type: ignore[no-untyped-def]
+        return torch.empty_like(q)

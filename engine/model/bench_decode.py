@@ -1,7 +1,7 @@
 """Decode step of DSV4Mini on a GPU, replayed as a CUDA graph, against the bytes it must read.
 
     python -m dsv4bench.engine.model.bench_decode [--config default|1b] [--batches 1,80,256,1024]
-        [--dtype float32|bfloat16] [--ctx 2048,4096] [--eager]
+        [--dtype float32|bfloat16] [--ctx 2048,4096] [--eager] [--compile] [--profile 256]
 
 For each batch: sequences at contexts drawn from --ctx, pools filled with random KV, one decode
 step (forward_static_decode, the step cuda_graphs.py captures) timed over graph replays with
@@ -14,6 +14,12 @@ CUDA events (median). Bytes read by a step, counted from the contexts:
     complete block.
 Bandwidth = bytes / step time, as a share of a device-to-device copy measured in the same
 run (bytes read + written over its time). `--eager` also times the eager forward() step.
+`--compile` also times the step compiled by torch.compile (compiled_step.py), captured and
+replayed the same way, beside the uncompiled graph of the same batch (its compile time, and the
+relative difference of its logits from the uncompiled step's, and the share of rows with the
+same argmax; `eager err` is the same difference between the uncompiled graph and eager
+forward(), the noise floor of the dtype). `--profile B,...` prints, for
+those batches, the kernels of a replayed step (count per step, top kernels by time).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import time
 
 import torch
 
@@ -29,6 +36,59 @@ from .batch import ForwardBatch, SeqSlice
 from .bench import Pages, fill_random
 from .kv_pools import KVPools
 from .model import DSV4Mini
+
+
+def capture(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """fn() run once on a side stream (Triton compiles, library handles), then captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def time_replays(g: torch.cuda.CUDAGraph, n: int) -> float:
+    """Median ms of a replay over n replays (after 3 untimed)."""
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 25) -> None:
+    """Kernels of n replays of g: count and time per step, top kernels by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            g.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = e.self_cuda_time_total
+        if t > 0:
+            rows.append((t / n, e.count / n, e.key))
+    rows.sort(reverse=True)
+    total_us = sum(r[0] for r in rows)
+    count = sum(r[1] for r in rows)
+    print(f"profile {label}: {count:.0f} kernels a step, {total_us / 1e3:.3f} ms of kernel time a step")
+    print(f"{'us/step':>9} {'calls':>6} {'us/call':>8}  kernel")
+    for t, c, k in rows[:top]:
+        print(f"{t:>9.1f} {c:>6.0f} {t / max(c, 1e-9):>8.2f}  {k[:110]}")
 
 # About 1.07B parameters: DSV4-mini's layout, wider and deeper. For this benchmark only.
 CONFIGS = {
@@ -83,22 +143,30 @@ def step_bytes(model: DSV4Mini, pools: KVPools, ctx: list[int], experts_hit: lis
 
 
 def routed_experts(model: DSV4Mini, step) -> list[int]:
-    """Distinct experts each layer's MoE routes to during `step()`."""
-    hit: list[int] = []
-    for blk in model.blocks:
-        route = blk.moe.route
+    """Distinct experts each layer's MoE routes to during `step()` (routing through MoE.route,
+    or on CUDA through static_moe's own top-k)."""
+    from . import static_moe as sm
 
-        def record(x, token_ids, route=route):
-            experts, gates = route(x, token_ids)
+    hit: list[int] = []
+
+    def recorder(route):
+        def record(*args):
+            experts, gates = route(*args)
             hit.append(int(experts.unique().numel()))
             return experts, gates
+        return record
 
-        blk.moe.route = record
+    for blk in model.blocks:
+        blk.moe.route = recorder(blk.moe.route)
+    cuda_route = sm._route
+    sm._route = recorder(cuda_route)
     try:
         step()
     finally:
+        sm._route = cuda_route
         for blk in model.blocks:
             del blk.moe.route
+    assert len(hit) == len(model.blocks), hit
     return hit
 
 
@@ -111,7 +179,11 @@ def main() -> None:
     ap.add_argument("--ctx", default="2048,4096", help="contexts drawn uniformly from this range")
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--eager", action="store_true", help="also time the eager forward() step")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the torch.compile'd step (compiled_step.py)")
+    ap.add_argument("--profile", default="", help="batches whose replayed steps are profiled")
     args = ap.parse_args()
+    prof_batches = {int(b) for b in args.profile.split(",") if b}
     dev = "cuda"
     batches = [int(b) for b in args.batches.split(",")]
     lo, hi = (int(x) for x in args.ctx.split(","))
@@ -134,8 +206,18 @@ def main() -> None:
     print(f"config {args.config}: {n_params / 1e9:.3f}B parameters ({args.dtype}), KV bf16, index-K "
           f"{args.index_k_dtype}, contexts {lo}-{hi}; {torch.cuda.get_device_name()}; copy bandwidth "
           f"{bw / 1e12:.2f} TB/s (read + written)")
-    print(f"{'batch':>5} {'graph step':>11} {'eager step':>11} {'MB read':>9} {'(weights':>9} {'window':>7} "
-          f"{'compr.':>7} {'index-K)':>8} {'TB/s':>6} {'of copy':>8} {'tok/s':>10}")
+    compiled = None
+    if args.compile:
+        from .compiled_step import compile_static_decode
+
+        compiled = compile_static_decode(model)
+    head = (f"{'batch':>5} {'graph step':>11} {'eager step':>11} {'MB read':>9} {'(weights':>9} {'window':>7} "
+            f"{'compr.':>7} {'index-K)':>8} {'TB/s':>6} {'of copy':>8} {'tok/s':>10} {'eager err':>8}")
+    if compiled is not None:
+        head += (f" {'compiled':>11} {'of copy':>8} {'speedup':>8} {'compile':>8} {'logit err':>9}"
+                 f" {'argmax=':>7}")
+    lines = [head]
+    print(head)
     for B in batches:
         ctx = ctx_all[:B]
         NP = max(c // P + 1 for c in ctx)
@@ -147,7 +229,8 @@ def main() -> None:
         pt = pt.to(dev)
         # eager forward() once: the experts it routes to, and its time when asked
         batch = ForwardBatch([SeqSlice([int(tok[i])], ctx[i], tables[i]) for i in range(B)])
-        experts_hit = routed_experts(model, lambda: model(batch, pools))
+        eager_logits: list[torch.Tensor] = []
+        experts_hit = routed_experts(model, lambda: eager_logits.append(model(batch, pools)))
         eager_ms = float("nan")
         if args.eager:
             ts = []
@@ -159,32 +242,56 @@ def main() -> None:
                 b.synchronize()
                 ts.append(a.elapsed_time(b))
             eager_ms = statistics.median(ts)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            model.forward_static_decode(tok, pos, pt, pools)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            model.forward_static_decode(tok, pos, pt, pools)
-        for _ in range(3):
-            g.replay()
-        ts = []
-        for _ in range(args.replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        ms = statistics.median(ts)
+        g, logits = capture(lambda: model.forward_static_decode(tok, pos, pt, pools))
+        ms = time_replays(g, args.replays)
         nbytes = step_bytes(model, pools, ctx, experts_hit)
         total = sum(nbytes.values())
         rate = total / (ms / 1e3)
-        print(f"{B:>5} {ms:>8.3f} ms {eager_ms:>8.2f} ms {total / 1e6:>9.1f} {nbytes['weights'] / 1e6:>9.1f} "
-              f"{nbytes['window'] / 1e6:>7.1f} {nbytes['compressed'] / 1e6:>7.1f} {nbytes['index_k'] / 1e6:>8.1f} "
-              f"{rate / 1e12:>6.2f} {rate / bw:>7.1%} {B / ms * 1e3:>10.0f}", flush=True)
-        del g
+        line = (f"{B:>5} {ms:>8.3f} ms {eager_ms:>8.2f} ms {total / 1e6:>9.1f} {nbytes['weights'] / 1e6:>9.1f} "
+                f"{nbytes['window'] / 1e6:>7.1f} {nbytes['compressed'] / 1e6:>7.1f} {nbytes['index_k'] / 1e6:>8.1f} "
+                f"{rate / 1e12:>6.2f} {rate / bw:>7.1%} {B / ms * 1e3:>10.0f}")
+        g.replay()
+        torch.cuda.synchronize()
+        # the bf16 noise floor of the logits: eager forward() (other kernels, other sums)
+        # against the graph of the same step
+        ref = eager_logits[0].float()
+        ref_err = ((logits.float() - ref).norm() / ref.norm()).item()
+        line += f" {ref_err:>8.1e}"
+        if B in prof_batches:
+            profile_replays(f"graph batch {B}", g)
+        gc = None
+        if compiled is not None:
+            t0 = time.perf_counter()
+            try:
+                compiled(tok, pos, pt, pools)
+            except Exception as e:  # a graph break under fullgraph: compile the pieces instead
+                print(f"fullgraph compile failed ({str(e).splitlines()[0][:300]}); "
+                      "compiling with graph breaks", flush=True)
+                from .compiled_step import compile_static_decode
+
+                compiled = compile_static_decode(model, fullgraph=False)
+                compiled(tok, pos, pt, pools)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            gc, logits_c = capture(lambda: compiled(tok, pos, pt, pools))
+            ms_c = time_replays(gc, args.replays)
+            # NOTE: a step reads only pool contents that precede it or that it wrote itself
+            # earlier in the same step, so either graph's last replay leaves its own logits
+            g.replay()
+            gc.replay()
+            torch.cuda.synchronize()
+            err = ((logits_c.float() - logits.float()).norm() / logits.float().norm()).item()
+            same = (logits_c.argmax(-1) == logits.argmax(-1)).float().mean().item()
+            rate_c = total / (ms_c / 1e3)
+            line += (f" {ms_c:>8.3f} ms {rate_c / bw:>7.1%} {ms / ms_c:>7.2f}x {compile_s:>7.1f}s"
+                     f" {err:>9.1e} {same:>7.1%}")
+            if B in prof_batches:
+                profile_replays(f"compiled batch {B}", gc)
+        lines.append(line)
+        print(line, flush=True)
+        del g, gc
+    if len(lines) > 2:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -131,8 +131,12 @@ class KVPools:
 
     def write_index_k(self, layer: int, entries: torch.Tensor, keys: torch.Tensor) -> None:
         """Quantize float keys [n, index_dim] into the layer's index-K pool."""
+        self.write_index_k_stored(layer, entries, *quantize_index_k(keys, self.index_k_dtype))
+
+    def write_index_k_stored(self, layer: int, entries: torch.Tensor, stored: torch.Tensor,
+                             scale: torch.Tensor | None) -> None:
+        """Write keys already quantized by quantize_index_k into the layer's index-K pool."""
         k_flat, s_flat = self.idx_flat(layer)
-        stored, scale = quantize_index_k(keys, self.index_k_dtype)
         if stored.dtype == torch.float8_e4m3fn:  # NOTE: index_copy_ has no fp8 CPU kernel
             k_flat.view(torch.uint8).index_copy_(0, entries, stored.view(torch.uint8))
         else:

@@ -93,6 +93,13 @@ class DSV4Mini(nn.Module):
         every shape fixed by the inputs' sizes and no host sync (plan.build_static_decode_plan;
         MoE through static_moe): what a CUDA graph captures. Needs pools built with a scratch
         page. Returns logits [B, vocab] of every row."""
+        return self.static_decode_step(token_ids, positions, page_table, pools)
+
+    def static_decode_step(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                           page_table: torch.Tensor, pools: KVPools) -> torch.Tensor:
+        """forward_static_decode without its inference-mode wrapper: what torch.compile traces
+        (model/compiled_step.py; compiling in inference mode fails on the pools' in-place
+        writes), to be called under no_grad."""
         assert pools.scratch_page is not None, "a static decode needs pools with a scratch page"
         plan = build_static_decode_plan(token_ids, positions, page_table, self.cfg,
                                         pools.page_size, pools.scratch_page)

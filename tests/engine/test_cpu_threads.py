@@ -52,3 +52,43 @@ def test_a_passing_threads_openmp_team_ends_with_it() -> None:
     before, after_passing, after_main = map(int, out.stdout.split())
     assert after_passing == before, out.stdout
     assert after_main > before, out.stdout  # the main thread's team stays: what the engine avoids
+
+
+def test_openmp_spin_is_set_unless_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsv4bench.engine import cpu_threads
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    cpu_threads.set_openmp_spin()
+    import os
+
+    assert os.environ["GOMP_SPINCOUNT"] == str(cpu_threads.SPIN_COUNT)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "77")
+    cpu_threads.set_openmp_spin()
+    assert os.environ["GOMP_SPINCOUNT"] == "77"
+
+
+def test_engine_serve_sets_the_spin_before_torch_loads() -> None:
+    # `dsv4bench engine serve` on a port it cannot bind: it fails after setting the spin and
+    # importing the serving engine, and reports whether torch came after the setting
+    code = textwrap.dedent("""
+        import os, sys, builtins
+        seen = {}
+        real_import = builtins.__import__
+        def spy(name, *a, **k):
+            if name == "torch" and "at_torch" not in seen:
+                seen["at_torch"] = os.environ.get("GOMP_SPINCOUNT")
+            return real_import(name, *a, **k)
+        builtins.__import__ = spy
+        os.environ.pop("GOMP_SPINCOUNT", None)
+        from dsv4bench.cli import main
+        sys.argv = ["dsv4bench", "engine", "serve", "--port", "1", "--host", "256.0.0.1"]
+        try:
+            main()
+        except SystemExit:
+            pass
+        print("SPIN", seen.get("at_torch"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    from dsv4bench.engine.cpu_threads import SPIN_COUNT
+
+    assert f"SPIN {SPIN_COUNT}" in out.stdout, (out.stdout, out.stderr[-2000:])

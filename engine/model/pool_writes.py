@@ -1,0 +1,37 @@
+"""Pool writes of the static decode step on CUDA, kept out of torch.compile'd graphs.
+
+A compiled graph that writes into the pools (its inputs) in place is functionalised: inductor
+then materialised a new copy of a whole pool per write and copied it back (two ~380 us kernels a
+layer at the 1B config, more than the rest of the step). Run eagerly, between the compiled
+pieces, each write is the one index_copy_ it is uncompiled; what the compiled pieces read from
+the pools afterwards are plain reads of graph inputs. Outside torch.compile these functions are
+exactly the KVPools methods.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kv_pools import KVPools, quantize_index_k
+
+
+@torch.compiler.disable
+def write_kv(pools: KVPools, layer: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+    pools.write_kv(layer, slots, values)
+
+
+@torch.compiler.disable
+def write_ckv(pools: KVPools, layer: int, entries: torch.Tensor, values: torch.Tensor) -> None:
+    pools.write_ckv(layer, entries, values)
+
+
+@torch.compiler.disable
+def _write_index_k_stored(pools: KVPools, layer: int, entries: torch.Tensor,
+                          stored: torch.Tensor, scale: torch.Tensor | None) -> None:
+    pools.write_index_k_stored(layer, entries, stored, scale)
+
+
+def write_index_k(pools: KVPools, layer: int, entries: torch.Tensor, keys: torch.Tensor) -> None:
+    """KVPools.write_index_k: the quantisation (traced, fused) then the write (eager)."""
+    stored, scale = quantize_index_k(keys, pools.index_k_dtype)
+    _write_index_k_stored(pools, layer, entries, stored, scale)
