@@ -18,7 +18,11 @@ Unthrottled, libgomp spins 300,000 times, long enough to hold a core the harness
 engine needs (README's main job shares 2 cores between them): that job took 177 s against 165 s
 before; with a core taken by a busy loop, decode fell to half. The engine's processes spin
 10,000 times (GOMP_SPINCOUNT, read by libgomp when torch loads, so set before that; a value the
-user set stays): README's job 162 s, batch-80 decode 2,139-2,458 tok/s (bench-plan.md).
+user set stays): README's job 162 s, batch-80 decode 2,139-2,458 tok/s (bench-plan.md). Several
+engine processes on one machine (a PD deployment's two halves) would together hold more OpenMP
+threads than cores, where libgomp's own throttle cannot see across processes: they spin 100
+times, as a throttled team does. (That follows libgomp's rule rather than a measurement: a PD
+probe test on this 2-core machine took 12-14 s at either count.)
 """
 
 from __future__ import annotations
@@ -31,12 +35,17 @@ from typing import TypeVar
 T = TypeVar("T")
 
 SPIN_COUNT = 10_000  # libgomp's spins between two parallel regions (module docstring)
+SHARED_SPIN_COUNT = 100  # libgomp's own, once its threads outnumber the cores
 
 
-def set_openmp_spin() -> None:
-    """GOMP_SPINCOUNT for this process and its children, unless the user set it; takes effect
-    only if torch has not been imported yet."""
-    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
+def set_openmp_spin(engine_processes: int = 1) -> None:
+    """GOMP_SPINCOUNT for this process and its children, `engine_processes` of them stepping a
+    model on this machine, unless the user set it; takes effect only where torch has not been
+    imported yet."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "4" or "4,2" (nested)
+    threads_each = int(first) if first.isdigit() and int(first) > 0 else os.cpu_count() or 1
+    shared = engine_processes > 1 and engine_processes * threads_each > (os.cpu_count() or 1)
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SHARED_SPIN_COUNT if shared else SPIN_COUNT))
 
 
 def on_passing_thread(build: Callable[[], T], name: str = "dsv4-build") -> T:

@@ -132,7 +132,7 @@ def engine_serve(
         raise fail(f"bad engine settings: {e}")
     from ..engine.cpu_threads import set_openmp_spin
 
-    set_openmp_spin()  # before torch loads (engine/cpu_threads.py)
+    set_openmp_spin(2 if dcfg is not None else 1)  # before torch loads (engine/cpu_threads.py); PD: two halves
     from ..engine.serve import EngineSetupError, ServeError, serve
 
     if auth_health_metrics and not api_key:

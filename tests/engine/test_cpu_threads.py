@@ -92,3 +92,19 @@ def test_engine_serve_sets_the_spin_before_torch_loads() -> None:
     from dsv4bench.engine.cpu_threads import SPIN_COUNT
 
     assert f"SPIN {SPIN_COUNT}" in out.stdout, (out.stdout, out.stderr[-2000:])
+
+
+def test_engine_processes_sharing_the_cores_spin_as_libgomp_throttles(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from dsv4bench.engine import cpu_threads
+
+    cores = os.cpu_count() or 1
+    for omp, processes, want in (("", 2, cpu_threads.SHARED_SPIN_COUNT), ("", 1, cpu_threads.SPIN_COUNT),
+                                 ("1", 2, cpu_threads.SPIN_COUNT if cores >= 2 else cpu_threads.SHARED_SPIN_COUNT),
+                                 ("4,2", 2, cpu_threads.SHARED_SPIN_COUNT if cores < 8 else cpu_threads.SPIN_COUNT),
+                                 ("junk", 2, cpu_threads.SHARED_SPIN_COUNT)):
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        cpu_threads.set_openmp_spin(processes)
+        assert os.environ["GOMP_SPINCOUNT"] == str(want), (omp, processes)

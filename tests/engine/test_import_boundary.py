@@ -1,6 +1,6 @@
 """The serving engine never imports the harness's scenario packs or the making of weights:
 a `dsv4bench engine serve` process loads neither `dsv4bench.agents` nor
-`dsv4bench.engine.training`, and no file of engine/ outside training/ names them."""
+`dsv4bench.engine.training` (nor torch.compile's machinery), and no file of engine/ outside training/ names them."""
 
 from __future__ import annotations
 
@@ -66,3 +66,6 @@ def test_a_serving_process_loads_neither_agents_nor_training(tmp_path):
     loaded = done.stdout.split()
     assert "dsv4bench.engine.serve" in loaded and "dsv4bench.engine.pd.halves" in loaded
     assert [m for m in loaded if forbidden(m)] == []
+    # nor torch.compile's machinery (some 1.4 s of every engine start on a CPU): only a
+    # compiled CUDA step needs it, and it imports it then (model/pool_writes.py)
+    assert "torch._dynamo.eval_frame" not in loaded and "dsv4bench.engine.model.pool_writes" not in loaded
