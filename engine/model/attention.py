@@ -20,6 +20,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..kernels import ops_for
 from ..kernels.reference import softmax_with_sink, take_rows
+from . import pool_writes
 from .compressor import Compressor
 from .indexer import Indexer, distill_loss
 from .kv_pools import KVPools
@@ -69,10 +70,7 @@ class Attention(nn.Module):
         # reads back blocks holding a new token) need no gate.
         # NOTE: the static step on CUDA (CUDA graphs, maybe torch.compile'd) writes through
         # pool_writes, whose writes stay out of compiled graphs; the same KVPools methods
-        writes = None
-        if plan.static and x.is_cuda:
-            # NOTE: imported here: torch.compiler.disable loads torch._dynamo (1.4 s on a CPU)
-            from . import pool_writes as writes
+        writes = pool_writes if plan.static and x.is_cuda else None
         if writes is None:
             pools.write_kv(l, plan.new_slots, kv)
         else:

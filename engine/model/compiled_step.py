@@ -27,6 +27,10 @@ def compile_static_decode(model: DSV4Mini, fullgraph: bool = False) -> Callable[
     and the pools must be ordinary tensors (not made under inference mode)."""
     import torch._dynamo
 
+    from . import pool_writes
+
+    pool_writes.keep_out_of_compiled_graphs()
+
     # NOTE: the pool writes (pool_writes.py) break the step into pieces, and a piece inside a
     # layer is compiled once per layer (its guards hold the layer index) and per bucket: the
     # engine captures up to a few dozen buckets of the model's layers
