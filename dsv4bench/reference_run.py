@@ -96,8 +96,7 @@ class SessionKeys:
                 return text
             del self._messages[i:]
         text = _canonical(_message_for_key(m) if isinstance(m, dict) else m)
-        if i == len(self._messages):
-            self._messages.append((m, _shallow(m), text))
+        self._messages.append((m, _shallow(m), text))  # messages come in order: this is entry i
         return text
 
     def _tools_text(self, tools: Any) -> str:

@@ -141,13 +141,19 @@ def load_model(cfg: EngineConfig, weights: Path | None = None, random_weights: b
         raise EngineSetupError(str(e)) from None
 
 
+def load_runner(cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False,
+                init_seed: int = 0) -> tuple[DSV4Tokenizer, ModelRunner]:
+    """load_model, and the model runner (with its pools) over the model."""
+    tok, model = load_model(cfg, weights, random_weights, init_seed)
+    return tok, ModelRunner(cfg, model)
+
+
 def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path | None = None,
                  random_weights: bool = False, init_seed: int = 0) -> Engine:
     """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
     random initialisation when `random_weights`)."""
     def build() -> tuple[DSV4Tokenizer, ModelRunner, PageAllocator, RadixCache]:
-        tok, model = load_model(cfg, weights, random_weights, init_seed)
-        runner = ModelRunner(cfg, model)
+        tok, runner = load_runner(cfg, weights, random_weights, init_seed)
         allocator = PageAllocator(cfg.num_pages)
         # NOTE: the host tier installs itself as the pools' per-layer read gate.
         cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache

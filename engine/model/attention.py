@@ -68,26 +68,17 @@ class Attention(nn.Module):
         # NOTE: new tokens write only pages their own requests hold privately, never a cached
         # page a host-tier load may be filling, so the writes (and the compression, which
         # reads back blocks holding a new token) need no gate.
-        # NOTE: the static step on CUDA (CUDA graphs, maybe torch.compile'd) writes through
-        # pool_writes, whose writes stay out of compiled graphs; the same KVPools methods
-        writes = pool_writes if plan.static and x.is_cuda else None
-        if writes is None:
-            pools.write_kv(l, plan.new_slots, kv)
-        else:
-            writes.write_kv(pools, l, plan.new_slots, kv)
+        # NOTE: written through pool_writes, the KVPools methods, which a torch.compile'd step
+        # keeps out of its graphs (pool_writes.py says why)
+        pool_writes.write_kv(pools, l, plan.new_slots, kv)
         done = plan.compress[self.rate]
         if done.entries.numel():
             # NOTE: entries read the block's KV back from the pool, so blocks straddling
             # steps (earlier tokens from earlier steps) compress exactly like dense ones.
             entries = self.compressor(take_rows(pools.kv_flat(l), done.kv_slots).to(x.dtype))
-            if writes is None:
-                pools.write_ckv(l, done.entries, entries)
-                if self.indexer is not None:
-                    pools.write_index_k(l, done.entries, self.indexer.keys(entries))
-            else:
-                writes.write_ckv(pools, l, done.entries, entries)
-                if self.indexer is not None:
-                    writes.write_index_k(pools, l, done.entries, self.indexer.keys(entries))
+            pool_writes.write_ckv(pools, l, done.entries, entries)
+            if self.indexer is not None:
+                pool_writes.write_index_k(pools, l, done.entries, self.indexer.keys(entries))
         # NOTE: as in DSV4's sparse attention, the indexer picks each query's blocks from the
         # index-K pool first; only then does attention read raw and compressed KV.
         dec_blocks = self._decode_blocks(x, plan.decode, pools) if plan.decode is not None else None

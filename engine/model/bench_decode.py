@@ -143,27 +143,20 @@ def step_bytes(model: DSV4Mini, pools: KVPools, ctx: list[int], experts_hit: lis
 
 
 def routed_experts(model: DSV4Mini, step) -> list[int]:
-    """Distinct experts each layer's MoE routes to during `step()` (routing through MoE.route,
-    or on CUDA through static_moe's own top-k)."""
-    from . import static_moe as sm
-
+    """Distinct experts each layer's MoE routes to during `step()`."""
     hit: list[int] = []
+    for blk in model.blocks:
+        route = blk.moe.route
 
-    def recorder(route):
-        def record(*args):
+        def record(*args, route=route):
             experts, gates = route(*args)
             hit.append(int(experts.unique().numel()))
             return experts, gates
-        return record
 
-    for blk in model.blocks:
-        blk.moe.route = recorder(blk.moe.route)
-    cuda_route = sm._route
-    sm._route = recorder(cuda_route)
+        blk.moe.route = record
     try:
         step()
     finally:
-        sm._route = cuda_route
         for blk in model.blocks:
             del blk.moe.route
     assert len(hit) == len(model.blocks), hit

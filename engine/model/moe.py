@@ -10,6 +10,8 @@ from the router's scores of the chosen experts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,15 +61,19 @@ class MoE(nn.Module):
         self.w_out = nn.Parameter(torch.randn(E, h, d) * h**-0.5)
         self.shared = SwiGLU(d, cfg.shared_expert_dim)
 
-    def route(self, x: torch.Tensor, token_ids: torch.Tensor
+    def route(self, x: torch.Tensor, token_ids: torch.Tensor,
+              top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, d], token_ids [N] -> (experts [N, k] int64, gates [N, k] summing to 1)."""
+        """x [N, d], token_ids [N] -> (experts [N, k] int64, gates [N, k] summing to 1).
+        `top_k(biased scores [N, E], k)`: the k chosen columns, torch.topk's by default."""
         logits = x @ self.router.t()
         scores = logits.sigmoid() if self.score_fn == "sigmoid" else logits.softmax(-1)
         if self.hashed:
             experts = hash_experts(token_ids, self.n_experts, self.k)
-        else:
+        elif top_k is None:
             experts = (scores + self.selection_bias).topk(self.k, dim=-1).indices
+        else:
+            experts = top_k(scores + self.selection_bias, self.k)
         gates = scores.gather(-1, experts)
         return experts, gates / gates.sum(-1, keepdim=True)
 

@@ -1,4 +1,4 @@
-"""Pool writes of the static decode step on CUDA, kept out of torch.compile'd graphs.
+"""The pooled path's pool writes (Attention.forward), kept out of torch.compile'd graphs.
 
 A compiled graph that writes into the pools (its inputs) in place is functionalised: inductor
 then materialised a new copy of a whole pool per write and copied it back (two ~380 us kernels a

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .moe import MoE, hash_experts
+from .moe import MoE
 
 _GROUPED_OK: dict[str, bool] = {}
 
@@ -40,7 +40,7 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host."""
-    experts, gates = _route(moe, x, token_ids) if x.is_cuda else moe.route(x, token_ids)
+    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None)
     if grouped_mm_usable(x.device, x.dtype):
         ys = _grouped(moe, x, experts, gates)
     else:
@@ -48,26 +48,17 @@ def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
     return moe.shared(x) + ys.to(x.dtype)
 
 
-def _route(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MoE.route, with the top-k of the few experts taken as k rounds of argmax: on a GPU
-    torch.topk of 8 columns is a top-k kernel and a sort kernel (some 10 us a layer), the
-    rounds one small fused kernel under torch.compile. The same experts but on exact ties of
-    score + bias, where topk's order is unspecified anyway."""
-    logits = x @ moe.router.t()
-    scores = logits.sigmoid() if moe.score_fn == "sigmoid" else logits.softmax(-1)
-    if moe.hashed:
-        experts = hash_experts(token_ids, moe.n_experts, moe.k)
-    else:
-        sel = scores + moe.selection_bias
-        picks = []
-        for _ in range(moe.k):
-            i = sel.argmax(-1, keepdim=True)
-            picks.append(i)
-            sel = sel.scatter(-1, i, float("-inf"))
-        experts = torch.cat(picks, -1)
-    gates = scores.gather(-1, experts)
-    return experts, gates / gates.sum(-1, keepdim=True)
+def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The top k columns of scores [N, E] as k rounds of argmax (for MoE.route on a GPU: there
+    torch.topk of 8 columns is a top-k kernel and a sort kernel, some 10 us a layer; the rounds
+    are one small fused kernel under torch.compile). topk's columns, but on exact ties, where
+    topk's order is unspecified anyway."""
+    picks = []
+    for _ in range(k):
+        i = scores.argmax(-1, keepdim=True)
+        picks.append(i)
+        scores = scores.scatter(-1, i, float("-inf"))
+    return torch.cat(picks, -1)
 
 
 def _dense(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:

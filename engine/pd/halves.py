@@ -26,10 +26,8 @@ from ..config import DeploymentConfig, EngineConfig
 from ..cpu_threads import on_passing_thread
 from ..faults import Fault
 from ..frontend import Frontend
-from ..model_runner import ModelRunner
-from ..serve import listen, load_model, serve_together
+from ..serve import listen, load_runner, serve_together
 from ..server import ServerConfig, build_app
-from ..tokenizer import DSV4Tokenizer
 from .bootstrap import BootstrapWorker
 from .bootstrap_client import BootstrapClient
 from .bootstrap_server import BootstrapServer
@@ -65,19 +63,13 @@ class Half:
             part.stop()
 
 
-def _model_runner(cfg: EngineConfig, weights: Path | None, random_weights: bool, init_seed: int
-                  ) -> tuple[DSV4Tokenizer, ModelRunner]:
-    tok, model = load_model(cfg, weights, random_weights, init_seed)
-    return tok, ModelRunner(cfg, model)
-
-
 def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_host: str = "127.0.0.1",
                bootstrap_port: int = DeploymentConfig.bootstrap_port, link_gbps: float = 0.0, weights: Path | None = None,
                random_weights: bool = False, init_seed: int = 0) -> Half:
     """Build (not start) the `role` half; the prefill's bootstrap port is bound here."""
     if role not in ROLES:
         raise ValueError(f"a PD half is prefill or decode, not {role!r}")
-    tok, runner = on_passing_thread(lambda: _model_runner(cfg, weights, random_weights, init_seed))
+    tok, runner = on_passing_thread(lambda: load_runner(cfg, weights, random_weights, init_seed))
     server_cfg = dataclasses.replace(server_cfg, engine_type=role)
     worker = server = transfers = None
     if role == "prefill":

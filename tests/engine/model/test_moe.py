@@ -69,3 +69,20 @@ def test_balancing_update_moves_bias_toward_underloaded_experts():
     moe = MoE(SMALL, layer=1)
     moe.update_selection_bias(torch.tensor([10, 0, 5, 5]), step=0.1)
     torch.testing.assert_close(moe.selection_bias, torch.tensor([-0.1, 0.1, 0.0, 0.0]))
+
+
+def test_routing_by_rounds_of_argmax_chooses_topks_experts_and_gates():
+    # the top-k a GPU step routes with (static_moe.top_k_by_argmax) against torch.topk
+    from dsv4bench.engine.model.static_moe import top_k_by_argmax
+
+    torch.manual_seed(0)
+    moe = MoE(SMALL, layer=SMALL.n_layers - 1)
+    assert not moe.hashed
+    with torch.no_grad():
+        moe.selection_bias += torch.randn(SMALL.n_experts)
+    x, ids = torch.randn(64, SMALL.d_model), torch.arange(64)
+    e_topk, g_topk = moe.route(x, ids)
+    e_rounds, g_rounds = moe.route(x, ids, top_k_by_argmax)
+    assert torch.equal(e_rounds, e_topk) and torch.equal(g_rounds, g_topk)
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7]])
+    assert top_k_by_argmax(scores, 3).tolist() == [[1, 3, 2]]
