@@ -44,6 +44,7 @@ from .session import AgentSession, EndReason, request_summary
 from .transport import AiohttpTransport
 from .turn_answer import Deadlines, TurnOutcome, TurnProbe
 from .turn_judge import turn_context, turn_headers, turn_record
+from .turn_lane import TurnLane
 
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
 _SEED_STRIDE = 100_000
@@ -101,6 +102,7 @@ class AgentRun:
         self.nemesis: Nemesis | None = None
         self.watch = ServerWatch(config, model, history)
         self.clock = LoopWatch()
+        self.lane = TurnLane()
 
     async def run(self) -> None:
         """The three phases: load, drain, final checks."""
@@ -199,7 +201,8 @@ class AgentRun:
         assert self.nemesis is not None
         seed = session_seed(self.config.seed, index)
         family = family_for_session(self.config.scenario, index)
-        sess = AgentSession(sid, family, seed, self.session_config)
+        async with self.lane.turn():  # the world is built
+            sess = AgentSession(sid, family, seed, self.session_config)
         slot = self.nemesis.slots[sid] = Slot(sid)
         self.history.event("session_start", session=sid, scenario=family.name, seed=seed, attempt=attempt)
         self.stats.sessions_active += 1
@@ -223,7 +226,8 @@ class AgentRun:
             )
 
     async def _turn(self, sess: AgentSession, slot: Slot) -> None:
-        body = sess.next_request()
+        async with self.lane.turn():
+            body = sess.next_request()
         headers = turn_headers(self.run_id, sess)
         probe = slot.probe = TurnProbe()
         outcome: TurnOutcome | None = None
@@ -238,21 +242,23 @@ class AgentRun:
             outcome = _killed_outcome(outcome, probe, slot)
         t = outcome.timings
         t.harness_stall_ms = round(self.clock.stall_within(t.start_ns, t.end_ns or time.monotonic_ns()) * 1e3, 1)
-        ctx = turn_context(sess, body, outcome)
+        raw = None
         if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
-            ctx.raw_completion = await raw_completion(self.client, self.config.base_url, body, headers,
-                                                      self.config.total_timeout)
-        summary = request_summary(body, sess.keys)
-        # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.
-        if self.reference is not None:
-            ctx.reference = self.reference.get(summary["key"])
-        verdicts, check_errors = run_checks(ctx)
-        if ctx.reference is not None and outcome.status is TurnStatus.OK:
-            summary["compared"] = True  # the reference sent this same request: judged against it
-        rec = turn_record(self.run_id, sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
-        self.history.turn(rec)
-        self.stats.add_turn(rec)
-        sess.observe(outcome.status, outcome.response, verdicts)
+            raw = await raw_completion(self.client, self.config.base_url, body, headers, self.config.total_timeout)
+        async with self.lane.turn():
+            ctx = turn_context(sess, body, outcome)
+            ctx.raw_completion = raw
+            summary = request_summary(body, sess.keys)
+            # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.
+            if self.reference is not None:
+                ctx.reference = self.reference.get(summary["key"])
+            verdicts, check_errors = run_checks(ctx)
+            if ctx.reference is not None and outcome.status is TurnStatus.OK:
+                summary["compared"] = True  # the reference sent this same request: judged against it
+            rec = turn_record(self.run_id, sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
+            self.history.turn(rec)
+            self.stats.add_turn(rec)
+            sess.observe(outcome.status, outcome.response, verdicts)
 
 
 @contextmanager
