@@ -12,16 +12,27 @@ lets other aiohttp errors through unmapped, which would end a turn with an excep
 caller catches.
 
 Two changes to aiohttp's connection protocol (`_Protocol`) matter at thousands of streams:
-every read is stamped as its bytes come off the socket, before any task runs (`arrival_clock`:
-a first token's stamp is when it arrived, not when a busy loop got round to parsing it), and
+every read is stamped with the moment its bytes reached this host (`arrival_clock`: a first
+token's stamp is when it arrived, not when a busy loop got round to reading or parsing it), and
 the read timeout keeps one timer per period instead of a new one per read.
+
+The arrival is the kernel's: on Linux each socket asks for receive timestamps
+(SO_TIMESTAMPNS), and its reads take them with the bytes (`_StampedSocket`). A loop that is
+busy for 10 ms when a first token lands (a burst of 250 streams' chunks, say) stamps it when it
+landed, not 10 ms later (bench-plan.md, "Scale in one process"). Where the kernel gives no
+stamp (another OS, an event loop that reads its sockets in C), a read is stamped when the
+protocol is handed its bytes, before any task runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import socket
+import struct
+import sys
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
@@ -61,6 +72,62 @@ def _retrieve(closed: asyncio.Future[None]) -> None:
         closed.exception()
 
 
+# Linux's SO_TIMESTAMPNS (asm-generic: the "old" option, whose stamp is a native struct
+# timespec); Python's socket module does not name it.
+_SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_STAMPED: weakref.WeakValueDictionary[int, _StampedSocket] = weakref.WeakValueDictionary()  # by file descriptor
+
+
+class _StampedSocket(socket.socket):
+    """A TCP socket whose reads keep the kernel's receive timestamp of the bytes they return.
+
+    asyncio's socket transport reads through `recv`; here that is `recvmsg`, which hands the
+    stamp along (TCP gives the arrival of the newest bytes returned). The stamp is kept raw
+    and read back only when a stamp is asked for."""
+
+    __slots__ = ("_stamping", "_stamp")
+
+    def __init__(self, family: int, type: int, proto: int) -> None:
+        super().__init__(family, type, proto)
+        self._stamp = b""
+        try:
+            self.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self._stamping = bool(_ANCILLARY)
+        except OSError:
+            self._stamping = False
+        _STAMPED[self.fileno()] = self
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if not self._stamping:
+            return super().recv(bufsize, flags)
+        data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY, flags)
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
+                self._stamp = raw
+        return data
+
+    def arrived_ns(self, now_ns: int) -> int:
+        """The newest read's arrival on CLOCK_MONOTONIC (the kernel stamps on CLOCK_REALTIME:
+        the stamp is taken as how long before now it was); `now_ns` without a usable stamp."""
+        if not self._stamp:
+            return now_ns
+        sec, nsec = _TIMESPEC.unpack_from(self._stamp)
+        ago = time.time_ns() - (sec * 1_000_000_000 + nsec)
+        # NOTE: a wall clock stepped between the arrival and now would make `ago` nonsense;
+        # past these bounds the read's own time stands instead.
+        return now_ns - ago if 0 <= ago < 60_000_000_000 else now_ns
+
+
+def _stamped_socket(addr_info: tuple) -> socket.socket:
+    """aiohttp's socket factory: TCP sockets that keep receive stamps, on Linux."""
+    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+    if sys.platform.startswith("linux") and kind == socket.SOCK_STREAM:
+        return _StampedSocket(family, kind, proto)
+    return socket.socket(family, kind, proto)
+
+
 class _Protocol(ResponseHandler):
     """aiohttp's client protocol, with arrival stamps and a lazy read timer.
 
@@ -72,12 +139,19 @@ class _Protocol(ResponseHandler):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
-        self.arrived_ns = 0  # CLOCK_MONOTONIC when the latest bytes came off the socket
+        self.arrived_ns = 0  # CLOCK_MONOTONIC when the latest bytes reached this host
         self._read_due = 0.0
+        self._socket: _StampedSocket | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        self._socket = _STAMPED.get(sock.fileno()) if sock is not None else None
+        super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if data:
-            self.arrived_ns = time.monotonic_ns()
+            now = time.monotonic_ns()
+            self.arrived_ns = self._socket.arrived_ns(now) if self._socket is not None else now
         super().data_received(data)
 
     def _reschedule_timeout(self) -> None:
@@ -199,7 +273,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._limits.max_connections or 0, limit_per_host=0,
                                              keepalive_timeout=self._limits.keepalive_expiry or 0,
-                                             force_close=self._limits.max_keepalive_connections == 0)
+                                             force_close=self._limits.max_keepalive_connections == 0,
+                                             socket_factory=_stamped_socket)
             # httpx keeps the cookies and decodes the body (gzip and the rest) itself.
             # NOTE: aiohttp takes no protocol factory; its connector keeps one, which exists
             # from aiohttp 3.0 on. Without it the stamps are the reads' own times.

@@ -227,3 +227,62 @@ def test_tokens_are_stamped_when_their_bytes_arrived_not_when_a_busy_loop_parsed
         assert out.timings.first_byte_ns < t["before_block"] and out.timings.first_token_ns < t["before_block"]
         assert time.monotonic_ns() > t["after_block"]
     run(check)
+
+
+def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it_landed():
+    """The loop is blocked (300 ms) before it has read anything of the answer; the server,
+    on its own thread, sends the first token 100 ms into that block. The stamp is the bytes'
+    arrival, not the moment the loop got to read them."""
+    import socket
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("receive timestamps are taken on Linux only")
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent: dict[str, int] = {}
+    request_in = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + _event({"role": "assistant", "content": ""}))
+            request_in.set()
+            time.sleep(0.15)  # the client's loop is blocked by now
+            sent["first_token"] = time.monotonic_ns()
+            conn.sendall(_event({"content": "Half"}) + _event({}, "stop")
+                         + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
+            time.sleep(0.5)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    async def block_the_loop() -> None:
+        while not request_in.is_set():
+            await anyio.sleep(0.001)
+        time.sleep(0.05)
+        sent["block_from"] = time.monotonic_ns()
+        time.sleep(0.3)  # the loop stands still: no socket is read
+        sent["block_to"] = time.monotonic_ns()
+
+    async def main() -> None:
+        async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(block_the_loop)
+                out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.OK and out.response.content == "Half"
+        assert sent["block_from"] < sent["first_token"] < sent["block_to"]
+        # the stamp is the arrival (a loopback hop after the send), not the end of the block
+        assert 0 <= out.timings.first_token_ns - sent["first_token"] < 50_000_000
+        assert out.timings.first_token_ns < sent["block_to"] - 100_000_000
+
+    try:
+        anyio.run(main)
+    finally:
+        listener.close()
+        server.join(2)
