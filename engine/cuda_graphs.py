@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .model.fused_projections import fuse_projections
 from .model.kv_pools import KVPools
 from .model.model import DSV4Mini
 
@@ -128,6 +129,7 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self._default_gate = pools.gate
         self.replays = 0
+        fuse_projections(model)  # the captured steps' projections (fused_projections.py)
         self._step = model.forward_static_decode
         if compile_enabled():
             from .model.compiled_step import compile_static_decode

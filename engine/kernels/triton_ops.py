@@ -2,8 +2,9 @@
 
 - `indexer_topk`: a kernel computes the lightning indexer scores straight from the paged
   index-K pool (fp8 e4m3 dequantised with its per-entry scale, or bf16) for every (query,
-  candidate block); the top-k itself is torch.topk via reference.topk_blocks (same masking and
-  tie-break as on CPU).
+  candidate block); a second kernel takes each query's top-k with tl.topk, a partial bitonic
+  sort of its row of scores (reference.topk_blocks' masking and zero tie-break; torch.topk of
+  rows of ~1k blocks is a radix select and a sort, ~25 us a layer at 256 queries).
 - `sparse_decode_attention`: one program per sequence, all heads at once; it walks the window
   slots then the compressed entries in tiles, rotates keys by their positions at read time
   (half-split partial RoPE), and keeps an online softmax whose running max and denominator
@@ -176,6 +177,26 @@ if AVAILABLE:
         tl.store(out_ptr + gq * NB + n, score, mask=n < NB)
 
     @triton.jit
+    def _topk_blocks_kernel(scores_ptr, nelig_ptr, out_ptr, NB, TOPK: tl.constexpr,
+                            TOPK_P: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        col = tl.arange(0, BLOCK)
+        n_elig = tl.load(nelig_ptr + row)
+        s = tl.load(scores_ptr + row * NB + col, mask=col < NB, other=0.0)
+        s = tl.where(s == 0.0, (col + 1).to(tl.float32) * 1e-30, s)
+        s = tl.where((col < NB) & (col < n_elig), s, float("-inf"))
+        # NOTE: int64 keys, score above column, so the top-k carries its columns: a float's
+        # bits with the magnitude bits flipped when negative order as signed integers the way
+        # the floats do
+        bits = s.to(tl.int32, bitcast=True)
+        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | col.to(tl.int64)
+        top = tl.topk(key, TOPK_P)  # the TOPK_P largest, in descending order
+        pick = top & 0x7FFFFFFF  # the column (< BLOCK)
+        pick = tl.where((pick < NB) & (pick < n_elig), pick, -1)
+        k = tl.arange(0, TOPK_P)
+        tl.store(out_ptr + row * TOPK + k, pick, mask=k < TOPK)
+
+    @triton.jit
     def _attend_tile_dot(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
                          cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
                          HALF: tl.constexpr, REST: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -279,20 +300,45 @@ def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     return scores
 
 
+_TOPK_MAX_BLOCKS = 4096  # longest row the top-k kernel sorts in registers
+
+
+def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> torch.Tensor:
+    """reference.topk_blocks of scores [..., NB] float32: the same blocks, in descending score
+    order; on exact ties (other than zeros, which it breaks like the reference) the later
+    block first, where the reference's order is unspecified."""
+    NB = scores.shape[-1]
+    block = _pow2(max(NB, topk))
+    if block > _TOPK_MAX_BLOCKS:
+        return reference.topk_blocks(scores, n_eligible, topk)
+    rows = scores.numel() // NB
+    out = torch.empty(*scores.shape[:-1], topk, dtype=torch.long, device=scores.device)
+    _topk_blocks_kernel[(rows,)](scores.contiguous(), n_eligible.contiguous(), out, NB,
+                                 TOPK=topk, TOPK_P=_pow2(topk), BLOCK=block)
+    return out
+
+
+def _indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
+                  idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
+                  topk: int) -> torch.Tensor:
+    return _topk_blocks(_indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible), n_eligible,
+                        topk)
+
+
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
                  idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
                  topk: int) -> torch.Tensor:
-    """reference.indexer_topk with the scores computed by a Triton kernel."""
+    """reference.indexer_topk with the scores and the top-k computed by Triton kernels."""
     assert AVAILABLE and q.is_cuda
     G, Q, H, D = q.shape
     NB = cand.shape[1]
     if NB == 0 or G * Q == 0:
         return reference.topk_blocks(q.new_zeros(G, Q, NB), n_eligible, topk)
-    # NOTE: under torch.compile the launch goes through an opaque custom op, so the tracer
-    # never looks inside the kernel and the compiled graph needs no break around it
-    scores = (torch.ops.dsv4.indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible)
-              if _compiling() else _indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible))
-    return reference.topk_blocks(scores, n_eligible, topk)
+    # NOTE: under torch.compile the launches go through an opaque custom op, so the tracer
+    # never looks inside the kernels and the compiled graph needs no break around them
+    if _compiling():
+        return torch.ops.dsv4.indexer_topk(q, w, idx_k, idx_scale, cand, n_eligible, topk)
+    return _indexer_topk(q, w, idx_k, idx_scale, cand, n_eligible, topk)
 
 
 def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
@@ -345,15 +391,15 @@ def _compiling() -> bool:
 if AVAILABLE:
     # Opaque to torch.compile: the kernels read the pools (graph inputs that the step mutates
     # before these reads); functionalization orders the reads after the writes.
-    _indexer_scores_op = torch.library.custom_op(
-        "dsv4::indexer_scores", _indexer_scores, mutates_args=(),
+    _indexer_topk_op = torch.library.custom_op(
+        "dsv4::indexer_topk", _indexer_topk, mutates_args=(),
         schema="(Tensor q, Tensor w, Tensor idx_k, Tensor? idx_scale, Tensor cand, "
-               "Tensor n_eligible) -> Tensor")
+               "Tensor n_eligible, int topk) -> Tensor")
 
-    @_indexer_scores_op.register_fake
-    def _(q, w, idx_k, idx_scale, cand, n_eligible):  # type: ignore[no-untyped-def]
+    @_indexer_topk_op.register_fake
+    def _(q, w, idx_k, idx_scale, cand, n_eligible, topk):  # type: ignore[no-untyped-def]
         G, Q = q.shape[:2]
-        return q.new_empty(G, Q, cand.shape[1], dtype=torch.float32)
+        return q.new_empty(G, Q, topk, dtype=torch.long)
 
     _decode_attention_op = torch.library.custom_op(
         "dsv4::sparse_decode_attention", _decode_attention, mutates_args=(),

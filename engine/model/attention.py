@@ -15,6 +15,7 @@ Three paths compute the same math:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
@@ -56,6 +57,9 @@ class Attention(nn.Module):
         # much the model leans on the indexer, "random" top-k or "none".
         self.csa_pick = "indexer"
         self.read_compressed = True  # False: the dense path reads no compressed entry (measurement)
+        # [H * hd + hd (+ index_heads * index_dim + index_heads), d_model]: wq, wkv (and the
+        # indexer's wq, ww) as one product on static steps, once fused_projections.py set it
+        self.fused_in: torch.Tensor | None = None
 
     # --- pooled path ----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
@@ -63,8 +67,9 @@ class Attention(nn.Module):
         """x [N, d_model] (normed) -> [N, d_model]. Writes the new tokens' KV and the entries
         (and index keys) of blocks they complete into the pools, then attends."""
         N, H, hd, l = x.shape[0], self.n_heads, self.head_dim, self.layer
-        q = rope(self.wq(x).view(N, H, hd), plan.positions.unsqueeze(-1))
-        kv = self.kv_norm(self.wkv(x))
+        q, kv, index_q = self._project(x, plan.static)
+        q = rope(q.view(N, H, hd), plan.positions.unsqueeze(-1))
+        kv = self.kv_norm(kv)
         # NOTE: new tokens write only pages their own requests hold privately, never a cached
         # page a host-tier load may be filling, so the writes (and the compression, which
         # reads back blocks holding a new token) need no gate.
@@ -81,7 +86,8 @@ class Attention(nn.Module):
                 pool_writes.write_index_k(pools, l, done.entries, self.indexer.keys(entries))
         # NOTE: as in DSV4's sparse attention, the indexer picks each query's blocks from the
         # index-K pool first; only then does attention read raw and compressed KV.
-        dec_blocks = self._decode_blocks(x, plan.decode, pools) if plan.decode is not None else None
+        dec_blocks = (self._decode_blocks(x, plan.decode, pools, index_q)
+                      if plan.decode is not None else None)
         ext_picks = [self._extend_picks(x[ext.row0 : ext.row0 + ext.length], ext, pools)
                      for ext in plan.extends]
         pools.gate(l, "kv")
@@ -94,24 +100,46 @@ class Attention(nn.Module):
             out[rows_] = self._extend(q[rows_], ext, pools, rope, picks)
         return self.wo(out.view(N, H * hd))
 
-    def _select(self, x: torch.Tensor, cand: torch.Tensor, n_eligible: torch.Tensor,
-                pools: KVPools) -> torch.Tensor:
-        """Indexer top-k for groups [G] of queries [G, Q] over candidates cand [G, NB]."""
+    def _project(self, x: torch.Tensor, static: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(wq(x), wkv(x), the indexer's queries of every row or None): on a static step with
+        fused_in set, one product; otherwise the indexer projects the rows it selects for."""
+        if not static or self.fused_in is None:
+            return self.wq(x), self.wkv(x), None
+        H, hd = self.n_heads * self.head_dim, self.head_dim
+        if self.indexer is None:
+            q, kv = F.linear(x, self.fused_in).split([H, hd], -1)
+            return q, kv, None
+        ix = self.indexer
+        q, kv, iq, iw = F.linear(x, self.fused_in).split([H, hd, ix.heads * ix.dim, ix.heads], -1)
+        return q, kv, ix.scale_queries(iq, iw)
+
+    def _select(self, queries: tuple[torch.Tensor, torch.Tensor], cand: torch.Tensor,
+                n_eligible: torch.Tensor, pools: KVPools) -> torch.Tensor:
+        """Indexer top-k for groups [G] of queries (Indexer.queries: [G, Q, heads, dim],
+        [G, Q, heads]) over candidates cand [G, NB]."""
         assert self.indexer is not None
         pools.gate(self.layer, "index_k")
-        qi, w = self.indexer.queries(x)
+        qi, w = queries
         k_flat, s_flat = pools.idx_flat(self.layer)
-        return ops_for(x.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible,
-                                              self.indexer.topk)
+        return ops_for(qi.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible,
+                                               self.indexer.topk)
 
-    def _decode_blocks(self, x: torch.Tensor, dg: DecodeGroup, pools: KVPools) -> torch.Tensor | None:
+    def _decode_blocks(self, x: torch.Tensor, dg: DecodeGroup, pools: KVPools,
+                       index_q: tuple[torch.Tensor, torch.Tensor] | None
+                       ) -> torch.Tensor | None:
         """CSA layers: the block (index into dg.cand) each decode query selects [S, topk], -1
-        pad; None in HCA layers and while no sequence has a complete block."""
+        pad; None in HCA layers and while no sequence has a complete block. index_q: the
+        indexer's queries of every row, where _project made them."""
         cand = dg.cand[self.rate]
         if self.indexer is None or cand.shape[1] == 0:
             return None
         n_blocks = dg.n_blocks[self.rate].unsqueeze(1)
-        return self._select(x[dg.rows].unsqueeze(1), cand, n_blocks, pools)[:, 0]
+        if index_q is None:
+            qi, w = self.indexer.queries(x[dg.rows])
+        else:
+            qi, w = index_q[0][dg.rows], index_q[1][dg.rows]
+        return self._select((qi.unsqueeze(1), w.unsqueeze(1)), cand, n_blocks, pools)[:, 0]
 
     def _extend_picks(self, x: torch.Tensor, ext: ExtendSeq, pools: KVPools) -> torch.Tensor | None:
         """CSA layers: the blocks each query of the chunk selects [length, topk], -1 pad; None
@@ -121,7 +149,8 @@ class Attention(nn.Module):
             return None
         pos = torch.arange(ext.start, ext.start + ext.length, device=x.device)
         n_elig = ((pos + 1) // self.rate).unsqueeze(0)
-        return self._select(x.unsqueeze(0), cand.unsqueeze(0), n_elig, pools)[0]
+        qi, w = self.indexer.queries(x)
+        return self._select((qi.unsqueeze(0), w.unsqueeze(0)), cand.unsqueeze(0), n_elig, pools)[0]
 
     def _decode(self, q: torch.Tensor, dg: DecodeGroup, pools: KVPools, rope: Rope,
                 blocks: torch.Tensor | None) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from .batch import ForwardBatch, SeqSlice
 from .bench import Pages, fill_random
+from .fused_projections import fuse_projections
 from .kv_pools import KVPools
 from .model import DSV4Mini
 
@@ -190,6 +191,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     model = DSV4Mini(mcfg).to(dev, dtype).eval()
+    fuse_projections(model)  # as cuda_graphs.py captures the step
     pools = KVPools(cfg, dtype=torch.bfloat16, device=dev, scratch_page=True)
     alloc = Pages(cfg.num_pages, seed=0)
     tables = [alloc.take(c // P + 1) for c in ctx_all]

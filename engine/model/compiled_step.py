@@ -23,13 +23,16 @@ from .model import DSV4Mini
 
 def compile_static_decode(model: DSV4Mini, fullgraph: bool = False) -> Callable[..., torch.Tensor]:
     """A compiled `model.forward_static_decode` (same arguments, same result up to the order of
-    floating-point sums). Compiles lazily, once per input shape, on the first call. Its inputs
-    and the pools must be ordinary tensors (not made under inference mode)."""
+    floating-point sums), with the model's projections fused (fused_projections.py). Compiles
+    lazily, once per input shape, on the first call. Its inputs and the pools must be ordinary
+    tensors (not made under inference mode)."""
     import torch._dynamo
 
     from . import pool_writes
+    from .fused_projections import fuse_projections
 
     pool_writes.keep_out_of_compiled_graphs()
+    fuse_projections(model)
 
     # NOTE: the pool writes (pool_writes.py) break the step into pieces, and a piece inside a
     # layer is compiled once per layer (its guards hold the layer index) and per bucket: the

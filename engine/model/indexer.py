@@ -30,8 +30,11 @@ class Indexer(nn.Module):
 
     def queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., d_model] -> (q [..., heads, dim] pre-scaled by dim^-0.5, w [..., heads])."""
-        q = self.wq(x).view(*x.shape[:-1], self.heads, self.dim) * self.dim**-0.5
-        return q, self.ww(x) * self.heads**-0.5
+        return self.scale_queries(self.wq(x), self.ww(x))
+
+    def scale_queries(self, q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries() from the projections wq(x) [..., heads * dim] and ww(x) [..., heads]."""
+        return q.view(*q.shape[:-1], self.heads, self.dim) * self.dim**-0.5, w * self.heads**-0.5
 
     def keys(self, entries: torch.Tensor) -> torch.Tensor:
         """Compressed entries [..., head_dim] -> float index keys [..., dim] (before storage)."""

@@ -38,8 +38,8 @@ class Block(nn.Module):
         h = self.ffn_norm(x)
         # NOTE: on CUDA every step takes the MoE without a host sync (MoE.forward reads the
         # expert counts back: four syncs a step that leave the GPU idle behind Python)
-        return x + (static_moe(self.moe, h, plan.token_ids) if plan.static or h.is_cuda
-                    else self.moe(h, plan.token_ids))
+        return x + (static_moe(self.moe, h, plan.token_ids, plan.static)
+                    if plan.static or h.is_cuda else self.moe(h, plan.token_ids))
 
     def forward_dense(self, x: torch.Tensor, token_ids: torch.Tensor, rope: Rope,
                       index_k_dtype: str | None, want_aux: bool

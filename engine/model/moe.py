@@ -43,7 +43,11 @@ class SwiGLU(nn.Module):
         self.w_out = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_in(x).chunk(2, dim=-1)
+        return self.down(self.w_in(x))
+
+    def down(self, h: torch.Tensor) -> torch.Tensor:
+        """The rest of forward() from h = w_in(x)."""
+        gate, up = h.chunk(2, dim=-1)
         return self.w_out(F.silu(gate) * up)
 
 
@@ -60,13 +64,18 @@ class MoE(nn.Module):
         self.w_in = nn.Parameter(torch.randn(E, d, 2 * h) * d**-0.5)
         self.w_out = nn.Parameter(torch.randn(E, h, d) * h**-0.5)
         self.shared = SwiGLU(d, cfg.shared_expert_dim)
+        # [2 * shared_expert_dim + E, d]: shared.w_in and the router as one product on static
+        # steps, once fused_projections.fuse_projections() has set it
+        self.fused_in: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor,
-              top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+              logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, d], token_ids [N] -> (experts [N, k] int64, gates [N, k] summing to 1).
-        `top_k(biased scores [N, E], k)`: the k chosen columns, torch.topk's by default."""
-        logits = x @ self.router.t()
+        `top_k(biased scores [N, E], k)`: the k chosen columns, torch.topk's by default;
+        `logits`: x's router logits [N, E] where the caller has them (fused_projections.py)."""
+        if logits is None:
+            logits = x @ self.router.t()
         scores = logits.sigmoid() if self.score_fn == "sigmoid" else logits.softmax(-1)
         if self.hashed:
             experts = hash_experts(token_ids, self.n_experts, self.k)

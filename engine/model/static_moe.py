@@ -38,14 +38,22 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_OK[key]
 
 
-def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host."""
-    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None)
+def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
+               fused: bool = False) -> torch.Tensor:
+    """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host. With
+    `fused` and moe.fused_in set (fused_projections.py), the shared expert's input projection
+    and the router's logits come from one product."""
+    shared_h = logits = None
+    if fused and moe.fused_in is not None:
+        E = moe.n_experts
+        shared_h, logits = F.linear(x, moe.fused_in).split([moe.fused_in.shape[0] - E, E], -1)
+    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
     if grouped_mm_usable(x.device, x.dtype):
         ys = _grouped(moe, x, experts, gates)
     else:
         ys = _dense(moe, x, experts, gates)
-    return moe.shared(x) + ys.to(x.dtype)
+    shared = moe.shared(x) if shared_h is None else moe.shared.down(shared_h)
+    return shared + ys.to(x.dtype)
 
 
 def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:

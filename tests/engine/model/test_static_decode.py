@@ -4,10 +4,13 @@ wider than needed, and sequences at every stage of their blocks."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from dsv4bench.engine.model import ForwardBatch, KVPools, SeqSlice
+from dsv4bench.engine.model.fused_projections import fuse_projections
 from dsv4bench.engine.model.plan import build_static_decode_plan
 
 from .conftest import SMALL, engine_cfg, random_tokens
@@ -20,8 +23,12 @@ def _pool_tensors(pools: KVPools) -> list[torch.Tensor]:
             for t in pools.page_tensors()]
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("index_k_dtype", ["fp8", "bf16"])
-def test_static_decode_equals_forward(model, index_k_dtype):
+def test_static_decode_equals_forward(model, index_k_dtype, fused):
+    if fused:  # the projections sharing an input as one product (fused_projections.py)
+        model = copy.deepcopy(model)
+        fuse_projections(model)
     cfg = engine_cfg(index_k_dtype)
     eager, static = KVPools(cfg, scratch_page=True), KVPools(cfg, scratch_page=True)
     lengths = [3, 15, 16, 40, 77]  # before, at and past window, block and page bounds
