@@ -9,7 +9,10 @@ response and returns what it has, flagged, so no answer can take the harness's m
 
 from __future__ import annotations
 
+import codecs
 import math
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -18,7 +21,7 @@ import httpx
 from .loop_watch import LoopWatch
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
-from .transport import arrival_clock, unlink
+from .transport import arrival_clock, body_bytes, unlink
 from .turn_answer import (
     Deadlines,
     StreamedAnswer,
@@ -111,14 +114,32 @@ async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
     return bytes(buf), False
 
 
+async def _texts(resp: httpx.Response) -> AsyncIterator[str]:
+    """The body as text, as httpx's aiter_text gives it (the response's charset, undecodable
+    bytes replaced), straight from the transport where it can (transport.body_bytes)."""
+    reads = body_bytes(resp)
+    if reads is None:
+        async for text in resp.aiter_text():
+            yield text
+        return
+    decoder = codecs.getincrementaldecoder(resp.encoding or "utf-8")(errors="replace")
+    async with aclosing(reads):
+        async for data in reads:
+            if text := decoder.decode(data):
+                yield text
+    if text := decoder.decode(b"", True):
+        yield text
+
+
 async def _read_stream(resp: httpx.Response, answer: StreamedAnswer) -> AssembledResponse:
     arrived = arrival_clock(resp)  # tokens are stamped when their bytes arrived, not when parsed
     try:
-        async for text in resp.aiter_text():
-            if not answer.feed(text, arrived()):
-                break
-        else:
-            answer.end_of_body()
+        async with aclosing(_texts(resp)) as texts:
+            async for text in texts:
+                if not answer.feed(text, arrived()):
+                    break
+            else:
+                answer.end_of_body()
     except httpx.RequestError:
         if not answer.any_output:
             raise

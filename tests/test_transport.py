@@ -286,3 +286,72 @@ def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it
     finally:
         listener.close()
         server.join(2)
+
+
+def _raw_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _sse(text: str) -> bytes:
+    chunk = {"id": "r1", "model": "m", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+
+
+_END = _raw_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("name, head, reads, content", [
+    # a character split over two reads is decoded whole
+    ("split UTF-8", b"", [_sse("caf\u00e9 \u4e2d\u6587")[:-12], _sse("caf\u00e9 \u4e2d\u6587")[-12:]],
+     "caf\u00e9 \u4e2d\u6587"),
+    # bytes that are not UTF-8 are replaced, as httpx's text iterator replaces them
+    ("invalid UTF-8", b"", [_sse("ok").replace(b"ok", b"o\xffk")], "o\ufffdk"),
+    # the response's own charset is honoured
+    ("latin-1 charset", b"; charset=latin-1", [_sse("d\u00e9j\u00e0").decode("utf-8").encode("latin-1")],
+     "d\u00e9j\u00e0"),
+])
+def test_a_body_read_past_httpx_decodes_as_httpx_does(name, head, reads, content):
+    async def check(url):
+        async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
+            out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
+            assert out.status is TurnStatus.OK, out.error
+            assert out.response.content == content
+    _serve_raw(b"content-type: text/event-stream" + head, [_raw_chunk(r) for r in reads] + [_END], check)
+
+
+def test_a_gzipped_stream_is_read_through_httpx_and_decoded():
+    import zlib
+
+    z = zlib.compressobj(wbits=31)
+    data = z.compress(_sse("squeezed")) + z.flush()
+
+    async def check(url):
+        async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
+            out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
+            assert out.status is TurnStatus.OK, out.error
+            assert out.response.content == "squeezed"
+    _serve_raw(b"content-type: text/event-stream\r\ncontent-encoding: gzip", [_raw_chunk(data), b"0\r\n\r\n"], check)
+
+
+def _serve_raw(headers: bytes, pieces: list[bytes], check) -> None:
+    """One chunked answer: `headers`, then each piece as its own write, 20 ms apart."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\n" + headers + b"\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    async def main() -> None:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        try:
+            await check(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
+        finally:
+            srv.close()
+            await srv.wait_closed()
+    anyio.run(main)
