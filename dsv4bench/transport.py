@@ -19,9 +19,11 @@ the read timeout keeps one timer per period instead of a new one per read.
 The arrival is the kernel's: on Linux each socket asks for receive timestamps
 (SO_TIMESTAMPNS), and its reads take them with the bytes (`_StampedSocket`). A loop that is
 busy for 10 ms when a first token lands (a burst of 250 streams' chunks, say) stamps it when it
-landed, not 10 ms later (bench-plan.md, "Scale in one process"). Where the kernel gives no
-stamp (another OS, an event loop that reads its sockets in C), a read is stamped when the
-protocol is handed its bytes, before any task runs.
+landed, not 10 ms later (bench-plan.md, "Scale in one process"). TCP stamps a read with the
+arrival of the newest bytes it returns, so a loop later than a stream's chunk interval (two
+events in one read) stamps both with the second's arrival: still never earlier than the bytes.
+Where the kernel gives no stamp (another OS, an event loop that reads its sockets in C), a
+read is stamped when the protocol is handed its bytes, before any task runs.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class _StampedSocket(socket.socket):
         if not self._stamping:
             return super().recv(bufsize, flags)
         data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY, flags)
+        self._stamp = b""  # a read the kernel did not stamp must not take the previous read's
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
                 self._stamp = raw

@@ -355,3 +355,33 @@ def _serve_raw(headers: bytes, pieces: list[bytes], check) -> None:
             srv.close()
             await srv.wait_closed()
     anyio.run(main)
+
+
+def test_a_read_the_kernel_did_not_stamp_takes_its_own_time_not_the_previous_stamp():
+    import socket
+    import sys
+
+    from dsv4bench.transport import _SO_TIMESTAMPNS, _stamped_socket
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("receive timestamps are taken on Linux only")
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = _stamped_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", listener.getsockname()))
+    try:
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+        server.sendall(b"first")
+        time.sleep(0.05)
+        assert client.recv(100) == b"first"
+        stamped = client.arrived_ns(time.monotonic_ns())
+        assert time.monotonic_ns() - stamped > 40_000_000  # the arrival, 50 ms before the read
+        client.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 0)  # the next read comes unstamped
+        server.sendall(b"second")
+        time.sleep(0.05)
+        assert client.recv(100) == b"second"
+        now = time.monotonic_ns()
+        assert client.arrived_ns(now) == now
+        server.close()
+    finally:
+        client.close()
+        listener.close()

@@ -53,10 +53,12 @@ def test_shipped_weights_answer_as_recorded():
     got = greedy_answers([p["prompt_ids"] for p in rec["prompts"]], rec["max_tokens"])
     for p, (out, logits) in zip(rec["prompts"], got):
         assert out == p["output_ids"], f"{p['source']}: answer differs from the recorded one"
-        # NOTE: the model is sure of nearly every token, so a change to the arithmetic (a 2%
-        # sharper decode attention, say) can keep every token; the logits still move. Float32
-        # sums taken in another order move them by ~1e-5.
-        torch.testing.assert_close(torch.tensor(logits), torch.tensor(p["logits"]), rtol=0,
+        # NOTE: the model is sure of nearly every token, so a change to the arithmetic can keep
+        # every token; the logits still move: a 2% sharper attention moved them by up to 0.43
+        # (6% of the logit). Float32 sums taken in another order move them far less, but by
+        # more on long prompts and on another CPU's kernels: 1.3e-3 (6e-5 of a logit of 21) at
+        # 4,641 tokens on an AMD EPYC, for a record taken on another machine.
+        torch.testing.assert_close(torch.tensor(logits), torch.tensor(p["logits"]), rtol=2e-4,
                                    atol=1e-3, msg=lambda m: f"{p['source']}: {m}")
 
 
