@@ -37,6 +37,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import aiohttp
 import httpx
@@ -85,8 +86,8 @@ _STAMPED: weakref.WeakValueDictionary[int, _StampedSocket] = weakref.WeakValueDi
 class _StampedSocket(socket.socket):
     """A TCP socket whose reads keep the kernel's receive timestamp of the bytes they return.
 
-    asyncio's socket transport reads through `recv`; here that is `recvmsg`, which hands the
-    stamp along (TCP gives the arrival of the newest bytes returned). The stamp is kept raw
+    asyncio's socket transport reads through `recv` (or `recv_into`); here that is `recvmsg`
+    (`recvmsg_into`), which hands the stamp along (TCP gives the arrival of the newest bytes returned). The stamp is kept raw
     and read back only when a stamp is asked for."""
 
     __slots__ = ("_stamping", "_stamp")
@@ -105,11 +106,24 @@ class _StampedSocket(socket.socket):
         if not self._stamping:
             return super().recv(bufsize, flags)
         data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY, flags)
+        self._keep_stamp(ancillary)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """asyncio reads through this for a buffered protocol (TLS, whose decrypted bytes reach
+        the HTTP protocol in the same callback)."""
+        if not self._stamping:
+            return super().recv_into(buffer, nbytes, flags)
+        view = memoryview(buffer)
+        n, ancillary, _, _ = self.recvmsg_into([view[:nbytes] if nbytes else view], _ANCILLARY, flags)
+        self._keep_stamp(ancillary)
+        return n
+
+    def _keep_stamp(self, ancillary: list[tuple[int, int, bytes]]) -> None:
         self._stamp = b""  # a read the kernel did not stamp must not take the previous read's
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
                 self._stamp = raw
-        return data
 
     def arrived_ns(self, now_ns: int) -> int:
         """The newest read's arrival on CLOCK_MONOTONIC (the kernel stamps on CLOCK_REALTIME:

@@ -375,6 +375,11 @@ def test_a_read_the_kernel_did_not_stamp_takes_its_own_time_not_the_previous_sta
         assert client.recv(100) == b"first"
         stamped = client.arrived_ns(time.monotonic_ns())
         assert time.monotonic_ns() - stamped > 40_000_000  # the arrival, 50 ms before the read
+        server.sendall(b"into")  # the read a buffered protocol (TLS) makes
+        time.sleep(0.05)
+        buf = bytearray(100)
+        assert client.recv_into(buf) == 4 and buf[:4] == b"into"
+        assert time.monotonic_ns() - client.arrived_ns(time.monotonic_ns()) > 40_000_000
         client.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 0)  # the next read comes unstamped
         server.sendall(b"second")
         time.sleep(0.05)
@@ -385,3 +390,75 @@ def test_a_read_the_kernel_did_not_stamp_takes_its_own_time_not_the_previous_sta
     finally:
         client.close()
         listener.close()
+
+
+def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
+    """Over TLS asyncio reads through recv_into (a buffered protocol), and the decrypted bytes
+    reach the HTTP protocol in the same callback: they take the kernel's stamp as well. The
+    server, on its own thread, answers while the client's loop stands still."""
+    import shutil
+    import socket
+    import ssl
+    import subprocess
+    import sys
+    import threading
+
+    from dsv4bench.transport import _STAMPED, _stamped_socket
+
+    if not sys.platform.startswith("linux") or shutil.which("openssl") is None:
+        pytest.skip("needs Linux and the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    client_ctx.check_hostname = False
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent: dict[str, int] = {}
+    hello = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with server_ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(5)
+            hello.set()
+            time.sleep(0.05)  # the client's loop is blocked by now
+            sent["at"] = time.monotonic_ns()
+            tls.sendall(b"answer")
+            time.sleep(0.5)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    got: dict[str, int] = {}
+
+    class Reader(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.sock = _STAMPED[transport.get_extra_info("socket").fileno()]
+
+        def data_received(self, data):
+            got["read_at"] = now = time.monotonic_ns()
+            got["stamp"] = self.sock.arrived_ns(now)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        addr = listener.getsockname()
+        sock = _stamped_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", addr))
+        sock.setblocking(False)
+        await loop.sock_connect(sock, addr)
+        transport, _ = await loop.create_connection(Reader, sock=sock, ssl=client_ctx, server_hostname="127.0.0.1")
+        transport.write(b"hello")
+        while not hello.is_set():
+            await asyncio.sleep(0.001)
+        time.sleep(0.2)  # the loop stands still while the answer lands
+        while "stamp" not in got:
+            await asyncio.sleep(0.001)
+        transport.close()
+
+    try:
+        anyio.run(main)
+    finally:
+        listener.close()
+        server.join(2)
+    assert got["read_at"] - sent["at"] > 100_000_000  # read after the block
+    assert 0 <= got["stamp"] - sent["at"] < 50_000_000  # stamped at its arrival
