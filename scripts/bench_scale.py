@@ -11,7 +11,9 @@ after a `--warmup` of seconds:
   loop lag      how late a task sleeping 10 ms wakes up (p50 / p99 / max), and of the ticks
                 more than 5 ms late, how many this process spent mostly off the CPU (another
                 process had its core: on a shared machine that is not the harness's doing)
-  TTFT error    the harness's first-token stamp less the server's send stamp, per turn (p50 / p99)
+  TTFT error    the harness's first-token stamp less the server's send stamp, per turn (p50 / p99);
+                the harness stamps a read with the kernel's receive time (transport.py), the
+                bare loop below when it parsed the token, as SGLang's client does
   chunks/s      SSE chunks the harness took in per second of wall time, and per second of its
                 CPU (= per harness core, when the process is CPU bound)
 
