@@ -435,6 +435,10 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
     class Reader(asyncio.Protocol):
         def connection_made(self, transport):
             self.sock = _STAMPED[transport.get_extra_info("socket").fileno()]
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def connection_lost(self, exc):
+            self.lost.set_result(None)
 
         def data_received(self, data):
             got["read_at"] = now = time.monotonic_ns()
@@ -446,14 +450,17 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
         sock = _stamped_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", addr))
         sock.setblocking(False)
         await loop.sock_connect(sock, addr)
-        transport, _ = await loop.create_connection(Reader, sock=sock, ssl=client_ctx, server_hostname="127.0.0.1")
+        transport, reader = await loop.create_connection(Reader, sock=sock, ssl=client_ctx, server_hostname="127.0.0.1")
         transport.write(b"hello")
         while not hello.is_set():
             await asyncio.sleep(0.001)
         time.sleep(0.2)  # the loop stands still while the answer lands
         while "stamp" not in got:
             await asyncio.sleep(0.001)
-        transport.close()
+        # NOTE: a TLS close waits for the peer's close_notify; abort closes the socket now, and
+        # the loop must see it closed before it ends, or the socket is left to the collector.
+        transport.abort()
+        await reader.lost
 
     try:
         anyio.run(main)
