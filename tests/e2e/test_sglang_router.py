@@ -54,7 +54,10 @@ def test_kill_storm_through_the_sglang_router_is_clean(tmp_path):
 def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
     """The router closes its upstream connection when the client leaves, so the engine hears
     the disconnect as it would directly: the planted fault still decodes for nobody."""
-    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode")
+    # More sessions than slots: a slot whose session ended early takes the next, so the kill
+    # at 6 s always finds requests in flight (it stops the load: the rest never start).
+    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode", load=STORM + ("--sessions", "18"))
+    assert summary["turns"]["killed"] > 0, summary["turns"]
     assert summary["verdict"] == "WEDGE", summary
     codes = {c for found in summary["wedge"].values() for c in found["codes"]}
     assert "ghost_requests" in codes
