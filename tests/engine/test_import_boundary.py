@@ -5,6 +5,7 @@ a `dsv4bench engine serve` process loads neither `dsv4bench.agents` nor
 from __future__ import annotations
 
 import ast
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +28,29 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _parse(path: Path) -> ast.Module:
+    """`ast.parse` with the collector off while it builds the tree.
+
+    NOTE: Python 3.11 keeps one recursion counter for building AST objects (CPython gh-106905).
+    A collection during the build can run a finalizer whose warning pytest's unraisable hook
+    formats as a traceback, and formatting a traceback parses source: that nested build resets
+    the counter, and the outer one fails with `SystemError: AST constructor recursion depth
+    mismatch` (seen in CI, with a socket another test's server thread left to the collector).
+    Garbage is collected before the parse instead, where its warnings are what they are."""
+    source = path.read_text()
+    gc.collect()
+    gc.disable()
+    try:
+        return ast.parse(source, str(path))
+    finally:
+        gc.enable()
+
+
 def imported_names(path: Path) -> set[str]:
     """Every module an import statement in the file names, relative imports resolved."""
     package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
