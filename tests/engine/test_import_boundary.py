@@ -39,11 +39,13 @@ def _parse(path: Path) -> ast.Module:
     Garbage is collected before the parse instead, where its warnings are what they are."""
     source = path.read_text()
     gc.collect()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         return ast.parse(source, str(path))
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
 
 
 def imported_names(path: Path) -> set[str]:
