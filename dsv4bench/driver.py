@@ -236,16 +236,18 @@ class AgentRun:
             outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines,
                                       headers, probe, clock=self.clock)
         slot.scope = slot.probe = None
-        # NOTE: a kill that lands after the last byte but before the turn returns cancels
-        # nothing; the killed agent still never acts on that reply, so the turn is killed too.
-        if outcome is None or scope.cancelled_caught or slot.killed_by is not None:
-            outcome = _killed_outcome(outcome, probe, slot)
-        t = outcome.timings
-        t.harness_stall_ms = round(self.clock.stall_within(t.start_ns, t.end_ns or time.monotonic_ns()) * 1e3, 1)
         raw = None
-        if self.config.raw and outcome.status is TurnStatus.OK and slot.killed_by is None:
+        if (self.config.raw and outcome is not None and outcome.status is TurnStatus.OK and not scope.cancelled_caught
+                and slot.killed_by is None):
             raw = await raw_completion(self.client, self.config.base_url, body, headers, self.config.total_timeout)
         async with self.lane.turn():
+            # NOTE: a kill that lands after the last byte but before the agent acts on the reply
+            # (the turn returning, the raw request, the wait for the lane) cancels nothing; the
+            # killed agent still never acts on that reply, so the turn is killed too.
+            if outcome is None or scope.cancelled_caught or slot.killed_by is not None:
+                outcome = _killed_outcome(outcome, probe, slot)
+            t = outcome.timings
+            t.harness_stall_ms = round(self.clock.stall_within(t.start_ns, t.end_ns or time.monotonic_ns()) * 1e3, 1)
             ctx = turn_context(sess, body, outcome)
             ctx.raw_completion = raw
             summary = request_summary(body, sess.keys)
