@@ -203,6 +203,8 @@ class AgentRun:
         family = family_for_session(self.config.scenario, index)
         async with self.lane.turn():  # the world is built
             sess = AgentSession(sid, family, seed, self.session_config)
+        if self._time_up():  # the load stopped while this session waited for the lane: it never starts
+            return Slot(sid)
         slot = self.nemesis.slots[sid] = Slot(sid)
         self.history.event("session_start", session=sid, scenario=family.name, seed=seed, attempt=attempt)
         self.stats.sessions_active += 1
