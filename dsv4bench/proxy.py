@@ -199,8 +199,13 @@ class ChatExchange:
         self.settled = True
 
     def killed(self, why: str) -> None:
-        """The exchange ended before its answer did (the client left, the proxy stopped): not judged."""
+        """The exchange ended before its answer did (the client left, the proxy stopped): not judged.
+        A stream that had said [DONE] had ended for its client, which may close at once (the
+        OpenAI SDK does) before the upstream's last bytes, the chunked body's end, arrive: judged."""
         if self.settled:
+            return
+        if self._answer is not None and self._answer.asm.response.saw_done:
+            self.ended()
             return
         self.out.status, self.out.error_kind, self.out.error = TurnStatus.KILLED, None, why
         if self._answer is not None:

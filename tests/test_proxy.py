@@ -84,10 +84,12 @@ class FakeUpstream:
                         await asyncio.sleep(0.5)
                     if kind == "hang" and i == 1:
                         await asyncio.sleep(30)
+                    if kind == "linger" and i == len(pieces) - 1:  # [DONE] sent, the body's end held back
+                        await asyncio.sleep(30)
                     if kind == "cut" and i == 2:
                         raise ConnectionResetError("cut mid-stream")
             finally:
-                if kind == "hang":
+                if kind in ("hang", "linger"):
                     self.closed.set()
 
         return StreamingResponse(gen(), media_type="text/event-stream")
@@ -234,6 +236,24 @@ def test_a_client_that_leaves_closes_the_upstream_request_and_the_turn_is_killed
     assert fake.closed.wait(5), "the upstream request was left open"
     (turn,) = wait_turns(run, 1)
     assert turn.status is TurnStatus.KILLED and turn.error == "the client disconnected" and not turn.verdicts
+
+
+def test_a_client_that_leaves_once_the_stream_said_done_has_its_answer_judged(upstream, proxied):
+    # The OpenAI SDK closes its response at [DONE]; the upstream's chunked end may come later.
+    fake, _ = upstream
+    run, proxy, _ = proxied
+    fake.closed.clear()
+    got = b""
+    with httpx.Client(timeout=10, trust_env=False) as c:
+        with c.stream("POST", f"{proxy.url}/v1/chat/completions", json=body(), headers={"x-fake": "linger"}) as r:
+            for piece in r.iter_raw():
+                got += piece
+                if b"data: [DONE]" in got:
+                    break
+    assert fake.closed.wait(5), "the upstream request was left open"
+    (turn,) = wait_turns(run, 1)
+    assert turn.status is TurnStatus.OK and turn.error is None and turn.verdicts == [], turn
+    assert turn.response.finish_reason == "tool_calls" and turn.response.tool_calls[0].name == "read_file"
 
 
 def test_an_upstream_cut_mid_stream_reaches_the_client_cut_and_the_history_truncated(proxied):
