@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from . import fair_loop
 from .checks import run_checks
 from .client import chat_turn
 from .config import RunConfig
@@ -315,7 +316,7 @@ def run_replay(config: RunConfig, facts: dict[str, Any], command: str, capture: 
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):
-            anyio.run(replay)
+            fair_loop.run(replay)
     except KeyboardInterrupt:
         reason = "interrupted"  # the history so far is kept and reported
     except BaseException:

@@ -7,8 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+from . import fair_loop
 from .checks.parser_view import oracle_versions
 from .config import RunConfig
 from .discovery import Deployment
@@ -70,7 +69,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
     reason = "complete"
     try:
         with ProgressView(stats, config.quiet):
-            anyio.run(driver.run)
+            fair_loop.run(driver.run)
         if driver.watch.load_stopped_ns is not None:
             wedge = judge_wedge(config, driver.watch, history)
             if wedge is not None:

@@ -16,6 +16,7 @@ after a `--warmup` of seconds:
                 bare loop below when it parsed the token, as SGLang's client does
   chunks/s      SSE chunks the harness took in per second of wall time, and per second of its
                 CPU (= per harness core, when the process is CPU bound)
+  GC            the harness's garbage collections: young ones (count, longest) and full ones
 
 A count holds when lag p99 < 5 ms and TTFT error p99 < 5 ms.
 
@@ -30,6 +31,7 @@ floor itself breaks the bounds, no harness in one Python process can hold them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -147,13 +149,26 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
     ran: list[float] = []  # per tick: the share of the tick's wall time this process was on a CPU
     cpu: list[float] = []
     t0 = time.monotonic()
+    # (generation, ms) of each garbage collection after the warm-up: the loop waits for each
+    collections: list[tuple[int, float]] = []
+    began: list[float] = []
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lag_monitor, t0, warmup, lags, ran, cpu)
-        await driver.run()
-        load_end = time.monotonic()
-        cpu_end = time.process_time()
-        tg.cancel_scope.cancel()
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[:] = [time.perf_counter()]
+        elif began and time.monotonic() - t0 >= warmup:
+            collections.append((info["generation"], (time.perf_counter() - began[0]) * 1e3))
+
+    gc.callbacks.append(on_gc)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lag_monitor, t0, warmup, lags, ran, cpu)
+            await driver.run()
+            load_end = time.monotonic()
+            cpu_end = time.process_time()
+            tg.cancel_scope.cancel()
+    finally:
+        gc.callbacks.remove(on_gc)
     history.close()
     counted_from_ns = int((t0 + warmup) * 1e9)
     turns = [t for t in read_history(run_dir).turns if t.timings.start_ns >= counted_from_ns]
@@ -168,6 +183,10 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
     r = figures(sessions, len(turns), statuses, errors_seen, load_end - (t0 + warmup), lags, ran, errors, chunks,
                 cpu_end - cpu[0] if cpu else 0.0)
     r["harness_stalls"], r["harness_longest_stall_s"] = clock["stalls"], clock["longest_stall_s"]
+    full = [ms for gen, ms in collections if gen == 2]
+    r["gc_full"], r["gc_full_max_ms"] = len(full), max(full, default=0.0)
+    r["gc_young"] = sum(1 for gen, _ in collections if gen < 2)
+    r["gc_young_max_ms"] = max((ms for gen, ms in collections if gen < 2), default=0.0)
     return r
 
 
@@ -178,8 +197,12 @@ def child(args: argparse.Namespace) -> None:
     if args.client == "aiohttp":
         r = anyio.run(drive_aiohttp, url, args.child, args.duration, args.warmup)
     else:
+        from dsv4bench import fair_loop
+
+        # "ours" on the loop `agents` runs on; "ours-default-loop" on asyncio's, for the side by side
+        run = fair_loop.run if args.client == "ours" else anyio.run
         with tempfile.TemporaryDirectory() as tmp:
-            r = anyio.run(drive, url, args.child, args.duration, args.warmup, Path(tmp))
+            r = run(drive, url, args.child, args.duration, args.warmup, Path(tmp))
     print(json.dumps(r))
 
 
@@ -193,7 +216,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=100, help="SSE events of a tool-call answer")
     p.add_argument("--agent-turns", type=int, default=12, help="the server answers text only at this turn")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--clients", default="ours", help="ours (the harness), aiohttp (the floor: a bare loop), or both")
+    p.add_argument("--clients", default="ours", help="ours (the harness), ours-default-loop (the harness on asyncio's "
+                   "default loop: fair_loop.py), aiohttp (the floor: a bare loop), comma-separated")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--client", default="ours", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -204,8 +228,8 @@ def main() -> None:
           f"{args.chunks} chunks per tool-call answer, text at turn {args.agent_turns}; {args.duration:g} s per count, "
           f"the first {args.warmup:g} s not counted", flush=True)
     clients = args.clients.split(",")
-    if not set(clients) <= {"ours", "aiohttp"}:
-        p.error("--clients: ours, aiohttp or both")
+    if not set(clients) <= {"ours", "ours-default-loop", "aiohttp"}:
+        p.error("--clients: a list of ours, ours-default-loop and aiohttp")
     rows = []
     for n in [int(x) for x in args.sessions.split(",")]:
         for client in clients:
@@ -214,15 +238,18 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), flush=True)
     print("\n| client | sessions | turns/s | chunks/s | chunks per CPU-s | CPU share | loop lag p50 / p99 / max "
-          "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | holds |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | GC young / full (longest) | holds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stalls = f"{r['harness_stalls']} ({r['harness_longest_stall_s'] * 1e3:.0f} ms)" if "harness_stalls" in r else "-"
+        collections = (f"{r['gc_young']} ({r['gc_young_max_ms']:.0f} ms) / {r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)"
+                       if "gc_young" in r else "-")
         print(f"| {r['client']} | {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | "
               f"{r['chunks_per_cpu_s']:,.0f} | {r['cpu_share']:.0%} | "
               f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
               f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
-              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {'yes' if r['holds'] else 'no'} |")
+              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {collections} | "
+              f"{'yes' if r['holds'] else 'no'} |")
     for client in clients:
         held = [r["sessions"] for r in rows if r["holds"] and r["client"] == client]
         print(f"{client}: largest count that holds: {max(held) if held else 'none'}")
