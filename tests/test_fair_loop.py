@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import time
 
 import pytest
 
@@ -40,6 +41,29 @@ def test_a_wait_returns_at_most_the_cap_and_the_rest_come_next_in_turn():
         first_six = [fd for w in waits[:6] for fd in w]
         assert len(set(first_six)) == 96  # no socket twice before the others had their turn
         assert set().union(*waits) == {b.fileno() for _, b in pairs}
+    finally:
+        sel.close()
+        _close(pairs)
+
+
+def test_waits_that_keep_coming_back_full_give_way_to_one_that_takes_every_ready_socket():
+    pairs = _ready_pairs(100)
+    sel = FairEpollSelector(cap=16, lagging_s=0.05)
+    try:
+        for _, b in pairs:
+            sel.register(b, 1)
+        assert len(sel.select(0)) == 16  # full: the loop may be falling behind
+        assert len(sel.select(0)) == 16  # not yet for long
+        time.sleep(0.06)
+        assert len(sel.select(0)) == 100  # behind for longer than lagging_s: all that is ready
+        assert len(sel.select(0)) == 16  # and capped again
+        for _, b in pairs:
+            b.recv(1)
+        assert sel.select(0) == []  # caught up: the window closes
+        for a, _ in pairs:
+            a.send(b"x")
+        time.sleep(0.06)
+        assert len(sel.select(0)) == 16  # a new window opens at this full wait, not at the old one
     finally:
         sel.close()
         _close(pairs)
