@@ -1,7 +1,11 @@
 """The MoE FFN with no host sync and no data-dependent shape, for steps captured in a CUDA
 graph (MoE.forward reads the per-expert token counts back to the host to slice its batch).
 
-Same routing and gates as MoE.forward (it calls MoE.route); two ways to apply the experts:
+Same routing and gates as MoE.forward (it calls MoE.route); three ways to apply the experts:
+- grouped, Triton (bf16 on CUDA, kernels/grouped_moe.py): tokens sorted by expert and two
+  grouped products, the first gathering the tokens' rows and applying SiLU-gate in its
+  epilogue, the second weighting rows by their gates and writing them back in token order;
+  `DSV4_MOE_KERNEL=torch` turns it off (the next way then);
 - grouped: tokens sorted by expert and one grouped matrix product per projection
   (`torch._grouped_mm`, bf16 on CUDA), reading each expert's weights once;
 - dense: every expert on every token, the unchosen ones gated by 0 (any dtype or device;
@@ -17,6 +21,32 @@ import torch.nn.functional as F
 from .moe import MoE
 
 _GROUPED_OK: dict[str, bool] = {}
+_TRITON_MOE: list = []  # [module or None], once looked up
+
+
+def _triton_moe():
+    """kernels.grouped_moe when CUDA is available (imported on first use: a CPU process never
+    loads triton for it), else None."""
+    if not _TRITON_MOE:
+        mod = None
+        if torch.cuda.is_available():
+            try:
+                from ..kernels import grouped_moe as mod
+            except ImportError:
+                mod = None
+        _TRITON_MOE.append(mod if mod is not None and mod.AVAILABLE else None)
+    return _TRITON_MOE[0]
+
+
+def triton_moe_usable(moe: MoE, x: torch.Tensor) -> bool:
+    """Whether the Triton grouped kernels take this MoE's products (CUDA, bf16, tile-aligned
+    weights)."""
+    if not x.is_cuda:
+        return False
+    mod = _triton_moe()
+    return (mod is not None and mod.usable(x.device, x.dtype) and moe.w_in.dtype == x.dtype
+            and x.shape[-1] == moe.w_in.shape[1] and mod.shapes_ok(moe.w_in, swiglu=True)
+            and mod.shapes_ok(moe.w_out, swiglu=False))
 
 
 def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -48,7 +78,9 @@ def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
         E = moe.n_experts
         shared_h, logits = F.linear(x, moe.fused_in).split([moe.fused_in.shape[0] - E, E], -1)
     experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
-    if grouped_mm_usable(x.device, x.dtype):
+    if triton_moe_usable(moe, x):
+        ys = _grouped_triton(moe, x, experts, gates)
+    elif grouped_mm_usable(x.device, x.dtype):
         ys = _grouped(moe, x, experts, gates)
     else:
         ys = _dense(moe, x, experts, gates)
@@ -79,19 +111,39 @@ def _dense(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor
     return (y * g.t().unsqueeze(-1)).sum(0)
 
 
-def _grouped(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-    E, k = moe.n_experts, moe.k
+def _expert_order(E: int, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The N * k (token, expert) entries in expert order, without a host sync: (order: the
+    flat entry index at each sorted row, dest: each entry's sorted row, offs: cumulative int32
+    row counts per expert)."""
     flat = experts.flatten()
     # NOTE: a counting sort (stable: rank within the expert in row order) instead of argsort,
     # whose radix sort costs a GPU some 25 us a layer; no bincount: it reads its max back.
     # [E, N * k], scanned along its contiguous axis (a scan along the outer one is slow)
-    onehot = (torch.arange(E, device=x.device).unsqueeze(1) == flat.unsqueeze(0)).to(torch.int32)
+    onehot = (torch.arange(E, device=flat.device).unsqueeze(1) == flat.unsqueeze(0)).to(torch.int32)
     seen = torch.cumsum(onehot, 1, dtype=torch.int32)
     counts = seen[:, -1]
     rank = seen.gather(0, flat.unsqueeze(0)).squeeze(0) - 1
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     dest = (offs - counts)[flat] + rank
-    order = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(flat.numel(), device=x.device))
+    order = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(flat.numel(), device=flat.device))
+    return order, dest, offs
+
+
+def _grouped_triton(moe: MoE, x: torch.Tensor, experts: torch.Tensor,
+                    gates: torch.Tensor) -> torch.Tensor:
+    gm = _triton_moe()
+    k = moe.k
+    order, _, offs = _expert_order(moe.n_experts, experts)
+    act = gm.grouped_mm(x, moe.w_in, offs, gather=order // k, swiglu=True)
+    # rows back in (token, choice) order, each times its gate: the combine is a sum over k
+    y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates.reshape(-1), scatter=order)
+    N, d = x.shape
+    return y.view(N, k, d).sum(1).to(x.dtype)
+
+
+def _grouped(moe: MoE, x: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    k = moe.k
+    order, dest, offs = _expert_order(moe.n_experts, experts)
     tok = order // k
     h = torch._grouped_mm(x[tok], moe.w_in, offs=offs)
     gate, up = h.chunk(2, dim=-1)
