@@ -20,7 +20,7 @@ full for LAGGING_S, the next one takes every ready socket, as asyncio's does: a 
 keep up reads late by at most about LAGGING_S plus one sweep of reads, and its timers wait for
 that sweep (bench-plan.md, "Scale in one process").
 
-Elsewhere than Linux (no epoll), the default loop.
+Elsewhere than Linux (no epoll), and under gevent's patched selectors, the default loop.
 """
 
 from __future__ import annotations
@@ -69,18 +69,23 @@ class _CappedEpoll:
         return getattr(self._epoll, name)
 
 
-class FairEpollSelector(selectors.EpollSelector):
-    """selectors' EpollSelector whose select() returns at most `cap` ready keys while the loop
-    keeps up (see the module docstring)."""
+# NOTE: looked up, not assumed: gevent's patched `selectors` (under Locust, whose processes
+# import this module through run.py) has no EpollSelector, and neither has another OS.
+_EpollSelector: type[selectors.BaseSelector] | None = getattr(selectors, "EpollSelector", None)
 
-    def __init__(self, cap: int = PASS_EVENTS, lagging_s: float = LAGGING_S) -> None:
-        super().__init__()
-        self._selector = _CappedEpoll(self._selector, cap, lagging_s)
+if _EpollSelector is not None:
+    class FairEpollSelector(_EpollSelector):  # type: ignore[valid-type, misc]
+        """selectors' EpollSelector whose select() returns at most `cap` ready keys while the
+        loop keeps up (see the module docstring)."""
+
+        def __init__(self, cap: int = PASS_EVENTS, lagging_s: float = LAGGING_S) -> None:
+            super().__init__()
+            self._selector = _CappedEpoll(self._selector, cap, lagging_s)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The harness's loop: epoll waits capped at PASS_EVENTS, or asyncio's default loop."""
-    if not hasattr(select, "epoll"):
+    if _EpollSelector is None or not hasattr(select, "epoll"):
         return asyncio.new_event_loop()
     return asyncio.SelectorEventLoop(FairEpollSelector())
 
