@@ -85,7 +85,7 @@ if _EpollSelector is not None:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The harness's loop: epoll waits capped at PASS_EVENTS, or asyncio's default loop."""
-    if _EpollSelector is None or not hasattr(select, "epoll"):
+    if _EpollSelector is None:
         return asyncio.new_event_loop()
     return asyncio.SelectorEventLoop(FairEpollSelector())
 

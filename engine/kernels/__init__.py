@@ -4,6 +4,7 @@ otherwise (and always when DSV4_KERNELS=reference). Both expose the same two ops
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -11,22 +12,21 @@ import torch
 
 from . import reference
 
-_triton: ModuleType | None = None
-_triton_tried = False
+_loaded: dict[str, ModuleType | None] = {}
 
 
-def load_triton() -> ModuleType | None:
-    """kernels.triton_ops when CUDA and triton are both usable, else None (imported once)."""
-    global _triton, _triton_tried
-    if not _triton_tried:
-        _triton_tried = True
+def load_triton(name: str = "triton_ops") -> ModuleType | None:
+    """The Triton kernel module kernels.<name> (triton_ops, grouped_moe) when CUDA and triton
+    are both usable, else None (imported once, on first use: a CPU process never loads triton)."""
+    if name not in _loaded:
+        mod = None
         if torch.cuda.is_available():
             try:
-                from . import triton_ops as mod
+                mod = importlib.import_module(f".{name}", __name__)
             except ImportError:
                 mod = None
-            _triton = mod if mod is not None and mod.AVAILABLE else None
-    return _triton
+        _loaded[name] = mod if mod is not None and mod.AVAILABLE else None
+    return _loaded[name]
 
 
 def ops_for(device: torch.device) -> ModuleType:

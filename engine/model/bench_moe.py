@@ -15,13 +15,12 @@ the last line of a batch combines the fastest; the table ends the output.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels import grouped_moe as gm
-from .bench_decode import CONFIGS, copy_bandwidth
+from .bench_decode import CONFIGS, capture, copy_bandwidth, time_replays
 from .static_moe import _expert_order
 
 LAYERS = 4
@@ -58,25 +57,7 @@ SWEEP2_OUT = [
 
 def time_graph(fn, n: int = 50) -> float:
     """Median ms of a replay of fn() captured in a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return time_replays(capture(fn)[0], n)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

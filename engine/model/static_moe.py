@@ -18,24 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import load_triton
 from .moe import MoE
 
 _GROUPED_OK: dict[str, bool] = {}
-_TRITON_MOE: list = []  # [module or None], once looked up
-
-
-def _triton_moe():
-    """kernels.grouped_moe when CUDA is available (imported on first use: a CPU process never
-    loads triton for it), else None."""
-    if not _TRITON_MOE:
-        mod = None
-        if torch.cuda.is_available():
-            try:
-                from ..kernels import grouped_moe as mod
-            except ImportError:
-                mod = None
-        _TRITON_MOE.append(mod if mod is not None and mod.AVAILABLE else None)
-    return _TRITON_MOE[0]
 
 
 def triton_moe_usable(moe: MoE, x: torch.Tensor) -> bool:
@@ -43,7 +29,7 @@ def triton_moe_usable(moe: MoE, x: torch.Tensor) -> bool:
     weights)."""
     if not x.is_cuda:
         return False
-    mod = _triton_moe()
+    mod = load_triton("grouped_moe")
     return (mod is not None and mod.usable(x.device, x.dtype) and moe.w_in.dtype == x.dtype
             and x.shape[-1] == moe.w_in.shape[1] and mod.shapes_ok(moe.w_in, swiglu=True)
             and mod.shapes_ok(moe.w_out, swiglu=False))
@@ -131,7 +117,7 @@ def _expert_order(E: int, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 def _grouped_triton(moe: MoE, x: torch.Tensor, experts: torch.Tensor,
                     gates: torch.Tensor) -> torch.Tensor:
-    gm = _triton_moe()
+    gm = load_triton("grouped_moe")
     k = moe.k
     order, _, offs = _expert_order(moe.n_experts, experts)
     act = gm.grouped_mm(x, moe.w_in, offs, gather=order // k, swiglu=True)
