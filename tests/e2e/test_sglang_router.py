@@ -24,7 +24,10 @@ from .conftest import only_run_dir, run_cli
 needs_router = pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
 
 
-STORM = ("--concurrency", "6", "--max-turns", "4", "--kill", "all@6s")  # one kill-all, mid-run
+# One kill-all, mid-run. More sessions than slots: a slot whose session ended early takes the
+# next, so the kill at 6 s always finds requests in flight (it stops the load: the rest never
+# start); with one session a slot, a quick machine finished them all before it.
+STORM = ("--concurrency", "6", "--sessions", "18", "--max-turns", "4", "--kill", "all@6s")
 
 
 def _agents(out: Path, *args: str, load: tuple[str, ...] = STORM, drain_s: float = 8) -> tuple[Path, dict[str, Any]]:
@@ -54,9 +57,7 @@ def test_kill_storm_through_the_sglang_router_is_clean(tmp_path):
 def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
     """The router closes its upstream connection when the client leaves, so the engine hears
     the disconnect as it would directly: the planted fault still decodes for nobody."""
-    # More sessions than slots: a slot whose session ended early takes the next, so the kill
-    # at 6 s always finds requests in flight (it stops the load: the rest never start).
-    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode", load=STORM + ("--sessions", "18"))
+    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode")
     assert summary["turns"]["killed"] > 0, summary["turns"]
     assert summary["verdict"] == "WEDGE", summary
     codes = {c for found in summary["wedge"].values() for c in found["codes"]}
