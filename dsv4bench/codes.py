@@ -92,7 +92,7 @@ CODES: tuple[VerdictCode, ...] = (
     VerdictCode("queue_stuck", WEDGE, "Queue gauges stayed above zero after the drain window with no traffic."),
     VerdictCode("canary_timeout", WEDGE, "A small canary request after the drain did not complete in time."),
     VerdictCode("health_lies", WEDGE, "`/health` answered 200 while the server could not generate."),
-    VerdictCode("ghost_requests", WEDGE, "The server still counts running requests that no client is waiting for."),
+    VerdictCode("ghost_requests", WEDGE, "After every client was gone, the server kept decoding requests nobody waits for."),
     _turn("parser_disagreement", ORACLE, "oracle",
           "DeepSeek's reference parser read the raw completion differently from the server's parser."),
 )

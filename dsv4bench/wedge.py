@@ -11,8 +11,11 @@ Verdicts (the wedge family of codes.py):
   at least `min_stuck_s` while no counter (`*_total`) moved: nothing is being worked on. A gauge
   still above zero that moved within its last `min_stuck_s` earns no code, only a detail line
   saying it was not judged: the window was too short to tell a wedge from a slow drain.
-- `ghost_requests`: a running gauge stays > 0 (not decreasing) for `min_stuck_s` while the
-  generation-token counter keeps rising after every client is gone: decoding for nobody.
+- `ghost_requests`: for at least `min_stuck_s` within the drain window, a running gauge stays
+  > 0 and takes in no work (it never rises and no queue ahead of it shrinks) while tokens are
+  generated. Every session has ended when the load stops, so that is decoding for nobody. It
+  may fall meanwhile (ghosts end one by one at max_tokens), and it counts even when the ghosts
+  ended before the window closed: a clean server aborts a gone client's request at once.
 - `canary_timeout`: the last canary request after the drain window got no answer in time. A
   canary that got an answer that is no completion (an HTTP error, HTML, non-JSON) or no
   connection is an error of the check: it goes into the finding's `check_errors` (and
@@ -85,19 +88,13 @@ def _in_flight(values: dict[str, float]) -> float:
     return sum(v for k, v in values.items() if is_queue_gauge(k))
 
 
-def _flat_since(series: list[tuple[int, dict[str, float]]], key: str, counters_still: bool) -> int:
-    """Index where the trailing run of samples begins over which `key` never decreased and
-    (if `counters_still`) no counter changed, else the work in flight never shrank; the run
-    ends at the last sample."""
+def _flat_since(series: list[tuple[int, dict[str, float]]], key: str) -> int:
+    """Index where the trailing run of samples begins over which `key` never decreased and no
+    counter changed; the run ends at the last sample."""
     i = len(series) - 1
     while i > 0:
         prev, cur = series[i - 1][1], series[i][1]
-        if cur.get(key, 0.0) < prev.get(key, 0.0):
-            break
-        # A running gauge held level by a shrinking queue behind it is a drain, not a ghost.
-        if not counters_still and _in_flight(cur) < _in_flight(prev):
-            break
-        if counters_still and counters(cur) != counters(prev):
+        if cur.get(key, 0.0) < prev.get(key, 0.0) or counters(cur) != counters(prev):
             break
         i -= 1
     return i
@@ -105,24 +102,46 @@ def _flat_since(series: list[tuple[int, dict[str, float]]], key: str, counters_s
 
 def _judge_gauge(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str,
                  cfg: WedgeConfig) -> tuple[str, str] | None:
-    """The wedge code a queue gauge above zero in the last sample earns, with its evidence
-    line, or None while it may still be draining."""
+    """The queue_stuck a gauge above zero in the last sample earns, with its evidence line,
+    or None while it may still be draining."""
     t_end, last = series[-1]
-    value = last[key]
-    start = _flat_since(series, key, counters_still=True)
-    flat_s = (t_end - series[start][0]) / _NS
+    flat_s = (t_end - series[_flat_since(series, key)][0]) / _NS
     if flat_s >= cfg.min_stuck_s:
-        return "queue_stuck", f"{key}={value:g} on {endpoint}, no progress for {flat_s:.1f} s"
-    if metric_name(key) in RUNNING:
-        # Running work that never shrinks while tokens are still produced: nobody is
-        # listening (all clients are gone), so the server decodes for ghosts.
-        start = _flat_since(series, key, counters_still=False)
-        flat_s = (t_end - series[start][0]) / _NS
-        gained = generation_tokens(last) - generation_tokens(series[start][1])
-        if flat_s >= cfg.min_stuck_s and gained > 0:
-            return "ghost_requests", (f"{key}={value:g} on {endpoint} for {flat_s:.1f} s after load stop "
-                                      f"while {gained:g} tokens were generated for no client")
+        return "queue_stuck", f"{key}={last[key]:g} on {endpoint}, no progress for {flat_s:.1f} s"
     return None
+
+
+def _took_work(prev: dict[str, float], cur: dict[str, float], key: str) -> bool:
+    """Whether the running gauge `key` took in work between two scrapes: it rose, or a queue
+    ahead of it shrank (a request admitted, or a slow drain moving on)."""
+    return cur.get(key, 0.0) > prev.get(key, 0.0) or any(
+        cur.get(k, 0.0) < v for k, v in prev.items() if k != key and is_queue_gauge(k))
+
+
+def _judge_ghosts(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str,
+                  cfg: WedgeConfig) -> str | None:
+    """The ghost_requests evidence line for the running gauge `key`, or None: its longest run
+    of scrapes above zero that took in no work, if that run lasted `min_stuck_s` while tokens
+    were generated."""
+    best: tuple[float, float, float] | None = None  # seconds, tokens, the gauge at its start
+    start: int | None = None
+    for i, (t, cur) in enumerate(series):
+        if cur.get(key, 0.0) <= 0:
+            start = None
+            continue
+        if start is None or _took_work(series[i - 1][1], cur, key):
+            start = i
+            continue
+        t0, first = series[start]
+        span_s, gained = (t - t0) / _NS, generation_tokens(cur) - generation_tokens(first)
+        if span_s >= cfg.min_stuck_s and gained > 0 and (best is None or span_s > best[0]):
+            best = (span_s, gained, first[key])
+    if best is None:
+        return None
+    span_s, gained, held = best
+    now = series[-1][1].get(key, 0.0)
+    return (f"{key}={held:g} on {endpoint} stayed above 0 for {span_s:.1f} s after load stop, taking in no work, "
+            f"while {gained:g} tokens were generated for no client ({now:g} when the drain window closed)")
 
 
 def _held_gauges(values: dict[str, float]) -> list[str]:
@@ -141,12 +160,19 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
             found.drain_s = round((t - load_stopped_ns) / _NS, 3)
             break
     codes: set[str] = set()
+    ghosts: set[str] = set()
+    for key in sorted({k for _, values in series for k in values if metric_name(k) in RUNNING}):
+        line = _judge_ghosts(endpoint, series, key, cfg)
+        if line is not None:
+            codes.add("ghost_requests")
+            ghosts.add(key)
+            found.details.append(line)
     for key in _held_gauges(last):
         judged = _judge_gauge(endpoint, series, key, cfg)
         if judged is not None:
             codes.add(judged[0])
             found.details.append(judged[1])
-        else:  # no verdict either way: say so, so a CLEAN here reads as the short window it is
+        elif key not in ghosts:  # no verdict either way: say so, so a CLEAN here reads as the short window it is
             found.details.append(f"{key}={last[key]:g} on {endpoint} when the drain window closed, but it had moved "
                                  f"in its last {cfg.min_stuck_s:g} s: neither drained nor stuck (a longer "
                                  "--drain-timeout would tell)")

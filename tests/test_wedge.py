@@ -74,6 +74,30 @@ def test_ghost_decoding_is_ghost_requests_not_queue_stuck():
     assert "sglang:num_running_reqs" in found[DEC].details[0]
 
 
+def test_ghosts_that_end_one_by_one_before_the_window_closes_are_still_ghost_requests():
+    """The shape CI recorded behind SGLang's router: six killed requests decoding for nobody,
+    three reaching max_tokens soon, the last three 6 s later, just inside an 8 s window."""
+    running = [6, 5, 3, 3, 3, 3, 3, 0]
+    series = [sample(t + 0.06, run=r, reqs=20, gen=2094 + 440 * min(t, 6)) for t, r in enumerate(running)]
+    series.append(sample(7.56, run=0, reqs=26, gen=4734))  # the drain ended: its queues were empty
+    found = detect_wedge(series, STOP, WedgeConfig(drain_timeout_s=8.0, min_stuck_s=5.0))[DEC]
+    assert found.codes == ["ghost_requests"] and found.drain_s == 7.06
+    [line] = found.details
+    assert line.startswith(f"{RUN}=6 on {DEC} stayed above 0 for 6.0 s") and "2640 tokens" in line
+    assert "(0 when the drain window closed)" in line
+
+
+@pytest.mark.parametrize("shape", ["admitted from the queue", "another client's requests", "short tail"])
+def test_running_work_that_takes_in_work_or_ends_soon_is_no_ghost(shape):
+    if shape == "admitted from the queue":  # a slow drain: each finished request's slot is refilled
+        series = [sample(t, run=4, queue=12 - t, reqs=100 + t, gen=500 + 90 * t) for t in range(0, 13)]
+    elif shape == "another client's requests":  # a shared server: running rises as often as it falls
+        series = [sample(t, run=3 + t % 2, reqs=100 + t, gen=500 + 90 * t) for t in range(0, 31)]
+    else:  # the killed requests' aborts took a few seconds to land
+        series = [sample(t, run=max(0, 6 - 2 * t), reqs=100, gen=500 + 90 * min(t, 3)) for t in range(0, 10)]
+    assert detect_wedge(series, STOP, CFG)[DEC].codes == []
+
+
 def test_lying_health_gives_canary_timeout_and_health_lies():
     series = [sample(t, run=0, transfer=0, reqs=5) for t in range(0, 11)]
     health = [HealthResult(STOP + 31 * S, "http://d/health", OK, 0.01, status=200)]

@@ -56,8 +56,10 @@ def test_kill_storm_through_the_sglang_router_is_clean(tmp_path):
 @needs_router
 def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
     """The router closes its upstream connection when the client leaves, so the engine hears
-    the disconnect as it would directly: the planted fault still decodes for nobody."""
-    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode")
+    the disconnect as it would directly: the planted fault still decodes for nobody. Room for
+    4096 tokens keeps every ghost decoding through the drain window: at max_tokens 1024, a
+    request killed late in its answer reached it within seconds on a quick machine."""
+    run_dir, summary = _agents(tmp_path / "out", "--engine-fault", "ghost-decode", "--max-tokens", "4096")
     assert summary["turns"]["killed"] > 0, summary["turns"]
     assert summary["verdict"] == "WEDGE", summary
     codes = {c for found in summary["wedge"].values() for c in found["codes"]}
