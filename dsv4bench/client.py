@@ -21,7 +21,7 @@ import httpx
 from .loop_watch import LoopWatch
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
-from .transport import arrival_clock, body_bytes, unlink
+from .transport import arrival_clock, body_bytes, first_token_read, unlink
 from .turn_answer import (
     Deadlines,
     StreamedAnswer,
@@ -84,7 +84,11 @@ async def chat_turn(
                 elif stream and not is_event_stream(resp.headers):
                     take_not_a_stream(out, resp.headers, (await _read_body(resp, 4096))[0])
                 elif stream:
-                    out.response = await _read_stream(resp, StreamedAnswer(out, probe, bounds, at_first_token))
+                    def first_token() -> None:
+                        first_token_read(resp)
+                        at_first_token()
+
+                    out.response = await _read_stream(resp, StreamedAnswer(out, probe, bounds, first_token))
                 else:
                     raw, over = await _read_body(resp, bounds.body_bytes)
                     take_completion(out, raw, over, bounds)

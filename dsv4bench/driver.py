@@ -18,11 +18,9 @@ a killed agent's would), and the turn is recorded `killed` with its timings and 
 
 from __future__ import annotations
 
-import gc
 import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -37,6 +35,7 @@ from .history import HistoryWriter
 from .loop_watch import LoopWatch
 from .nemesis import Nemesis, Slot, parse_kill_spec
 from .observe import ServerWatch, raw_completion
+from .paced_collector import paced_collection
 from .progress import LiveStats
 from .records import Timings, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers
@@ -120,7 +119,7 @@ class AgentRun:
             background.start_soon(self._run_in, clock_scope, self.clock.run)
             if c.kill:
                 background.start_soon(self._run_in, nemesis_scope, lambda: self.nemesis.run(started))
-            with _collector_for_load():
+            with paced_collection(background):
                 await self._load()
             nemesis_scope.cancel()  # the load is over: nothing left to kill
             clock_scope.cancel()
@@ -263,23 +262,6 @@ class AgentRun:
             self.history.turn(rec)
             self.stats.add_turn(rec)
             sess.observe(outcome.status, outcome.response, verdicts)
-
-
-@contextmanager
-def _collector_for_load() -> Iterator[None]:
-    """The garbage collector during the load: what exists before it (modules, the tools'
-    schemas, the client) is frozen out of every collection, and the youngest generation is
-    collected ten times less often. A full collection otherwise walks every live transcript
-    while the loop waits: 130-470 ms at 500 sessions (bench-plan.md, "Scale in one process")."""
-    thresholds = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(thresholds[0] * 10, *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
 
 
 def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:

@@ -43,6 +43,8 @@ import aiohttp
 import httpx
 from aiohttp.client_proto import ResponseHandler
 
+from . import fair_loop
+
 # Most specific first: the first class the error is an instance of decides.
 _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
     (aiohttp.ConnectionTimeoutError, httpx.ConnectTimeout),
@@ -159,11 +161,29 @@ class _Protocol(ResponseHandler):
         self.arrived_ns = 0  # CLOCK_MONOTONIC when the latest bytes reached this host
         self._read_due = 0.0
         self._socket: _StampedSocket | None = None
+        self._fd = -1
+        self._first = False  # read ahead of other sockets (fair_loop.read_first)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
         self._socket = _STAMPED.get(sock.fileno()) if sock is not None else None
+        self._fd = sock.fileno() if sock is not None else -1
         super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.read_first(False)
+        super().connection_lost(exc)
+
+    def set_response_params(self, **params: Any) -> None:
+        """aiohttp readies the protocol for the answer to a request it is sending: until its
+        first token, this connection is read ahead of the others."""
+        super().set_response_params(**params)
+        self.read_first(True)
+
+    def read_first(self, first: bool) -> None:
+        if first != self._first and self._fd >= 0:
+            self._first = first
+            fair_loop.read_first(self._fd, first)
 
     def data_received(self, data: bytes) -> None:
         if data:
@@ -202,6 +222,13 @@ def arrival_clock(response: httpx.Response) -> Callable[[], int]:
     never earlier than the bytes it stamps. Over another transport, the time of the call."""
     body = response.extensions.get(_ARRIVAL)
     return body.arrived if isinstance(body, _Body) else time.monotonic_ns
+
+
+def first_token_read(response: httpx.Response) -> None:
+    """The answer's first token is in: its connection is read in turn with the others again."""
+    body = response.extensions.get(_ARRIVAL)
+    if isinstance(body, _Body) and body._stamps is not None:
+        body._stamps.read_first(False)
 
 
 def body_bytes(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
@@ -284,6 +311,8 @@ class _Body(httpx.AsyncByteStream):
         self._ended = True
 
     async def aclose(self) -> None:
+        if self._stamps is not None:
+            self._stamps.read_first(False)
         if self._closed is not None:  # a kept-alive connection outlives this body: unhook it
             self._closed.remove_done_callback(self._connection_lost)
             self._closed.remove_done_callback(_retrieve)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import select
+import selectors
 import socket
 import subprocess
 import sys
@@ -49,27 +50,74 @@ def test_a_wait_returns_at_most_the_cap_and_the_rest_come_next_in_turn():
         _close(pairs)
 
 
-def test_waits_that_keep_coming_back_full_give_way_to_one_that_takes_every_ready_socket():
-    pairs = _ready_pairs(100)
-    sel = FairEpollSelector(cap=16, lagging_s=0.05)
+def test_a_socket_put_first_is_in_the_next_wait_whatever_queue_is_ahead_of_it():
+    pairs = _ready_pairs(101)
+    sel = FairEpollSelector(cap=16)
     try:
         for _, b in pairs:
-            sel.register(b, 1)
-        assert len(sel.select(0)) == 16  # full: the loop may be falling behind
-        assert len(sel.select(0)) == 16  # not yet for long
-        time.sleep(0.06)
-        assert len(sel.select(0)) == 100  # behind for longer than lagging_s: all that is ready
-        assert len(sel.select(0)) == 16  # and capped again
-        for _, b in pairs:
-            b.recv(1)
-        assert sel.select(0) == []  # caught up: the window closes
-        for a, _ in pairs:
-            a.send(b"x")
-        time.sleep(0.06)
-        assert len(sel.select(0)) == 16  # a new window opens at this full wait, not at the old one
+            sel.register(b, selectors.EVENT_READ)
+        late = pairs[-1][1].fileno()  # ready last: epoll returns it after the hundred others
+        assert late not in {key.fd for key, _ in sel.select(0)}  # the control
+        sel._selector.put_first(late, True)
+        waits = [{key.fd for key, _ in sel.select(0)} for _ in range(3)]
+        assert all(late in w and len(w) == 16 for w in waits)  # every wait, while it stays ready
+        pairs[-1][1].recv(1)
+        assert late not in {key.fd for key, _ in sel.select(0)}  # read: nothing to say
+        pairs[-1][0].send(b"x")
+        sel._selector.put_first(late, False)
+        assert late not in {key.fd for key, _ in sel.select(0)}  # back in its turn
     finally:
         sel.close()
         _close(pairs)
+
+
+def test_a_socket_put_first_that_the_loop_no_longer_reads_does_not_keep_it_awake():
+    pairs = _ready_pairs(1)
+    sel = FairEpollSelector(cap=16)
+    try:
+        b = pairs[0][1]
+        sel.register(b, selectors.EVENT_READ)
+        sel._selector.put_first(b.fileno(), True)
+        assert [key.fd for key, _ in sel.select(0)] == [b.fileno()]
+        sel.unregister(b)  # as a transport does that pauses reading, or closes
+        t0 = time.monotonic()
+        assert sel.select(0.1) == []
+        assert time.monotonic() - t0 >= 0.09  # it slept: no wait came back at once for it
+    finally:
+        sel.close()
+        _close(pairs)
+
+
+def test_a_closed_socket_put_first_and_its_number_taken_again_are_no_error():
+    sel = FairEpollSelector(cap=16)
+    a, b = socket.socketpair()
+    x, y = a, b
+    try:
+        fd = b.fileno()
+        sel.register(b, selectors.EVENT_READ)
+        sel._selector.put_first(fd, True)
+        sel.unregister(b)
+        b.close()
+        sel._selector.put_first(fd, False)  # the kernel dropped it from the set already
+        x, y = socket.socketpair()
+        again, peer = (x, y) if x.fileno() == fd else (y, x)
+        assert again.fileno() == fd  # the lowest free number: the closed socket's
+        sel.register(again, selectors.EVENT_READ)
+        sel._selector.put_first(fd, True)
+        peer.send(b"x")
+        assert [key.fd for key, _ in sel.select(0)] == [fd]
+    finally:
+        sel.close()
+        for sock in (a, b, x, y):
+            sock.close()
+
+
+def test_read_first_is_nothing_off_the_harness_loop():
+    async def on_asyncios_loop() -> None:
+        fair_loop.read_first(12345)  # no capped set on this loop
+
+    fair_loop.read_first(12345)  # no running loop
+    asyncio.run(on_asyncios_loop())
 
 
 def _reads_before_a_due_timer(loop: asyncio.AbstractEventLoop) -> int:

@@ -12,6 +12,7 @@ import anyio
 import httpx
 import pytest
 
+from dsv4bench import fair_loop
 from dsv4bench.client import chat_turn
 from dsv4bench.config import RunConfig
 from dsv4bench.driver import _killed_outcome, make_client
@@ -62,9 +63,14 @@ class Server:
         if path == "/stall":
             await w.drain()
             await asyncio.sleep(30)
+        if path == "/first-late":
+            await w.drain()
+            await asyncio.sleep(0.3)
         w.write(_event({"role": "assistant", "content": ""}) + _event({"content": "Half"}))
         await w.drain()
-        if path == "/ok":
+        if path == "/first-late":
+            await asyncio.sleep(0.3)
+        if path in ("/ok", "/first-late"):
             w.write(_event({}, "stop") + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
             return True
         if path == "/bad-chunk":
@@ -93,6 +99,30 @@ async def _serve(fn):
 
 def run(fn) -> None:
     anyio.run(_serve, fn)
+
+
+def test_a_turns_connection_is_read_first_from_its_request_to_its_first_token():
+    """On the harness's loop (fair_loop.py): while a turn waits for its first token its socket
+    is in the set every wait asks first, and it leaves the set once the token is in."""
+    seen: list[set[int]] = []
+
+    async def check(client, url, server):
+        capped = fair_loop._CAPPED[asyncio.get_running_loop()]
+
+        async def watch() -> None:
+            for _ in range(3):  # headers sent, first token 0.3 s later, the end 0.3 s after it
+                await asyncio.sleep(0.2)
+                seen.append(set(capped._first_fds))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            out = await chat_turn(client, url + "/first-late", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.OK and out.response.content == "Half"
+        seen.append(set(capped._first_fds))
+
+    fair_loop.run(_serve, check)
+    assert len(seen[0]) == 1  # awaiting the first token: its connection is read first
+    assert seen[1:] == [set(), set(), set()]  # streaming, then done: in turn with the others
 
 
 def test_the_run_uses_the_aiohttp_transport():
