@@ -50,8 +50,15 @@ class RemoteKVTransfer(KVTransfer):
         self._told = False
 
     def send_pages(self, offset: int, data: bytes) -> None:
+        """A connection that cannot take the pages is a decode that left (its process died, or
+        its reader closed the socket a moment before): the transfer is aborted, as the decode's
+        own drop aborts the room, not failed. The worker stops at its next `keep_going`."""
         with self._send_lock:
-            send(self.conn, {"op": "kv", "offset": offset}, data)
+            try:
+                send(self.conn, {"op": "kv", "offset": offset}, data)
+            except WireError as e:
+                log.info("room %s: the decode left mid-transfer (%s)", self.rid, e)
+                super().abort()  # not self.abort: telling the decode takes the send lock held here
 
     def abort(self) -> None:
         super().abort()

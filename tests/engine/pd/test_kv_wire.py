@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from dsv4bench.engine.model.kv_pools import KVPools
+from dsv4bench.engine.pd.bootstrap_server import RemoteKVTransfer
 from dsv4bench.engine.pd.kv_wire import MAX_HEADER_BYTES, PageCodec, WireError, recv, send
+from dsv4bench.engine.pd.transfer import TransferStatus, TransferWorker
 
 from .helpers import tiny_cfg
 
@@ -59,3 +61,18 @@ def test_pages_move_byte_for_byte_between_pools():
     assert all(torch.equal(d[1], b) for d, b in zip(dst.page_tensors(), before))  # untouched pages stay
     with pytest.raises(WireError, match="bytes for"):
         codec_dst.unpack([0], data)
+
+
+@pytest.mark.parametrize("gone", ["the decode closed its end", "the reader closed ours"])
+def test_pages_that_cannot_be_sent_abort_the_transfer_not_fail_it(gone):
+    """The decode left mid-transfer: its process died (the peer's end is closed), or the
+    connection's reader saw the drop and closed the socket while the worker still sent. Either
+    way nobody waits for these pages; the transfer ends ABORTED, as the room it belongs to."""
+    pools = KVPools(tiny_cfg(num_pages=8))
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        (peer if gone == "the decode closed its end" else ours).close()
+        transfer = RemoteKVTransfer("room-1", 4, ours)
+        assert transfer.begin([0, 1, 2, 3], first_token=5, cached_tokens=0)
+        TransferWorker(pools, None, chunk_pages=2).run(transfer)
+        assert transfer.status is TransferStatus.ABORTED
