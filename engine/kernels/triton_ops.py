@@ -341,6 +341,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     return _indexer_topk(q, w, idx_k, idx_scale, cand, n_eligible, topk)
 
 
+# Key tiles of 64 and no software pipelining: the fastest of 48 (tile, warps, stages) at the 1B
+# config's batch 256 (16 heads of 128, 128 window and 64 compressed keys a row) on an H200,
+# 10.5 us against 12.6 us for tiles of 32 with Triton's default 3 stages
+# (scripts/sweep_decode_attention.py; bench-plan.md, "Routing in two kernels").
+_DECODE_DOT_LAUNCH = dict(BLOCK_K=64, num_warps=4, num_stages=1)
+
+
 def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
                       win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
                       c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
@@ -355,7 +362,7 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
             c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
             cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
             c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-            BLOCK_H=max(16, _pow2(H)), BLOCK_K=32)
+            BLOCK_H=max(16, _pow2(H)), **_DECODE_DOT_LAUNCH)
         return out
     _sparse_decode_kernel[(S,)](
         q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,

@@ -91,6 +91,9 @@ class Attention(nn.Module):
         ext_picks = [self._extend_picks(x[ext.row0 : ext.row0 + ext.length], ext, pools)
                      for ext in plan.extends]
         pools.gate(l, "kv")
+        if plan.decode is not None and plan.decode.every_row:
+            out = self._decode(q, plan.decode, pools, rope, dec_blocks).to(x.dtype)
+            return self.wo(out.view(N, H * hd))
         out = x.new_empty(N, H, hd)
         if plan.decode is not None:
             rows = plan.decode.rows
@@ -136,7 +139,9 @@ class Attention(nn.Module):
             return None
         n_blocks = dg.n_blocks[self.rate].unsqueeze(1)
         if index_q is None:
-            qi, w = self.indexer.queries(x[dg.rows])
+            qi, w = self.indexer.queries(x if dg.every_row else x[dg.rows])
+        elif dg.every_row:
+            qi, w = index_q
         else:
             qi, w = index_q[0][dg.rows], index_q[1][dg.rows]
         return self._select((qi.unsqueeze(1), w.unsqueeze(1)), cand, n_blocks, pools)[:, 0]

@@ -1,7 +1,7 @@
 """Decode step of DSV4Mini on a GPU, replayed as a CUDA graph, against the bytes it must read.
 
     python -m dsv4bench.engine.model.bench_decode [--config default|1b] [--batches 1,80,256,1024]
-        [--dtype float32|bfloat16] [--ctx 2048,4096] [--eager] [--compile] [--profile 256]
+        [--dtype float32|bfloat16] [--ctx 2048,4096] [--eager] [--compile] [--profile 256] [--profile-out DIR]
 
 For each batch: sequences at contexts drawn from --ctx, pools filled with random KV, one decode
 step (forward_static_decode, the step cuda_graphs.py captures) timed over graph replays with
@@ -19,7 +19,8 @@ replayed the same way, beside the uncompiled graph of the same batch (its compil
 relative difference of its logits from the uncompiled step's, and the share of rows with the
 same argmax; `eager err` is the same difference between the uncompiled graph and eager
 forward(), the noise floor of the dtype). `--profile B,...` prints, for
-those batches, the kernels of a replayed step (count per step, top kernels by time).
+those batches, the kernels of a replayed step (count per step, top kernels by time), and
+`--profile-out DIR` writes every kernel's row and the step's timeline there.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def time_replays(g: torch.cuda.CUDAGraph, n: int) -> float:
     return statistics.median(ts)
 
 
-def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 25) -> None:
-    """Kernels of n replays of g: count and time per step, top kernels by total time."""
+def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 25,
+                    out_dir: str = "") -> None:
+    """Kernels of n replays of g: count and time per step, top kernels by total time. With
+    out_dir, also every kernel's row (`<label>.kernels.txt`) and the timeline as a Chrome trace
+    (`<label>.trace.json`) there."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -87,9 +91,16 @@ def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 
     total_us = sum(r[0] for r in rows)
     count = sum(r[1] for r in rows)
     print(f"profile {label}: {count:.0f} kernels a step, {total_us / 1e3:.3f} ms of kernel time a step")
-    print(f"{'us/step':>9} {'calls':>6} {'us/call':>8}  kernel")
-    for t, c, k in rows[:top]:
-        print(f"{t:>9.1f} {c:>6.0f} {t / max(c, 1e-9):>8.2f}  {k[:110]}")
+    table = [f"{'us/step':>9} {'calls':>6} {'us/call':>8}  kernel"]
+    table += [f"{t:>9.1f} {c:>6.0f} {t / max(c, 1e-9):>8.2f}  {k[:110]}" for t, c, k in rows]
+    print("\n".join(table[: top + 1]))
+    if out_dir:
+        import os
+
+        stem = os.path.join(out_dir, label.replace(" ", "_"))
+        with open(f"{stem}.kernels.txt", "w") as f:
+            f.write("\n".join(table) + "\n")
+        prof.export_chrome_trace(f"{stem}.trace.json")
 
 # About 1.07B parameters: DSV4-mini's layout, wider and deeper. For this benchmark only.
 CONFIGS = {
@@ -143,23 +154,22 @@ def step_bytes(model: DSV4Mini, pools: KVPools, ctx: list[int], experts_hit: lis
     return {"weights": weights, "window": window, "compressed": compressed, "index_k": index}
 
 
-def routed_experts(model: DSV4Mini, step) -> list[int]:
-    """Distinct experts each layer's MoE routes to during `step()`."""
+def routed_experts(model: DSV4Mini, step, token_ids: torch.Tensor) -> list[int]:
+    """Distinct experts each layer's MoE routes to during `step()` over rows of `token_ids`:
+    MoE.route on each MoE's input (its pre-norm's output), whichever path the step routes by."""
     hit: list[int] = []
-    for blk in model.blocks:
-        route = blk.moe.route
 
-        def record(*args, route=route):
-            experts, gates = route(*args)
-            hit.append(int(experts.unique().numel()))
-            return experts, gates
+    def record(module, args, out, moe):
+        experts, _ = moe.route(out, token_ids)
+        hit.append(int(experts.unique().numel()))
 
-        blk.moe.route = record
+    hooks = [blk.ffn_norm.register_forward_hook(lambda m, a, o, moe=blk.moe: record(m, a, o, moe))
+             for blk in model.blocks]
     try:
         step()
     finally:
-        for blk in model.blocks:
-            del blk.moe.route
+        for h in hooks:
+            h.remove()
     assert len(hit) == len(model.blocks), hit
     return hit
 
@@ -176,6 +186,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="also time the torch.compile'd step (compiled_step.py)")
     ap.add_argument("--profile", default="", help="batches whose replayed steps are profiled")
+    ap.add_argument("--profile-out", default="",
+                    help="folder for the profiled steps' full kernel tables and Chrome traces")
     args = ap.parse_args()
     prof_batches = {int(b) for b in args.profile.split(",") if b}
     dev = "cuda"
@@ -225,7 +237,7 @@ def main() -> None:
         # eager forward() once: the experts it routes to, and its time when asked
         batch = ForwardBatch([SeqSlice([int(tok[i])], ctx[i], tables[i]) for i in range(B)])
         eager_logits: list[torch.Tensor] = []
-        experts_hit = routed_experts(model, lambda: eager_logits.append(model(batch, pools)))
+        experts_hit = routed_experts(model, lambda: eager_logits.append(model(batch, pools)), tok)
         eager_ms = float("nan")
         if args.eager:
             ts = []
@@ -253,7 +265,7 @@ def main() -> None:
         ref_err = ((logits.float() - ref).norm() / ref.norm()).item()
         line += f" {ref_err:>8.1e}"
         if B in prof_batches:
-            profile_replays(f"graph batch {B}", g)
+            profile_replays(f"graph batch {B}", g, out_dir=args.profile_out)
         gc = None
         if compiled is not None:
             t0 = time.perf_counter()
@@ -281,7 +293,7 @@ def main() -> None:
             line += (f" {ms_c:>8.3f} ms {rate_c / bw:>7.1%} {ms / ms_c:>7.2f}x {compile_s:>7.1f}s"
                      f" {err:>9.1e} {same:>7.1%}")
             if B in prof_batches:
-                profile_replays(f"compiled batch {B}", gc)
+                profile_replays(f"compiled batch {B}", gc, out_dir=args.profile_out)
         lines.append(line)
         print(line, flush=True)
         del g, gc

@@ -36,6 +36,9 @@ class DecodeGroup:
     win_pos: torch.Tensor  # [S, window]
     cand: dict[int, torch.Tensor]  # rate -> [S, max blocks] entries of complete blocks, -1 pad
     n_blocks: dict[int, torch.Tensor]  # rate -> [S] complete blocks = (t + 1) // rate
+    # rows is every row of the step in order (no prefill chunk among them): attention takes
+    # the step's tensors whole, with no gather of the rows and no scatter of their outputs
+    every_row: bool = False
 
 
 @dataclass
@@ -110,6 +113,8 @@ def build_plan(batch: ForwardBatch, cfg: ModelConfig, page_size: int,
     offsets = batch.offsets()
     decode = (_decode_group(batch, [offsets[i] for i in dec_idx], dec_idx, rates, P, W, device)
               if dec_idx else None)
+    if decode is not None and not extends:
+        decode.every_row = True
     return BatchPlan(_long(tokens, device), _long(positions, device), _long(new_slots, device),
                      _long(last_rows, device), compress, decode, extends)
 
@@ -182,5 +187,5 @@ def build_static_decode_plan(token_ids: torch.Tensor, positions: torch.Tensor,
         compress[r] = CompressWrites(
             (page0 * P + off).unsqueeze(1) + torch.arange(r, device=dev),
             page0 * (P // r) + off // r)
-    decode = DecodeGroup(rows, pos, win_slots, win_pos, cand, n_blocks)
+    decode = DecodeGroup(rows, pos, win_slots, win_pos, cand, n_blocks, every_row=True)
     return BatchPlan(token_ids.long(), pos, new_slots, rows, compress, decode, [], static=True)

@@ -1,10 +1,11 @@
 """The MoE FFN with no host sync and no data-dependent shape, for steps captured in a CUDA
 graph (MoE.forward reads the per-expert token counts back to the host to slice its batch).
 
-Same routing and gates as MoE.forward (it calls MoE.route); three ways to apply the experts:
-- grouped, Triton (bf16 on CUDA, kernels/grouped_moe.py): tokens sorted by expert and two
-  grouped products, the first gathering the tokens' rows and applying SiLU-gate in its
-  epilogue, the second weighting rows by their gates and writing them back in token order;
+Same routing and gates as MoE.forward (MoE.route's arithmetic); three ways to apply the experts:
+- grouped, Triton (bf16 on CUDA, kernels/grouped_moe.py): routing and the sort by expert in
+  one kernel (kernels/moe_route.py; hashed layers route as MoE.route), then two grouped
+  products, the first gathering the tokens' rows and applying SiLU-gate in its epilogue, the
+  second weighting rows by their gates and writing them back in token order;
   `DSV4_MOE_KERNEL=torch` turns it off (the next way then);
 - grouped: tokens sorted by expert and one grouped matrix product per projection
   (`torch._grouped_mm`, bf16 on CUDA), reading each expert's weights once;
@@ -63,10 +64,12 @@ def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
     if fused and moe.fused_in is not None:
         E = moe.n_experts
         shared_h, logits = F.linear(x, moe.fused_in).split([moe.fused_in.shape[0] - E, E], -1)
-    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
     if triton_moe_usable(moe, x):
-        ys = _grouped_triton(moe, x, experts, gates)
-    elif grouped_mm_usable(x.device, x.dtype):
+        ys = _grouped_triton(moe, x, token_ids, logits)
+        shared = moe.shared(x) if shared_h is None else moe.shared.down(shared_h)
+        return shared + ys
+    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
+    if grouped_mm_usable(x.device, x.dtype):
         ys = _grouped(moe, x, experts, gates)
     else:
         ys = _dense(moe, x, experts, gates)
@@ -115,14 +118,21 @@ def _expert_order(E: int, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return order, dest, offs
 
 
-def _grouped_triton(moe: MoE, x: torch.Tensor, experts: torch.Tensor,
-                    gates: torch.Tensor) -> torch.Tensor:
+def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
+                    logits: torch.Tensor | None) -> torch.Tensor:
     gm = load_triton("grouped_moe")
     k = moe.k
-    order, _, offs = _expert_order(moe.n_experts, experts)
-    act = gm.grouped_mm(x, moe.w_in, offs, gather=order // k, swiglu=True)
+    if moe.hashed:
+        experts, gates = moe.route(x, token_ids, top_k_by_argmax, logits)
+        order, _, offs = _expert_order(moe.n_experts, experts)
+        tok, gates = order // k, gates.reshape(-1)
+    else:  # routing and expert order in one kernel (kernels/moe_route.py says why)
+        order, tok, gates, offs = load_triton("moe_route").route(
+            x @ moe.router.t() if logits is None else logits, moe.selection_bias, k,
+            sigmoid=moe.score_fn == "sigmoid")
+    act = gm.grouped_mm(x, moe.w_in, offs, gather=tok, swiglu=True)
     # rows back in (token, choice) order, each times its gate: the combine is a sum over k
-    y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates.reshape(-1), scatter=order)
+    y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates, scatter=order)
     N, d = x.shape
     return y.view(N, k, d).sum(1).to(x.dtype)
 
