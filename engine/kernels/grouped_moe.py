@@ -43,10 +43,12 @@ except ImportError:  # CPU-only installs
 
 if AVAILABLE:
 
-    @triton.jit
+    # NOTE: MT (the row tiles a stripe may need) follows the batch: as a compile-time constant
+    # (or an integer Triton specialises on) each CUDA-graph bucket compiled a kernel of its own
+    @triton.jit(do_not_specialize=["MT"])
     def _grouped_mm_kernel(a_ptr, gather_ptr, b_ptr, offs_ptr, c_ptr, scale_ptr, scatter_ptr,
-                           K, stride_am, stride_be, stride_bk, stride_cm, HALF,
-                           E: tl.constexpr, E_P: tl.constexpr, MT: tl.constexpr,
+                           K, stride_am, stride_be, stride_bk, stride_cm, HALF, MT,
+                           E: tl.constexpr, E_P: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            GATHER: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
                            TMA: tl.constexpr):
@@ -155,8 +157,8 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
         a, gather.contiguous() if gather is not None else offs, b_arg, offs.contiguous(), out,
         row_scale.contiguous() if row_scale is not None else offs,
         scatter.contiguous() if scatter is not None else offs,
-        K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), n_out,
-        E=E, E_P=_pow2(max(E, 2)), MT=mt, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), n_out, mt,
+        E=E, E_P=_pow2(max(E, 2)), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GATHER=gather is not None, SWIGLU=swiglu, SCATTER=scatter is not None, TMA=tma,
         num_warps=warps, num_stages=stages)
     return out

@@ -66,7 +66,9 @@ if AVAILABLE:
             s = p / tl.sum(p, 1)[:, None]
         return _round(s, ROUND)
 
-    @triton.jit
+    # NOTE: row and tile counts follow the batch and are never specialised on, so one compile
+    # serves every CUDA-graph bucket (grouped_moe.py says why)
+    @triton.jit(do_not_specialize=["N"])
     def _choose_kernel(logits_ptr, stride_l, bias_ptr, experts_ptr, rank_ptr, gates_ptr,
                        counts_ptr, N, E: tl.constexpr, E_P: tl.constexpr, K: tl.constexpr,
                        BLOCK_R: tl.constexpr, SIGMOID: tl.constexpr, ROUND: tl.constexpr,
@@ -104,7 +106,7 @@ if AVAILABLE:
             left = tl.where(hit, float("-inf"), left)
         tl.store(counts_ptr + t * E_P + cols, tl.sum(chosen, 0))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "T"])
     def _place_kernel(experts_ptr, rank_ptr, counts_ptr, order_ptr, tok_ptr, offs_ptr, N, T,
                       E: tl.constexpr, E_P: tl.constexpr, K: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
@@ -159,7 +161,7 @@ def _route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
                              ROUND=logits.dtype == torch.bfloat16,
                              ROUND_BIASED=torch.promote_types(logits.dtype, bias.dtype) == torch.bfloat16)
     _place_kernel[(tiles,)](experts, rank, counts, order, tok, offs, N, tiles, E=E, E_P=e_p, K=k,
-                            BLOCK_R=block_r, BLOCK_T=max(2, min(_pow2(tiles), MAX_TILE // e_p)))
+                            BLOCK_R=block_r, BLOCK_T=max(2, MAX_TILE // e_p))
     return order, tok, gates, offs
 
 
