@@ -17,7 +17,7 @@ Options the MoE uses (static_moe.py):
   from the float32 accumulators;
 - `row_scale` with `scatter`: row r of the result is written to row scatter[r], multiplied by
   row_scale[scatter[r]] (the token's gate), so the combine is a sum over k in token order.
-Imports are guarded as in triton_ops.py; `usable()` says whether the kernel runs here.
+triton is imported through triton_support.py; `usable()` says whether the kernel runs here.
 """
 
 from __future__ import annotations
@@ -26,19 +26,12 @@ import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
+from .triton_support import AVAILABLE, pow2, tl, triton
 
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    except ImportError:  # an older triton: pointer loads only
-        TensorDescriptor = None
-    AVAILABLE = True
-except ImportError:  # CPU-only installs
-    triton = None
-    tl = None
-    AVAILABLE = False
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # no triton, or an older one: pointer loads only
+    TensorDescriptor = None
 
 
 if AVAILABLE:
@@ -110,10 +103,6 @@ if AVAILABLE:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None])
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, b through the tensor-memory copy engine),
 # by (SwiGLU product, at least 128 rows an expert on average), from a sweep on an H200 at the
 # 1B config's experts (bench_moe.py --sweep): 64-row tiles at a decode batch of 80-256,
@@ -158,7 +147,7 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
         row_scale.contiguous() if row_scale is not None else offs,
         scatter.contiguous() if scatter is not None else offs,
         K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), n_out, mt,
-        E=E, E_P=_pow2(max(E, 2)), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        E=E, E_P=pow2(E), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GATHER=gather is not None, SWIGLU=swiglu, SCATTER=scatter is not None, TMA=tma,
         num_warps=warps, num_stages=stages)
     return out

@@ -19,22 +19,14 @@ row * k + choice at each sorted row), `tok` (its row: the grouped product's gath
 per expert). Arithmetic follows MoE.route in the logits' dtype (float32 or bfloat16): scores,
 biased scores, the gates' sum and quotient are each rounded as there, so the choices and gates
 are MoE.route's (up to the last bit of an exp).
-Imports are guarded as in triton_ops.py.
+triton is imported through triton_support.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    AVAILABLE = True
-except ImportError:  # CPU-only installs
-    triton = None
-    tl = None
-    AVAILABLE = False
+from .triton_support import AVAILABLE, pow2, tl, triton
 
 ROWS_PER_TILE = 32  # rows a program routes: a decode batch of 256 is 8 programs
 MAX_TILE = 4096  # values a program holds at once (rows or tiles x padded experts)
@@ -136,10 +128,6 @@ if AVAILABLE:
             tl.store(tok_ptr + d, rows, mask=rm)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     N, E = logits.shape
@@ -150,7 +138,7 @@ def _route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
     offs = torch.empty(E, dtype=torch.int32, device=dev)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    e_p = _pow2(max(E, 2))
+    e_p = pow2(E)
     block_r = max(8, min(ROWS_PER_TILE, MAX_TILE // e_p))
     tiles = triton.cdiv(N, block_r)
     experts = torch.empty(N * k, dtype=torch.int32, device=dev)

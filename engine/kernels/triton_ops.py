@@ -15,8 +15,8 @@ tf32 would break agreement with the reference). Bfloat16 queries (a bf16 model) 
 variants: tl.dot on bf16 operands with float32 accumulation (keys rotated in float32, then
 rounded to bf16; probabilities rounded to bf16 for the value product), what a bf16 model's
 attention does anyway; wide heads (a 1B config's 16 x 128) spill registers in the elementwise
-form. Imports are guarded: AVAILABLE is False when triton is missing, and kernels/__init__.py
-then never selects this module.
+form. triton is imported through triton_support.py: AVAILABLE is False when it is missing,
+and kernels/__init__.py then never selects this module.
 """
 
 from __future__ import annotations
@@ -24,20 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-
-try:
-    import triton
-    import triton.language as tl
-
-    AVAILABLE = True
-except ImportError:  # CPU-only installs
-    triton = None
-    tl = None
-    AVAILABLE = False
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(1, (n - 1).bit_length())
+from .triton_support import AVAILABLE, pow2, tl, triton
 
 
 if AVAILABLE:
@@ -289,13 +276,13 @@ def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
         _indexer_scores_dot_kernel[grid](
             q.contiguous(), w.contiguous(), idx_k.contiguous(),
             idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
-            n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=max(16, _pow2(H)),
+            n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=max(16, pow2(H)),
             BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
         return scores
     _indexer_scores_kernel[grid](
         q.float().contiguous(), w.float().contiguous(), idx_k.contiguous(),
         idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
-        n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=_pow2(H), BLOCK_D=_pow2(D),
+        n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=pow2(H), BLOCK_D=pow2(D),
         BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
     return scores
 
@@ -308,13 +295,13 @@ def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> t
     order; on exact ties (other than zeros, which it breaks like the reference) the later
     block first, where the reference's order is unspecified."""
     NB = scores.shape[-1]
-    block = _pow2(max(NB, topk))
+    block = pow2(max(NB, topk))
     if block > _TOPK_MAX_BLOCKS:
         return reference.topk_blocks(scores, n_eligible, topk)
     rows = scores.numel() // NB
     out = torch.empty(*scores.shape[:-1], topk, dtype=torch.long, device=scores.device)
     _topk_blocks_kernel[(rows,)](scores.contiguous(), n_eligible.contiguous(), out, NB,
-                                 TOPK=topk, TOPK_P=_pow2(topk), BLOCK=block)
+                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=block)
     return out
 
 
@@ -362,14 +349,14 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
             c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
             cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
             c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-            BLOCK_H=max(16, _pow2(H)), **_DECODE_DOT_LAUNCH)
+            BLOCK_H=max(16, pow2(H)), **_DECODE_DOT_LAUNCH)
         return out
     _sparse_decode_kernel[(S,)](
         q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
         c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
         cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
         c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-        REST_P=_pow2(max(rest, 1)), BLOCK_H=_pow2(H), BLOCK_K=32)
+        REST_P=pow2(max(rest, 1)), BLOCK_H=pow2(H), BLOCK_K=32)
     return out
 
 

@@ -159,12 +159,13 @@ def routed_experts(model: DSV4Mini, step, token_ids: torch.Tensor) -> list[int]:
     MoE.route on each MoE's input (its pre-norm's output), whichever path the step routes by."""
     hit: list[int] = []
 
-    def record(module, args, out, moe):
-        experts, _ = moe.route(out, token_ids)
-        hit.append(int(experts.unique().numel()))
+    def recorder(moe):
+        def record(norm, args, out):
+            experts, _ = moe.route(out, token_ids)
+            hit.append(int(experts.unique().numel()))
+        return record
 
-    hooks = [blk.ffn_norm.register_forward_hook(lambda m, a, o, moe=blk.moe: record(m, a, o, moe))
-             for blk in model.blocks]
+    hooks = [blk.ffn_norm.register_forward_hook(recorder(blk.moe)) for blk in model.blocks]
     try:
         step()
     finally:

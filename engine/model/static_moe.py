@@ -64,15 +64,14 @@ def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
     if fused and moe.fused_in is not None:
         E = moe.n_experts
         shared_h, logits = F.linear(x, moe.fused_in).split([moe.fused_in.shape[0] - E, E], -1)
-    if triton_moe_usable(moe, x):
+    if triton_moe_usable(moe, x):  # routes by its own kernel
         ys = _grouped_triton(moe, x, token_ids, logits)
-        shared = moe.shared(x) if shared_h is None else moe.shared.down(shared_h)
-        return shared + ys
-    experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
-    if grouped_mm_usable(x.device, x.dtype):
-        ys = _grouped(moe, x, experts, gates)
     else:
-        ys = _dense(moe, x, experts, gates)
+        experts, gates = moe.route(x, token_ids, top_k_by_argmax if x.is_cuda else None, logits)
+        if grouped_mm_usable(x.device, x.dtype):
+            ys = _grouped(moe, x, experts, gates)
+        else:
+            ys = _dense(moe, x, experts, gates)
     shared = moe.shared(x) if shared_h is None else moe.shared.down(shared_h)
     return shared + ys.to(x.dtype)
 
