@@ -27,6 +27,7 @@ held here, outlive a replay.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .kernels.triton_support import CompileLog
 from .model.fused_projections import fuse_projections
 from .model.kv_pools import KVPools
 from .model.model import DSV4Mini
@@ -41,6 +43,8 @@ from .model.model import DSV4Mini
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320,
                  384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096)
 MIN_PAGES = 8
+
+log = logging.getLogger("dsv4bench.engine")
 
 
 def mode() -> str:
@@ -123,6 +127,7 @@ class DecodeGraphs:
         self.max_pages = -(-model.cfg.max_context // pools.page_size)
         self.max_rows = min(max_rows, BATCH_BUCKETS[-1])
         self.capture_s = 0.0  # time spent capturing
+        self.compiled: dict[tuple[int, int], list[str]] = {}  # Triton kernels each capture compiled
         self.decode_only = decode_only
         self.device = pools.kv[0].device
         self._graphs: dict[tuple[int, int], _Graph] = {}
@@ -155,11 +160,7 @@ class DecodeGraphs:
         need = pages_needed(entries, self.page_size)
         B = batch_bucket(R)
         assert B is not None
-        g = self._graphs.get((B, NP := pages_bucket(int(need.max()), self.max_pages)))
-        if g is None:
-            t0 = time.perf_counter()
-            g = self._graphs[(B, NP)] = self._capture(B, NP)
-            self.capture_s += time.perf_counter() - t0
+        g = self.graph(B, pages_bucket(int(need.max()), self.max_pages))
         pack_rows(entries, need, g.host_np, self.pools.scratch_page)
         g.dev.copy_(g.host, non_blocking=True)
         g.graph.replay()
@@ -170,6 +171,13 @@ class DecodeGraphs:
         last = np.cumsum(counts) - 1
         return (g.logits[torch.as_tensor(last, device=self.device)], [greedy[i] for i in last.tolist()])
 
+    def graph(self, B: int, NP: int) -> _Graph:
+        """The graph of bucket (B rows, page-table width NP), captured first if it is new."""
+        g = self._graphs.get((B, NP))
+        if g is None:
+            g = self._graphs[(B, NP)] = self._capture(B, NP)
+        return g
+
     def _capture(self, B: int, NP: int) -> _Graph:
         host = torch.empty(B, 2 + NP, dtype=torch.int32, pin_memory=True)
         dev = torch.zeros(B, 2 + NP, dtype=torch.int32, device=self.device)
@@ -179,13 +187,24 @@ class DecodeGraphs:
             logits = self._step(dev[:, 0], dev[:, 1], dev[:, 2:], self.pools)
             return logits, logits.argmax(-1)
 
+        t0 = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), torch.inference_mode():
+        with CompileLog() as compiles, torch.cuda.stream(side), torch.inference_mode():
             step()  # compiles the Triton kernels and sets up library handles
         torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        t1 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool,
                                                       capture_error_mode="thread_local"):
             logits, greedy = step()
+        t2 = time.perf_counter()
+        self.capture_s += t2 - t0
+        self.compiled[(B, NP)] = [name for name, _ in compiles.compiled]
+        # NOTE: the engine loop runs no step while it captures: a capture in the middle of a
+        # run is a stall of every stream, and this line says what it cost
+        log.info("step graph (%d rows, page-table width %d) captured in %.2f s: warm-up %.2f s"
+                 "%s, capture %.2f s", B, NP, t2 - t0, t1 - t0,
+                 f" (Triton compiles: {compiles.summary()})" if compiles.compiled else "", t2 - t1)
         return _Graph(graph, host, host.numpy(), dev, logits, greedy)

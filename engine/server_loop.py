@@ -34,6 +34,8 @@ from .request import FinishReason, Request, RequestFailure, is_health_probe
 from .scheduler import OutputEvent, ScheduledBatch, Scheduler
 
 log = logging.getLogger("dsv4bench.engine")
+
+SLOW_STEP_MS = 250.0  # a step this long stalls every stream: logged (at info) with its size
 T = TypeVar("T")
 E = TypeVar("E")
 
@@ -325,6 +327,9 @@ class ServerLoop(ABC, Generic[E]):
         self.before_postprocess(batch, failed)
         self.postprocess(outputs_by_request(self.scheduler.postprocess(batch, sampled)))
         self.last_step_ms = (time.perf_counter() - t0) * 1e3
+        if self.last_step_ms > SLOW_STEP_MS:
+            log.info("slow step: %.0f ms for %d tokens (%d of prefill) of %d requests",
+                     self.last_step_ms, batch.num_tokens, batch.num_prefill_tokens, len(batch.entries))
 
     def count(self, what: str, rid: str, n: int = 1) -> None:
         """Count toward the `*_total` counters, users' requests only."""

@@ -2,9 +2,10 @@
 
 - `indexer_topk`: a kernel computes the lightning indexer scores straight from the paged
   index-K pool (fp8 e4m3 dequantised with its per-entry scale, or bf16) for every (query,
-  candidate block); a second kernel takes each query's top-k with tl.topk, a partial bitonic
-  sort of its row of scores (reference.topk_blocks' masking and zero tie-break; torch.topk of
-  rows of ~1k blocks is a radix select and a sort, ~25 us a layer at 256 queries).
+  candidate block); a second kernel takes each query's top-k with tl.topk, partial bitonic
+  sorts of its row of scores in tiles of fixed width, merged as it goes
+  (reference.topk_blocks' masking and zero tie-break; torch.topk of rows of ~1k blocks is a
+  radix select and a sort, ~25 us a layer at 256 queries).
 - `sparse_decode_attention`: one program per sequence, all heads at once; it walks the window
   slots then the compressed entries in tiles, rotates keys by their positions at read time
   (half-split partial RoPE), and keeps an online softmax whose running max and denominator
@@ -164,21 +165,33 @@ if AVAILABLE:
         tl.store(out_ptr + gq * NB + n, score, mask=n < NB)
 
     @triton.jit
-    def _topk_blocks_kernel(scores_ptr, nelig_ptr, out_ptr, NB, TOPK: tl.constexpr,
-                            TOPK_P: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        col = tl.arange(0, BLOCK)
-        n_elig = tl.load(nelig_ptr + row)
-        s = tl.load(scores_ptr + row * NB + col, mask=col < NB, other=0.0)
+    def _topk_keys(scores_ptr, n_elig, NB, c0, BLOCK: tl.constexpr):
+        """Sort keys of columns c0 .. c0 + BLOCK of a row: int64, score above column, so a
+        top-k carries its columns."""
+        col = c0 + tl.arange(0, BLOCK)
+        s = tl.load(scores_ptr + col, mask=col < NB, other=0.0)
         s = tl.where(s == 0.0, (col + 1).to(tl.float32) * 1e-30, s)
         s = tl.where((col < NB) & (col < n_elig), s, float("-inf"))
-        # NOTE: int64 keys, score above column, so the top-k carries its columns: a float's
-        # bits with the magnitude bits flipped when negative order as signed integers the way
-        # the floats do
+        # NOTE: a float's bits with the magnitude bits flipped when negative order as signed
+        # integers the way the floats do
         bits = s.to(tl.int32, bitcast=True)
-        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | col.to(tl.int64)
-        top = tl.topk(key, TOPK_P)  # the TOPK_P largest, in descending order
-        pick = top & 0x7FFFFFFF  # the column (< BLOCK)
+        return ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | col.to(tl.int64)
+
+    @triton.jit(do_not_specialize=["NB"])
+    def _topk_blocks_kernel(scores_ptr, nelig_ptr, out_ptr, NB, TOPK: tl.constexpr,
+                            TOPK_P: tl.constexpr, BLOCK: tl.constexpr):
+        # NOTE: the row is read in tiles of BLOCK columns and a running top TOPK_P kept (the
+        # tile's top merged with it), so the kernel's shape never depends on the row's length:
+        # one compile serves every page-table width (sorting the whole row at once compiled a
+        # kernel per width, 0.8-3.5 s each, in the middle of a run)
+        row = tl.program_id(0)
+        n_elig = tl.load(nelig_ptr + row)
+        base = scores_ptr + row.to(tl.int64) * NB
+        best = tl.topk(_topk_keys(base, n_elig, NB, 0, BLOCK), TOPK_P)  # descending
+        for c0 in range(BLOCK, NB, BLOCK):
+            tile = tl.topk(_topk_keys(base, n_elig, NB, c0, BLOCK), TOPK_P)
+            best = tl.topk(tl.reshape(tl.join(best, tile), (2 * TOPK_P,)), TOPK_P)
+        pick = best & 0x7FFFFFFF  # the column
         pick = tl.where((pick < NB) & (pick < n_elig), pick, -1)
         k = tl.arange(0, TOPK_P)
         tl.store(out_ptr + row * TOPK + k, pick, mask=k < TOPK)
@@ -287,7 +300,7 @@ def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     return scores
 
 
-_TOPK_MAX_BLOCKS = 4096  # longest row the top-k kernel sorts in registers
+_TOPK_TILE = 256  # columns the top-k kernel sorts at a time
 
 
 def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> torch.Tensor:
@@ -295,13 +308,10 @@ def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> t
     order; on exact ties (other than zeros, which it breaks like the reference) the later
     block first, where the reference's order is unspecified."""
     NB = scores.shape[-1]
-    block = pow2(max(NB, topk))
-    if block > _TOPK_MAX_BLOCKS:
-        return reference.topk_blocks(scores, n_eligible, topk)
     rows = scores.numel() // NB
     out = torch.empty(*scores.shape[:-1], topk, dtype=torch.long, device=scores.device)
     _topk_blocks_kernel[(rows,)](scores.contiguous(), n_eligible.contiguous(), out, NB,
-                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=block)
+                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=max(_TOPK_TILE, pow2(topk)))
     return out
 
 

@@ -26,18 +26,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
 
 
-def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rope in place (same values, bit for bit, with fewer temporaries): for inference
-    on a tensor of the caller's own. Returns x."""
-    half = cos.shape[-1]
-    x1 = x[..., :half]
-    x2 = x[..., half : 2 * half]
-    x2_sin, x1_sin = x2 * sin, x1 * sin
-    x1.mul_(cos).sub_(x2_sin)
-    x2.mul_(cos).add_(x1_sin)
-    return x
-
-
 class Rope(nn.Module):
     """cos/sin tables for positions 0 .. max_positions-1; `forward(x, positions)` rotates x."""
 

@@ -90,6 +90,20 @@ def test_graphs_equal_eager_under_aborts_page_reuse_and_growing_contexts():
     assert outs[0] == outs[1]
 
 
+def test_a_new_bucket_compiles_no_triton_kernel():
+    """A capture in the middle of a run stalls every stream; one that compiles a Triton kernel
+    stalls them for seconds (the indexer's top-k once compiled per page-table width, 0.8-3.5 s
+    each). Once decode rows and prefill rows have each been captured, no bucket compiles."""
+    cfg = EngineConfig(device="cuda", num_pages=4096, enable_prefix_cache=False)
+    graphs = ModelRunner(cfg, DSV4Mini(ModelConfig())).graphs
+    assert graphs is not None
+    first = [(16, 8), (2048, 8)]
+    later = [(16, 64), (80, 512), (2048, 512), (256, 128), (24, 16), (1, 32), (640, 256)]
+    for B, NP in first + later:
+        graphs.graph(B, NP)
+    assert {b: graphs.compiled[b] for b in later if graphs.compiled[b]} == {}
+
+
 @pytest.mark.parametrize("S,W,Kc", [(5, 128, 40), (80, 128, 100), (3, 64, 0)])
 def test_bf16_tensor_core_decode_attention_matches_reference(S, W, Kc):
     from dsv4bench.engine.kernels import reference, triton_ops

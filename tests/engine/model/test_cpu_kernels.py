@@ -9,7 +9,8 @@ import torch
 
 from dsv4bench.engine.kernels import reference
 from dsv4bench.engine.model.kv_pools import quantize_index_k
-from dsv4bench.engine.model.rope import Rope, apply_rope, apply_rope_
+from dsv4bench.engine.kernels.reference import apply_rope_
+from dsv4bench.engine.model.rope import Rope, apply_rope
 
 from .test_attention import decode_inputs, naive_decode
 

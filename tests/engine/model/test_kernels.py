@@ -56,23 +56,6 @@ def test_indexer_topk_matches_reference(mode, G, Q, NB):
 
 
 @cuda
-@pytest.mark.parametrize("rows,NB,topk", [(256, 1032, 32), (3, 4096, 32), (5, 20, 32), (9, 300, 24)])
-def test_topk_blocks_kernel_matches_reference(rows, NB, topk):
-    triton_ops = pytest.importorskip("dsv4bench.engine.kernels.triton_ops")
-    if not triton_ops.AVAILABLE:
-        pytest.skip("triton not installed")
-    gen = torch.Generator().manual_seed(rows * NB)
-    scores = torch.randn(rows, NB, generator=gen)  # either sign: head weights are signed
-    scores[:, ::7] = 0.0  # relu's exact zeros, which the reference breaks by recency
-    n_elig = torch.randint(0, NB + 1, (rows,), generator=gen)
-    n_elig[0] = NB
-    scores, n_elig = scores.cuda(), n_elig.cuda()
-    want = reference.topk_blocks(scores, n_elig, topk)
-    got = triton_ops._topk_blocks(scores, n_elig, topk)
-    assert torch.equal(got, want)
-
-
-@cuda
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_model_decode_on_cuda_matches_dense(pool_dtype):
     from dsv4bench.engine.model import DSV4Mini, ForwardBatch, KVPools, SeqSlice
