@@ -26,6 +26,7 @@ those batches, the kernels of a replayed step (count per step, top kernels by ti
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -95,8 +96,7 @@ def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 
     table += [f"{t:>9.1f} {c:>6.0f} {t / max(c, 1e-9):>8.2f}  {k[:110]}" for t, c, k in rows]
     print("\n".join(table[: top + 1]))
     if out_dir:
-        import os
-
+        os.makedirs(out_dir, exist_ok=True)
         stem = os.path.join(out_dir, label.replace(" ", "_"))
         with open(f"{stem}.kernels.txt", "w") as f:
             f.write("\n".join(table) + "\n")
