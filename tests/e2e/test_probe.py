@@ -280,8 +280,10 @@ def _served(*faults: str):
     from dsv4bench.engine.model.kv_pools import KVPools
     from tests.engine.pd.helpers import ServedPD, tiny_cfg
 
-    # A 13-page prompt crosses the link in ~0.1 s, so transfers are caught in flight.
-    link_gbps = 13 * KVPools(tiny_cfg(num_pages=1)).bytes_per_page() / 0.1 / 1e9
+    # A 13-page prompt crosses the link in ~0.3 s, so transfers are caught in flight: the
+    # disconnects' aborts reach the prefill before its transfers end, even on a loaded machine
+    # (at ~0.1 s, CI once saw every prefill transfer end first, and no leak there to find).
+    link_gbps = 13 * KVPools(tiny_cfg(num_pages=1)).bytes_per_page() / 0.3 / 1e9
     return ServedPD(link_gbps=link_gbps, health_timeout_s=1.0, chunked_prefill_tokens=32, faults=frozenset(faults))
 
 
