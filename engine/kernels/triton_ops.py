@@ -300,7 +300,12 @@ def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     return scores
 
 
-_TOPK_TILE = 256  # columns the top-k kernel sorts at a time
+# Tiles of 512 columns and 8 warps: the fastest of 12 (tile, warps) for rows of 1,024-4,096
+# columns at 256 rows on an H200, 11.5 us against 14.4 us for tiles of 256 and 4 warps at 1,024
+# columns; prefill-sized steps (2,560 rows of 512) about even (bench-plan.md, "the stalls in
+# README's GPU run")
+_TOPK_TILE = 512  # columns the top-k kernel sorts at a time
+_TOPK_LAUNCH = dict(num_warps=8)
 
 
 def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> torch.Tensor:
@@ -311,7 +316,8 @@ def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> t
     rows = scores.numel() // NB
     out = torch.empty(*scores.shape[:-1], topk, dtype=torch.long, device=scores.device)
     _topk_blocks_kernel[(rows,)](scores.contiguous(), n_eligible.contiguous(), out, NB,
-                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=max(_TOPK_TILE, pow2(topk)))
+                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=max(_TOPK_TILE, pow2(topk)),
+                                 **_TOPK_LAUNCH)
     return out
 
 

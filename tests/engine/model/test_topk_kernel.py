@@ -15,7 +15,7 @@ import torch
 
 # (rows, columns, k): a 1B decode batch at a page-table width of 128, fewer columns than k,
 # exactly one tile, one column past a tile, past the old cap (4,096), k not a power of two
-CASES = [(256, 1032, 32), (5, 20, 32), (4, 256, 32), (6, 257, 16), (3, 4500, 32), (9, 300, 24)]
+CASES = [(256, 1032, 32), (5, 20, 32), (4, 512, 32), (6, 513, 16), (3, 4500, 32), (9, 300, 24)]
 
 
 def check_cases(device: str, max_rows: int) -> None:
