@@ -10,6 +10,8 @@ from types import ModuleType
 
 import torch
 
+from . import reference
+
 _loaded: dict[str, ModuleType | None] = {}
 
 
@@ -29,11 +31,6 @@ def load_triton(name: str = "triton_ops") -> ModuleType | None:
 
 def ops_for(device: torch.device) -> ModuleType:
     """The module whose `indexer_topk` and `sparse_decode_attention` run on `device`."""
-    # NOTE: imported here, not at the top: reference.py imports model.rope, and the model
-    # package imports this one (a top-level import made `import dsv4bench.engine.kernels`,
-    # with nothing of the model imported yet, fail as a circular import)
-    from . import reference
-
     if device.type == "cuda" and os.environ.get("DSV4_KERNELS", "") != "reference":
         mod = load_triton()
         if mod is not None:

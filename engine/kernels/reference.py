@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-
 _SCORE_CHUNK = 1 << 23  # elements of a [Q, heads, blocks] intermediate before chunking queries
 
 

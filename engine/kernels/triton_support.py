@@ -46,7 +46,7 @@ class CompileLog:
 
         def on_done(*, key, fn, **kw):
             t0 = self._started.pop(id(key), None)
-            self.compiled.append((fn.name, time.perf_counter() - t0 if t0 else 0.0))
+            self.compiled.append((fn.name, time.perf_counter() - t0 if t0 is not None else 0.0))
             return after(key=key, fn=fn, **kw) if after else None
 
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = on_start, on_done

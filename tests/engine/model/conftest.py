@@ -1,9 +1,13 @@
 """Shared fixtures: a small DSV4-mini where windows, blocks and top-k matter at ~100-200 tokens
-(window 16, HCA rate 8, CSA rate 2, top-4 of the CSA blocks, pages of 16 tokens)."""
+(window 16, HCA rate 8, CSA rate 2, top-4 of the CSA blocks, pages of 16 tokens); and the run
+of a kernel test file in Triton's interpreter."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -44,3 +48,13 @@ def run_chunks(model: DSV4Mini, pools: KVPools, tokens: list[int], chunks: list[
         out.append(model.forward_all_logits(batch, pools))
         pos += n
     return torch.cat(out)
+
+
+def run_in_tritons_interpreter(test_file: str) -> None:
+    """Run `test_file` as a script under TRITON_INTERPRET=1 (in a subprocess: the interpreter is
+    chosen when a kernel is defined) and check that it printed "all cases agree"."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, test_file], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "all cases agree" in run.stdout

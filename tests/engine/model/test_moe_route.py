@@ -4,10 +4,6 @@ same kernel (in a subprocess: the interpreter is chosen when the kernel is defin
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -61,11 +57,9 @@ def test_routing_kernel_matches_the_route_and_sort_on_the_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test runs the kernel itself (and "
                     "Triton 3.6's interpreter cannot run this kernel)")
 def test_routing_kernel_matches_the_route_and_sort_in_tritons_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "all cases agree" in run.stdout
+    from .conftest import run_in_tritons_interpreter  # here: the file also runs as a script
+
+    run_in_tritons_interpreter(__file__)
 
 
 if __name__ == "__main__":

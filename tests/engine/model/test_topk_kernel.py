@@ -6,10 +6,6 @@ kernel is defined)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -44,11 +40,9 @@ def test_topk_kernel_matches_the_reference_on_the_gpu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test runs the kernel itself")
 def test_topk_kernel_matches_the_reference_in_tritons_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "all cases agree" in run.stdout
+    from .conftest import run_in_tritons_interpreter  # here: the file also runs as a script
+
+    run_in_tritons_interpreter(__file__)
 
 
 if __name__ == "__main__":
