@@ -271,6 +271,98 @@ if AVAILABLE:
         tl.store(obase + 2 * HALF + r[None, :], (acc_c * inv[:, None]).to(ty), mask=hm[:, None])
 
 
+if AVAILABLE:
+
+    @triton.jit
+    def _attend_one_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
+                         cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
+                         HALF: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
+                         BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+        if DOT:
+            return _attend_tile_dot(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr,
+                                    pos_ptr, cos_ptr, sin_ptr, k0, K, max_pos, scale, HD, HALF,
+                                    REST, BLOCK_K)
+        return _attend_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
+                            cos_ptr, sin_ptr, k0, K, max_pos, scale, HD, HALF, REST, REST_P,
+                            BLOCK_K)
+
+    @triton.jit
+    def _sparse_decode_split_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr,
+                                    cpos_ptr, sink_ptr, cos_ptr, sin_ptr, part_ptr, ml_ptr, W, KC,
+                                    TW, NT, max_pos, scale, H: tl.constexpr, HD: tl.constexpr,
+                                    HD_P: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr,
+                                    REST_P: tl.constexpr, BLOCK_H: tl.constexpr,
+                                    BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+        # one program per (sequence, key tile): tiles 0 .. TW-1 of the window, then the
+        # compressed entries'; the partial softmax (running max, denominator, unnormalised
+        # output) goes to part/ml for _sparse_decode_combine_kernel. Tile 0 carries the sink.
+        sid = tl.program_id(0)
+        t = tl.program_id(1)
+        h = tl.arange(0, BLOCK_H)
+        hm = h < H
+        j = tl.arange(0, HALF)
+        r = tl.arange(0, REST_P)
+        rm = r < REST
+        qbase = q_ptr + sid * H * HD + h[:, None] * HD
+        qa = tl.load(qbase + j[None, :], mask=hm[:, None], other=0.0)
+        qb = tl.load(qbase + HALF + j[None, :], mask=hm[:, None], other=0.0)
+        qc = tl.load(qbase + 2 * HALF + r[None, :], mask=hm[:, None] & rm[None, :], other=0.0)
+        if not DOT:
+            qa, qb, qc = qa.to(tl.float32), qb.to(tl.float32), qc.to(tl.float32)
+        # NOTE: -1e30, not -inf, for the tiles without the sink: a tile whose keys are all
+        # padding keeps a finite max, so no exp(-inf - -inf) turns into NaN
+        first = t == 0
+        m_i = tl.where(first, tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32), -1e30)
+        l_i = tl.where(first, 1.0, 0.0) + tl.zeros([BLOCK_H], tl.float32)
+        acc_a = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_b = tl.zeros([BLOCK_H, HALF], tl.float32)
+        acc_c = tl.zeros([BLOCK_H, REST_P], tl.float32)
+        if t < TW:
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_one_tile(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
+                winpos_ptr + sid * W, cos_ptr, sin_ptr, t * BLOCK_K, W, max_pos, scale, HD,
+                HALF, REST, REST_P, BLOCK_K, DOT)
+        else:
+            acc_a, acc_b, acc_c, m_i, l_i = _attend_one_tile(
+                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
+                cpos_ptr + sid * KC, cos_ptr, sin_ptr, (t - TW) * BLOCK_K, KC, max_pos, scale,
+                HD, HALF, REST, REST_P, BLOCK_K, DOT)
+        tile = sid * NT + t
+        pbase = part_ptr + tile * BLOCK_H * HD_P + h[:, None] * HD_P
+        tl.store(pbase + j[None, :], acc_a)
+        tl.store(pbase + HALF + j[None, :], acc_b)
+        tl.store(pbase + 2 * HALF + r[None, :], acc_c, mask=rm[None, :])
+        tl.store(ml_ptr + tile * 2 * BLOCK_H + h, m_i)
+        tl.store(ml_ptr + tile * 2 * BLOCK_H + BLOCK_H + h, l_i)
+
+    @triton.jit
+    def _sparse_decode_combine_kernel(part_ptr, ml_ptr, out_ptr, NT, H: tl.constexpr,
+                                      HD: tl.constexpr, HD_P: tl.constexpr,
+                                      BLOCK_H: tl.constexpr):
+        # the partial softmaxes of a sequence's tiles, merged as the online softmax would
+        sid = tl.program_id(0)
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, HD_P)
+        m = tl.full([BLOCK_H], -1e30, tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HD_P], tl.float32)
+        for t in range(0, NT):
+            tile = sid * NT + t
+            m_t = tl.load(ml_ptr + tile * 2 * BLOCK_H + h)
+            l_t = tl.load(ml_ptr + tile * 2 * BLOCK_H + BLOCK_H + h)
+            a_t = tl.load(part_ptr + tile * BLOCK_H * HD_P + h[:, None] * HD_P + d[None, :])
+            m_new = tl.maximum(m, m_t)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(m_t - m_new)
+            den = den * alpha + l_t * beta
+            acc = acc * alpha[:, None] + a_t * beta[:, None]
+            m = m_new
+        acc = acc / den[:, None]
+        mask = (h < H)[:, None] & (d < HD)[None, :]
+        tl.store(out_ptr + sid * H * HD + h[:, None] * HD + d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _dot_ok(*dims: int) -> bool:
     """tl.dot needs every dimension a power of two of at least 16."""
     return all(d >= 16 and d & (d - 1) == 0 for d in dims)
@@ -351,6 +443,12 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
 _DECODE_DOT_LAUNCH = dict(BLOCK_K=64, num_warps=4, num_stages=1)
 
 
+# Each (sequence, key tile) its own program, merged by a second kernel, while the step has at
+# most this many sequences: at the 1B config's batch 256 one program per sequence walks its
+# three or four tiles one after the other, each tile two trips to memory (slots, then keys)
+_DECODE_SPLIT_ROWS = 512
+
+
 def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
                       win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
                       c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
@@ -358,20 +456,35 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
     S, H, HD = q.shape
     half = cos.shape[1]
     rest = HD - 2 * half
+    W, KC = win_slots.shape[1], c_ids.shape[1]
     out = torch.empty_like(q)
-    if q.dtype == torch.bfloat16 and _dot_ok(half, rest):
-        _sparse_decode_dot_kernel[(S,)](
-            q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
+    dot = q.dtype == torch.bfloat16 and _dot_ok(half, rest)
+    args = (q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
             c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
-            cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
-            c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
+            cos.float().contiguous(), sin.float().contiguous())
+    block_k = _DECODE_DOT_LAUNCH["BLOCK_K"] if dot else 32
+    tw = triton.cdiv(W, block_k)
+    nt = tw + triton.cdiv(KC, block_k)
+    if S <= _DECODE_SPLIT_ROWS and tw >= 1 and nt >= 2:
+        block_h = max(16, pow2(H)) if dot else pow2(H)
+        hd_p = pow2(HD)
+        part = torch.empty(S * nt * block_h * hd_p, dtype=torch.float32, device=q.device)
+        ml = torch.empty(S * nt * 2 * block_h, dtype=torch.float32, device=q.device)
+        launch = {k: v for k, v in _DECODE_DOT_LAUNCH.items() if k != "BLOCK_K"} if dot else {}
+        _sparse_decode_split_kernel[(S, nt)](
+            *args, part, ml, W, KC, tw, nt, cos.shape[0], scale, H=H, HD=HD, HD_P=hd_p,
+            HALF=half, REST=rest, REST_P=rest if dot else pow2(max(rest, 1)), BLOCK_H=block_h,
+            BLOCK_K=block_k, DOT=dot, **launch)
+        _sparse_decode_combine_kernel[(S,)](part, ml, out, nt, H=H, HD=HD, HD_P=hd_p,
+                                            BLOCK_H=block_h)
+        return out
+    if dot:
+        _sparse_decode_dot_kernel[(S,)](
+            *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
             BLOCK_H=max(16, pow2(H)), **_DECODE_DOT_LAUNCH)
         return out
     _sparse_decode_kernel[(S,)](
-        q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
-        c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
-        cos.float().contiguous(), sin.float().contiguous(), out, win_slots.shape[1],
-        c_ids.shape[1], cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
+        *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
         REST_P=pow2(max(rest, 1)), BLOCK_H=pow2(H), BLOCK_K=32)
     return out
 
