@@ -16,10 +16,7 @@ Options the MoE uses (static_moe.py):
 - `swiglu`: b's columns are [gate | up] halves and the result is silu(gate) * up, [M, N / 2],
   from the float32 accumulators;
 - `row_scale` with `scatter`: row r of the result is written to row scatter[r], multiplied by
-  row_scale[scatter[r]] (the token's gate), so the combine is a sum over k in token order;
-- `shared`: the weights of one expert more, held apart from b (the MoE's shared expert, whose
-  rows are every token: its products ride the routed experts' launch, at their bandwidth,
-  instead of two cuBLAS products of their own).
+  row_scale[scatter[r]] (the token's gate), so the combine is a sum over k in token order.
 triton is imported through triton_support.py; `usable()` says whether the kernel runs here.
 """
 
@@ -42,12 +39,12 @@ if AVAILABLE:
     # NOTE: MT (the row tiles a stripe may need) follows the batch: as a compile-time constant
     # (or an integer Triton specialises on) each CUDA-graph bucket compiled a kernel of its own
     @triton.jit(do_not_specialize=["MT"])
-    def _grouped_mm_kernel(a_ptr, gather_ptr, b_ptr, bs_ptr, offs_ptr, c_ptr, scale_ptr,
-                           scatter_ptr, K, stride_am, stride_be, stride_bk, stride_cm, HALF, MT,
+    def _grouped_mm_kernel(a_ptr, gather_ptr, b_ptr, offs_ptr, c_ptr, scale_ptr, scatter_ptr,
+                           K, stride_am, stride_be, stride_bk, stride_cm, HALF, MT,
                            E: tl.constexpr, E_P: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            GATHER: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
-                           SHARED: tl.constexpr, TMA: tl.constexpr):
+                           TMA: tl.constexpr):
         pid = tl.program_id(0)
         pid_n = pid // MT
         slot = pid % MT
@@ -87,10 +84,7 @@ if AVAILABLE:
                     acc_up = tl.dot(a, b_ptr.load([kb + k0, n0 + HALF]), acc_up)
                 a_ptrs += BLOCK_K
         else:
-            b_base = b_ptr + ex.to(tl.int64) * stride_be
-            if SHARED:  # the last expert's weights are bs, laid out as one of b's
-                b_base = tl.where(ex == E - 1, bs_ptr, b_base)
-            b_ptrs = b_base + rk[:, None] * stride_bk + rn[None, :]
+            b_ptrs = b_ptr + ex.to(tl.int64) * stride_be + rk[:, None] * stride_bk + rn[None, :]
             for _ in range(0, k_end, BLOCK_K):
                 a = tl.load(a_ptrs, mask=mmask[:, None], other=0.0)
                 acc = tl.dot(a, tl.load(b_ptrs), acc)
@@ -136,12 +130,8 @@ def shapes_ok(b: torch.Tensor, swiglu: bool) -> bool:
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                 gather: torch.Tensor | None, row_scale: torch.Tensor | None,
-                scatter: torch.Tensor | None, swiglu: bool,
-                shared: torch.Tensor | None = None) -> torch.Tensor:
+                scatter: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
     E, K, N = b.shape
-    if shared is not None:
-        assert shared.shape == (K, N) and shared.is_contiguous() and shared.dtype == b.dtype
-        E += 1
     M = gather.shape[0] if gather is not None else a.shape[0]
     n_out = N // 2 if swiglu else N
     out = torch.empty(M, n_out, dtype=a.dtype, device=a.device)
@@ -149,48 +139,43 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
         return out
     a = a if a.stride(-1) == 1 else a.contiguous()
     bm, bn, bk, warps, stages, tma = config(swiglu, M, E)
-    tma = tma and shared is None
     mt = triton.cdiv(M, bm) + E  # at most this many row tiles over all experts
     grid = (mt * (n_out // bn),)
-    b_arg = TensorDescriptor.from_tensor(b.view(b.shape[0] * K, N), [bk, bn]) if tma else b
+    b_arg = TensorDescriptor.from_tensor(b.view(E * K, N), [bk, bn]) if tma else b
     _grouped_mm_kernel[grid](
-        a, gather.contiguous() if gather is not None else offs, b_arg,
-        shared if shared is not None else b, offs.contiguous(), out,
+        a, gather.contiguous() if gather is not None else offs, b_arg, offs.contiguous(), out,
         row_scale.contiguous() if row_scale is not None else offs,
         scatter.contiguous() if scatter is not None else offs,
         K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), n_out, mt,
         E=E, E_P=pow2(E), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GATHER=gather is not None, SWIGLU=swiglu, SCATTER=scatter is not None,
-        SHARED=shared is not None, TMA=tma, num_warps=warps, num_stages=stages)
+        GATHER=gather is not None, SWIGLU=swiglu, SCATTER=scatter is not None, TMA=tma,
+        num_warps=warps, num_stages=stages)
     return out
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                gather: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
-               scatter: torch.Tensor | None = None, swiglu: bool = False,
-               shared: torch.Tensor | None = None) -> torch.Tensor:
+               scatter: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
     """Rows r in [offs[e-1], offs[e]) of the result are (a[gather[r]] if gather else a[r]) @
     b[e] (b: [E, K, N]), the options applied (module docstring); rows past offs[-1] are not
-    written. With scatter, offs[-1] must be the row count and scatter a permutation of it.
-    With `shared` ([K, N], contiguous), it is one more expert's weights, after b's: offs then
-    has E + 1 entries (how the MoE's shared expert rides the routed experts' launch)."""
+    written. With scatter, offs[-1] must be the row count and scatter a permutation of it."""
     assert AVAILABLE and a.is_cuda
     assert (row_scale is None) == (scatter is None)
     # NOTE: under torch.compile the launch goes through an opaque custom op, as in
     # triton_ops.py: the tracer never looks inside the kernel
     if torch.compiler.is_compiling():
-        return torch.ops.dsv4.grouped_mm(a, b, offs, gather, row_scale, scatter, swiglu, shared)
-    return _grouped_mm(a, b, offs, gather, row_scale, scatter, swiglu, shared)
+        return torch.ops.dsv4.grouped_mm(a, b, offs, gather, row_scale, scatter, swiglu)
+    return _grouped_mm(a, b, offs, gather, row_scale, scatter, swiglu)
 
 
 if AVAILABLE:
     _grouped_mm_op = torch.library.custom_op(
         "dsv4::grouped_mm", _grouped_mm, mutates_args=(),
         schema="(Tensor a, Tensor b, Tensor offs, Tensor? gather, Tensor? row_scale, "
-               "Tensor? scatter, bool swiglu, Tensor? shared) -> Tensor")
+               "Tensor? scatter, bool swiglu) -> Tensor")
 
     @_grouped_mm_op.register_fake
-    def _(a, b, offs, gather, row_scale, scatter, swiglu, shared):  # type: ignore[no-untyped-def]
+    def _(a, b, offs, gather, row_scale, scatter, swiglu):  # type: ignore[no-untyped-def]
         M = gather.shape[0] if gather is not None else a.shape[0]
         N = b.shape[2] // 2 if swiglu else b.shape[2]
         return a.new_empty(M, N)

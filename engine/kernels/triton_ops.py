@@ -444,9 +444,11 @@ _DECODE_DOT_LAUNCH = dict(BLOCK_K=64, num_warps=4, num_stages=1)
 
 
 # Each (sequence, key tile) its own program, merged by a second kernel, while the step has at
-# most this many sequences: at the 1B config's batch 256 one program per sequence walks its
-# three or four tiles one after the other, each tile two trips to memory (slots, then keys)
-_DECODE_SPLIT_ROWS = 512
+# most this many sequences: with fewer programs than the GPU has SMs, one per sequence walks its
+# tiles one after the other, each tile two trips to memory (slots, then keys). On an H200 at
+# the 1B config's heads the split took 0.78-0.87x the time at 80 rows, 1.27-1.33x at 256 and
+# 1.13-1.15x at 1,024 (scripts/sweep_decode_attention.py --split; bench-plan.md)
+_DECODE_SPLIT_ROWS = 128
 
 
 def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,

@@ -6,10 +6,7 @@ of thread blocks: some 4 us each whatever their size, over 300 us a step at the 
 Concatenated along the output axis with the wide projection of the same input (wq; the shared
 expert's w_in) they ride its tiles: Attention.fused_in = [wq; wkv; indexer wq; indexer ww],
 MoE.fused_in = [shared w_in; router]. The static step (plan.static: CUDA graphs, compiled or not)
-uses them once set; the serving path and the CPU keep the separate products. Where the MoE's
-routed experts run as Triton grouped products (static_moe.py), the shared expert joins them
-instead, as one more expert (MoE.shared_as_expert: its weights transposed to the routed
-experts' layout): two cuBLAS products of ~1 TB/s a layer become rows of the grouped ones.
+uses them once set; the serving path and the CPU keep the separate products.
 
 `fuse_projections` copies the weights: call it after the weights are final (loaded, on their
 device and dtype), and again if they change.
@@ -19,30 +16,16 @@ from __future__ import annotations
 
 import torch
 
-from .attention import Attention
 from .model import DSV4Mini
-from .moe import MoE
 
 
 @torch.no_grad()
 def fuse_projections(model: DSV4Mini) -> None:
-    """Set every layer's fused weights from its current weights (idempotent)."""
+    """Set every layer's fused_in from its current weights (idempotent)."""
     for block in model.blocks:
-        fuse_attention(block.attn)
-        fuse_moe(block.moe)
-
-
-@torch.no_grad()
-def fuse_attention(attn: Attention) -> None:
-    parts = [attn.wq.weight, attn.wkv.weight]
-    if attn.indexer is not None:
-        parts += [attn.indexer.wq.weight, attn.indexer.ww.weight]
-    attn.fused_in = torch.cat(parts).detach()
-
-
-@torch.no_grad()
-def fuse_moe(moe: MoE) -> None:
-    moe.fused_in = torch.cat((moe.shared.w_in.weight, moe.router)).detach()
-    w_in, w_out = moe.shared.w_in.weight, moe.shared.w_out.weight
-    moe.shared_as_expert = ((w_in.t().contiguous().detach(), w_out.t().contiguous().detach())
-                            if w_in.shape[0] == moe.w_in.shape[2] else None)
+        attn, moe = block.attn, block.moe
+        parts = [attn.wq.weight, attn.wkv.weight]
+        if attn.indexer is not None:
+            parts += [attn.indexer.wq.weight, attn.indexer.ww.weight]
+        attn.fused_in = torch.cat(parts).detach()
+        moe.fused_in = torch.cat((moe.shared.w_in.weight, moe.router)).detach()

@@ -67,10 +67,6 @@ class MoE(nn.Module):
         # [2 * shared_expert_dim + E, d]: shared.w_in and the router as one product on static
         # steps, once fused_projections.fuse_projections() has set it
         self.fused_in: torch.Tensor | None = None
-        # (shared w_in^T [d, 2 * h], shared w_out^T [h, d]): the shared expert laid out as a
-        # routed one, for the grouped Triton products of static steps (static_moe.py), once
-        # fuse_projections() has set it (only where the hidden widths match)
-        self.shared_as_expert: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor,
               top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,

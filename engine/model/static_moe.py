@@ -5,8 +5,7 @@ Same routing and gates as MoE.forward (MoE.route's arithmetic); three ways to ap
 - grouped, Triton (bf16 on CUDA, kernels/grouped_moe.py): routing and the sort by expert in
   one kernel (kernels/moe_route.py; hashed layers route as MoE.route), then two grouped
   products, the first gathering the tokens' rows and applying SiLU-gate in its epilogue, the
-  second weighting rows by their gates and writing them back in token order; on static steps
-  the shared expert is one more expert of the two products (every token's row, gate 1);
+  second weighting rows by their gates and writing them back in token order;
   `DSV4_MOE_KERNEL=torch` turns it off (the next way then);
 - grouped: tokens sorted by expert and one grouped matrix product per projection
   (`torch._grouped_mm`, bf16 on CUDA), reading each expert's weights once;
@@ -59,13 +58,8 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
 def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
                fused: bool = False) -> torch.Tensor:
     """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host. With
-    `fused` (a static step) and the weights fused_projections.py sets: on the Triton path the
-    shared expert is one more expert of the grouped products (moe.shared_as_expert); on the
-    others the shared expert's input projection and the router's logits come from one
-    product (moe.fused_in)."""
-    if fused and moe.shared_as_expert is not None and triton_moe_usable(moe, x):
-        return _grouped_triton(moe, x, token_ids, F.linear(x, moe.router),
-                               moe.shared_as_expert).to(x.dtype)
+    `fused` and moe.fused_in set (fused_projections.py), the shared expert's input projection
+    and the router's logits come from one product."""
     shared_h = logits = None
     if fused and moe.fused_in is not None:
         E = moe.n_experts
@@ -124,12 +118,7 @@ def _expert_order(E: int, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
-                    logits: torch.Tensor | None,
-                    shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """The routed experts' sum [N, d] (float32 accumulated, rounded per product); with
-    `shared` (the shared expert's w_in and w_out laid out as a routed expert's), the shared
-    expert's output added: its rows, every token once, form one more expert after the routed
-    ones, weighted 1."""
+                    logits: torch.Tensor | None) -> torch.Tensor:
     gm = load_triton("grouped_moe")
     k = moe.k
     if moe.hashed:
@@ -140,20 +129,10 @@ def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
         order, tok, gates, offs = load_triton("moe_route").route(
             x @ moe.router.t() if logits is None else logits, moe.selection_bias, k,
             sigmoid=moe.score_fn == "sigmoid")
-    N, d = x.shape
-    shared_in = shared_out = None
-    if shared is not None:
-        shared_in, shared_out = shared
-        rows = torch.arange(N, device=x.device, dtype=tok.dtype)
-        tok = torch.cat((tok, rows))
-        offs = torch.cat((offs, offs[-1:] + N))
-        # entries (row, choice) of k + 1 choices, the shared expert's last, weighted 1
-        order = torch.cat((order + order // k, rows * (k + 1) + k))
-        gates = torch.cat((gates.view(N, k), gates.new_ones(N, 1)), 1).view(-1)
-        k += 1
-    act = gm.grouped_mm(x, moe.w_in, offs, gather=tok, swiglu=True, shared=shared_in)
+    act = gm.grouped_mm(x, moe.w_in, offs, gather=tok, swiglu=True)
     # rows back in (token, choice) order, each times its gate: the combine is a sum over k
-    y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates, scatter=order, shared=shared_out)
+    y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates, scatter=order)
+    N, d = x.shape
     return y.view(N, k, d).sum(1).to(x.dtype)
 
 

@@ -1,6 +1,6 @@
 """Shared fixtures: a small DSV4-mini where windows, blocks and top-k matter at ~100-200 tokens
 (window 16, HCA rate 8, CSA rate 2, top-4 of the CSA blocks, pages of 16 tokens); and the run
-of a kernel test file in Triton's interpreter; kernels/grouped_moe.grouped_mm as a loop."""
+of a kernel test file in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -58,27 +58,3 @@ def run_in_tritons_interpreter(test_file: str) -> None:
     run = subprocess.run([sys.executable, test_file], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "all cases agree" in run.stdout
-
-
-def grouped_mm_loop(a, b, offs, gather=None, swiglu=False, row_scale=None, scatter=None,
-                    shared=None):
-    """kernels/grouped_moe.grouped_mm as a float32 loop over the experts (`shared`: one more
-    expert's weights after b's)."""
-    if shared is not None:
-        b = torch.cat((b, shared.unsqueeze(0)))
-    a = (a[gather] if gather is not None else a).float()
-    rows = []
-    s = 0
-    for e, o in enumerate(offs.tolist()):
-        h = a[s:o] @ b[e].float()
-        if swiglu:
-            g, u = h.chunk(2, -1)
-            h = torch.nn.functional.silu(g) * u
-        rows.append(h)
-        s = o
-    out = torch.cat(rows)
-    if scatter is not None:
-        placed = torch.empty_like(out)
-        placed[scatter] = out * row_scale[scatter].float().unsqueeze(-1)
-        out = placed
-    return out

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from dsv4bench.engine.model.moe import MoE, hash_experts
 
-from .conftest import SMALL, grouped_mm_loop
+from .conftest import SMALL
 
 
 def test_hash_routing_is_a_function_of_the_token_id_only():
@@ -87,54 +86,3 @@ def test_routing_by_rounds_of_argmax_chooses_topks_experts_and_gates():
     assert torch.equal(e_rounds, e_topk) and torch.equal(g_rounds, g_topk)
     scores = torch.tensor([[0.1, 0.9, 0.5, 0.7]])
     assert top_k_by_argmax(scores, 3).tolist() == [[1, 3, 2]]
-
-
-class _LoopKernels:
-    """The Triton modules static_moe's grouped path loads, as loops: grouped_mm as
-    conftest.grouped_mm_loop, the routing as MoE.route and the counting sort."""
-
-    def __init__(self, moe: MoE) -> None:
-        self.moe = moe
-
-    def grouped_mm(self, a, b, offs, gather=None, row_scale=None, scatter=None, swiglu=False,
-                   shared=None):
-        return grouped_mm_loop(a, b, offs, gather, swiglu, row_scale, scatter, shared)
-
-    def route(self, logits, bias, k, sigmoid):
-        from dsv4bench.engine.model import static_moe as sm
-
-        experts, gates = self.moe.route(None, None, sm.top_k_by_argmax, logits)
-        order, _, offs = sm._expert_order(self.moe.n_experts, experts)
-        return order, order // k, gates.reshape(-1), offs
-
-
-@pytest.mark.parametrize("layer", [0, 1])  # a hashed layer, a routed one
-def test_the_shared_expert_as_one_more_grouped_expert_is_moe_forward(monkeypatch, layer):
-    # the index arithmetic that puts the shared expert's rows after the routed experts' (the
-    # kernels themselves are checked against the same loop on a GPU: test_kernels.py)
-    from dsv4bench.engine.model import static_moe as sm
-    from dsv4bench.engine.model.fused_projections import fuse_moe
-
-    torch.manual_seed(3)
-    moe = MoE(SMALL, layer=layer)
-    fuse_moe(moe)
-    assert moe.shared_as_expert is not None
-    loops = _LoopKernels(moe)
-    monkeypatch.setattr(sm, "triton_moe_usable", lambda moe, x: True)
-    monkeypatch.setattr(sm, "load_triton", lambda name: loops)
-    x = torch.randn(11, SMALL.d_model)
-    ids = torch.randint(0, 512, (11,))
-    with torch.no_grad():
-        want = moe(x, ids)
-        torch.testing.assert_close(sm.static_moe(moe, x, ids, fused=True), want, atol=1e-5, rtol=0)
-        torch.testing.assert_close(sm.static_moe(moe, x, ids, fused=False), want, atol=1e-5, rtol=0)
-
-
-def test_the_shared_expert_stays_apart_when_its_width_is_not_the_routed_ones():
-    from dataclasses import replace
-
-    from dsv4bench.engine.model.fused_projections import fuse_moe
-
-    moe = MoE(replace(SMALL, shared_expert_dim=2 * SMALL.expert_dim), layer=1)
-    fuse_moe(moe)
-    assert moe.shared_as_expert is None and moe.fused_in is not None
