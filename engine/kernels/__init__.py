@@ -16,7 +16,7 @@ _loaded: dict[str, ModuleType | None] = {}
 
 
 def load_triton(name: str = "triton_ops") -> ModuleType | None:
-    """The Triton kernel module kernels.<name> (triton_ops, grouped_moe) when CUDA and triton
+    """The Triton kernel module kernels.<name> (triton_ops, grouped_moe, moe_route, scatter_rows) when CUDA and triton
     are both usable, else None (imported once, on first use: a CPU process never loads triton)."""
     if name not in _loaded:
         mod = None

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..config import EngineConfig
+from ..kernels import load_triton
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -109,7 +110,7 @@ class KVPools:
 
     # --- raw KV -------------------------------------------------------------------------------
     def write_kv(self, layer: int, slots: torch.Tensor, values: torch.Tensor) -> None:
-        self.kv_flat(layer).index_copy_(0, slots, values.to(self.kv[layer].dtype))
+        _copy_rows(self.kv_flat(layer), slots, values)
 
     def read_kv(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         return self.kv_flat(layer)[slots]
@@ -124,7 +125,7 @@ class KVPools:
 
     # --- compressed entries and index keys ---------------------------------------------------
     def write_ckv(self, layer: int, entries: torch.Tensor, values: torch.Tensor) -> None:
-        self.ckv_flat(layer).index_copy_(0, entries, values.to(self.ckv[layer].dtype))
+        _copy_rows(self.ckv_flat(layer), entries, values)
 
     def read_ckv(self, layer: int, entries: torch.Tensor) -> torch.Tensor:
         return self.ckv_flat(layer)[entries]
@@ -138,12 +139,12 @@ class KVPools:
         """Write keys already quantized by quantize_index_k into the layer's index-K pool."""
         k_flat, s_flat = self.idx_flat(layer)
         if stored.dtype == torch.float8_e4m3fn:  # NOTE: index_copy_ has no fp8 CPU kernel
-            k_flat.view(torch.uint8).index_copy_(0, entries, stored.view(torch.uint8))
+            _copy_rows(k_flat.view(torch.uint8), entries, stored.view(torch.uint8))
         else:
-            k_flat.index_copy_(0, entries, stored)
+            _copy_rows(k_flat, entries, stored)
         if scale is not None:
             assert s_flat is not None
-            s_flat.index_copy_(0, entries, scale)
+            _copy_rows(s_flat, entries, scale)
 
     def read_index_k(self, layer: int, entries: torch.Tensor) -> torch.Tensor:
         """Dequantized float32 index keys of `entries` (any shape) -> [*entries.shape, index_dim]."""
@@ -192,3 +193,13 @@ class KVPools:
         assert len(data) == len(tensors)
         for t, d in zip(tensors, data):
             t[page].copy_(d)
+
+
+def _copy_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.index_copy_(0, index, src in dst's dtype): on CUDA by one Triton launch
+    (kernels/scatter_rows.py says why), elsewhere by index_copy_."""
+    mod = load_triton("scatter_rows") if dst.is_cuda else None
+    if mod is None:
+        dst.index_copy_(0, index, src.to(dst.dtype))
+    else:
+        mod.scatter_rows(dst, index, src)
