@@ -465,17 +465,18 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
             c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
             cos.float().contiguous(), sin.float().contiguous())
     block_k = _DECODE_DOT_LAUNCH["BLOCK_K"] if dot else 32
+    block_h = max(16, pow2(H)) if dot else pow2(H)  # tl.dot takes 16 rows at least
+    rest_p = rest if dot else pow2(max(rest, 1))
     tw = triton.cdiv(W, block_k)
     nt = tw + triton.cdiv(KC, block_k)
     if S <= _DECODE_SPLIT_ROWS and tw >= 1 and nt >= 2:
-        block_h = max(16, pow2(H)) if dot else pow2(H)
         hd_p = pow2(HD)
         part = torch.empty(S * nt * block_h * hd_p, dtype=torch.float32, device=q.device)
         ml = torch.empty(S * nt * 2 * block_h, dtype=torch.float32, device=q.device)
         launch = {k: v for k, v in _DECODE_DOT_LAUNCH.items() if k != "BLOCK_K"} if dot else {}
         _sparse_decode_split_kernel[(S, nt)](
             *args, part, ml, W, KC, tw, nt, cos.shape[0], scale, H=H, HD=HD, HD_P=hd_p,
-            HALF=half, REST=rest, REST_P=rest if dot else pow2(max(rest, 1)), BLOCK_H=block_h,
+            HALF=half, REST=rest, REST_P=rest_p, BLOCK_H=block_h,
             BLOCK_K=block_k, DOT=dot, **launch)
         _sparse_decode_combine_kernel[(S,)](part, ml, out, nt, H=H, HD=HD, HD_P=hd_p,
                                             BLOCK_H=block_h)
@@ -483,11 +484,11 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
     if dot:
         _sparse_decode_dot_kernel[(S,)](
             *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-            BLOCK_H=max(16, pow2(H)), **_DECODE_DOT_LAUNCH)
+            BLOCK_H=block_h, **_DECODE_DOT_LAUNCH)
         return out
     _sparse_decode_kernel[(S,)](
         *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-        REST_P=pow2(max(rest, 1)), BLOCK_H=pow2(H), BLOCK_K=32)
+        REST_P=rest_p, BLOCK_H=block_h, BLOCK_K=block_k)
     return out
 
 

@@ -50,6 +50,15 @@ def run_chunks(model: DSV4Mini, pools: KVPools, tokens: list[int], chunks: list[
     return torch.cat(out)
 
 
+def triton_kernels(name: str):
+    """The Triton kernel module dsv4bench.engine.kernels.<name>, the test skipped where triton
+    is not installed."""
+    mod = pytest.importorskip(f"dsv4bench.engine.kernels.{name}")
+    if not mod.AVAILABLE:
+        pytest.skip("triton not installed")
+    return mod
+
+
 def run_in_tritons_interpreter(test_file: str) -> None:
     """Run `test_file` as a script under TRITON_INTERPRET=1 (in a subprocess: the interpreter is
     chosen when a kernel is defined) and check that it printed "all cases agree"."""

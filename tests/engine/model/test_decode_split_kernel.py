@@ -63,9 +63,9 @@ def check_cases(device: str, dtype: torch.dtype = torch.float32, cases=CASES, ro
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_split_decode_attention_matches_the_reference_on_the_gpu():
-    triton_ops = pytest.importorskip("dsv4bench.engine.kernels.triton_ops")
-    if not triton_ops.AVAILABLE:
-        pytest.skip("triton not installed")
+    from .conftest import triton_kernels  # here: the file also runs as a script
+
+    triton_kernels("triton_ops")
     check_cases("cuda")
     # the bf16 tensor-core form at the 1B config's heads (16 of 128, RoPE on 64 dims)
     check_cases("cuda", torch.bfloat16, [(256, 128, 64, 16, 128), (9, 128, 32, 16, 128),

@@ -7,6 +7,7 @@ import torch
 
 from dsv4bench.engine.kernels import ops_for, reference
 
+from .conftest import triton_kernels
 from .test_attention import decode_inputs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -19,9 +20,7 @@ def test_cpu_selects_reference():
 @cuda
 @pytest.mark.parametrize("shape", [(5, 8, 6), (80, 128, 40), (3, 64, 0), (7, 20, 70)])
 def test_sparse_decode_attention_matches_reference(shape):
-    triton_ops = pytest.importorskip("dsv4bench.engine.kernels.triton_ops")
-    if not triton_ops.AVAILABLE:
-        pytest.skip("triton not installed")
+    triton_ops = triton_kernels("triton_ops")
     S, W, Kc = shape
     args = [a.cuda() if isinstance(a, torch.Tensor) else a
             for a in decode_inputs(S=S, W=W, Kc=Kc, hd=64)]
@@ -34,9 +33,7 @@ def test_sparse_decode_attention_matches_reference(shape):
 @pytest.mark.parametrize("mode", ["fp8", "bf16"])
 @pytest.mark.parametrize("G,Q,NB", [(16, 1, 300), (1, 257, 130), (4, 3, 5)])
 def test_indexer_topk_matches_reference(mode, G, Q, NB):
-    triton_ops = pytest.importorskip("dsv4bench.engine.kernels.triton_ops")
-    if not triton_ops.AVAILABLE:
-        pytest.skip("triton not installed")
+    triton_ops = triton_kernels("triton_ops")
     from dsv4bench.engine.model.kv_pools import quantize_index_k
 
     gen = torch.Generator().manual_seed(G * 1000 + Q + NB)
