@@ -8,6 +8,8 @@ model runner, default model config, seeded random weights), each with its own pr
     else, and the output tokens/s that gives (batch / step time);
   - median latency of the steps that carry a prefill chunk (chunked prefill, mixed with decodes);
   - time until every request of the batch has its first token.
+A batch that cannot be formed (its requests would outgrow the model's context) is refused, with
+the reason, before anything runs; a request the engine fails stops the run with its error.
 
     python scripts/bench_engine.py [--prompt-tokens 2048 --max-tokens 32 --batches 1,8,80] [--device cuda]
 
@@ -74,6 +76,27 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
+def check_sizes(batches: list[int], prompt_tokens: int, max_tokens: int, cfg: EngineConfig) -> None:
+    """Refuse, in one line, what could not give a full-batch figure: empty prompts or outputs, and
+    a batch whose requests would not fit the model's context (the engine would stop them at it,
+    before their --max-tokens steps with the whole batch)."""
+    if prompt_tokens < 1 or max_tokens < 1:
+        raise SystemExit(f"--prompt-tokens and --max-tokens take at least 1; got {prompt_tokens} and {max_tokens}")
+    context = cfg.model.max_context
+    for b in batches:
+        tokens = prompt_tokens + output_tokens(b, prompt_tokens, max_tokens, cfg.chunked_prefill_tokens)
+        if tokens > context:
+            raise SystemExit(f"batch {b} cannot be formed: each request needs {prompt_tokens} prompt tokens and "
+                             f"{tokens - prompt_tokens} output tokens (it decodes through every later prefill step, "
+                             f"then --max-tokens with the whole batch), {tokens} in all, over the model's context "
+                             f"of {context}; use a smaller batch or --prompt-tokens")
+
+
+def check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: torch {torch.__version__} sees no CUDA device here")
+
+
 def engine_config(device: str, batches: list[int], prompt_tokens: int, max_tokens: int) -> EngineConfig:
     """A config that can hold the largest batch whole: a running slot for each request and the
     pages of all of them at once (else no step could decode the whole batch)."""
@@ -91,6 +114,7 @@ async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tok
                             stop_token_ids=())
     start = time.perf_counter()
     first_at: dict[int, float] = {}
+    errors: list[str] = []
 
     async def one(i: int) -> None:
         # Distinct prompts (no shared prefix) of ordinary (non-special) token ids.
@@ -98,8 +122,13 @@ async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tok
         async for ev in engine.generate(f"b{batch}-{i}", prompt, params):
             if ev.token_ids and i not in first_at:
                 first_at[i] = time.perf_counter()
+            if ev.error:
+                errors.append(ev.error)
 
     await asyncio.gather(*(one(i) for i in range(batch)))
+    if errors:  # the engine failed requests: a figure over the rest would be no batch's
+        raise SystemExit(f"batch {batch}: the engine failed {len(errors)} of {batch} requests, "
+                         f"the first with: {errors[0]}")
     return max(first_at.values()) - start
 
 
@@ -112,6 +141,8 @@ def main() -> None:
     args = p.parse_args()
     batches = parse_batches(args.batches)
     cfg = engine_config(args.device, batches, args.prompt_tokens, args.max_tokens)
+    check_sizes(batches, args.prompt_tokens, args.max_tokens, cfg)
+    check_device(args.device)
     torch.manual_seed(0)
     # built as the engine builds it: off the loop's thread, on one that ends (engine/cpu_threads.py)
     runner = TimedRunner(on_passing_thread(lambda: ModelRunner(cfg, DSV4Mini(cfg.model))))
