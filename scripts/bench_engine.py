@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from dsv4bench.engine.config import EngineConfig
 from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.memory import PageAllocator
+from dsv4bench.engine.model.bench_decode import parse_batches
 from dsv4bench.engine.model.model import DSV4Mini
 from dsv4bench.engine.model_runner import ModelRunner
 from dsv4bench.engine.radix_cache import RadixCache
@@ -64,16 +65,6 @@ def output_tokens(batch: int, prompt_tokens: int, max_tokens: int, chunk: int) -
     """What each request of a batch generates: the first request decodes during every later
     prefill step, so it must outlast them all and still decode --max-tokens with the whole batch."""
     return -(-batch * prompt_tokens // chunk) + batch + max_tokens
-
-
-def parse_batches(text: str) -> list[int]:
-    try:
-        batches = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--batches takes whole numbers separated by commas, e.g. 1,8,80; got {text!r}") from None
-    if not batches or min(batches) < 1:
-        raise SystemExit(f"--batches takes batch sizes of at least 1, e.g. 1,8,80; got {text!r}")
-    return batches
 
 
 def check_sizes(batches: list[int], prompt_tokens: int, max_tokens: int, cfg: EngineConfig) -> None:

@@ -176,8 +176,30 @@ def routed_experts(model: DSV4Mini, step, token_ids: torch.Tensor) -> list[int]:
     return hit
 
 
+def parse_batches(text: str) -> list[int]:
+    """--batches as this and scripts/bench_engine.py take it: whole numbers of at least 1."""
+    try:
+        batches = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--batches takes whole numbers separated by commas, e.g. 1,8,80; got {text!r}") from None
+    if not batches or min(batches) < 1:
+        raise SystemExit(f"--batches takes batch sizes of at least 1, e.g. 1,8,80; got {text!r}")
+    return batches
+
+
+def parse_contexts(text: str, max_context: int) -> tuple[int, int]:
+    """--ctx LO,HI: a decode step's row holds at least one token and leaves room for the next."""
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--ctx takes two whole numbers LO,HI, e.g. 2048,4096; got {text!r}") from None
+    if not 1 <= lo <= hi < max_context:
+        raise SystemExit(f"--ctx needs 1 <= LO <= HI < {max_context} (the model's context); got {text!r}")
+    return lo, hi
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="default", choices=sorted(CONFIGS))
     ap.add_argument("--batches", default="1,80,256,1024")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -191,11 +213,17 @@ def main() -> None:
     ap.add_argument("--profile-out", default="",
                     help="folder for the profiled steps' full kernel tables and Chrome traces")
     args = ap.parse_args()
-    prof_batches = {int(b) for b in args.profile.split(",") if b}
-    dev = "cuda"
-    batches = [int(b) for b in args.batches.split(",")]
-    lo, hi = (int(x) for x in args.ctx.split(","))
+    batches = parse_batches(args.batches)
+    prof_batches = set(parse_batches(args.profile)) if args.profile else set()
+    if not prof_batches <= set(batches):
+        raise SystemExit(f"--profile names batches that --batches does not run: {sorted(prof_batches - set(batches))}")
+    if args.replays < 1:
+        raise SystemExit(f"--replays takes at least 1; got {args.replays}")
     mcfg = CONFIGS[args.config]
+    lo, hi = parse_contexts(args.ctx, mcfg.max_context)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"this benchmark times CUDA graphs; torch {torch.__version__} sees no CUDA device here")
+    dev = "cuda"
     rng = random.Random(0)
     ctx_all = [rng.randint(lo, hi) for _ in range(max(batches))]
     P = EngineConfig().page_size
