@@ -79,7 +79,7 @@ async def chat_turn(
                 answered = resp
                 out.timings.first_byte_ns = arrival_clock(resp)()
                 out.http_status = resp.status_code
-                if resp.status_code >= 400:
+                if resp.status_code >= 300:  # a redirect too: the harness follows none (transport.py)
                     take_http_error(out, resp.status_code, resp.headers, (await _read_body(resp, bounds.error_body_bytes))[0])
                 elif stream and not is_event_stream(resp.headers):
                     take_not_a_stream(out, resp.headers, (await _read_body(resp, 4096))[0])
@@ -118,20 +118,44 @@ async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
     return bytes(buf), False
 
 
+class _Charset:
+    """A response's charset as an incremental decoder, undecodable bytes replaced. A server may
+    name any codec Python knows, and httpx takes any: one that cannot read this body (`zlib`,
+    `rot13`: not text encodings, whose decoders refuse `errors="replace"` or bytes; `utf-16`
+    without a BOM) fails as httpx fails a body it cannot decode (gzip), with its DecodingError,
+    never with the codec's own error."""
+
+    def __init__(self, charset: str | None) -> None:
+        self.name = charset or "utf-8"
+        try:
+            self._decoder = codecs.getincrementaldecoder(self.name)(errors="replace")
+        except Exception as e:  # noqa: BLE001 - each codec fails in its own way (see decode)
+            raise self._failed(e) from e
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        try:
+            text: str = self._decoder.decode(data, final)
+        except Exception as e:  # noqa: BLE001 - AssertionError, TypeError, UnicodeError, ...: the codec's
+            raise self._failed(e) from e
+        return text
+
+    def _failed(self, e: Exception) -> httpx.DecodingError:
+        return httpx.DecodingError(f"the body does not decode as charset {self.name!r}: {type(e).__name__}: {e}"[:300])
+
+
 async def _texts(resp: httpx.Response) -> AsyncIterator[str]:
     """The body as text, as httpx's aiter_text gives it (the response's charset, undecodable
-    bytes replaced), straight from the transport where it can (transport.body_bytes)."""
+    bytes replaced), straight from the transport where it can (transport.body_bytes); where
+    httpx must undo a content-encoding, from its decoded bytes."""
+    charset = _Charset(resp.encoding)
     reads = body_bytes(resp)
     if reads is None:
-        async for text in resp.aiter_text():
-            yield text
-        return
-    decoder = codecs.getincrementaldecoder(resp.encoding or "utf-8")(errors="replace")
+        reads = resp.aiter_bytes()
     async with aclosing(reads):
         async for data in reads:
-            if text := decoder.decode(data):
+            if text := charset.decode(data):
                 yield text
-    if text := decoder.decode(b"", True):
+    if text := charset.decode(b"", True):
         yield text
 
 

@@ -10,6 +10,7 @@ import httpx
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .monitor import parse_metrics
 from .roles import role_of
+from .transport import response_text
 
 
 class ServerError(Exception):
@@ -66,6 +67,9 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
             raise ServerError(f"cannot reach {base_url}: {type(e).__name__}: {e or 'no answer'}") from None
         if r.status_code in (401, 403):
             raise ServerError(f"{base_url}/models answered {r.status_code}: give --api-key")
+        if 300 <= r.status_code < 400:  # the harness follows no redirect, its turns neither (client.py)
+            raise ServerError(f"{base_url}/models answered HTTP {r.status_code}, a redirect to "
+                              f"{r.headers.get('location', '(no Location)')[:200]!r}: give --url the URL it names")
         if r.status_code >= 400:
             raise ServerError(f"{base_url}/models answered HTTP {r.status_code}; is this an OpenAI-compatible /v1 URL?")
         try:
@@ -89,8 +93,9 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         metrics_url = f"{root}/metrics"
         try:
             r = c.get(metrics_url)
-            if r.status_code == 200 and any(m in r.text for m in SERVER_METRIC_PREFIXES):
-                values = parse_metrics(r.text)
+            text = response_text(r)
+            if r.status_code == 200 and any(m in text for m in SERVER_METRIC_PREFIXES):
+                values = parse_metrics(text)
                 facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
                 facts["metrics_dialect"] = asdict(dialect_of(values))  # whose names, which release's
                 facts["role"] = role_of(facts.get("server_info"), values, None).name

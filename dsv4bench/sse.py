@@ -14,6 +14,7 @@ the way in and noted, so the rest of the harness only ever holds encodable text.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -59,13 +60,25 @@ def safe_dumps(value: Any) -> str:
 
 
 def clean_usage(value: Any) -> dict[str, Any] | None:
-    """A `usage` object cleaned of surrogates; None when it is not an object or too deep."""
+    """A `usage` object cleaned of surrogates, with null for each number JSON cannot hold (NaN,
+    or past a double's range: json reads those, and the history, which is JSON, could not
+    hold them); None when it is not an object or too deep."""
     if not isinstance(value, dict):
         return None
     try:
-        return clean_value(value)
+        return _finite(clean_value(value))
     except RecursionError:
         return None
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -244,6 +257,10 @@ class DeltaAssembler:
             self._c.error(f"chunk {r.chunks}: delta after finish_reason (chunk {self._finished_at_chunk})")
         if content is not None and not isinstance(content, str):
             self._c.error(f"chunk {r.chunks}: content is not a string")
+        if reasoning and not isinstance(reasoning, str):
+            self._c.error(f"chunk {r.chunks}: reasoning is not a string")
+        if not isinstance(calls, list):  # one call as an object, say: noted, or its calls would vanish unsaid
+            self._c.error(f"chunk {r.chunks}: tool_calls is not a list")
         if isinstance(content, str) and content:
             r.content += self._c.text("content", content, len(r.content))
             carried = True

@@ -95,15 +95,18 @@ def request_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 # ---- the answer -----------------------------------------------------------------------------------
 
 def is_event_stream(headers: Mapping[str, str]) -> bool:
-    return "text/event-stream" in headers.get("content-type", "").partition(";")[0]
+    """Whether the Content-Type is SSE's (a media type is case-insensitive: `Text/Event-Stream` is one)."""
+    return "text/event-stream" in headers.get("content-type", "").partition(";")[0].lower()
 
 
 def take_http_error(out: TurnOutcome, status: int, headers: Mapping[str, str], raw: bytes) -> None:
-    """An answer with HTTP status >= 400 (`raw`: the head of its body)."""
+    """An answer with HTTP status >= 300 (`raw`: the head of its body). A redirect is one: no
+    chat answer came, and the harness follows none (the URL to fix is the user's)."""
     text = raw.decode("utf-8", "replace")
-    retry_after = headers.get("retry-after")
     out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.HTTP_ERROR
-    out.error = f"HTTP {status}: {_error_message(text)}" + (f" (Retry-After: {retry_after[:40]})" if retry_after else "")
+    noted = "".join(f" ({name}: {value[:limit]})" for name, limit in (("Retry-After", 40), ("Location", 200))
+                    if (value := headers.get(name)))
+    out.error = f"HTTP {status}: {_error_message(text)}{noted}"
     out.raw_lines = [text[:4000]]
 
 

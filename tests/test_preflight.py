@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dsv4bench.preflight import server_facts
+from dsv4bench.preflight import ServerError, server_facts
 from tests.fixtures.metrics import page, serving
 
 MODELS = json.dumps({"data": [{"id": "m"}]})
@@ -38,3 +42,49 @@ def test_a_page_of_no_servers_metrics_is_not_taken():
     with serving({"/v1/models": MODELS, "/metrics": other}) as root:
         facts = server_facts(f"{root}/v1")
     assert "metrics_url" not in facts and "metrics_dialect" not in facts
+
+
+
+@contextmanager
+def _answering(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A loopback server whose every GET `answer` writes; its root URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            answer(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_a_redirect_of_the_model_list_says_where_it_points():
+    def moved(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(308)
+        h.send_header("Location", "https://gateway.example/v1/models")
+        h.end_headers()
+
+    with _answering(moved) as root, pytest.raises(ServerError, match="HTTP 308, a redirect to 'https://gateway.example"):
+        server_facts(f"{root}/v1", timeout=5)
+
+
+@pytest.mark.parametrize("charset", ["zlib", "rot13", "utf-16"])  # codecs that cannot read this text
+def test_a_metrics_page_in_a_charset_no_text_is_in_is_read_as_utf8(charset):
+    def page(h: BaseHTTPRequestHandler) -> None:
+        body = MODELS if h.path == "/v1/models" else "sglang:num_running_reqs 1\n"
+        h.send_response(200)
+        h.send_header("Content-Type", f"text/plain; charset={charset}")
+        h.end_headers()
+        h.wfile.write(body.encode())
+
+    with _answering(page) as root:
+        facts = server_facts(f"{root}/v1", timeout=5)
+    assert facts["metrics_url"] == f"{root}/metrics" and facts["metrics_dialect"]["name"] == "sglang"

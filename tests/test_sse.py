@@ -86,6 +86,16 @@ def test_usage_chunk_after_finish_is_fine():
     assert r.protocol_errors == []
 
 
+def test_usage_numbers_json_cannot_hold_are_recorded_as_null():
+    # json reads NaN, Infinity and 1e999 (as inf); the history, which is JSON, cannot hold them
+    odd = '{"id":"r1","choices":[],"usage":{"prompt_tokens":NaN,"completion_tokens":1e999,"x":[-Infinity,2.5]}}'
+    r, _ = feed_all([chunk({"content": "a"}, finish="stop"), odd, "[DONE]"])
+    assert r.usage == {"prompt_tokens": None, "completion_tokens": None, "x": [None, 2.5]}
+    json.dumps(r.usage, allow_nan=False)
+    body = json.loads('{"choices":[{"message":{"content":"a"},"finish_reason":"stop"}],"usage":{"total_tokens":NaN}}')
+    assert assemble_completion(body).usage == {"total_tokens": None}
+
+
 def test_cut_stream_without_finish_is_left_to_truncated():
     r, _ = feed_all([chunk({"content": "a"})])
     assert r.finish_reason is None and r.protocol_errors == [] and not r.saw_done
@@ -145,6 +155,12 @@ def test_reader_does_not_dispatch_an_event_without_its_blank_line():
     assert reader.feed("data: [DONE]") == [] and reader.flush() == []
 
 
+def test_reader_drops_a_byte_order_mark_at_the_start_of_the_stream_only():
+    reader = SSEEventReader()
+    assert reader.feed("") == [] and reader.feed("\ufeffdata: a\n\n") == ["a"]
+    assert reader.feed("\ufeffdata: b\n\n") == []  # later, it is part of a field name, as httpx-sse reads it
+
+
 def test_tool_call_bound_stops_the_assembler():
     asm = DeltaAssembler(SMALL)
     for i in range(10):
@@ -185,6 +201,13 @@ def test_lone_surrogates_are_replaced_and_noted():
     assert r.surrogates_replaced == ["content", "tool_calls[0].arguments"]
     assert sum("surrogate" in e for e in r.protocol_errors) == 2  # the id and the name
     json.dumps(r.to_json(), ensure_ascii=False).encode("utf-8")  # encodable throughout
+
+
+def test_tool_calls_or_reasoning_of_the_wrong_type_are_noted_not_dropped_unsaid():
+    call = {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    r, _ = feed_all([chunk({"tool_calls": call, "reasoning_content": 5}), chunk({}, finish="tool_calls"), "[DONE]"])
+    assert r.tool_calls == [] and r.reasoning == ""
+    assert r.protocol_errors == ["chunk 1: reasoning is not a string", "chunk 1: tool_calls is not a list"]
 
 
 def test_fields_of_the_wrong_type_are_findings():
