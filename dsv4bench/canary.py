@@ -28,6 +28,8 @@ from typing import Any
 import anyio
 import httpx
 
+from .charset import response_text
+
 CANARY_PROMPT = "Reply with the single word OK."
 
 OK, TIMEOUT, ERROR, UNREACHABLE = "ok", "timeout", "error", "unreachable"
@@ -89,9 +91,10 @@ def _snippet(r: httpx.Response) -> str:
             return _one_line(message)
         return _one_line(json.dumps(body))
     content_type = r.headers.get("content-type", "").split(";")[0].strip()
-    if "html" in content_type or r.text.lstrip().lower().startswith(("<!doctype html", "<html")):
+    text = response_text(r)
+    if "html" in content_type or text.lstrip().lower().startswith(("<!doctype html", "<html")):
         return "an HTML page"
-    return _one_line(r.text) or "an empty body"
+    return _one_line(text) or "an empty body"
 
 
 def judge_answer(r: httpx.Response) -> tuple[str, str | None]:

@@ -9,7 +9,6 @@ response and returns what it has, flagged, so no answer can take the harness's m
 
 from __future__ import annotations
 
-import codecs
 import math
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -18,6 +17,7 @@ from typing import Any
 import anyio
 import httpx
 
+from .charset import Charset
 from .loop_watch import LoopWatch
 from .records import AssembledResponse
 from .stream_reader import DEFAULT_BOUNDS, StreamBounds
@@ -30,6 +30,7 @@ from .turn_answer import (
     encode_body,
     finish,
     is_event_stream,
+    is_http_error,
     request_headers,
     take_completion,
     take_connection_error,
@@ -79,7 +80,7 @@ async def chat_turn(
                 answered = resp
                 out.timings.first_byte_ns = arrival_clock(resp)()
                 out.http_status = resp.status_code
-                if resp.status_code >= 300:  # a redirect too: the harness follows none (transport.py)
+                if is_http_error(resp.status_code):
                     take_http_error(out, resp.status_code, resp.headers, (await _read_body(resp, bounds.error_body_bytes))[0])
                 elif stream and not is_event_stream(resp.headers):
                     take_not_a_stream(out, resp.headers, (await _read_body(resp, 4096))[0])
@@ -118,36 +119,11 @@ async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
     return bytes(buf), False
 
 
-class _Charset:
-    """A response's charset as an incremental decoder, undecodable bytes replaced. A server may
-    name any codec Python knows, and httpx takes any: one that cannot read this body (`zlib`,
-    `rot13`: not text encodings, whose decoders refuse `errors="replace"` or bytes; `utf-16`
-    without a BOM) fails as httpx fails a body it cannot decode (gzip), with its DecodingError,
-    never with the codec's own error."""
-
-    def __init__(self, charset: str | None) -> None:
-        self.name = charset or "utf-8"
-        try:
-            self._decoder = codecs.getincrementaldecoder(self.name)(errors="replace")
-        except Exception as e:  # noqa: BLE001 - each codec fails in its own way (see decode)
-            raise self._failed(e) from e
-
-    def decode(self, data: bytes, final: bool = False) -> str:
-        try:
-            text: str = self._decoder.decode(data, final)
-        except Exception as e:  # noqa: BLE001 - AssertionError, TypeError, UnicodeError, ...: the codec's
-            raise self._failed(e) from e
-        return text
-
-    def _failed(self, e: Exception) -> httpx.DecodingError:
-        return httpx.DecodingError(f"the body does not decode as charset {self.name!r}: {type(e).__name__}: {e}"[:300])
-
-
 async def _texts(resp: httpx.Response) -> AsyncIterator[str]:
     """The body as text, as httpx's aiter_text gives it (the response's charset, undecodable
     bytes replaced), straight from the transport where it can (transport.body_bytes); where
     httpx must undo a content-encoding, from its decoded bytes."""
-    charset = _Charset(resp.encoding)
+    charset = Charset(resp.encoding)
     reads = body_bytes(resp)
     if reads is None:
         reads = resp.aiter_bytes()

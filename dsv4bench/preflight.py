@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 
+from .charset import response_text
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .monitor import parse_metrics
 from .roles import role_of
-from .transport import response_text
 
 
 class ServerError(Exception):

@@ -246,17 +246,6 @@ def body_bytes(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
     return body.__aiter__()
 
 
-def response_text(response: httpx.Response) -> str:
-    """A read response's text as `response.text` gives it, never failing on the charset a
-    server names: httpx takes any codec Python knows (`charset=zlib`, `rot13`, `utf-16` with no
-    BOM), whose decoders then fail each in its own way. There the body is read as UTF-8,
-    undecodable bytes replaced."""
-    try:
-        return response.text
-    except Exception:  # noqa: BLE001 - AssertionError, TypeError, UnicodeError: whichever the codec raises
-        return response.content.decode("utf-8", "replace")
-
-
 def unlink(response: httpx.Response) -> None:
     """Cut the reference cycle of a closed response, so reference counting frees it at once.
 

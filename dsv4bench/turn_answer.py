@@ -99,9 +99,14 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
     return "text/event-stream" in headers.get("content-type", "").partition(";")[0].lower()
 
 
+def is_http_error(status: int) -> bool:
+    """Whether an answer's status makes the turn an http_error. A redirect is one: no chat
+    answer came, and the harness follows none (the URL to fix is the user's)."""
+    return status >= 300
+
+
 def take_http_error(out: TurnOutcome, status: int, headers: Mapping[str, str], raw: bytes) -> None:
-    """An answer with HTTP status >= 300 (`raw`: the head of its body). A redirect is one: no
-    chat answer came, and the harness follows none (the URL to fix is the user's)."""
+    """An answer whose status is_http_error (`raw`: the head of its body)."""
     text = raw.decode("utf-8", "replace")
     out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.HTTP_ERROR
     noted = "".join(f" ({name}: {value[:limit]})" for name, limit in (("Retry-After", 40), ("Location", 200))

@@ -8,7 +8,7 @@ status is only a fallback, because a stream that starts with 200 and then loses 
 connection carries http_status 200 and is a connection error, not an HTTP error:
 
 - `http_error`: status ERROR with `error_kind == "http_error"`, or unlabelled with an
-  HTTP status >= 400.
+  HTTP status that is an error (turn_answer.is_http_error: 3xx too, as no redirect is followed).
 - `connection_error`: any other status ERROR (refused, reset, closed mid-stream; an
   unlabelled ERROR without an error status lands here too).
 - `timeout_ttft`: status TIMEOUT with `error_kind == "timeout_ttft"`.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dsv4bench.checks.common import clip
 from dsv4bench.records import ErrorKind, TurnContext, TurnStatus, Verdict, error_kind_text
+from dsv4bench.turn_answer import is_http_error
 
 
 def _said(ctx: TurnContext) -> str:
@@ -31,11 +32,11 @@ def _is_http_error(ctx: TurnContext) -> bool:
         return False
     if ctx.error_kind is not None:
         return ctx.error_kind == ErrorKind.HTTP_ERROR
-    return ctx.http_status is not None and ctx.http_status >= 400
+    return ctx.http_status is not None and is_http_error(ctx.http_status)
 
 
 def check_http_error(ctx: TurnContext) -> list[Verdict]:
-    """The server answered with an HTTP error status (labelled `http_error`, or unlabelled with a status >= 400)."""
+    """The server answered with an HTTP error status (labelled `http_error`, or unlabelled with an error status)."""
     if not _is_http_error(ctx):
         return []
     status = f"HTTP {ctx.http_status}"

@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import httpx
 
+from ..charset import Charset
 from ..records import AssembledResponse
 from ..stream_reader import DEFAULT_BOUNDS, StreamBounds
 from ..turn_answer import (
@@ -25,6 +26,7 @@ from ..turn_answer import (
     encode_body,
     finish,
     is_event_stream,
+    is_http_error,
     request_headers,
     take_completion,
     take_connection_error,
@@ -56,7 +58,7 @@ def chat_turn(client: httpx.Client, url: str, body: dict[str, Any], deadlines: D
         with client.stream("POST", url, content=encode_body(body), headers=request_headers(headers)) as resp:
             out.timings.first_byte_ns = time.monotonic_ns()
             out.http_status = resp.status_code
-            if resp.status_code >= 400:
+            if is_http_error(resp.status_code):
                 take_http_error(out, resp.status_code, resp.headers, _read_body(resp, bounds.error_body_bytes)[0])
             elif stream and not is_event_stream(resp.headers):
                 take_not_a_stream(out, resp.headers, _read_body(resp, 4096)[0])
@@ -90,11 +92,14 @@ def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
 
 def _read_stream(resp: httpx.Response, answer: StreamedAnswer) -> AssembledResponse:
     try:
-        for text in resp.iter_text():
-            if not answer.feed(text):
+        charset = Charset(resp.encoding)
+        for data in resp.iter_bytes():
+            if (text := charset.decode(data)) and not answer.feed(text):
                 break
         else:
-            answer.end_of_body()
+            tail = charset.decode(b"", True)
+            if not tail or answer.feed(tail):
+                answer.end_of_body()
     except httpx.RequestError:
         if not answer.any_output:
             raise

@@ -25,6 +25,7 @@ FAILED = [
     (failed(TurnStatus.ERROR, "http_error", 503, "Service Unavailable"), "http_error", "HTTP 503: Service Unavailable"),
     (failed(TurnStatus.ERROR, "http_error", 500, '{"error": "CUDA error"}'), "http_error", "HTTP 500"),
     (failed(TurnStatus.ERROR, None, 429), "http_error", "HTTP 429"),
+    (failed(TurnStatus.ERROR, None, 307), "http_error", "HTTP 307"),  # a redirect: no answer came
     (failed(TurnStatus.ERROR, "http_error", None, "bad status"), "http_error", "HTTP None: bad status"),
     (failed(TurnStatus.ERROR, None, 200, "peer closed"), "connection_error", "after HTTP 200: peer closed"),
     (failed(TurnStatus.ERROR, "connection_error", None, "ConnectError: refused"), "connection_error", "connection_error: ConnectError"),
