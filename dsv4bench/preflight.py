@@ -11,6 +11,7 @@ from .charset import response_text
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .monitor import parse_metrics
 from .roles import role_of
+from .sse import clean_value
 
 
 class ServerError(Exception):
@@ -87,7 +88,7 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
             try:
                 r = c.get(f"{root}/{name}")
                 if r.status_code == 200:
-                    facts[name.removeprefix("get_")] = r.json()
+                    facts[name.removeprefix("get_")] = clean_value(r.json())  # run.json holds it
             except (httpx.HTTPError, ValueError, RecursionError):
                 pass  # optional: vLLM and others do not serve these
         metrics_url = f"{root}/metrics"

@@ -41,9 +41,13 @@ def replace_surrogates(text: str) -> tuple[str, bool]:
 
 
 def clean_value(value: Any) -> Any:
-    """A decoded JSON value with lone surrogates replaced in every string, keys included."""
+    """A decoded JSON value as the history can hold it: lone surrogates replaced in every
+    string, keys included, and null for each number JSON cannot hold (NaN, or past a double's
+    range: json reads those, but a file with them is no JSON to other readers)."""
     if isinstance(value, str):
         return replace_surrogates(value)[0]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {clean_value(k): clean_value(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -60,25 +64,13 @@ def safe_dumps(value: Any) -> str:
 
 
 def clean_usage(value: Any) -> dict[str, Any] | None:
-    """A `usage` object cleaned of surrogates, with null for each number JSON cannot hold (NaN,
-    or past a double's range: json reads those, and the history, which is JSON, could not
-    hold them); None when it is not an object or too deep."""
+    """A `usage` object cleaned (clean_value); None when it is not an object or too deep."""
     if not isinstance(value, dict):
         return None
     try:
-        return _finite(clean_value(value))
+        return clean_value(value)
     except RecursionError:
         return None
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -88,3 +88,18 @@ def test_a_metrics_page_in_a_charset_no_text_is_in_is_read_as_utf8(charset):
     with _answering(page) as root:
         facts = server_facts(f"{root}/v1", timeout=5)
     assert facts["metrics_url"] == f"{root}/metrics" and facts["metrics_dialect"]["name"] == "sglang"
+
+
+def test_server_info_numbers_json_cannot_hold_are_kept_as_null():
+    def page(h: BaseHTTPRequestHandler) -> None:
+        body = {"/v1/models": MODELS, "/get_server_info": '{"mem_fraction_static": NaN, "max_total_num_tokens": 1e999,'
+                                                             ' "tp_size": 8, "served_model_name": "dsv4\\ud800"}'}
+        h.send_response(200 if h.path in body else 404)
+        h.end_headers()
+        h.wfile.write(body.get(h.path, "").encode())
+
+    with _answering(page) as root:
+        facts = server_facts(f"{root}/v1", timeout=5)
+    assert facts["server_info"] == {"mem_fraction_static": None, "max_total_num_tokens": None, "tp_size": 8,
+                                    "served_model_name": "dsv4\ufffd"}
+    json.dumps(facts, allow_nan=False)  # what run.json writes is JSON to any reader
