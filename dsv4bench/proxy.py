@@ -36,6 +36,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from .charset import Charset
 from .checks import run_checks
 from .history import HistoryWriter
 from .records import TurnContext, TurnRecord, TurnStatus
@@ -48,6 +49,7 @@ from .turn_answer import (
     TurnOutcome,
     finish,
     is_event_stream,
+    is_http_error,
     take_completion,
     take_connection_error,
     take_http_error,
@@ -129,7 +131,7 @@ class ChatExchange:
     _reading: str = ""  # "sse", "body", "error", "not_sse", or "" once nothing more is read
     _answer: StreamedAnswer | None = None
     _content: Callable[[bytes], bytes] | None = None
-    _text: codecs.IncrementalDecoder | None = None
+    _text: Charset | None = None
     _head: bytearray = field(default_factory=bytearray)
     _limit: int = 0
     _over: bool = False
@@ -149,16 +151,13 @@ class ChatExchange:
             self.problems.append(f"Content-Encoding {headers.get('content-encoding', '')[:40]!r}: the proxy "
                                  "cannot read it; the answer passed through unjudged")
             return
-        if status >= 400:
+        if is_http_error(status):
             self._reading, self._limit = "error", self.bounds.error_body_bytes
         elif self.stream and not is_event_stream(headers):
             self._reading, self._limit = "not_sse", 4096
         elif self.stream:
             self._reading, self._answer = "sse", StreamedAnswer(self.out, None, self.bounds)
-            try:
-                self._text = codecs.getincrementaldecoder(headers_charset(headers))(errors="replace")
-            except LookupError:
-                self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self._text = Charset(headers_charset(headers))
         else:
             self._reading, self._limit = "body", self.bounds.body_bytes
 
@@ -179,6 +178,8 @@ class ChatExchange:
 
     def ended(self) -> None:
         """The body ended as HTTP says it should."""
+        if self.settled:
+            return
         if self._reading == "sse" and self._answer is not None and self._text is not None:
             self._answer.feed(self._text.decode(b"", final=True))
             self._answer.end_of_body()
@@ -187,6 +188,8 @@ class ChatExchange:
     def broke(self, e: BaseException) -> None:
         """The upstream's body broke off: a stream cut after some output is a truncated answer
         (judged), otherwise the connection failed, as client.py reads it."""
+        if self.settled:
+            return
         if self._reading in ("error", "not_sse") or (self._answer is not None and self._answer.any_output):
             self._settle_read()
         else:
@@ -214,7 +217,12 @@ class ChatExchange:
         self.settled = True
 
     def audit_failed(self, e: BaseException) -> None:
-        """Reading the answer raised: the turn is recorded with what is known, the rest unread."""
+        """Reading the answer raised: the turn is recorded with what is known, the rest unread. A
+        body its charset cannot decode is the server's answer, as client.py reads it, not ours."""
+        if isinstance(e, httpx.DecodingError):
+            take_connection_error(self.out, e)
+            self.settled, self._reading = True, ""
+            return
         self.problems.append(f"proxy audit: {type(e).__name__}: {e}"[:300])
         self._reading = ""
 
@@ -223,7 +231,7 @@ class ChatExchange:
         status = self.out.http_status or 0
         if self._answer is not None:
             self.out.response = self._answer.finish()
-        elif status >= 400:
+        elif is_http_error(status):
             take_http_error(self.out, status, self._resp_headers, bytes(self._head))
         elif self._content is None:
             return  # an encoding the audit cannot read: `problems` says so
@@ -239,11 +247,15 @@ class ChatExchange:
 
 
 def headers_charset(headers: httpx.Headers) -> str:
-    """The charset of the Content-Type, or UTF-8 (what httpx's aiter_text decodes with)."""
+    """The charset of the Content-Type where Python knows it, else UTF-8, as httpx's
+    Response.encoding resolves it for client.py."""
     for param in headers.get("content-type", "").split(";")[1:]:
         name, _, value = param.partition("=")
         if name.strip().lower() == "charset" and value.strip():
-            return value.strip().strip('"')
+            try:
+                return codecs.lookup(value.strip().strip('"')).name
+            except LookupError:
+                break
     return "utf-8"
 
 

@@ -74,7 +74,10 @@ class FakeUpstream:
                                    "function": {"name": "read_file", "arguments": '{"path": "src/main.py"}'}}]}
             return JSONResponse({"id": "chatcmpl-fixed", "object": "chat.completion", "created": 1700000000,
                                  "model": "fake", "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]})
+        if kind == "redirect":
+            return Response(b"", status_code=307, headers={"location": "https://gateway.example/v1/chat/completions"})
         pieces = leaked_stream() if kind == "dsml" else tool_call_stream()
+        media_type = "text/event-stream; charset=zlib" if kind == "zlib" else "text/event-stream"
 
         async def gen():
             try:
@@ -92,7 +95,7 @@ class FakeUpstream:
                 if kind in ("hang", "linger"):
                     self.closed.set()
 
-        return StreamingResponse(gen(), media_type="text/event-stream")
+        return StreamingResponse(gen(), media_type=media_type)
 
     def app(self) -> Starlette:
         async def models(_: Request) -> Response:
@@ -179,6 +182,19 @@ def test_the_client_gets_the_upstreams_bytes_and_the_history_its_verdicts(proxie
         assert "body" not in turn.request and turn.raw_sse is None
     else:  # a failing turn keeps its request and its stream, as agents keeps them
         assert turn.request["body"]["tools"] == TOOLS and any(f"{BAR}DSML{BAR}tool_calls" in line for line in turn.raw_sse)
+
+
+@pytest.mark.parametrize("kind, kind_of_error, says", [
+    ("zlib", "connection_error", "DecodingError: the body does not decode as charset 'zlib'"),
+    ("redirect", "http_error", "HTTP 307: (empty body) (Location: https://gateway.example/v1/chat/completions)"),
+])
+def test_an_answer_it_cannot_read_as_a_chat_is_the_servers_error_and_passes_through(proxied, kind, kind_of_error, says):
+    # What agents makes of the same answer (tests/test_unusual_server.py): never the audit's own failure.
+    run, proxy, up = proxied
+    assert exchange(proxy.url, body(), {"x-fake": kind}) == exchange(up.url, body(), {"x-fake": kind})
+    (turn,) = wait_turns(run, 1)
+    assert turn.status is TurnStatus.ERROR and turn.error_kind == kind_of_error and turn.check_errors == []
+    assert turn.error.startswith(says)
 
 
 def test_each_chunk_is_passed_on_when_it_comes(proxied):
