@@ -9,6 +9,9 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
   answer keeps to it and to `parallel_tool_calls` by constrained decoding (tool_choice_decoding.py).
   Thinking mode refuses required and named (400), as does a name not in `tools`.
 - Sampling: it forces temperature = top_p = 1.0 in thinking mode; explicit values win here.
+- Messages: read as SGLang's DeepSeek-V4 path hands them to the recipe (`_sglang_messages`): a
+  `developer` message is a system message (the recipe knows no such role), and tool-call
+  `arguments` given as a JSON object become its JSON text.
 - Outputs: see engine/outputs.py (EOS, stop strings, usage). With `tool_call_parser="sglang"`
   SGLang's DeepSeek-V4 detector parses the tool calls instead (engine/sglang_tool_calls.py).
 """
@@ -117,6 +120,48 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _sglang_messages(messages: Any) -> Any:
+    """`messages` as SGLang's DeepSeek-V4 serving hands them to deepseek-recipe (its
+    `deepseek_recipe_renderer.pre_normalize`): the OpenAI SDK's `developer` role as `system`,
+    tool-call arguments sent as an object as their compact JSON. Anything else is left for the
+    recipe to judge."""
+    if not isinstance(messages, list):
+        return messages
+    return [_sglang_message(m) if isinstance(m, dict) else m for m in messages]
+
+
+def _sglang_message(message: dict[str, Any]) -> dict[str, Any]:
+    message = {**message, "role": "system"} if message.get("role") == "developer" else message
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and any(isinstance(_arguments(c), dict) for c in calls):
+        message = {**message, "tool_calls": [_with_json_arguments(c) for c in calls]}
+    return message
+
+
+def _arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    return function.get("arguments") if isinstance(function, dict) else None
+
+
+def _with_json_arguments(call: Any) -> Any:
+    arguments = _arguments(call)
+    if not isinstance(arguments, dict):
+        return call
+    text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return {**call, "function": {**call["function"], "arguments": text}}
+
+
+def _single_prompt(prompt: Any) -> Any:
+    """A completion `prompt` in SGLang's batch form holding one prompt (a list of one string or of
+    one list of ids; LangChain's OpenAI LLM always sends a list) as that prompt. A batch of more
+    is refused: the answer has one choice."""
+    if not (isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt)):
+        return prompt
+    if len(prompt) > 1:
+        raise RequestError(400, "batch prompts are not supported: send one prompt per request", "prompt")
+    return prompt[0]
+
+
 def bootstrap_fields(body: dict[str, Any]) -> Bootstrap | None:
     """The PD bootstrap fields: all three, or none (a request for a unified server)."""
     given = [name for name in BOOTSTRAP_FIELDS if body.get(name) is not None]
@@ -163,7 +208,7 @@ class Frontend:
                                "tool_choice")
         thinking = self._thinking_flag(body.get("chat_template_kwargs") or {})
         model = body.get("model") or self.model_name
-        converted = {**body, "model": model}
+        converted = {**body, "model": model, "messages": _sglang_messages(body["messages"])}
         if converted.get("max_tokens") is None and converted.get("max_completion_tokens") is not None:
             converted["max_tokens"] = converted["max_completion_tokens"]
         options = dr.ConversionOptions(default_thinking_mode=thinking).with_model_alias(
@@ -206,7 +251,9 @@ class Frontend:
         """Validate a /v1/completions body: a raw prompt encoded with the full vocabulary, so
         special-token spellings become special ids (the harness's --raw oracle relies on it)."""
         body = self._common_checks(body, _COMPLETION)
-        prompt = body.get("prompt")
+        if body.get("n") not in (None, 1):  # one choice would answer a request for several
+            raise RequestError(400, "Invalid n value (currently only n = 1 is supported)", "n")
+        prompt = _single_prompt(body.get("prompt"))
         ids_given = isinstance(prompt, list) and all(type(i) is int and 0 <= i < self.tokenizer.vocab_size
                                                      for i in prompt)
         try:

@@ -114,15 +114,19 @@ class BearerAuth:
     Every port of the engine (unified, PD router, prefill, decode) uses this one."""
 
     def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
-        self.app, self.expected, self.open_paths = app, f"Bearer {api_key}".encode(), open_paths
+        self.app, self.key, self.open_paths = app, api_key.encode(), open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            given = Headers(scope=scope).get("authorization", "").encode()
-            if not secrets.compare_digest(given, self.expected):
+            if not self.authorized(Headers(scope=scope).get("authorization", "")):
                 await _error(401, "Incorrect API key provided.", None, "invalid_api_key")(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def authorized(self, header: str) -> bool:
+        """`header` is `Bearer KEY`; the scheme in any case (RFC 9110, 11.1), as SGLang reads it."""
+        scheme, _, token = header.partition(" ")
+        return secrets.compare_digest(token.encode(), self.key) and scheme.lower() == "bearer"
 
 
 def auth_middleware(cfg: ServerConfig) -> list[Middleware]:

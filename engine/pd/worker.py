@@ -151,6 +151,7 @@ class DecodeServing(_Half):
     async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
                        bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
         probe = bootstrap is None
+        engine_rid = rid
         if probe:
             assert is_health_probe(rid), "the server refuses a PD half's request without its room"
             self.client.open_probe(rid, prompt_ids[-1])
@@ -158,10 +159,14 @@ class DecodeServing(_Half):
             # probe asks for one more, and its answer is that token, from a decode step.
             params = dataclasses.replace(params, max_tokens=params.max_tokens + 1)
         else:
-            self.client.open(rid, bootstrap)
+            # NOTE: known here by its room too: a client's own rid (/generate) may come back, a
+            # retry, while the aborted request it named still waits in the transfer queue for
+            # its room's answer.
+            engine_rid = f"{rid}@{room_rid(bootstrap.room)}"
+            self.client.open(engine_rid, bootstrap)
         sink = AsyncSink(asyncio.get_running_loop())
-        self.decode.submit(Request(rid, list(prompt_ids), self._params(params)), sink)
-        async for event in self._events(rid, rid, sink):
+        self.decode.submit(Request(engine_rid, list(prompt_ids), self._params(params)), sink)
+        async for event in self._events(rid, engine_rid, sink):
             if probe and event.token_ids:
                 probe = False
                 event = dataclasses.replace(event, token_ids=event.token_ids[1:])

@@ -125,6 +125,24 @@ def test_bad_chat_bodies_are_4xx(fe, body, param):
         assert e.value.param == param
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"a.py","start_line":3}'}}
+TURNS = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "print(1)"}]}]
+
+
+def test_sdk_message_shapes_render_as_sglang_renders_them(fe):
+    """The OpenAI SDK's `developer` role is a system message, and tool-call arguments sent as an
+    object are their JSON text (SGLang's DeepSeek-V4 serving reads both so; the recipe alone
+    refuses them)."""
+    def prompt(messages: list[dict[str, Any]]) -> list[int]:
+        return fe.prepare_chat(chat(messages=messages)).prompt_ids
+
+    as_system = prompt([{"role": "system", "content": "Be terse."}, *USER])
+    assert prompt([{"role": "developer", "content": "Be terse."}, *USER]) == as_system
+    as_object = {**CALL, "function": {**CALL["function"], "arguments": {"path": "a.py", "start_line": 3}}}
+    assert prompt([*TURNS[:1], {**TURNS[1], "tool_calls": [as_object]}, TURNS[2]]) == prompt(TURNS)
+
+
 def test_tool_choice_forms(fe):
     tc = fe.tokenizer.encode("<｜DSML｜tool_calls>")
     for choice in ("required", {"type": "function", "function": {"name": "read_file"}}):
@@ -226,6 +244,21 @@ def test_completion_stop_strings_and_utf8(fe):
 def test_bad_completion_bodies(fe, body):
     with pytest.raises(RequestError):
         fe.prepare_completion(body)
+
+
+def test_a_batch_of_one_prompt_is_that_prompt(fe):
+    """LangChain's OpenAI LLM sends `prompt` as a list of strings; SGLang takes lists of ids too."""
+    ids = fe.tokenizer.encode("def main():")
+    for prompt in (["def main():"], [ids]):
+        assert fe.prepare_completion({"prompt": prompt}).prompt_ids == ids
+
+
+@pytest.mark.parametrize("body, param", [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1], [2]]}, "prompt"),
+                                         ({"prompt": [[]]}, "prompt"), ({"prompt": "a", "n": 2}, "n")])
+def test_completions_that_would_need_several_choices_are_refused(fe, body, param):
+    with pytest.raises(RequestError) as e:
+        fe.prepare_completion(body)
+    assert e.value.status == 400 and e.value.param == param
 
 
 def test_a_prompt_past_the_context_is_refused_in_plain_words(fe):

@@ -225,6 +225,9 @@ def test_api_key_is_enforced():
                 bad.models.list()
         with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="sekret", max_retries=0) as good:
             assert good.models.list().data[0].id == MODEL
+            # The scheme is case-insensitive (RFC 9110; SGLang too); the key is not.
+            assert httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "bearer sekret"}).status_code == 200
+            assert httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer SEKRET"}).status_code == 401
             reply = good.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS)
             assert reply.choices[0].finish_reason == "tool_calls"
     finally:

@@ -92,6 +92,23 @@ def test_a_disconnect_while_decoding_aborts_on_both_servers(served):
     assert served.pd.decode.stats.pages_used == 0 and served.pd.prefill.stats.leaked_pages == 0
 
 
+def test_a_retry_with_the_rid_of_a_request_just_aborted_is_served():
+    """SGLang's /generate takes the client's rid. A retry under the rid of a request that left a
+    moment ago (still in the decode's transfer queue until its room answers the abort) is a
+    request of its own."""
+    slow = ServedPD(link_gbps=0.0005)  # the KV takes a while: the first request waits in transfer
+    try:
+        generate = {"input_ids": list(range(5, 200)), "rid": "mine", "sampling_params": {"max_new_tokens": 3}}
+        with httpx.stream("POST", f"{slow.router}/generate", json={**generate, "stream": True}, timeout=30):
+            wait_until(lambda: slow.pd.prefill.stats.num_prefill_inflight_queue == 1, what="the transfer")
+        again = httpx.post(f"{slow.router}/generate", json=generate, timeout=30).json()
+        assert again["meta_info"]["finish_reason"]["type"] == "length", again
+        wait_until(lambda: quiet_everywhere(slow), what="both halves to let go")
+        assert slow.pd.decode.stats.pages_used == 0
+    finally:
+        slow.stop()
+
+
 def test_abort_request_on_the_router_ends_the_stream_without_done(served):
     with httpx.stream("POST", f"{served.api}/chat/completions", json=body(stream=True, max_tokens=3000),
                       timeout=30) as r:
