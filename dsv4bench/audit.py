@@ -99,13 +99,14 @@ def _offered_tools(rec: dict[str, Any], req: dict[str, Any]) -> dict[str, dict[s
     tools = {}
     for t in src:
         fn = (t.get("function") or t) if isinstance(t, dict) else None
-        if isinstance(fn, dict) and fn.get("name"):
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
             tools[fn["name"]] = fn.get("parameters") or {}
     return tools
 
 
 def exchange_context(rec: dict[str, Any]) -> TurnContext:
-    """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line."""
+    """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line
+    (KeyError or TypeError where a turn record lacks a field or holds one of the wrong type)."""
     req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
     is_turn_record = "session" in rec and "status" in rec  # a dsv4bench turns.jsonl line
     if isinstance(req.get("body"), dict):
@@ -155,8 +156,8 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
             continue
         try:
             ctx = exchange_context(rec)
-        except ValueError as e:
-            results.append(AuditResult(line, None, problem=str(e)))
+        except (KeyError, TypeError, ValueError) as e:  # also a turn record of the wrong shape (records.py)
+            results.append(AuditResult(line, None, problem=str(e) if isinstance(e, ValueError) else repr(e)))
             continue
         verdicts, check_errors = run_checks(ctx)
         if not ctx.tools:
@@ -233,7 +234,8 @@ def judge_against_reference(path: Path, records: list[tuple[int, Any]], results:
     so the reference never saw them. Here the rule is kept outright (later turns of a parted
     session are marked `reference_parted`, not compared), so that a difference the next request
     does not carry, or a reference edited after the fact, still gives one verdict per session."""
-    turns = [(rec, result) for (_, rec), result in zip(records, results) if _is_turn_record(rec)]
+    turns = [(rec, result) for (_, rec), result in zip(records, results)
+             if _is_turn_record(rec) and result.problem is None]
     greedy = [(rec, result) for rec, result in turns if is_greedy(_request_body(rec))]
     if not greedy:
         raise AuditError(f"{path}: no greedy turn to compare with --reference "

@@ -187,7 +187,11 @@ def check_out_dir(path: Path, flag: str = "--out") -> None:
 
 
 def parse_fail_on(text: str | None) -> tuple[str, ...]:
-    """`corruption,errors` -> ("corruption", "errors")."""
-    if not text:
+    """`corruption,errors` -> ("corruption", "errors"). ConfigError for a --fail-on that names
+    nothing (`--fail-on "$UNSET"` in a CI script): it would gate on nothing, silently."""
+    if text is None:
         return ()
-    return tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    codes = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    if not codes:
+        raise ConfigError(f"--fail-on names no condition (got {text!r}); see --help for the ones it takes")
+    return codes

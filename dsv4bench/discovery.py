@@ -321,8 +321,7 @@ class Deployment:
             ep.problems = [p for p in ep.problems if isinstance(p, str)]
             ep.settings = settings_of(e.get("settings"))
             endpoints.append(ep)
-        given = [g for g in data.get("given") or [] if isinstance(g, str)]
-        via = [v for v in data.get("found_via") or [] if isinstance(v, str)]
+        given, via = (_strings(data.get(k)) for k in ("given", "found_via"))
         return cls(given, endpoints, via)
 
     def describe(self) -> list[str]:
@@ -336,6 +335,11 @@ class Deployment:
             lines.append(f"  {ep.role:<8} {ep.root}  {metrics}{state}")
             lines.append(f"           {settings_phrase(ep) if ep.answered else '; '.join(ep.problems[:2])}")
         return lines
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings of a list read from a file; [] for anything that is not a list."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 @dataclass

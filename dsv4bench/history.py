@@ -222,7 +222,9 @@ class History:
     """A run folder read back into memory.
 
     `unreadable` counts the lines of each JSONL file that could not be read back (torn,
-    undecodable, or not a record); `torn_tail` names the files whose last line is a torn write.
+    undecodable, or not a record); `torn_tail` names the files whose last line is a torn write;
+    `run_unreadable`: a run.json is there but is not a JSON object (`run` is then empty);
+    `unopened`: the JSONL files that could not be opened at all, each with why.
     """
 
     run_dir: Path
@@ -233,6 +235,8 @@ class History:
     skipped_lines: int = 0
     unreadable: dict[str, int] = field(default_factory=dict)
     torn_tail: frozenset[str] = frozenset()
+    run_unreadable: bool = False
+    unopened: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -248,7 +252,8 @@ def history_gaps(history: History) -> list[str]:
     is what it leaves, and is not a gap. Gaps are: writes the run itself counted as failed
     (`run_end.write_failures`, or `history_write_error` events); fewer readable turns than `run_end.turns_recorded`; a
     session whose `session_end` counts more turns than the turns recorded for it; any other
-    unreadable line (of a finished run, or before the last line).
+    unreadable line (of a finished run, or before the last line); a run.json that cannot be read
+    (it holds the wedge findings); a file that cannot be opened, or a run's missing turns.jsonl.
     """
     gaps: list[str] = []
     ends = [e for e in history.events if e.get("kind") == "run_end"]
@@ -277,6 +282,9 @@ def history_gaps(history: History) -> list[str]:
         sid, n, have = short[0]
         more = f" (and {len(short) - 1:,} more sessions)" if len(short) > 1 else ""
         gaps.append(f"session {sid} ended after {n:,} turns but {have:,} are recorded{more}")
+    if history.run_unreadable:
+        gaps.append(f"{RUN_FILE} could not be read: the run's settings and wedge findings are unknown")
+    gaps += [f"{name} could not be read ({why})" for name, why in history.unopened.items()]
     for name, bad in history.unreadable.items():
         lost = bad - (1 if name in history.torn_tail and not history.complete else 0)
         if lost > 0:
@@ -305,6 +313,19 @@ def find_run_folder(path: Path, flag: str, error: type[Exception] = HistoryError
     raise error(f"{flag} {path}: holds {len(runs)} runs; name one of them, e.g. {runs[-1]}")
 
 
+def _read_run_file(path: Path) -> tuple[dict[str, Any], bool]:
+    """run.json's object, and whether a run.json is there that could not be read as one (torn by
+    hand, not JSON, not an object): then its config and wedge findings are unknown. A folder
+    without one (turns.jsonl only, as from another tool) has simply none."""
+    if not path.exists():
+        return {}, False
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError, RecursionError):
+        return {}, True
+    return (loaded, False) if isinstance(loaded, dict) else ({}, True)
+
+
 def read_history(run_dir: Path) -> History:
     """Load a (possibly partial) run folder."""
     run_dir = Path(run_dir)
@@ -312,22 +333,30 @@ def read_history(run_dir: Path) -> History:
         raise HistoryError(f"{run_dir} is not a directory")
     if not (run_dir / TURNS_FILE).exists() and not (run_dir / RUN_FILE).exists():
         raise HistoryError(f"{run_dir} holds no {TURNS_FILE} or {RUN_FILE}: not a dsv4bench run folder")
-    run: dict[str, Any] = {}
-    if (run_dir / RUN_FILE).exists():
-        try:
-            loaded = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8", errors="replace"))
-            run = loaded if isinstance(loaded, dict) else {}
-        except (ValueError, RecursionError):
-            run = {}
-    raw_turns, bad_t, torn_t = _read_jsonl(run_dir / TURNS_FILE)
+    run, run_unreadable = _read_run_file(run_dir / RUN_FILE)
+    unopened: dict[str, str] = {}
+    if run and not (run_dir / TURNS_FILE).exists():  # every run creates it as it starts
+        unopened[TURNS_FILE] = "missing"
+    raw_turns, bad_t, torn_t = _read_file(run_dir, TURNS_FILE, unopened)
     turns: list[TurnRecord] = []
     for d in raw_turns:
         try:
             turns.append(TurnRecord.from_json(d))
         except (KeyError, ValueError, TypeError, AttributeError):
             bad_t += 1
-    events, bad_e, torn_e = _read_jsonl(run_dir / EVENTS_FILE)
-    metrics, bad_m, torn_m = _read_jsonl(run_dir / METRICS_FILE)
+    events, bad_e, torn_e = _read_file(run_dir, EVENTS_FILE, unopened)
+    metrics, bad_m, torn_m = _read_file(run_dir, METRICS_FILE, unopened)
     unreadable = {TURNS_FILE: bad_t, EVENTS_FILE: bad_e, METRICS_FILE: bad_m}
     torn = frozenset(n for n, flag in ((TURNS_FILE, torn_t), (EVENTS_FILE, torn_e), (METRICS_FILE, torn_m)) if flag)
-    return History(run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m, unreadable, torn)
+    return History(run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m, unreadable, torn, run_unreadable,
+                   unopened)
+
+
+def _read_file(run_dir: Path, name: str, unopened: dict[str, str]) -> tuple[list[dict[str, Any]], int, bool]:
+    """`_read_jsonl` of one file of the folder; one that cannot be opened (a folder in its place,
+    no permission) reads as empty, with the reason put in `unopened`."""
+    try:
+        return _read_jsonl(run_dir / name)
+    except OSError as e:
+        unopened[name] = e.strerror or str(e)
+        return [], 0, False

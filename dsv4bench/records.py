@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +66,47 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON fits a field's annotation. A nested record or an enum only
+    needs its JSON shape here (an object, a string): its own from_json reads the rest. A float
+    must be finite (json reads NaN and Infinity); an int is never a bool."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_conforms(value, a) for a in args)
+    if origin is list:
+        return type(value) is list and all(_conforms(v, args[0]) for v in value)
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return type(value) is dict
+    if hint is float:
+        return type(value) in (int, float) and math.isfinite(value)
+    if hint in (int, bool):
+        return type(value) is hint
+    return isinstance(value, str)  # str, and the str enums (TurnStatus, ErrorKind)
+
+
+def _checked(cls: type, d: Any) -> dict[str, Any]:
+    """The fields of `cls` that the JSON object `d` holds; ValueError naming the first one whose
+    value is not of its annotated type, so that a hand-edited or damaged record is counted as
+    unreadable instead of failing wherever its value is first used."""
+    if type(d) is not dict:
+        raise ValueError(f"{cls.__name__}: {type(d).__name__}, not an object")
+    hints = _field_types(cls)
+    for k, v in d.items():
+        if k in hints and not _conforms(v, hints[k]):
+            raise ValueError(f"{cls.__name__}.{k}: {type(v).__name__} {str(v)[:40]!r} is not {hints[k]}")
+    return {k: v for k, v in d.items() if k in hints}
+
+
 def _as_dict(obj: Any) -> dict[str, Any]:
     """A flat dataclass's fields as a dict, each list or dict copied one level: what
     `dataclasses.asdict` gives for these records, at a tenth of its cost per turn."""
@@ -85,7 +129,7 @@ class Verdict:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Verdict:
-        return cls(code=d["code"], detail=d.get("detail", ""), where=d.get("where", ""))
+        return cls(**_checked(cls, d))
 
 
 @dataclass
@@ -102,7 +146,8 @@ class ToolCall:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ToolCall:
-        return cls(index=d["index"], id=d.get("id"), name=d.get("name"), arguments=d.get("arguments") or "")
+        d = _checked(cls, {"id": None, "name": None, **d, "arguments": d.get("arguments") or ""})
+        return cls(**d)
 
 
 @dataclass
@@ -139,10 +184,9 @@ class AssembledResponse:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> AssembledResponse:
-        d = dict(d)
+        d = _checked(cls, d)
         d["tool_calls"] = [ToolCall.from_json(t) for t in d.get("tool_calls") or []]
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**d)
 
 
 @dataclass
@@ -187,6 +231,9 @@ class OracleReadings:
                    sglang=SglangReading.from_json(d.get("sglang") or {}))
 
 
+_INT64 = 2**63  # the stamps of a nanosecond clock, and a turn index, fit a signed 64-bit integer
+
+
 @dataclass
 class Timings:
     """Wall-clock (epoch ns) and monotonic (ns) stamps of one turn. None where not reached."""
@@ -220,8 +267,14 @@ class Timings:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Timings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """Read back; ValueError for stamps no clock gives (past 64 bits). A stage stamped a
+        little before the turn's start is read as it is: an arrival stamp is the kernel's, moved
+        onto the monotonic clock (transport.py), and a wall clock stepped meanwhile moves it."""
+        t = cls(**_checked(cls, d))
+        stamps = (t.start_wall_ns, t.start_ns, t.first_byte_ns, t.first_token_ns, t.end_ns)
+        if any(s is not None and not -_INT64 < s < _INT64 for s in stamps):
+            raise ValueError("Timings: a stamp past 64 bits")
+        return t
 
 
 @dataclass(frozen=True)
@@ -324,6 +377,11 @@ class TurnRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TurnRecord:
+        """Read one line of turns.jsonl back; KeyError, TypeError or ValueError for a record that
+        lacks a field or holds one of the wrong type (history.read_history counts it unreadable)."""
+        d = _checked(cls, d)
+        if not 0 <= d["turn"] < _INT64:
+            raise ValueError(f"TurnRecord.turn: {d['turn']} is not a turn index")
         return cls(
             run=d["run"],
             session=d["session"],

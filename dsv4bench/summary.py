@@ -5,9 +5,10 @@ so): CI jobs and other tools read them. Everything else is an extra for the repo
 
 `verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
 is the harness's own failure, never the server's: the history lost turn records
-(history.history_gaps), so no absence of a finding can be claimed; what was found (a wedge,
-corruption) still wins over it. `wedge_checked` is False when no metrics sample was scraped:
-then no queue was judged, and a CLEAN says nothing about wedges.
+(history.history_gaps) or its wedge findings cannot be read (`wedge_unreadable`), so no
+absence of a finding can be claimed; what was found (a wedge, corruption) still wins over it.
+`wedge_checked` is False when no metrics sample was scraped: then no queue was judged, and a
+CLEAN says nothing about wedges.
 
 Conventions, chosen once here so the report and the plots agree:
 - Killed turns are indeterminate (Jepsen's `:info`): nothing found on them is counted.
@@ -29,7 +30,7 @@ from typing import Any
 
 from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
 from .discovery import Deployment
-from .history import History, history_gaps
+from .history import RUN_FILE, History, history_gaps
 from .records import TurnRecord, TurnStatus
 from .request_terms import DIMENSIONS, RequestTerms
 
@@ -103,13 +104,25 @@ def turn_end_wall_ns(turn: TurnRecord) -> int:
     return t.start_wall_ns
 
 
+def _finite(v: Any) -> bool:
+    """A number JSON read as one (not a bool, not NaN or infinite)."""
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _wall_ns(event: dict[str, Any]) -> int | None:
+    """An event's wall-clock stamp; None where it has none a clock could give (hand-edited)."""
+    t = event.get("t_wall_ns")
+    return t if type(t) is int and 0 <= t < 2**63 else None
+
+
 def run_window(history: History) -> tuple[int | None, int | None]:
     """(start, end) of the run in wall-clock ns: run_start/run_end events, else turns and events."""
-    starts = [e["t_wall_ns"] for e in history.events if e.get("kind") == "run_start" and "t_wall_ns" in e]
-    ends = [e["t_wall_ns"] for e in history.events if e.get("kind") == "run_end" and "t_wall_ns" in e]
+    stamped = [(e.get("kind"), t) for e in history.events if (t := _wall_ns(e)) is not None]
+    starts = [t for kind, t in stamped if kind == "run_start"]
+    ends = [t for kind, t in stamped if kind == "run_end"]
     seen = [t.timings.start_wall_ns for t in history.turns if t.timings.start_wall_ns]
     seen += [turn_end_wall_ns(t) for t in history.turns if t.timings.start_wall_ns]
-    seen += [e["t_wall_ns"] for e in history.events if isinstance(e.get("t_wall_ns"), int)]
+    seen += [t for _, t in stamped]
     start = min(starts) if starts else (min(seen) if seen else None)
     # NOTE: without run_end (a killed harness) the run lasted at least until its last record.
     end = max(ends) if ends else (max(seen) if seen else None)
@@ -147,20 +160,35 @@ def run_id(history: History) -> str:
 
 
 def wedge_findings(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per-endpoint wedge findings from run.json, normalised to {"codes": [...], "gauges": {...}}."""
+    """Per-endpoint wedge findings from run.json, normalised to {"codes": [...], "gauges": {...}};
+    findings in a shape no run writes are left out (`wedge_unreadable` names them)."""
     raw = run.get("wedge")
     if not isinstance(raw, dict):
         return {}
-    out: dict[str, dict[str, Any]] = {}
-    for endpoint, found in raw.items():
-        found = found if isinstance(found, dict) else {}
-        # Keep any extra keys: a later monitor may add more than codes and gauges.
-        out[str(endpoint)] = {
-            **found,
-            "codes": list(found.get("codes") or []),
-            "gauges": dict(found.get("gauges") or {}),
-        }
-    return out
+    return {str(ep): found for ep, v in raw.items() if (found := _finding(v)) is not None}
+
+
+def _finding(found: Any) -> dict[str, Any] | None:
+    """One endpoint's findings, or None where codes are not a list of strings, gauges not an
+    object or details not a list. Any extra keys are kept: a later monitor may add more."""
+    if not isinstance(found, dict):
+        return None
+    codes, gauges, details = found.get("codes") or [], found.get("gauges") or {}, found.get("details") or []
+    if not (isinstance(codes, list) and all(isinstance(c, str) for c in codes) and isinstance(gauges, dict)
+            and isinstance(details, list)):
+        return None
+    return {**found, "codes": list(codes), "gauges": dict(gauges)}
+
+
+def wedge_unreadable(run: dict[str, Any]) -> list[str]:
+    """Why run.json's wedge findings cannot all be read, one line per endpoint; [] when they can
+    (or when there are none). A finding that cannot be read may have been a wedge."""
+    raw = run.get("wedge")
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        return [f"{RUN_FILE}'s wedge findings cannot be read"]
+    return [f"{RUN_FILE}'s wedge findings for {ep} cannot be read" for ep, v in raw.items() if _finding(v) is None]
 
 
 def _grouped(turns: list[TurnRecord], key: Callable[[TurnRecord], Any]) -> dict[str, dict[str, int]]:
@@ -268,7 +296,7 @@ def summarize(history: History) -> dict[str, Any]:
 
     ok = [t for t in turns if t.status is TurnStatus.OK]
     start, end = run_window(history)
-    gaps = history_gaps(history)
+    gaps = history_gaps(history) + wedge_unreadable(history.run)
     checked, unchecked_reason = wedge_check(history, wedge)
     return {
         "summary_version": SUMMARY_VERSION,
@@ -312,7 +340,8 @@ def harness_clock(history: History) -> dict[str, Any] | None:
     clock = next((e for e in reversed(history.events) if e.get("kind") == "harness_clock"), None)
     if clock is None:
         return None
-    out = {k: v for k, v in clock.items() if k not in ("kind", "t_wall_ns", "t_ns")}
+    # Its figures only: a hand-edited event's other values would be printed as numbers.
+    out = {k: v for k, v in clock.items() if k not in ("kind", "t_wall_ns", "t_ns") and _finite(v)}
     stalled = [t for t in history.turns if (t.timings.harness_stall_ms or 0) > 0]
     out["turns_stalled"] = len(stalled)
     out["failed_stalled"] = sum(t.status in _FAILED for t in stalled)

@@ -64,6 +64,11 @@ DEAD = "http://127.0.0.1:1/v1"  # nothing listens on port 1: a check that got as
     (["probe", "--timeout", "nan", "http://127.0.0.1:1"], "--timeout must be a positive number"),
     (["watch", "http://[::1/metrics"], "is not a valid URL"),
     (["watch", "--duration", "inf", "http://127.0.0.1:1/metrics"], "must be positive numbers"),
+    # a --fail-on that would gate on nothing (an unset variable in a CI script)
+    (["agents", "--url", DEAD, "--sessions", "1", "--fail-on", ""], "--fail-on names no condition (got '')"),
+    (["sweep", "--url", DEAD, "--concurrency", "1,2", "--fail-on", " , "], "--fail-on names no condition"),
+    (["proxy", "--upstream", DEAD, "--fail-on", ","], "--fail-on names no condition"),
+    (["audit", "/tmp", "--fail-on", ""], "--fail-on names no condition"),
     # files that are not what the command reads
     (["audit", "/tmp"], "is a folder"),
     (["report", "/etc/passwd"], "is not a directory"),

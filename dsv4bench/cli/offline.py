@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..config import parse_fail_on
+from ..config import ConfigError, parse_fail_on
 from .common import app, fail, out, print_verdict
 
 
@@ -21,6 +21,8 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder (possibly part
         summary = build_report(run_dir)
     except HistoryError as e:
         raise fail(str(e))
+    except OSError as e:  # a read-only folder, a full disk: the history itself is untouched
+        raise fail(f"{run_dir}: cannot write the rebuilt report ({e.strerror or e})")
     print_verdict(summary, run_dir)
 
 
@@ -40,7 +42,10 @@ def audit(
     from ..audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
     from ..reference_run import ReferenceAnswers, ReferenceRunError
 
-    codes = parse_fail_on(fail_on)
+    try:
+        codes = parse_fail_on(fail_on)
+    except ConfigError as e:
+        raise fail(str(e))
     bad = [c for c in codes if c not in ("corruption", "errors")]
     if bad:
         raise fail(f"audit --fail-on takes corruption,errors; got {', '.join(bad)}")
