@@ -6,7 +6,7 @@ Each JSONL line is one exchange, in any of these shapes:
   {"request": {chat body}, "sse": "data: {...}\\n\\ndata: [DONE]\\n\\n"}  a captured stream (text)
   {"request": {chat body}, "sse": ["data: {...}", "data: [DONE]"]}    ... or its lines
   a dsv4bench turns.jsonl record (request.body + raw_sse)             re-audit a run
-Optional fields: "http_status" (>= 400 makes it an http_error), "raw_completion" (the
+Optional fields: "http_status" (an error status, 3xx included, makes it an http_error), "raw_completion" (the
 --raw oracle's text; a turns.jsonl record keeps it in "oracles"), "tools" (when the request is
 not recorded). With a raw completion, the parsers' view (checks/parser_view.py) is printed
 beside the verdicts: where the server, deepseek-recipe and SGLang read it differently.
@@ -40,6 +40,7 @@ from .records import AssembledResponse, OracleReadings, TurnContext, TurnStatus,
 from .reference_run import ReferenceAnswers, is_greedy, request_key
 from .request_terms import RequestTerms
 from .sse import DeltaAssembler, assemble_completion
+from .turn_answer import is_http_error
 
 # Without the offered tools, these two cannot be judged and are left out.
 _NEED_TOOLS = ("unknown_tool", "schema_violation")
@@ -88,7 +89,9 @@ def sse_payloads(sse: Any) -> list[str]:
         if not any(x.startswith(("data:", "event:", "id:", ":")) for x in text_lines):
             return text_lines  # already payloads (as turns.jsonl stores them)
         sse = "\n\n".join(text_lines) + "\n\n"
-    resp = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=str(sse).encode())
+    # A byte order mark at the start is dropped, as the live reader drops it (stream_reader.py).
+    text = str(sse).removeprefix("\ufeff")
+    resp = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=text.encode())
     return [ev.data for ev in EventSource(resp).iter_sse()]
 
 
@@ -122,7 +125,7 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code
         ctx.error, ctx.error_kind = rec.get("error"), rec.get("error_kind")
         return ctx
-    if isinstance(status_code, int) and status_code >= 400:
+    if isinstance(status_code, int) and is_http_error(status_code):
         ctx.status, ctx.http_status, ctx.error_kind = TurnStatus.ERROR, status_code, "http_error"
         ctx.error = f"HTTP {status_code}"
         return ctx

@@ -296,6 +296,11 @@ class HistoryError(Exception):
     """The folder is not a dsv4bench run."""
 
 
+class ReportError(Exception):
+    """The files derived from a run's history (summary.json, report.md, plots) could not be
+    written: a full disk, a read-only folder. The history itself stands and rebuilds them."""
+
+
 def find_run_folder(path: Path, flag: str, error: type[Exception] = HistoryError) -> Path:
     """The run folder named by `flag`'s value `path`: itself, or the one run folder an --out
     folder holds; `error` (one line naming `flag`) when there is none or more than one."""

@@ -19,6 +19,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 # The gauges a wedge check reads are the dialect's (dialect.py); importable from here too.
+from .charset import response_text
 from .dialect import QUEUE_GAUGES as QUEUE_GAUGES
 
 
@@ -58,7 +59,7 @@ async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) 
     try:
         r = await client.get(endpoint, timeout=timeout)
         r.raise_for_status()
-        values = parse_metrics(r.text)
+        values = parse_metrics(response_text(r))
     except (httpx.HTTPError, ValueError) as e:
         return MetricSample(t_wall_ns, t_ns, endpoint, False, error=f"{type(e).__name__}: {e}"[:200])
     return MetricSample(t_wall_ns, t_ns, endpoint, True, values=values)

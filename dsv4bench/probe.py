@@ -39,6 +39,7 @@ from rich.text import Text
 
 from .canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
                      check_health)
+from .charset import response_text
 from .discovery import DEFAULT_TIMEOUT_S, Deployment, discover, settings_phrase
 from .monitor import parse_metrics
 from .dialect import counters, is_counter, is_queue_gauge, metric_name
@@ -117,7 +118,7 @@ async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
         if r.status_code != 200:
             error = f"HTTP {r.status_code}"
         else:
-            values = parse_metrics(r.text)
+            values = parse_metrics(response_text(r))
     except TimeoutError:
         error = f"timeout after {timeout:g} s"
     except (httpx.HTTPError, ValueError) as e:

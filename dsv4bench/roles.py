@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import httpx
 
+from .charset import response_text
 from .dialect import (BOOTSTRAP, DEFERRED_RELEASE, ENGINE_TYPE_LABEL, HOST_RECEIVE, INFLIGHT, OLD_NAMES, PREALLOC,
                       PRIORITY_LABEL, QUEUE_GAUGES, SERVER_LABELS, SGLANG, SGLANG_RUNNING, SGLANG_WAITING, STAGES,
                       TRANSFER, UNIFIED_LABEL_UNSURE, VLLM, VLLM_RUNNING, VLLM_WAITING, current_name, dialect_of,
@@ -159,7 +160,7 @@ async def _get_metrics(client: httpx.AsyncClient, url: str, timeout: float) -> d
     try:
         with anyio.fail_after(timeout):
             r = await client.get(url, timeout=timeout)
-        return parse_metrics(r.text) if r.status_code == 200 else None
+        return parse_metrics(response_text(r)) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, TimeoutError):
         return None
 

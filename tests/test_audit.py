@@ -46,6 +46,7 @@ def test_sse_payloads_accepts_text_lines_and_bare_payloads():
     assert sse_payloads("data: a\n\ndata: b\n\n") == ["a", "b"]
     assert sse_payloads(["data: a", "data: b"]) == ["a", "b"]
     assert sse_payloads(["a", "[DONE]"]) == ["a", "[DONE]"]
+    assert sse_payloads("\ufeffdata: a\n\ndata: b\n\n") == ["a", "b"]  # a BOM, as the live reader drops it
 
 
 def test_audit_shows_where_the_parsers_read_a_raw_completion_apart(tmp_path):

@@ -32,16 +32,28 @@ def test_a_history_file_that_cannot_be_opened_makes_the_rebuilt_verdict_incomple
     assert json.loads((run / "summary.json").read_text())["history"]["gaps"] == [why]
 
 
-def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, monkeypatch):
+def test_a_report_that_cannot_be_written_is_one_line_and_the_history_stands(tmp_path, monkeypatch, capsys):
+    # Through the console entry point, where every command's end-of-run report lands (agents,
+    # replay, sweep, proxy, report): a full disk or a read-only folder is one line, exit 2.
     import dsv4bench.report as report
+    from dsv4bench.cli import main
 
     def refuse(path, data):
-        raise PermissionError(13, "Permission denied", str(path))
+        raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr(report, "write_atomic", refuse)
     run = _run_folder(tmp_path / "run")
     (run / "turns.jsonl").write_text("")
-    assert_one_line_exit_2(invoke("report", str(run)), "cannot write the rebuilt report (Permission denied)")
+    history = {name: (run / name).read_bytes() for name in ("run.json", "turns.jsonl", "events.jsonl")}
+    monkeypatch.setattr("sys.argv", ["dsv4bench", "report", str(run)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot write the report in") and \
+        "(No space left on device); the history is kept" in lines[0], lines
+    assert "Traceback" not in lines[0]
+    assert {name: (run / name).read_bytes() for name in history} == history
 
 
 def _turn_record(**response):

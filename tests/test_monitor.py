@@ -2,6 +2,7 @@
 
 import anyio
 import httpx
+import pytest
 
 from dsv4bench.dialect import QUEUE_GAUGES, SGLANG
 from dsv4bench.engine.metrics import METRIC_NAMES
@@ -39,6 +40,19 @@ def test_scrape_once_ok_and_down():
     ok, down = anyio.run(main)
     assert ok.ok and ok.values['vllm:num_requests_waiting{model_name="m"}'] == 2.0
     assert not down.ok and "503" in down.error
+
+
+@pytest.mark.parametrize("charset", ["zlib", "rot13", "utf-16"])  # codecs that cannot read this text
+def test_a_metrics_page_in_a_charset_no_text_is_in_is_read_as_utf8(charset):
+    def handler(request):
+        return httpx.Response(200, headers={"content-type": f"text/plain; charset={charset}"}, content=TEXT.encode())
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+            return await scrape_once(c, "http://x/metrics", 1.0)
+
+    sample = anyio.run(main)
+    assert sample.ok and sample.values['vllm:num_requests_waiting{model_name="m"}'] == 2.0
 
 
 def test_the_bundled_engine_serves_every_sglang_gauge_the_harness_reads():

@@ -19,15 +19,19 @@ import sys
 # Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
 from . import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
 from .target import BUNDLED_PLACEHOLDER_URL
-from .common import app, err
+from .common import app, err, fail
+from ..history import ReportError
 
 __all__ = ["BUNDLED_PLACEHOLDER_URL", "app", "main"]
 
 
 def main() -> None:
-    """Console entry point: Ctrl-C and broken pipes end quietly, never with a traceback."""
+    """Console entry point: Ctrl-C and broken pipes end quietly, never with a traceback; a
+    report that could not be written at the end of any command is one line (exit 2)."""
     try:
         app()
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except ReportError as e:
+        sys.exit(fail(str(e)).exit_code)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..history import REPORT_FILE, SUMMARY_FILE, read_history, write_atomic, write_json_atomic
+from ..history import REPORT_FILE, SUMMARY_FILE, ReportError, read_history, write_atomic, write_json_atomic
 from ..summary import summarize
 from .markdown import render_report
 from .plots import render_plots
@@ -19,13 +19,18 @@ __all__ = ["build_report", "render_plots", "render_report"]
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
-    """Read the run folder, write summary.json, plots/*.png and report.md; return the summary."""
+    """Read the run folder, write summary.json, plots/*.png and report.md; return the summary.
+    ReportError when they cannot be written (the history is not touched)."""
     run_dir = Path(run_dir)
     history = read_history(run_dir)
     summary = summarize(history)
-    plots = render_plots(history, run_dir)
-    write_json_atomic(run_dir / SUMMARY_FILE, summary)
-    report = render_report(history, summary, plots)
-    # escape_text already made the report safe; backslashreplace only guards the encoding.
-    write_atomic(run_dir / REPORT_FILE, report.encode("utf-8", errors="backslashreplace"))
+    try:
+        plots = render_plots(history, run_dir)
+        write_json_atomic(run_dir / SUMMARY_FILE, summary)
+        report = render_report(history, summary, plots)
+        # escape_text already made the report safe; backslashreplace only guards the encoding.
+        write_atomic(run_dir / REPORT_FILE, report.encode("utf-8", errors="backslashreplace"))
+    except OSError as e:
+        raise ReportError(f"cannot write the report in {run_dir} ({e.strerror or e}); the history is kept, and "
+                          f"`dsv4bench report {run_dir}` rebuilds the report once it can be written") from e
     return summary
