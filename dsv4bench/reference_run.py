@@ -140,16 +140,24 @@ class ReferenceAnswers:
     def load(cls, path: Path) -> ReferenceAnswers:
         """Read a run folder (or an --out folder holding exactly one run)."""
         run_dir = find_run_folder(path, "--reference", ReferenceRunError)
-        records, _ = read_jsonl(run_dir / TURNS_FILE)
+        try:
+            records, _ = read_jsonl(run_dir / TURNS_FILE)
+        except OSError as e:  # a folder in its place, no permission
+            raise ReferenceRunError(f"--reference {run_dir}: cannot read {TURNS_FILE} ({e.strerror or e})") from None
         answers: dict[str, ReferenceAnswer] = {}
         conflicts = 0
         for rec in records:
-            req, resp = rec.get("request") or {}, rec.get("response")
-            key = req.get("key")
-            if rec.get("status") != "ok" or not resp or not key or not is_greedy(req):
+            req, resp = rec.get("request"), rec.get("response")
+            if not isinstance(req, dict) or not isinstance(resp, dict) or rec.get("status") != "ok":
                 continue
-            answer = ReferenceAnswer.from_response_json(resp, session=str(rec.get("session", "")),
-                                                        turn=rec.get("turn"))
+            key = req.get("key")
+            if not isinstance(key, str) or not key or not is_greedy(req):
+                continue
+            try:
+                answer = ReferenceAnswer.from_response_json(resp, session=str(rec.get("session", "")),
+                                                            turn=rec.get("turn"))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue  # a record of the wrong shape (edited by hand) answers nothing
             seen = answers.setdefault(key, answer)
             conflicts += seen.output != answer.output
         if not answers:

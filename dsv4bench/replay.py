@@ -169,7 +169,10 @@ def _captured_turn(rec: dict[str, Any]) -> CapturedTurn | None:
 def load_capture(path: Path) -> Capture:
     """Read a capture's conversations; CaptureError when there is nothing to replay."""
     run_dir = find_run_folder(path, "--replay", CaptureError)
-    records, _ = read_jsonl(run_dir / TURNS_FILE)  # a torn last line (a killed proxy) is no turn
+    try:
+        records, _ = read_jsonl(run_dir / TURNS_FILE)  # a torn last line (a killed proxy) is no turn
+    except OSError as e:  # a folder in its place, no permission
+        raise CaptureError(f"--replay {run_dir}: cannot read {TURNS_FILE} ({e.strerror or e})") from None
     by_session: dict[str, dict[int, CapturedTurn]] = {}
     for n, rec in enumerate(records, 1):
         captured = _captured_turn(rec)

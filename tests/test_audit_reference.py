@@ -70,6 +70,9 @@ def test_a_bad_reference_or_a_run_at_temperature_is_one_line_exit_2(tmp_path):
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(hot)), "no completed greedy turn")
     assert_one_line_exit_2(invoke("audit", str(hot), "--reference", str(ref)), "no greedy turn to compare")
     assert_one_line_exit_2(invoke("audit", str(tmp_path / "empty")), "is a folder with no turns.jsonl")
+    odd = run_folder(tmp_path / "odd", [{**turn("a", 0, "a0", "x"), "request": "body"},
+                                        {**turn("a", 1, "a1", "y"), "response": {"tool_calls": 5}}])
+    assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(odd)), "no completed greedy turn")
 
 
 @pytest.fixture(scope="module")
