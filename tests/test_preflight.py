@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from dsv4bench.preflight import ServerError, server_facts
-from tests.fixtures.metrics import page, serving
+from tests.fixtures.metrics import answering, page, serving
 
 MODELS = json.dumps({"data": [{"id": "m"}]})
 
@@ -45,34 +42,13 @@ def test_a_page_of_no_servers_metrics_is_not_taken():
 
 
 
-@contextmanager
-def _answering(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    """A loopback server whose every GET `answer` writes; its root URL."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            answer(self)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 def test_a_redirect_of_the_model_list_says_where_it_points():
     def moved(h: BaseHTTPRequestHandler) -> None:
         h.send_response(308)
         h.send_header("Location", "https://gateway.example/v1/models")
         h.end_headers()
 
-    with _answering(moved) as root, pytest.raises(ServerError, match="HTTP 308, a redirect to 'https://gateway.example"):
+    with answering(moved) as root, pytest.raises(ServerError, match="HTTP 308, a redirect to 'https://gateway.example"):
         server_facts(f"{root}/v1", timeout=5)
 
 
@@ -85,7 +61,7 @@ def test_a_metrics_page_in_a_charset_no_text_is_in_is_read_as_utf8(charset):
         h.end_headers()
         h.wfile.write(body.encode())
 
-    with _answering(page) as root:
+    with answering(page) as root:
         facts = server_facts(f"{root}/v1", timeout=5)
     assert facts["metrics_url"] == f"{root}/metrics" and facts["metrics_dialect"]["name"] == "sglang"
 
@@ -98,7 +74,7 @@ def test_server_info_numbers_json_cannot_hold_are_kept_as_null():
         h.end_headers()
         h.wfile.write(body.get(h.path, "").encode())
 
-    with _answering(page) as root:
+    with answering(page) as root:
         facts = server_facts(f"{root}/v1", timeout=5)
     assert facts["server_info"] == {"mem_fraction_static": None, "max_total_num_tokens": None, "tp_size": 8,
                                     "served_model_name": "dsv4\ufffd"}
