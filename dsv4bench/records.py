@@ -66,6 +66,14 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+INT64 = 2**63  # the stamps of a nanosecond clock, and a turn index, fit a signed 64-bit integer
+
+
+def is_finite_number(value: Any) -> bool:
+    """A number as JSON read it that a file can hold again: not a bool, not NaN or infinite."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
@@ -88,7 +96,7 @@ def _conforms(value: Any, hint: Any) -> bool:
     if origin is dict or dataclasses.is_dataclass(hint):
         return type(value) is dict
     if hint is float:
-        return type(value) in (int, float) and math.isfinite(value)
+        return is_finite_number(value)
     if hint in (int, bool):
         return type(value) is hint
     return isinstance(value, str)  # str, and the str enums (TurnStatus, ErrorKind)
@@ -231,9 +239,6 @@ class OracleReadings:
                    sglang=SglangReading.from_json(d.get("sglang") or {}))
 
 
-_INT64 = 2**63  # the stamps of a nanosecond clock, and a turn index, fit a signed 64-bit integer
-
-
 @dataclass
 class Timings:
     """Wall-clock (epoch ns) and monotonic (ns) stamps of one turn. None where not reached."""
@@ -272,7 +277,7 @@ class Timings:
         onto the monotonic clock (transport.py), and a wall clock stepped meanwhile moves it."""
         t = cls(**_checked(cls, d))
         stamps = (t.start_wall_ns, t.start_ns, t.first_byte_ns, t.first_token_ns, t.end_ns)
-        if any(s is not None and not -_INT64 < s < _INT64 for s in stamps):
+        if any(s is not None and not -INT64 < s < INT64 for s in stamps):
             raise ValueError("Timings: a stamp past 64 bits")
         return t
 
@@ -380,7 +385,7 @@ class TurnRecord:
         """Read one line of turns.jsonl back; KeyError, TypeError or ValueError for a record that
         lacks a field or holds one of the wrong type (history.read_history counts it unreadable)."""
         d = _checked(cls, d)
-        if not 0 <= d["turn"] < _INT64:
+        if not 0 <= d["turn"] < INT64:
             raise ValueError(f"TurnRecord.turn: {d['turn']} is not a turn index")
         return cls(
             run=d["run"],

@@ -31,7 +31,7 @@ from typing import Any
 from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
 from .discovery import Deployment
 from .history import RUN_FILE, History, history_gaps
-from .records import TurnRecord, TurnStatus
+from .records import INT64, TurnRecord, TurnStatus, is_finite_number
 from .request_terms import DIMENSIONS, RequestTerms
 
 SUMMARY_VERSION = 1
@@ -104,15 +104,10 @@ def turn_end_wall_ns(turn: TurnRecord) -> int:
     return t.start_wall_ns
 
 
-def _finite(v: Any) -> bool:
-    """A number JSON read as one (not a bool, not NaN or infinite)."""
-    return type(v) in (int, float) and math.isfinite(v)
-
-
 def _wall_ns(event: dict[str, Any]) -> int | None:
     """An event's wall-clock stamp; None where it has none a clock could give (hand-edited)."""
     t = event.get("t_wall_ns")
-    return t if type(t) is int and 0 <= t < 2**63 else None
+    return t if type(t) is int and 0 <= t < INT64 else None
 
 
 def run_window(history: History) -> tuple[int | None, int | None]:
@@ -341,7 +336,7 @@ def harness_clock(history: History) -> dict[str, Any] | None:
     if clock is None:
         return None
     # Its figures only: a hand-edited event's other values would be printed as numbers.
-    out = {k: v for k, v in clock.items() if k not in ("kind", "t_wall_ns", "t_ns") and _finite(v)}
+    out = {k: v for k, v in clock.items() if k not in ("kind", "t_wall_ns", "t_ns") and is_finite_number(v)}
     stalled = [t for t in history.turns if (t.timings.harness_stall_ms or 0) > 0]
     out["turns_stalled"] = len(stalled)
     out["failed_stalled"] = sum(t.status in _FAILED for t in stalled)
