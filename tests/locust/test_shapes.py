@@ -219,8 +219,13 @@ def test_the_documented_specs_work(spec, kill):
 USERS = 24
 # Half the users dropped every 3 s from 3 s, then all of them at 12 s: the drops catch requests
 # whose KV is in flight between the halves, the abort-leak's trigger, and the kill-all ends the test.
-# With the drops it found the leak in 4 of 4 runs on a 2-core VM; the kill-all alone in 2 of 3.
 STORM = ("--shape", f"kill-storm:users={USERS}", "--kill", "frac=0.5/every=3s/from=3s", "--kill", "all@12s")
+# NOTE: a KV link of 20 MB/s: a prompt's KV (~1.2 KB a token) then takes a wall-clock 50-150 ms
+# to cross, one transfer at a time, so requests wait for their KV on any machine. At the default
+# 100 MB/s a quick CI machine once gave every killed request its first token before the kill:
+# nothing leaked and the faulty engine read CLEAN. At 20 MB/s, 42 of 60 killed turns had no first
+# token on a 2-core VM and both the prefill inflight and the decode transfer queue stuck.
+SLOW_LINK = "--engine-arg=--pd-link-gbps=0.02"
 
 
 @needs_locust
@@ -228,7 +233,7 @@ STORM = ("--shape", f"kill-storm:users={USERS}", "--kill", "frac=0.5/every=3s/fr
 def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     out = tmp_path / "runs"
     faults = ("--engine-fault", fault) if fault else ()
-    r = run_cli("locust", "--headless", *STORM, "--engine-pd", *faults, "--max-turns", "6", "--drain-timeout", "10",
+    r = run_cli("locust", "--headless", *STORM, "--engine-pd", SLOW_LINK, *faults, "--max-turns", "6", "--drain-timeout", "10",
                 "--canary-timeout", "5", "--out", str(out), "-q", "--csv", str(tmp_path / "stats"), timeout=150)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = only_run_dir(out)
