@@ -29,6 +29,7 @@ read is stamped when the protocol is handed its bytes, before any task runs.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import socket
 import struct
@@ -159,10 +160,15 @@ class _Protocol(ResponseHandler):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self.arrived_ns = 0  # CLOCK_MONOTONIC when the latest bytes reached this host
+        # The body being read: its reader, and per socket read that fed it, (its bytes fed so
+        # far, that read's arrival), oldest first; the body's reads take their stamps from it.
+        self._arrivals_of: aiohttp.StreamReader | None = None
+        self._arrivals: collections.deque[tuple[int, int]] = collections.deque()
         self._read_due = 0.0
         self._socket: _StampedSocket | None = None
         self._fd = -1
         self._first = False  # read ahead of other sockets (fair_loop.read_first)
+        self.exchange = 0  # the requests sent on this connection so far: the newest one's number
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
@@ -178,7 +184,17 @@ class _Protocol(ResponseHandler):
         """aiohttp readies the protocol for the answer to a request it is sending: until its
         first token, this connection is read ahead of the others."""
         super().set_response_params(**params)
+        self.exchange += 1
         self.read_first(True)
+
+    def answered(self, exchange: int) -> None:
+        """The answer to request number `exchange` has its first token, or its reader is done
+        with it: the connection is read in turn again, unless a newer request is out on it.
+        NOTE: aiohttp puts a connection back in the pool when the body's last bytes are in,
+        before the reader closes the body: a reader closing late (a busy loop) must not take
+        the next request's place in the queue away from it (bench-plan.md, "Scale in one process")."""
+        if exchange == self.exchange:
+            self.read_first(False)
 
     def read_first(self, first: bool) -> None:
         if first != self._first and self._fd >= 0:
@@ -186,10 +202,29 @@ class _Protocol(ResponseHandler):
             fair_loop.read_first(self._fd, first)
 
     def data_received(self, data: bytes) -> None:
-        if data:
-            now = time.monotonic_ns()
-            self.arrived_ns = self._socket.arrived_ns(now) if self._socket is not None else now
+        if not data:
+            super().data_received(data)
+            return
+        now = time.monotonic_ns()
+        self.arrived_ns = self._socket.arrived_ns(now) if self._socket is not None else now
         super().data_received(data)
+        payload = self._payload
+        if payload is None:
+            return
+        if payload is not self._arrivals_of:  # a new body
+            self._arrivals_of, self._arrivals = payload, collections.deque()
+        fed = payload.total_bytes
+        if fed and (not self._arrivals or self._arrivals[-1][0] != fed):
+            self._arrivals.append((fed, self.arrived_ns))
+
+    def arrivals_of(self, payload: aiohttp.StreamReader) -> collections.deque[tuple[int, int]] | None:
+        """The arrivals of the reads that fed `payload` (data_received), while it is this
+        connection's body; None once another body has followed it."""
+        if payload is not self._arrivals_of:
+            if self._payload is not payload:
+                return None
+            self._arrivals_of, self._arrivals = payload, collections.deque()  # its headers came alone
+        return self._arrivals
 
     def _reschedule_timeout(self) -> None:
         timeout, handle = self._read_timeout, self._read_timeout_handle
@@ -228,7 +263,7 @@ def first_token_read(response: httpx.Response) -> None:
     """The answer's first token is in: its connection is read in turn with the others again."""
     body = response.extensions.get(_ARRIVAL)
     if isinstance(body, _Body) and body._stamps is not None:
-        body._stamps.read_first(False)
+        body._stamps.answered(body._exchange)
 
 
 def body_bytes(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
@@ -276,6 +311,9 @@ class _Body(httpx.AsyncByteStream):
         # the response still holds the protocol it was read from (aiohttp's own attribute).
         stamped = getattr(response, "_protocol", None)
         self._stamps = stamped if isinstance(stamped, _Protocol) else None
+        self._arrivals = self._stamps.arrivals_of(response.content) if self._stamps is not None else None
+        self._exchange = self._stamps.exchange if self._stamps is not None else 0
+        self._consumed = 0  # bytes of the body handed on
         self._final_ns = 0  # the arrival of the last bytes, once the body is all in
         if protocol is not None:
             closed = protocol.closed
@@ -293,7 +331,16 @@ class _Body(httpx.AsyncByteStream):
             content.set_exception(aiohttp.ClientPayloadError("the connection closed before the body ended"))
 
     def arrived(self) -> int:
-        """See arrival_clock."""
+        """See arrival_clock: the arrival of the socket read that brought the newest byte handed
+        on. NOTE: not the connection's latest read: a stream's next chunk may arrive before the
+        task reading the body gets to the one before it, and a first token stamped with its
+        successor's arrival was a TTFT late by a chunk interval or more (bench-plan.md)."""
+        arrivals = self._arrivals
+        if arrivals:
+            consumed = self._consumed
+            while len(arrivals) > 1 and arrivals[0][0] < consumed:
+                arrivals.popleft()  # reads whose bytes are all handed on
+            return arrivals[0][1]
         if self._final_ns:
             return self._final_ns
         if self._stamps is None or not self._stamps.arrived_ns:
@@ -305,14 +352,21 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         content = self._response.content
+        # NOTE: piece by piece as the reads fed them (up to each HTTP chunk's end), not all that
+        # is buffered at once: each piece is stamped with its own read's arrival
         with _as_httpx_errors(self._request):
-            while data := await content.readany():
-                yield data
+            while True:
+                data, chunk_end = await content.readchunk()
+                if data:
+                    self._consumed += len(data)
+                    yield data
+                elif not chunk_end:  # the end of the body
+                    break
         self._ended = True
 
     async def aclose(self) -> None:
         if self._stamps is not None:
-            self._stamps.read_first(False)
+            self._stamps.answered(self._exchange)
         if self._closed is not None:  # a kept-alive connection outlives this body: unhook it
             self._closed.remove_done_callback(self._connection_lost)
             self._closed.remove_done_callback(_retrieve)

@@ -19,7 +19,7 @@ from dsv4bench.driver import _killed_outcome, make_client
 from dsv4bench.nemesis import Slot, parse_kill_spec
 from dsv4bench.records import ErrorKind, TurnStatus
 from dsv4bench.stream_reader import StreamBounds
-from dsv4bench.transport import AiohttpTransport
+from dsv4bench.transport import AiohttpTransport, body_bytes
 from dsv4bench.turn_answer import Deadlines, TurnProbe
 
 BODY = {"model": "m", "messages": [], "stream": True}
@@ -123,6 +123,35 @@ def test_a_turns_connection_is_read_first_from_its_request_to_its_first_token():
     fair_loop.run(_serve, check)
     assert len(seen[0]) == 1  # awaiting the first token: its connection is read first
     assert seen[1:] == [set(), set(), set()]  # streaming, then done: in turn with the others
+
+
+def test_a_body_closed_late_leaves_the_next_request_on_its_connection_read_first():
+    """aiohttp pools a connection as soon as a body's last bytes are in; a reader that closes
+    that body only later (a busy loop) must not take the place in the first-read set from the
+    request that took the connection meanwhile (at 2,000 sessions, first tokens of such requests
+    were stamped up to 240 ms late)."""
+    async def check(client, url, server):
+        capped = fair_loop._CAPPED[asyncio.get_running_loop()]
+        earlier = await client.send(client.build_request("POST", url + "/ok", json=BODY), stream=True)
+        async for _ in body_bytes(earlier):  # read to the end as chat_turn reads: the connection is pooled
+            pass
+        got = {}
+
+        async def next_turn() -> None:
+            got["out"] = await chat_turn(client, url + "/first-late", BODY, Deadlines(5, 5))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(next_turn)
+            await asyncio.sleep(0.1)  # its request is out, its first token 0.3 s away
+            assert len(capped._first_fds) == 1
+            await earlier.aclose()  # the earlier reader is done with its body only now
+            got["first_fds"] = set(capped._first_fds)
+        assert server.connections == 1  # the two shared the connection
+        assert len(got["first_fds"]) == 1, "the next request's connection left the first-read set"
+        assert got["out"].status is TurnStatus.OK and got["out"].response.content == "Half"
+        assert not capped._first_fds
+
+    fair_loop.run(_serve, check)
 
 
 def test_the_run_uses_the_aiohttp_transport():
@@ -310,6 +339,66 @@ def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it
         # the stamp is the arrival (a loopback hop after the send), not the end of the block
         assert 0 <= out.timings.first_token_ns - sent["first_token"] < 50_000_000
         assert out.timings.first_token_ns < sent["block_to"] - 100_000_000
+
+    try:
+        anyio.run(main)
+    finally:
+        listener.close()
+        server.join(2)
+
+
+def test_a_first_token_read_after_the_next_one_arrived_keeps_its_own_arrival(monkeypatch):
+    """The loop reads the socket as each token lands (two reads, 150 ms apart), but the turn's
+    task gets to the body only after both: the first token is stamped with its own read's
+    arrival, not the connection's latest (its successor's, a TTFT 150 ms late)."""
+    import socket
+    import sys
+    import threading
+
+    from dsv4bench import transport
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("receive timestamps are taken on Linux only")
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent: dict[str, int] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + _event({"role": "assistant", "content": ""}))
+            time.sleep(0.1)
+            sent["first"] = time.monotonic_ns()
+            conn.sendall(_event({"content": "Half"}))
+            time.sleep(0.15)
+            sent["second"] = time.monotonic_ns()
+            conn.sendall(_event({"content": " more"}))
+            time.sleep(0.15)
+            conn.sendall(_event({}, "stop") + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
+            time.sleep(0.5)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    read_body = transport._Body.__aiter__
+
+    async def late_reader(self):
+        await anyio.sleep(0.35)  # the loop runs meanwhile: both tokens are read off the socket
+        async for data in read_body(self):
+            yield data
+
+    monkeypatch.setattr(transport._Body, "__aiter__", late_reader)
+
+    async def main() -> None:
+        async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
+            out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.OK and out.response.content == "Half more"
+        assert 0 <= out.timings.first_token_ns - sent["first"] < 50_000_000, out.timings.first_token_ns - sent["first"]
+        # the gap between the two tokens is the one they arrived with, not zero
+        assert 100 < out.timings.token_gaps_ms[0] < 200, out.timings.token_gaps_ms
 
     try:
         anyio.run(main)
