@@ -5,8 +5,9 @@ so): CI jobs and other tools read them. Everything else is an extra for the repo
 
 `verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
 is the harness's own failure, never the server's: the history lost turn records
-(history.history_gaps) or its wedge findings cannot be read (`wedge_unreadable`), so no
-absence of a finding can be claimed; what was found (a wedge, corruption) still wins over it.
+(history.history_gaps), its wedge findings cannot be read (`wedge_unreadable`), or a checker
+raised on a turn (`unjudged`), so no absence of a finding can be claimed; what was found (a
+wedge, corruption) still wins over it.
 `wedge_checked` is False when no metrics sample was scraped: then no queue was judged, and a
 CLEAN says nothing about wedges.
 
@@ -186,6 +187,17 @@ def wedge_unreadable(run: dict[str, Any]) -> list[str]:
     return [f"{RUN_FILE}'s wedge findings for {ep} cannot be read" for ep, v in raw.items() if _finding(v) is None]
 
 
+def unjudged(turns: list[TurnRecord]) -> list[str]:
+    """Why some turns were not judged by every checker (one of them raised on the turn: our
+    failure, and the code it checks is unknown there, not clean); [] when every turn was."""
+    failed = [t for t in turns if t.check_errors]
+    if not failed:
+        return []
+    first = failed[0]
+    return [f"a checker raised on {len(failed):,} turn(s), which were not judged by every checker "
+            f"(first: {first.session} turn {first.turn}, {first.check_errors[0]})"]
+
+
 def _grouped(turns: list[TurnRecord], key: Callable[[TurnRecord], Any]) -> dict[str, dict[str, int]]:
     groups: dict[Any, list[TurnRecord]] = {}
     for t in turns:
@@ -254,12 +266,12 @@ def wedge_check(history: History, wedge: dict[str, dict[str, Any]]) -> tuple[boo
     return False, "no --metrics endpoint"
 
 
-def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]], gaps: list[str]) -> str:
+def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]], gaps: list[str], not_judged: list[str]) -> str:
     if any(found["codes"] for found in wedge.values()):
         return "WEDGE"
     if turns["corrupt"]:
         return "CORRUPTION"
-    if gaps:
+    if gaps or not_judged:
         return "INCOMPLETE"
     if turns["error"]:
         return "ERRORS"
@@ -293,10 +305,11 @@ def summarize(history: History) -> dict[str, Any]:
     start, end = run_window(history)
     gaps = history_gaps(history) + wedge_unreadable(history.run)
     checked, unchecked_reason = wedge_check(history, wedge)
+    not_judged = unjudged(turns)
     return {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
-        "verdict": _verdict(outcomes, wedge, gaps),
+        "verdict": _verdict(outcomes, wedge, gaps, not_judged),
         "wedge_checked": checked,
         "wedge_unchecked_reason": unchecked_reason,
         "history": {"complete": not gaps, "gaps": gaps, "finished": history.complete},
@@ -310,6 +323,7 @@ def summarize(history: History) -> dict[str, Any]:
         "counts": counts,
         "rates": rates,
         "check_errors": sum(bool(t.check_errors) for t in turns),
+        "unjudged": not_judged,
         "sessions": _sessions(history),
         "by_depth": _grouped(turns, lambda t: t.turn),
         "by_scenario": _grouped(turns, lambda t: t.scenario),

@@ -111,6 +111,9 @@ def headline(summary: dict[str, Any], killer: str = "the nemesis") -> str:
     elif verdict == "WEDGE":
         wedged = [ep for ep, found in summary["wedge"].items() if found["codes"]]
         figures = f"{len(wedged)} of {len(summary['wedge'])} endpoints wedged ({inline(', '.join(wedged))}); {corrupt}"
+    elif verdict == "INCOMPLETE" and not (summary.get("history") or {}).get("gaps") and summary.get("unjudged"):
+        figures = (f"{inline(summary['unjudged'][0], 200)}; no corruption found in the "
+                   f"{fmt_int(t['ok'])} completed turns, but what those checkers check is unknown there")
     elif verdict == "INCOMPLETE":
         gaps = (summary.get("history") or {}).get("gaps") or ["turn records were lost"]
         figures = (f"the history lost turn records ({inline(gaps[0], 160)}); no corruption in the "

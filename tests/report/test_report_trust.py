@@ -72,6 +72,24 @@ def test_lost_records_make_a_clean_run_incomplete(run_folder, make_turn, event) 
     assert "> **Incomplete history:**" in md
 
 
+def test_a_turn_a_checker_raised_on_makes_a_clean_run_incomplete(run_folder, make_turn) -> None:
+    """A checker that raised is our failure: the code it checks is unknown on that turn, so the
+    run cannot be called CLEAN, live or rebuilt; the history itself is complete."""
+    turns = [make_turn("s1", 0), make_turn("s1", 1, check_errors=["schema_violation: KeyError: 'type'"])]
+    run_dir = run_folder(turns)
+    summary = build_report(run_dir)
+    assert summary["verdict"] == "INCOMPLETE" and summary["history"]["complete"] is True
+    assert summary["unjudged"] == ["a checker raised on 1 turn(s), which were not judged by every checker "
+                                   "(first: s1 turn 1, schema_violation: KeyError: 'type')"]
+    md = (run_dir / "report.md").read_text()
+    assert md.splitlines()[2].startswith("**INCOMPLETE** — a checker raised on 1 turn(s)"), md.splitlines()[2]
+    assert "> **Incomplete history:**" not in md and "> A checker raised on 1 turn(s)" in md
+    # What was found still wins: a corrupt turn beside it is CORRUPTION.
+    turns.append(make_turn("s1", 2, verdicts=[("args_not_json", "tool_calls[0].arguments")]))
+    assert summarize(read_history(run_folder(turns)))["verdict"] == "CORRUPTION"
+    assert summarize(read_history(run_folder([make_turn("s1", 0)])))["unjudged"] == []
+
+
 def test_findings_still_win_over_incomplete(run_folder, make_turn, event) -> None:
     turns = [make_turn("s1", 0, verdicts=[("args_not_json", "tool_calls[0].arguments")])]
     s = summarize(read_history(run_folder(turns, events=[event("history_write_error", 1.0, file="turns.jsonl")])))
