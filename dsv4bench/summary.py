@@ -187,6 +187,14 @@ def wedge_unreadable(run: dict[str, Any]) -> list[str]:
     return [f"{RUN_FILE}'s wedge findings for {ep} cannot be read" for ep, v in raw.items() if _finding(v) is None]
 
 
+def _end_reason(history: History) -> str | None:
+    """Why the run ended, as its last `run_end` says ("complete", "duration", "interrupted",
+    ...); None without one (a killed harness) or with one of an odd shape."""
+    ends = [e for e in history.events if e.get("kind") == "run_end"]
+    reason = ends[-1].get("reason") if ends else None
+    return reason if isinstance(reason, str) else None
+
+
 def unjudged(turns: list[TurnRecord]) -> list[str]:
     """Why some turns were not judged by every checker (one of them raised on the turn: our
     failure, and the code it checks is unknown there, not clean); [] when every turn was."""
@@ -314,6 +322,7 @@ def summarize(history: History) -> dict[str, Any]:
         "wedge_unchecked_reason": unchecked_reason,
         "history": {"complete": not gaps, "gaps": gaps, "finished": history.complete},
         "partial": not history.complete,
+        "end_reason": _end_reason(history),
         "skipped_lines": history.skipped_lines,
         "duration_s": (end - start) / 1e9 if start is not None and end is not None else None,
         "turns": outcomes,

@@ -123,7 +123,7 @@ def agents(
     finally:
         target.stop()
     print_verdict(summary, run_dir)
-    raise typer.Exit(exit_code(summary, config.fail_on))
+    raise _exit(summary, config.fail_on)
 
 
 def _replay(ctx: typer.Context, capture_dir: Path | None, speed_text: str | None, url: str | None, concurrency: int,
@@ -168,7 +168,17 @@ def _replay(ctx: typer.Context, capture_dir: Path | None, speed_text: str | None
     finally:
         target.stop()
     print_verdict(summary, run_dir)
-    raise typer.Exit(exit_code(summary, config.fail_on))
+    raise _exit(summary, config.fail_on)
+
+
+def _exit(summary: dict, fail_on: tuple[str, ...]) -> typer.Exit:
+    """The verdict's exit code (verdict.exit_code); a run stopped with Ctrl-C exits 130 once its
+    report is written, as a shell reports an interrupted command: it did not run to its end,
+    whatever the part that ran found."""
+    if summary.get("end_reason") == "interrupted":
+        err.print("interrupted: the report covers the run up to Ctrl-C", highlight=False)
+        return typer.Exit(130)
+    return typer.Exit(exit_code(summary, fail_on))
 
 
 def _command_line(config: RunConfig) -> str:

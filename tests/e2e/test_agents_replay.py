@@ -135,6 +135,29 @@ def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
     assert (run_dir / "report.md").read_text().strip()
 
 
+def test_ctrl_c_writes_the_report_and_exits_130(clean_replay, tmp_path):
+    """Ctrl-C mid-run: the report of what ran is written, and the exit code says the run did not
+    finish (a shell's 130), not a verdict of 0 that a script would read as a whole clean run."""
+    out = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsv4bench", "agents", "--url", clean_replay.url, "--concurrency", "8",
+         "--duration", "120", "--quiet", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            len(p.read_text().splitlines()) >= 8 for p in (out.glob("*/turns.jsonl") if out.exists() else [])):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    run_dir = only_run_dir(out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["end_reason"] == "interrupted" and summary["turns"]["total"] >= 8
+    assert (run_dir / "report.md").is_file() and str(run_dir / "report.md") in stdout
+
+
 def test_raw_oracle_agrees_on_clean_turns_and_disagrees_on_leaks(replay, tmp_path):
     out = tmp_path / "runs"
     r = run_cli("agents", "--url", replay.url, "--concurrency", "8", "--sessions", "24", "--raw",
