@@ -243,6 +243,11 @@ class History:
         """True when the run recorded its own end (it was not killed mid-way)."""
         return any(e.get("kind") == "run_end" for e in self.events)
 
+    @property
+    def run_end(self) -> dict[str, Any]:
+        """The run's last `run_end` event; {} when it recorded none."""
+        return next((e for e in reversed(self.events) if e.get("kind") == "run_end"), {})
+
 
 def history_gaps(history: History) -> list[str]:
     """Why this history cannot be trusted to hold every turn of its run, one reason a line;
@@ -256,8 +261,7 @@ def history_gaps(history: History) -> list[str]:
     (it holds the wedge findings); a file that cannot be opened, or a run's missing turns.jsonl.
     """
     gaps: list[str] = []
-    ends = [e for e in history.events if e.get("kind") == "run_end"]
-    end = ends[-1] if ends else {}
+    end = history.run_end
     failures = end.get("write_failures")
     if isinstance(failures, dict):
         failed = {str(k): v for k, v in failures.items() if isinstance(v, int) and v > 0}

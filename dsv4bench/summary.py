@@ -190,8 +190,7 @@ def wedge_unreadable(run: dict[str, Any]) -> list[str]:
 def _end_reason(history: History) -> str | None:
     """Why the run ended, as its last `run_end` says ("complete", "duration", "interrupted",
     ...); None without one (a killed harness) or with one of an odd shape."""
-    ends = [e for e in history.events if e.get("kind") == "run_end"]
-    reason = ends[-1].get("reason") if ends else None
+    reason = history.run_end.get("reason")
     return reason if isinstance(reason, str) else None
 
 

@@ -5,8 +5,13 @@ as over httpcore. A raw asyncio server on loopback answers each request in the w
 from __future__ import annotations
 
 import asyncio
-import time
 import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import httpx
@@ -288,19 +293,18 @@ def test_tokens_are_stamped_when_their_bytes_arrived_not_when_a_busy_loop_parsed
     run(check)
 
 
-def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it_landed():
-    """The loop is blocked (300 ms) before it has read anything of the answer; the server,
-    on its own thread, sends the first token 100 ms into that block. The stamp is the bytes'
-    arrival, not the moment the loop got to read them."""
-    import socket
-    import sys
-    import threading
+_STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+_STOP = _event({}, "stop") + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n")
 
+
+@contextmanager
+def _paced_answer(answer: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A server for one request on a thread of its own: `answer(conn)` writes it, paced by that
+    thread's sleeps, which a blocked client loop cannot hold up. Yields the root URL. Receive
+    stamps are Linux's: elsewhere the test skips."""
     if not sys.platform.startswith("linux"):
         pytest.skip("receive timestamps are taken on Linux only")
     listener = socket.create_server(("127.0.0.1", 0))
-    sent: dict[str, int] = {}
-    request_in = threading.Event()
 
     def serve() -> None:
         conn, _ = listener.accept()
@@ -308,18 +312,31 @@ def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it
             head = b""
             while b"\r\n\r\n" not in head:
                 head += conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                         + _event({"role": "assistant", "content": ""}))
-            request_in.set()
-            time.sleep(0.15)  # the client's loop is blocked by now
-            sent["first_token"] = time.monotonic_ns()
-            conn.sendall(_event({"content": "Half"}) + _event({}, "stop")
-                         + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
+            answer(conn)
             time.sleep(0.5)
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        server.join(2)
+
+
+def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it_landed():
+    """The loop is blocked (300 ms) before it has read anything of the answer; the server,
+    on its own thread, sends the first token 100 ms into that block. The stamp is the bytes'
+    arrival, not the moment the loop got to read them."""
+    sent: dict[str, int] = {}
+    request_in = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(_STREAM_HEAD + _event({"role": "assistant", "content": ""}))
+        request_in.set()
+        time.sleep(0.15)  # the client's loop is blocked by now
+        sent["first_token"] = time.monotonic_ns()
+        conn.sendall(_event({"content": "Half"}) + _STOP)
 
     async def block_the_loop() -> None:
         while not request_in.is_set():
@@ -329,7 +346,7 @@ def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it
         time.sleep(0.3)  # the loop stands still: no socket is read
         sent["block_to"] = time.monotonic_ns()
 
-    async def main() -> None:
+    async def main(url: str) -> None:
         async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(block_the_loop)
@@ -340,49 +357,29 @@ def test_a_first_token_that_landed_while_the_loop_stood_still_is_stamped_when_it
         assert 0 <= out.timings.first_token_ns - sent["first_token"] < 50_000_000
         assert out.timings.first_token_ns < sent["block_to"] - 100_000_000
 
-    try:
-        anyio.run(main)
-    finally:
-        listener.close()
-        server.join(2)
+    with _paced_answer(answer) as url:
+        anyio.run(main, url)
 
 
 def test_a_first_token_read_after_the_next_one_arrived_keeps_its_own_arrival(monkeypatch):
     """The loop reads the socket as each token lands (two reads, 150 ms apart), but the turn's
     task gets to the body only after both: the first token is stamped with its own read's
     arrival, not the connection's latest (its successor's, a TTFT 150 ms late)."""
-    import socket
-    import sys
-    import threading
-
     from dsv4bench import transport
 
-    if not sys.platform.startswith("linux"):
-        pytest.skip("receive timestamps are taken on Linux only")
-    listener = socket.create_server(("127.0.0.1", 0))
     sent: dict[str, int] = {}
 
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                         + _event({"role": "assistant", "content": ""}))
-            time.sleep(0.1)
-            sent["first"] = time.monotonic_ns()
-            conn.sendall(_event({"content": "Half"}))
-            time.sleep(0.15)
-            sent["second"] = time.monotonic_ns()
-            conn.sendall(_event({"content": " more"}))
-            time.sleep(0.15)
-            conn.sendall(_event({}, "stop") + b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
-            time.sleep(0.5)
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(_STREAM_HEAD + _event({"role": "assistant", "content": ""}))
+        time.sleep(0.1)
+        sent["first"] = time.monotonic_ns()
+        conn.sendall(_event({"content": "Half"}))
+        time.sleep(0.15)
+        sent["second"] = time.monotonic_ns()
+        conn.sendall(_event({"content": " more"}))
+        time.sleep(0.15)
+        conn.sendall(_STOP)
 
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     read_body = transport._Body.__aiter__
 
     async def late_reader(self):
@@ -392,7 +389,7 @@ def test_a_first_token_read_after_the_next_one_arrived_keeps_its_own_arrival(mon
 
     monkeypatch.setattr(transport._Body, "__aiter__", late_reader)
 
-    async def main() -> None:
+    async def main(url: str) -> None:
         async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
             out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
         assert out.status is TurnStatus.OK and out.response.content == "Half more"
@@ -400,11 +397,8 @@ def test_a_first_token_read_after_the_next_one_arrived_keeps_its_own_arrival(mon
         # the gap between the two tokens is the one they arrived with, not zero
         assert 100 < out.timings.token_gaps_ms[0] < 200, out.timings.token_gaps_ms
 
-    try:
-        anyio.run(main)
-    finally:
-        listener.close()
-        server.join(2)
+    with _paced_answer(answer) as url:
+        anyio.run(main, url)
 
 
 def _raw_chunk(data: bytes) -> bytes:
@@ -492,9 +486,6 @@ def _until_the_kernel_stamps(server, client) -> None:
 
 
 def test_a_read_the_kernel_did_not_stamp_takes_its_own_time_not_the_previous_stamp():
-    import socket
-    import sys
-
     from dsv4bench.transport import _SO_TIMESTAMPNS, _stamped_socket
 
     if not sys.platform.startswith("linux"):
@@ -532,11 +523,8 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
     reach the HTTP protocol in the same callback: they take the kernel's stamp as well. The
     server, on its own thread, answers while the client's loop stands still."""
     import shutil
-    import socket
     import ssl
     import subprocess
-    import sys
-    import threading
 
     from dsv4bench.transport import _STAMPED, _stamped_socket
 
