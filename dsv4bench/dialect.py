@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 SGLANG = "sglang:"
 VLLM = "vllm:"
+# TensorRT-LLM's trtllm-serve answers /metrics with a JSON list of iteration stats, not Prometheus
+# text (tensorrt_llm/serve/openai_server.py, get_iteration_stats). The monitor reads the latest
+# iteration's fields as series named `trtllm:<field>` (monitor.parse_metrics), so every reader
+# here judges them as it judges the others.
+TRTLLM = "trtllm:"
 # SGLang's router (`sglang-router`, the model gateway): `smg_`, `sgl_router_` in older releases.
 SMG, SGL_ROUTER = "smg_", "sgl_router_"
 ROUTER_PREFIXES = (SMG, SGL_ROUTER)
@@ -42,9 +47,17 @@ HOST_RECEIVE = "sglang:num_decode_host_receive_queue_reqs"
 DEFERRED_RELEASE = "sglang:num_decode_deferred_kv_release_reqs"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
+# TensorRT-LLM's iteration stats: requests in the batch, and requests queued for it.
+TRTLLM_RUNNING = "trtllm:numActiveRequests"
+TRTLLM_WAITING = "trtllm:numQueuedRequests"
+# Its iteration counter: it moves only while the executor steps requests (an idle executor
+# makes no iterations, a hung one neither), so it is its progress counter.
+TRTLLM_ITER = "trtllm:iter"
+# The fields of one iteration's stats read as series, each to its name.
+TRTLLM_FIELDS = {"numActiveRequests": TRTLLM_RUNNING, "numQueuedRequests": TRTLLM_WAITING, "iter": TRTLLM_ITER}
 
-RUNNING = (SGLANG_RUNNING, VLLM_RUNNING)
-WAITING = (SGLANG_WAITING, VLLM_WAITING)
+RUNNING = (SGLANG_RUNNING, VLLM_RUNNING, TRTLLM_RUNNING)
+WAITING = (SGLANG_WAITING, VLLM_WAITING, TRTLLM_WAITING)
 
 # Every gauge a wedge check reads, in display order, with the stage it measures: the one word a
 # narrow column shows (watch, probe) whatever the server calls it. Nine characters at most.
@@ -59,6 +72,8 @@ STAGES: dict[str, str] = {
     DEFERRED_RELEASE: "release",
     VLLM_RUNNING: "running",
     VLLM_WAITING: "waiting",
+    TRTLLM_RUNNING: "running",
+    TRTLLM_WAITING: "waiting",
 }
 QUEUE_GAUGES = tuple(STAGES)
 
@@ -101,7 +116,7 @@ SGLANG_REALTIME_TOKENS = "sglang:realtime_tokens_total"
 PROGRESS_COUNTERS = frozenset({
     "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:prompt_tokens_total",
     "sglang:cached_tokens_total", SGLANG_GENERATION_TOKENS, SGLANG_REALTIME_TOKENS,
-    "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", TRTLLM_ITER,
 })
 # `sglang:generation_tokens_total`, `vllm:generation_tokens_total`.
 GENERATION_TOKENS_SUFFIX = "generation_tokens_total"
@@ -115,7 +130,7 @@ FAILURE_COUNTERS = frozenset({
 })
 
 # --- dialects and their generations -------------------------------------------------------------
-SGLANG_DIALECT, VLLM_DIALECT, ROUTER_DIALECT = "sglang", "vllm", "sglang-router"
+SGLANG_DIALECT, VLLM_DIALECT, ROUTER_DIALECT, TRTLLM_DIALECT = "sglang", "vllm", "sglang-router", "trtllm"
 # SGLang's generations, newest first, each told by a name only it exports. "bootstrap": since
 # PR #24341 (and the bundled engine); "infight": PR #6188 to #7317; "prealloc": in between.
 # A scrape with none of them (a release without PD gauges, or one that logged no stats yet)
@@ -171,7 +186,8 @@ def is_queue_gauge(series: str) -> bool:
 
 
 def is_counter(series: str) -> bool:
-    return metric_name(series).endswith(COUNTER_SUFFIX)
+    name = metric_name(series)
+    return name.endswith(COUNTER_SUFFIX) or name in PROGRESS_COUNTERS
 
 
 def counters(values: dict[str, float]) -> dict[str, float]:
@@ -214,4 +230,26 @@ def dialect_of(values: dict[str, float]) -> Dialect:
     if vllm:
         v1 = any(VLLM_ENGINE_LABEL in series_labels(k) for k in vllm)
         return Dialect(VLLM_DIALECT, VLLM_V1 if v1 else VLLM_V0)
+    if any(n.startswith(TRTLLM) for n in names):
+        return Dialect(TRTLLM_DIALECT)
     return Dialect()
+
+
+def trtllm_series(stats: object) -> dict[str, float]:
+    """The series of a TensorRT-LLM /metrics answer (a JSON list of iteration stats): the fields
+    of its latest iteration. ValueError for an answer that is no such list, or holds no
+    iteration: the stats are handed out once, so an empty list says only that no iteration ran
+    since the last look, which is no evidence of empty queues (a hung executor runs none either)."""
+    if not isinstance(stats, list) or not all(isinstance(s, dict) for s in stats):
+        raise ValueError("not a JSON list of iteration stats")
+    if not stats:
+        raise ValueError("no iteration stats since the last look (TensorRT-LLM reports per iteration)")
+    latest = max(stats, key=lambda s: s.get("iter") if isinstance(s.get("iter"), (int, float)) else -1)
+    out = {}
+    for field, series in TRTLLM_FIELDS.items():
+        value = latest.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[series] = float(value)
+    if not out:
+        raise ValueError("iteration stats without numActiveRequests, numQueuedRequests or iter")
+    return out

@@ -33,7 +33,8 @@ import anyio
 import httpx
 
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
-from .monitor import parse_metrics
+from .server_kinds import NOT_THERE, UNKNOWN_KIND, recognise
+from .monitor import is_json_metrics, parse_metrics
 from .roles import DECODE, PREFILL, ROLES, ROUTER, UNIFIED, UNKNOWN, WORKERS, Role, role_of
 
 DEFAULT_TIMEOUT_S = 5.0  # per question; they are asked side by side, so a dead server costs one
@@ -100,6 +101,11 @@ def metrics_of(answer: Answer) -> tuple[dict[str, float] | None, str | None]:
     if answer.status != 200:
         return None, f"HTTP {answer.status}"
     text = answer.body.decode("utf-8", errors="replace")
+    if is_json_metrics(text):  # TensorRT-LLM's iteration stats
+        try:
+            return parse_metrics(text), None
+        except ValueError as e:
+            return None, str(e)
     if not any(prefix in text for prefix in SERVER_METRIC_PREFIXES):
         return None, "no SGLang, vLLM or router metrics in it"
     try:
@@ -207,6 +213,8 @@ class Endpoint:
     root: str
     role: str = UNKNOWN
     role_source: str = NOT_REPORTED
+    kind: str = UNKNOWN_KIND  # what server it is (server_kinds.py): what it is judged by
+    kind_source: str = NOT_REPORTED
     listed_as: str | None = None  # the router's worker_type for it; None when no router lists it
     listed_healthy: bool | None = None
     listed_bootstrap_port: int | None = None
@@ -312,7 +320,8 @@ class Deployment:
             if not isinstance(e, dict) or not isinstance(e.get("root"), str):
                 continue
             ep = Endpoint(e["root"])
-            for name, kind in (("role", str), ("role_source", str), ("listed_as", str), ("listed_healthy", bool),
+            for name, kind in (("role", str), ("role_source", str), ("kind", str), ("kind_source", str),
+                               ("listed_as", str), ("listed_healthy", bool),
                                ("listed_bootstrap_port", int), ("metrics_url", str), ("metrics_dialect", dict),
                                ("answered", bool), ("problems", list)):
                 if isinstance(e.get(name), kind):
@@ -349,13 +358,14 @@ class RootAnswers:
     info: Any = None
     workers: Any = None
     metrics: dict[str, float] | None = None
+    version: str | None = None  # /version's {"version": ...} (vLLM, TensorRT-LLM)
     problems: list[str] = field(default_factory=list)
 
 
 def endpoint_of(root: str, answers: RootAnswers, listed: ListedWorker | None = None) -> Endpoint:
     """One server's record from what it answered and how a router lists it."""
     ep = Endpoint(root, problems=list(answers.problems))
-    ep.answered = answers.info is not None or answers.metrics is not None or answers.workers is not None
+    ep.answered = any(a is not None for a in (answers.info, answers.metrics, answers.workers, answers.version))
     role = role_of(answers.info, answers.metrics, answers.workers)
     listed_role = _LISTED_ROLES.get(listed.kind) if listed is not None else None
     if not role.known and listed_role is not None:
@@ -363,6 +373,8 @@ def endpoint_of(root: str, answers: RootAnswers, listed: ListedWorker | None = N
     elif role.known and listed is not None and listed_role not in (None, role.name):
         ep.problems.append(f"the router lists it as {listed.kind}, it says {role.name} ({role.source})")
     ep.role, ep.role_source = role.name, role.source
+    found, ep.kind_source = recognise(answers.info, answers.metrics, answers.workers)
+    ep.kind = found.name
     if listed is not None:
         ep.listed_as, ep.listed_healthy, ep.listed_bootstrap_port = listed.kind, listed.healthy, listed.bootstrap_port
     if answers.metrics is not None:
@@ -374,6 +386,8 @@ def endpoint_of(root: str, answers: RootAnswers, listed: ListedWorker | None = N
         ep.settings = settings_of(answers.info)
     else:
         ep.problems.append("/get_server_info: a worker's, passed on by the router; not its own")
+    if answers.version is not None and "version" not in ep.settings:
+        ep.settings["version"] = answers.version[:MAX_TEXT]
     return ep
 
 
@@ -435,8 +449,14 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
             problem = "not a JSON object"
         if problem is None:
             got.info = value
-        else:
+        elif answer.status not in NOT_THERE:  # a server without it (vLLM, TensorRT-LLM) has no problem
             got.problems.append(f"{path}: {problem}")
+
+    async def version() -> None:
+        # vLLM and TensorRT-LLM state their release here, not in a /get_server_info.
+        value, _ = json_of(await fetch(client, f"{root}/version", timeout, MAX_JSON_BYTES))
+        if isinstance(value, dict) and isinstance(value.get("version"), str):
+            got.version = value["version"]
 
     async def workers() -> None:
         value, problem = json_of(await fetch(client, f"{root}/workers", timeout, MAX_JSON_BYTES))
@@ -453,6 +473,7 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(info)
+        tg.start_soon(version)
         tg.start_soon(metrics)
         if router_too:
             tg.start_soon(workers)

@@ -9,6 +9,7 @@ the monitor keeps going.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 # The gauges a wedge check reads are the dialect's (dialect.py); importable from here too.
 from .charset import response_text
 from .dialect import QUEUE_GAUGES as QUEUE_GAUGES
+from .dialect import trtllm_series
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,21 @@ def series_key(name: str, labels: dict[str, str]) -> str:
     return f"{name}{{{inner}}}"
 
 
+def is_json_metrics(text: str) -> bool:
+    """Whether a /metrics answer is JSON (TensorRT-LLM's iteration stats) rather than Prometheus text."""
+    return text.lstrip()[:1] in ("[", "{")
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format -> {series: value} (histogram buckets and all)."""
+    """Prometheus text format -> {series: value} (histogram buckets and all); TensorRT-LLM's JSON
+    iteration stats -> their latest iteration's `trtllm:` series (dialect.trtllm_series).
+    ValueError for a page that is neither."""
+    if is_json_metrics(text):
+        try:
+            stats = json.loads(text)
+        except (ValueError, RecursionError):
+            raise ValueError("JSON /metrics that does not parse") from None
+        return trtllm_series(stats)
     return {series_key(s.name, s.labels): float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 

@@ -78,7 +78,7 @@ class ServerWatch:
     async def final_checks(self, client: httpx.AsyncClient) -> None:
         """After the drain window, each server judged by its role: /health of every server,
         /health_generate of a prefill or decode server (they take no chat), and one canary
-        against the target unless it is one of those. A canary that hangs while /health says
+        against the target unless it is one of those, sent not streamed and streamed. A canary that hangs while /health says
         200 is the incident's `health_lies`; one answered with an error is an error of the
         check, recorded as such (canary.py), never a hang. Then one last sample of every
         endpoint."""
@@ -106,9 +106,19 @@ class ServerWatch:
             self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
                                reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
             return
-        c = await check_canary(client, self.config.base_url, self.model, timeout=self.config.canary_timeout)
-        self.canaries.append(c)
-        self.history.event("canary", **c.as_dict(), role=target.name)
+        # Not streamed and streamed, side by side: a server can hang in either path alone.
+        done: list[CanaryResult] = []
+
+        async def one(stream: bool) -> None:
+            done.append(await check_canary(client, self.config.base_url, self.model,
+                                           timeout=self.config.canary_timeout, stream=stream))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, False)
+            tg.start_soon(one, True)
+        for c in sorted(done, key=lambda c: c.stream):
+            self.canaries.append(c)
+            self.history.event("canary", **c.as_dict(), role=target.name)
 
     def _write_sample(self, sample: MetricSample) -> None:
         self.history.metrics.write(sample.as_dict())

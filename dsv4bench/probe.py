@@ -1,12 +1,15 @@
 """`dsv4bench probe`: the one-shot wedge check from the incident, for each server root URL.
 
 The manual probe during the incident was: read each server's queue gauges, hit `/health`,
-send one request and see whether it hangs. This does that, concurrently per endpoint, each
+send one request and see whether it hangs (here two: one streamed, for a server that starts a
+stream and never ends it). This does that, concurrently per endpoint, each
 endpoint judged by its role (roles.py, read from the server itself): a router or a unified
 server gets a canary; a prefill or a decode server takes no chat, so it is judged by its
 gauges, `/health` and `/health_generate`. The endpoints are the roots given and every server
 their routers list (discovery.py): `probe ROUTER` probes the router and each of its workers,
-and says what each reports of its settings.
+and says what each reports of its settings. Each server is judged by what its kind offers
+(server_kinds.py): an endpoint its kind never had (vLLM's /health_generate) is not asked, and
+where the kind may lack one, a 404, 405 or 501 says "not offered", never unhealthy.
 
 The gauges are read twice, before and after the checks, and where a queue holds requests and
 nothing hung, a third time `stuck_s` later: a queue that never shrinks while a request hangs,
@@ -37,13 +40,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
-                     check_health)
+from .canary import (ERROR, FAILING, NOT_OFFERED, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult,
+                     check_canary, check_health)
 from .charset import response_text
 from .discovery import DEFAULT_TIMEOUT_S, Deployment, discover, settings_phrase
 from .monitor import parse_metrics
 from .dialect import counters, is_counter, is_queue_gauge, metric_name
 from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of
+from .server_kinds import HEALTH, HEALTH_GENERATE, METRICS, NOT_THERE, UNKNOWN_KIND, kind
 from .wedge import WedgeConfig, detect_wedge, failures_rose
 
 DEFAULT_STUCK_S = 2.0
@@ -59,11 +63,15 @@ class EndpointProbe:
     root: str
     role: str = UNKNOWN  # router | unified | prefill | decode | unknown
     role_source: str = "not reported"
+    kind: str = UNKNOWN_KIND  # what server it is (server_kinds.py)
+    kind_source: str = "not reported"
+    not_offered: list[str] = field(default_factory=list)  # endpoints it does not offer: not judged
     metrics_error: str | None = None
     gauges: dict[str, float] = field(default_factory=dict)  # queue gauge series -> value at the last look
     health: HealthResult | None = None
     health_generate: HealthResult | None = None
     canary: CanaryResult | None = None  # None when none was sent
+    canary_stream: CanaryResult | None = None  # the same, streamed
     canary_skipped: str | None = None  # why none was sent
     state: str = "healthy"  # see STATES
     codes: list[str] = field(default_factory=list)
@@ -94,7 +102,8 @@ class ProbeResult:
             d = asdict(e)
             del d["looks"]
             # Each check as its record (a canary's carries `ok`); {} for one not made.
-            for name, check in (("health", e.health), ("health_generate", e.health_generate), ("canary", e.canary)):
+            for name, check in (("health", e.health), ("health_generate", e.health_generate), ("canary", e.canary),
+                                ("canary_stream", e.canary_stream)):
                 d[name] = check.as_dict() if check is not None else {}
             eps.append(d)
         out: dict[str, Any] = {"exit_code": probe_exit_code(self), "endpoints": eps}
@@ -117,6 +126,8 @@ async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
             r = await client.get(ep.root + "/metrics", timeout=timeout)
         if r.status_code != 200:
             error = f"HTTP {r.status_code}"
+            if r.status_code in NOT_THERE and kind(ep.kind).offered(METRICS) is not True and METRICS not in ep.not_offered:
+                ep.not_offered.append(METRICS)
         else:
             values = parse_metrics(response_text(r))
     except TimeoutError:
@@ -165,17 +176,30 @@ async def _canary(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
         # chat it would refuse says nothing about it.
         ep.canary_skipped = f"role not stated and /v1/models answered HTTP {status}"
         return
-    # SGLang serves any model name; "default" is used when /v1/models itself is broken.
-    ep.canary = await check_canary(client, ep.root + "/v1", model or "default", timeout=timeout)
+    # SGLang serves any model name; "default" is used when /v1/models itself is broken. Not
+    # streamed and streamed, side by side: a server can hang in either path alone.
+
+    async def send(stream: bool) -> None:
+        c = await check_canary(client, ep.root + "/v1", model or "default", timeout=timeout, stream=stream)
+        setattr(ep, "canary_stream" if stream else "canary", c)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send, False)
+        tg.start_soon(send, True)
 
 
 async def _checks(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) -> None:
+    offers = kind(ep.kind)
+
     async def set_health(path: str, attr: str) -> None:
-        setattr(ep, attr, await check_health(client, ep.root, path, timeout=timeout))
+        h = await check_health(client, ep.root, path, timeout=timeout, offered=offers.offered(path))
+        if h.result == NOT_OFFERED:
+            ep.not_offered.append(path)
+        setattr(ep, attr, h)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(set_health, "/health", "health")
-        tg.start_soon(set_health, "/health_generate", "health_generate")
+        tg.start_soon(set_health, HEALTH, "health")
+        tg.start_soon(set_health, HEALTH_GENERATE, "health_generate")
         tg.start_soon(_canary, client, ep, timeout)
 
 
@@ -183,6 +207,8 @@ def _hung(ep: EndpointProbe) -> str | None:
     """What of this endpoint's own generation checks hung, if any."""
     if ep.canary is not None and ep.canary.result == TIMEOUT:
         return "the canary hung"
+    if ep.canary_stream is not None and ep.canary_stream.result == TIMEOUT:
+        return "the streamed canary hung"
     if ep.health_generate is not None and ep.health_generate.result == TIMEOUT:
         return "/health_generate hung"
     return None
@@ -192,7 +218,8 @@ def _nothing_answered(ep: EndpointProbe) -> bool:
     answered = [ep.metrics_error is None,
                 ep.health is not None and ep.health.status is not None,
                 ep.health_generate is not None and ep.health_generate.status is not None,
-                ep.canary is not None and ep.canary.result in (OK, ERROR)]
+                ep.canary is not None and ep.canary.result in (OK, ERROR),
+                ep.canary_stream is not None and ep.canary_stream.result in (OK, ERROR)]
     return not any(answered)
 
 
@@ -231,11 +258,15 @@ def _judge_queues(ep: EndpointProbe, hang: str | None, stuck_s: float) -> set[st
 def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
     """Why the shared canary / health rules gave their codes, worded for this endpoint's block."""
     out = []
-    if "canary_timeout" in codes:
-        out.append(f"canary_timeout: the canary got no answer in {ep.canary.latency_s:.1f} s")
+    hung = [c for c in (ep.canary, ep.canary_stream) if c is not None and c.result == TIMEOUT]
+    for c in hung:
+        if c.stream:
+            out.append(f"canary_timeout: the streamed canary {c.error or 'got no answer'}")
+        else:
+            out.append(f"canary_timeout: the canary got no answer in {c.latency_s:.1f} s")
     if "health_lies" in codes:
-        if "canary_timeout" in codes:
-            what = "the canary hung"
+        if hung:
+            what = "the streamed canary hung" if all(c.stream for c in hung) else "the canary hung"
         elif ep.health_generate is not None and ep.health_generate.result != TIMEOUT:
             what = f"/health_generate answered {ep.health_generate.status}"
         else:
@@ -255,7 +286,8 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
         return
     # The canary and health rules are the run's (wedge.detect_wedge): probe and run agree.
     probes = [h for h in (ep.health, ep.health_generate) if h is not None]
-    found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=[ep.canary] if ep.canary is not None else [])
+    canaries = [c for c in (ep.canary, ep.canary_stream) if c is not None]
+    found = detect_wedge([], 0, WedgeConfig(), health=probes, canaries=canaries)
     codes = {c for f in found.values() for c in f.codes}
     ep.reasons.extend(_code_evidence(ep, codes))
     if len(ep.looks) >= 2:
@@ -267,8 +299,8 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
 
     unwell = False
     for path, h in (("/health", ep.health), ("/health_generate", ep.health_generate)):
-        if h is None:
-            continue
+        if h is None or h.result == NOT_OFFERED:
+            continue  # an endpoint the server does not offer says nothing of its health
         if h.result == FAILING:
             unwell = True
             ep.reasons.append(f"{path} answered {h.status}")
@@ -276,17 +308,21 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
             unwell = True
             ep.reasons.append(f"{path}: {h.error or h.result}")
     unjudged = False
-    if ep.canary is not None and ep.canary.result in (ERROR, UNREACHABLE):
-        status = ep.canary.http_status
+    for name, c in (("canary", ep.canary), ("streamed canary", ep.canary_stream)):
+        if c is None or c.result not in (ERROR, UNREACHABLE):
+            continue
+        status = c.http_status
         if isinstance(status, int) and status >= 500:
             unwell = True  # the server answered that it failed: not a hang, but not serving
-            ep.reasons.append(f"the canary was answered with HTTP {status}")
+            ep.reasons.append(f"the {name} was answered with HTTP {status}")
         else:
             unjudged = True  # 4xx, HTML, not JSON, no choices: the check itself did not work
-        ep.errors.append(f"canary: {ep.canary.error} (not a hang)")
+        ep.errors.append(f"{name}: {c.error} (not a hang)")
     if ep.metrics_error is not None and (ep.role in WORKERS or (ep.role == UNKNOWN and ep.canary is None)):
         unjudged = True
         ep.errors.append(f"gauges: /metrics {ep.metrics_error}, and a {ep.role} server is judged by them")
+    elif METRICS in ep.not_offered:
+        pass  # judged by its canaries and /health alone; the gauges row says so
     elif ep.metrics_error is not None:
         ep.reasons.append(f"no gauges: /metrics {ep.metrics_error}")
     ep.state = "wedged" if ep.codes else "error" if unjudged else "unhealthy" if unwell else "healthy"
@@ -307,7 +343,8 @@ async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: floa
     async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         deployment = await discover(endpoints, client, timeout=min(timeout, DEFAULT_TIMEOUT_S),
                                     follow_workers=follow_workers)
-        eps = [EndpointProbe(root=e.root, role=e.role, role_source=e.role_source) for e in deployment.endpoints]
+        eps = [EndpointProbe(root=e.root, role=e.role, role_source=e.role_source, kind=e.kind,
+                             kind_source=e.kind_source) for e in deployment.endpoints]
         await _each(eps, _first_look, client, timeout)
         await _each(eps, _checks, client, timeout)
         await _each(eps, _scrape, client, timeout)
@@ -325,8 +362,9 @@ async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: floa
 def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
     """A canary that hung on a router or unified server: the workers behind it hang with it."""
     for ep in eps:
-        if ep.canary is not None and ep.canary.result == TIMEOUT:
-            return f"the canary on {_host(ep.root)} hung"
+        for c in (ep.canary, ep.canary_stream):
+            if c is not None and c.result == TIMEOUT:
+                return f"the {'streamed ' if c.stream else ''}canary on {_host(ep.root)} hung"
     return None
 
 
@@ -358,6 +396,8 @@ def _secs(v: Any) -> str:
 def _health_cell(path: str, h: HealthResult | None) -> str:
     if h is None:
         return f"{path} -"
+    if h.result == NOT_OFFERED:
+        return f"{path} not offered"
     if h.status is not None:
         return f"{path} {h.status}"
     if h.result == TIMEOUT:
@@ -367,12 +407,11 @@ def _health_cell(path: str, h: HealthResult | None) -> str:
     return f"{path} error"
 
 
-def _canary_cell(ep: EndpointProbe) -> Text:
-    c = ep.canary
-    if c is None:
-        return Text(f"not sent: {ep.canary_skipped or 'no check made'}", style="dim")
+def _one_canary(c: CanaryResult) -> Text:
     if c.result == OK:
         return Text(f"ok in {_secs(c.latency_s)}", style="green")
+    if c.result == TIMEOUT and c.stream and c.http_status is not None:
+        return Text(f"stalled: {c.error}", style="red")
     if c.result == TIMEOUT:
         return Text(f"no answer in {_secs(c.latency_s)}: hung", style="red")
     if c.result == UNREACHABLE:
@@ -380,7 +419,21 @@ def _canary_cell(ep: EndpointProbe) -> Text:
     return Text(f"error: {c.error} (not a hang)", style="yellow")
 
 
+def _canary_cell(ep: EndpointProbe) -> Text:
+    if ep.canary is None and ep.canary_stream is None:
+        return Text(f"not sent: {ep.canary_skipped or 'no check made'}", style="dim")
+    text = Text()
+    if ep.canary is not None:
+        text.append_text(_one_canary(ep.canary))
+    if ep.canary_stream is not None:
+        text.append(" · streamed " if ep.canary is not None else "streamed ", style="dim")
+        text.append_text(_one_canary(ep.canary_stream))
+    return text
+
+
 def _gauge_cell(ep: EndpointProbe) -> Text:
+    if not ep.gauges and METRICS in ep.not_offered:
+        return Text("not offered: judged by its canaries and /health", style="dim")
     if not ep.gauges:
         return Text(f"none read{f': /metrics {ep.metrics_error}' if ep.metrics_error else ''}", style="dim")
     parts = []
@@ -393,6 +446,15 @@ def _gauge_cell(ep: EndpointProbe) -> Text:
         if i:
             text.append(" · ", style="dim")
         text.append(part, style=style)
+    return text
+
+
+def _kind_cell(ep: EndpointProbe) -> Text:
+    """Its kind and how it was recognised, and the endpoints it does not offer."""
+    text = Text(kind(ep.kind).title)
+    text.append(f" ({ep.kind_source})", style="dim")
+    if ep.not_offered:
+        text.append(f" · not offered: {', '.join(sorted(set(ep.not_offered)))}", style="dim")
     return text
 
 
@@ -422,6 +484,7 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         head = Text(f"{ep.root}: ")
         head.append(f"{ep.state}{codes}", style=_COLORS.get(ep.state, ""))
         grid.add_row(Text(ep.role if ep.role in ROLES else "unknown", style="bold"), head)
+        grid.add_row("  server", _kind_cell(ep))
         found = _found_cell(result, ep)
         if found is not None:
             grid.add_row("  config", found)
@@ -432,7 +495,7 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         for i, reason in enumerate(ep.reasons):
             grid.add_row("  why" if i == 0 else "", Text(reason))
         # The canary's own error is on its row already.
-        errors = [e for e in ep.errors if not e.startswith("canary: ")]
+        errors = [e for e in ep.errors if not e.startswith(("canary: ", "streamed canary: "))]
         for i, error in enumerate(errors):
             grid.add_row("  check" if i == 0 else "", Text(error, style="yellow"))
         if ep.failures:

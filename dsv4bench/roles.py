@@ -30,7 +30,7 @@ import httpx
 from .charset import response_text
 from .dialect import (BOOTSTRAP, DEFERRED_RELEASE, ENGINE_TYPE_LABEL, HOST_RECEIVE, INFLIGHT, OLD_NAMES, PREALLOC,
                       PRIORITY_LABEL, QUEUE_GAUGES, SERVER_LABELS, SGLANG, SGLANG_RUNNING, SGLANG_WAITING, STAGES,
-                      TRANSFER, UNIFIED_LABEL_UNSURE, VLLM, VLLM_RUNNING, VLLM_WAITING, current_name, dialect_of,
+                      TRANSFER, TRTLLM, TRTLLM_RUNNING, TRTLLM_WAITING, UNIFIED_LABEL_UNSURE, VLLM, VLLM_RUNNING, VLLM_WAITING, current_name, dialect_of,
                       is_router_metrics, series_labels)
 from .monitor import parse_metrics
 
@@ -41,7 +41,7 @@ WORKERS = frozenset({PREFILL, DECODE})
 
 # The queue gauges each role has, in the order a request passes through them (current names;
 # `role_gauges` adds each one's older names).
-_FRONT = (SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING)
+_FRONT = (SGLANG_WAITING, SGLANG_RUNNING, VLLM_WAITING, VLLM_RUNNING, TRTLLM_WAITING, TRTLLM_RUNNING)
 ROLE_GAUGES: dict[str, tuple[str, ...]] = {
     ROUTER: _FRONT,
     UNIFIED: _FRONT,
@@ -49,15 +49,15 @@ ROLE_GAUGES: dict[str, tuple[str, ...]] = {
     DECODE: (PREALLOC, TRANSFER, HOST_RECEIVE, SGLANG_WAITING, SGLANG_RUNNING, DEFERRED_RELEASE, VLLM_WAITING,
              VLLM_RUNNING),
     UNKNOWN: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, PREALLOC, TRANSFER, HOST_RECEIVE, DEFERRED_RELEASE,
-              VLLM_WAITING, VLLM_RUNNING),
+              VLLM_WAITING, VLLM_RUNNING, TRTLLM_WAITING, TRTLLM_RUNNING),
 }
 _OLDER: dict[str, tuple[str, ...]] = {g: tuple(old for old, now in OLD_NAMES.items() if now == g) for g in QUEUE_GAUGES}
 
 # A gauge's name in a narrow column (its stage), and in a sentence ("decode transfer queue stuck
 # at 40"), for each of its names, old or current.
 _WORDS = {
-    SGLANG_RUNNING: "running requests", VLLM_RUNNING: "running requests",
-    SGLANG_WAITING: "waiting queue", VLLM_WAITING: "waiting queue",
+    SGLANG_RUNNING: "running requests", VLLM_RUNNING: "running requests", TRTLLM_RUNNING: "running requests",
+    SGLANG_WAITING: "waiting queue", VLLM_WAITING: "waiting queue", TRTLLM_WAITING: "waiting queue",
     BOOTSTRAP: "bootstrap queue", INFLIGHT: "inflight queue", PREALLOC: "prealloc queue", TRANSFER: "transfer queue",
     HOST_RECEIVE: "host receive queue", DEFERRED_RELEASE: "deferred KV release",
 }
@@ -135,6 +135,9 @@ def role_from_metrics(values: dict[str, float]) -> Role | None:
         return Role(known[0], "/metrics engine_type label")
     if any(k.startswith(VLLM) for k in values):
         return Role(UNIFIED, "/metrics vllm series")
+    if any(k.startswith(TRTLLM) for k in values):
+        # trtllm-serve's disaggregated workers are told apart by the disagg server, not by it.
+        return Role(UNIFIED, "/metrics trtllm iteration stats")
     return None
 
 

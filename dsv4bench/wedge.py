@@ -16,7 +16,8 @@ Verdicts (the wedge family of codes.py):
   generated. Every session has ended when the load stops, so that is decoding for nobody. It
   may fall meanwhile (ghosts end one by one at max_tokens), and it counts even when the ghosts
   ended before the window closed: a clean server aborts a gone client's request at once.
-- `canary_timeout`: the last canary request after the drain window got no answer in time. A
+- `canary_timeout`: the last canary request after the drain window, streamed or not, got no
+  answer in time, or its stream started (headers, even a first chunk) and was not ended. A
   canary that got an answer that is no completion (an HTTP error, HTML, non-JSON) or no
   connection is an error of the check: it goes into the finding's `check_errors` (and
   `details`), never into the codes.
@@ -207,25 +208,28 @@ def _judge_probes(out: dict[str, WedgeFinding], health: list[HealthResult], cana
     after = [h for h in health if h.t_ns >= load_stopped_ns]
     for h in after:
         out.setdefault(h.endpoint, WedgeFinding())
-    last_canary: dict[str, CanaryResult] = {}
+    # The latest canary of each way (streamed, not streamed) per endpoint: either hanging is the hang.
+    last: dict[tuple[str, bool], CanaryResult] = {}
     for c in sorted((c for c in canaries if c.t_ns >= load_stopped_ns), key=lambda c: c.t_ns):
-        last_canary[c.endpoint] = c
-    for ep, c in last_canary.items():
+        last[(c.endpoint, c.stream)] = c
+    last_canary = {ep for ep, _ in last}
+    for (ep, _), c in sorted(last.items()):
         found = out.setdefault(ep, WedgeFinding())
         if c.result == OK:
             continue
+        how = "streamed canary" if c.stream else "canary"
         if c.result != TIMEOUT:
             # An answer, even an error, is not a hang: no verdict on the server from it.
             what = "could not connect" if c.result == UNREACHABLE else "answered, but with no completion"
-            _check_error(found, f"canary on {ep} {what}: {c.error or 'no detail'} (not a hang)")
+            _check_error(found, f"{how} on {ep} {what}: {c.error or 'no detail'} (not a hang)")
             continue
         codes = set(found.codes) | {"canary_timeout"}
-        found.details.append(f"canary on {ep} failed after {c.latency_s:.1f} s: {c.error or 'no answer'}")
+        found.details.append(f"{how} on {ep} failed after {c.latency_s:.1f} s: {c.error or 'no answer'}")
         # The latest /health of the same server decides: 200 then means it claims to be fine.
         h = _latest(after, _origin(ep), "/health")
-        if h is not None and h.status == 200:
+        if h is not None and h.status == 200 and "health_lies" not in codes:
             codes.add("health_lies")
-            found.details.append(f"{h.endpoint} answered 200 while the canary on {ep} hung")
+            found.details.append(f"{h.endpoint} answered 200 while the {how} on {ep} hung")
         found.codes = sorted(codes)
     # A server that gets no canary (a prefill or decode server takes no chat) generates only in
     # /health_generate: that one hanging while /health says 200 is the same lie.

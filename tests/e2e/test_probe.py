@@ -353,9 +353,11 @@ def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["verdict"] != "WEDGE", r.stdout + r.stderr
     events, _ = read_jsonl(run_dir / EVENTS_FILE)
-    [c] = [e for e in events if e["kind"] == "canary"]
-    assert c["endpoint"] == f"{trio[0]}/v1" and c["role"] == "router"
-    assert c["result"] == "error" and not c["ok"] and "HTML" in c["error"]
+    canaries = [e for e in events if e["kind"] == "canary"]
+    assert sorted(c["stream"] for c in canaries) == [False, True]  # sent not streamed and streamed
+    for c in canaries:
+        assert c["endpoint"] == f"{trio[0]}/v1" and c["role"] == "router"
+        assert c["result"] == "error" and not c["ok"] and "HTML" in c["error"]
     found = summary["wedge"][f"{trio[0]}/v1"]
     assert found["codes"] == [] and any("not a hang" in e for e in found["check_errors"])
     stopped = next(e["t_ns"] for e in events if e["kind"] == "load_stopped")
