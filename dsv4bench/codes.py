@@ -60,9 +60,11 @@ CODES: tuple[VerdictCode, ...] = (
           "`finish_reason` disagrees with the content: `tool_calls` without calls, or calls with `stop`."),
     _turn("empty_turn", CORRUPTION, "protocol", "The turn finished with no content, no reasoning and no tool calls."),
     _turn("stream_protocol", CORRUPTION, "protocol",
-          "The response broke the streaming protocol (index gaps, missing id or name, deltas after "
-          "finish, no `[DONE]`, a body that is not JSON or not SSE) or passed one of the harness's "
-          "bounds on a turn (line, event, tool calls, arguments, text), where it stopped reading."),
+          "The response broke the streaming protocol (a tool call's index skipped or out of order, its "
+          "first delta without id or name, its name sent again in a later delta, a second id at its "
+          "index, two calls sharing an id, deltas after finish, no `[DONE]`, a body that is not JSON or "
+          "not SSE) or passed one of the harness's bounds on a turn (line, event, tool calls, arguments, "
+          "text), where it stopped reading."),
     _turn("truncated", CORRUPTION, "protocol",
           "The response stopped early (length limit or cut-off) mid tool call or mid sentence."),
     _turn("degenerate_repetition", CORRUPTION, "text", "The output falls into a repetition loop."),

@@ -160,6 +160,10 @@ class DeltaAssembler:
         self.bounds = bounds
         self._c = _Collector(self.response, bounds)
         self._calls: dict[int, ToolCall] = {}
+        self._latest_call: int | None = None  # the highest tool-call index started so far
+        # (index, breach) already noted: a server that repeats the name in every delta is one
+        # finding per call, not one per chunk
+        self._identity_noted: set[tuple[int, str]] = set()
         self._finished_at_chunk: int | None = None
         self._clean_id: str | None = None  # an id that field() took as it is, with no note
 
@@ -276,6 +280,17 @@ class DeltaAssembler:
         return carried
 
     def _feed_call(self, tc: Any) -> bool:
+        """One tool-call delta, merged by its index as a client merges it.
+
+        Stream identity, as OpenAI, vLLM and SGLang send it: a call's first delta carries its id
+        and name, later ones only argument text. So a later delta that sends the name again is a
+        breach even when it is the same name (clients that join every delta's fields, as the
+        OpenAI SDK's accumulator and many agent front ends do, read `read_fileread_file`); a
+        different id at an index already used is a second call there; a delta for an earlier
+        index once a later one has started is out of order. An id repeated unchanged is not a
+        breach: SGLang sent the id with every delta of a call, and a client that keeps the first
+        id gets the right one.
+        """
         r = self.response
         if not isinstance(tc, dict):
             self._c.error(f"chunk {r.chunks}: tool call delta is not an object")
@@ -292,12 +307,17 @@ class DeltaAssembler:
         name = self._c.field(f"tool_calls[{idx}].function.name", fn.get("name"))
         call_id = self._c.field(f"tool_calls[{idx}].id", tc.get("id"))
         args = fn.get("arguments")
+        latest = self._latest_call
+        out_of_order = latest is not None and idx < latest
+        if out_of_order:
+            self._identity_breach(idx, "order", f"tool_calls[{idx}]: delta in chunk {r.chunks} after "
+                                                f"tool_calls[{latest}] started (indices out of order)")
         if call is None:
             if len(self._calls) >= self.bounds.tool_calls:
                 self._c.stop(f"more than {self.bounds.tool_calls:,} tool calls in one turn")
                 return False
-            expected = len(self._calls)
-            if idx != expected:
+            expected = 0 if latest is None else latest + 1
+            if idx != expected and not out_of_order:
                 self._c.error(f"chunk {r.chunks}: tool call index {idx} where {expected} was next (index gap)")
             if not call_id:
                 self._c.error(f"tool_calls[{idx}]: first delta has no id")
@@ -306,21 +326,36 @@ class DeltaAssembler:
             call = ToolCall(index=idx, id=call_id, name=name or None, arguments="")
             self._calls[idx] = call
             r.tool_calls.append(call)
+            self._latest_call = idx if latest is None else max(latest, idx)
         else:
             if call_id and call.id and call_id != call.id:
-                self._c.error(f"tool_calls[{idx}]: id changed from {short_repr(call.id)} to {short_repr(call_id)}")
+                self._identity_breach(idx, "id", f"tool_calls[{idx}]: a second call at index {idx} in chunk "
+                                                 f"{r.chunks} (id changed from {short_repr(call.id)} to "
+                                                 f"{short_repr(call_id)})")
             if call_id and not call.id:
-                call.id = call_id
-            if name and call.name and name != call.name:
-                self._c.error(f"tool_calls[{idx}]: name changed from {short_repr(call.name)} to {short_repr(name)}")
+                call.id = call_id  # late, but the first delta's missing id is already noted
+            if name and call.name:
+                if name == call.name:
+                    said = (f"function name {short_repr(name)} sent again in chunk {r.chunks} (a client that "
+                            f"joins deltas reads {short_repr(call.name + name)})")
+                else:
+                    said = (f"function name sent again in chunk {r.chunks}, name changed from "
+                            f"{short_repr(call.name)} to {short_repr(name)}")
+                self._identity_breach(idx, "name", f"tool_calls[{idx}]: {said}")
             if name and not call.name:
-                call.name = name
+                call.name = name  # late, but the first delta's missing name is already noted
         if isinstance(args, str):
             call.arguments += self._c.text(f"tool_calls[{idx}].arguments", args, len(call.arguments),
                                            self.bounds.argument_chars)
         elif args is not None:
             self._c.error(f"tool_calls[{idx}]: arguments fragment is not a string")
         return bool(name) or bool(args)
+
+    def _identity_breach(self, idx: int, breach: str, detail: str) -> None:
+        """Note a stream-identity breach once per call and kind (the first chunk it happened in)."""
+        if (idx, breach) not in self._identity_noted:
+            self._identity_noted.add((idx, breach))
+            self._c.error(detail)
 
     def finish(self) -> AssembledResponse:
         """Close the stream (EOF). A finished stream that never said [DONE] is a protocol error;

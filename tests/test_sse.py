@@ -119,6 +119,106 @@ def test_changed_id_and_name_are_flagged():
     assert "id changed from 'r1'" in errs and "id changed from 'a'" in errs and "name changed" in errs
 
 
+# --- stream identity: per index, one name sent once, one id, indices in order -------------
+
+def call_delta(index, args="", name=None, call_id=None):
+    """A chunk of one tool-call delta (`name`, `call_id`: sent only when given)."""
+    tc = {"index": index, "function": {"arguments": args}}
+    if name is not None:
+        tc["function"]["name"] = name
+    if call_id is not None:
+        tc["id"], tc["type"] = call_id, "function"
+    return chunk({"tool_calls": [tc]})
+
+
+def identity_errors(*deltas):
+    r, _ = feed_all([*deltas, chunk({}, finish="tool_calls"), "[DONE]"])
+    return r, r.protocol_errors
+
+
+CLEAN_IDENTITY = {
+    # OpenAI, vLLM and SGLang: name and id in a call's first delta only
+    "name and id in the first delta only": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": '),
+                                            call_delta(0, '"a.py"}')],
+    # SGLang sent the call's id with every delta; a client keeping the first id gets the right one
+    "the same id in every delta": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": ', call_id="c0"),
+                                   call_delta(0, '"a.py"}', call_id="c0")],
+    # vLLM's later deltas may carry an empty id, OpenAI's a null name
+    "empty id and null name later": [call_delta(0, "", "read_file", "c0"),
+                                     chunk({"tool_calls": [{"index": 0, "id": "", "function": {
+                                         "name": None, "arguments": '{"path": "a.py"}'}}]})],
+    "parallel calls 0 then 1": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": "a.py"}'),
+                                call_delta(1, "", "read_file", "c1"), call_delta(1, '{"path": "b.py"}')],
+    "two calls in one chunk, in order": [chunk({"tool_calls": [
+        {"index": 0, "id": "c0", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}},
+        {"index": 1, "id": "c1", "function": {"name": "read_file", "arguments": '{"path": "b.py"}'}}]})],
+    "a whole call in one delta": [call_delta(0, '{"path": "a.py"}', "read_file", "c0")],
+}
+
+
+@pytest.mark.parametrize("deltas", CLEAN_IDENTITY.values(), ids=CLEAN_IDENTITY.keys())
+def test_stream_identity_as_servers_send_it_is_clean(deltas):
+    r, errors = identity_errors(*deltas)
+    assembled = [(c.id, c.name, json.loads(c.arguments)) for c in r.tool_calls]
+    assert errors == [] and assembled in ([("c0", "read_file", {"path": "a.py"})],
+                                          [("c0", "read_file", {"path": "a.py"}), ("c1", "read_file", {"path": "b.py"})])
+
+
+BROKEN_IDENTITY = {
+    # vLLM's named tool_choice once did this (vllm-project/vllm#13078): clients read read_fileread_file
+    "the same name re-sent": ([call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": "a.py"}', "read_file")],
+                              "tool_calls[0]: function name 'read_file' sent again in chunk 2 (a client that joins "
+                              "deltas reads 'read_fileread_file')"),
+    "another name sent": ([call_delta(0, "", "read_file", "c0"), call_delta(0, "{}", "list_dir")],
+                          "tool_calls[0]: function name sent again in chunk 2, name changed from 'read_file' to "
+                          "'list_dir'"),
+    "a second id at a used index": ([call_delta(0, "{}", "read_file", "c0"), call_delta(0, "{}", call_id="c1")],
+                                    "tool_calls[0]: a second call at index 0 in chunk 2 (id changed from 'c0' to "
+                                    "'c1')"),
+    "index 0 after index 1 started": ([call_delta(0, "", "read_file", "c0"), call_delta(1, "", "read_file", "c1"),
+                                       call_delta(0, '{"path": "a.py"}'), call_delta(1, '{"path": "b.py"}')],
+                                      "tool_calls[0]: delta in chunk 3 after tool_calls[1] started (indices out of order)"),
+}
+
+
+@pytest.mark.parametrize(("deltas", "says"), BROKEN_IDENTITY.values(), ids=BROKEN_IDENTITY.keys())
+def test_each_stream_identity_breach_is_named(deltas, says):
+    _, errors = identity_errors(*deltas)
+    assert errors == [says]
+
+
+def test_a_name_in_every_delta_is_one_finding_per_call():
+    deltas = [call_delta(0, "", "read_file", "c0")] + [call_delta(0, "x", "read_file") for _ in range(20)]
+    deltas += [call_delta(1, "", "list_dir", "c1"), call_delta(1, "{}", "list_dir")]
+    r, errors = identity_errors(*deltas)
+    assert [e.split(":")[0] for e in errors] == ["tool_calls[0]", "tool_calls[1]"]
+    assert r.tool_calls[0].name == "read_file" and r.tool_calls[0].arguments == "x" * 20
+
+
+def test_a_second_call_at_a_used_index_names_both_breaches():
+    """lmdeploy once sent each parallel call at index 0: a new id, and the name again."""
+    _, errors = identity_errors(call_delta(0, '{"path": "a.py"}', "read_file", "c0"),
+                                call_delta(0, '{"path": "b.py"}', "read_file", "c1"))
+    assert [e.split(" in chunk")[0] for e in errors] == [
+        "tool_calls[0]: a second call at index 0", "tool_calls[0]: function name 'read_file' sent again"]
+
+
+def test_a_call_started_below_a_later_one_is_out_of_order_not_a_gap():
+    _, errors = identity_errors(call_delta(1, "{}", "read_file", "c1"), call_delta(0, "{}", "read_file", "c0"))
+    assert errors == ["chunk 1: tool call index 1 where 0 was next (index gap)",
+                      "tool_calls[0]: delta in chunk 2 after tool_calls[1] started (indices out of order)"]
+
+
+def test_stream_identity_breaches_are_stream_protocol_verdicts():
+    from dsv4bench.checks import run_checks
+    from dsv4bench.records import TurnContext
+
+    r, _ = identity_errors(*BROKEN_IDENTITY["the same name re-sent"][0])
+    verdicts, errors = run_checks(TurnContext(response=r, tools={"read_file": {}}))
+    [v] = verdicts
+    assert errors == [] and v.code == "stream_protocol" and v.detail.startswith("tool_calls[0]: function name")
+
+
 def test_non_stream_body():
     r = assemble_completion({"id": "x", "choices": [{"message": {"content": "hi", "tool_calls": [
         {"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]}, "finish_reason": "tool_calls"}]})
