@@ -36,11 +36,13 @@ from .checks.parser_view import Disagreement, disagreements, oracle_versions, re
 from .checks.reference import check_reference_mismatch
 from .codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
 from .history import TURNS_FILE
-from .records import AssembledResponse, OracleReadings, TurnContext, TurnStatus, Verdict
+from .families import family_for
+from .records import AssembledResponse, GivenText, OracleReadings, TurnContext, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers, is_greedy, request_key
 from .request_terms import RequestTerms
 from .sse import DeltaAssembler, assemble_completion
 from .turn_answer import is_http_error
+from .turn_judge import token_cap
 
 # Without the offered tools, these two cannot be judged and are left out.
 _NEED_TOOLS = ("unknown_tool", "schema_violation")
@@ -107,6 +109,18 @@ def _offered_tools(rec: dict[str, Any], req: dict[str, Any]) -> dict[str, dict[s
     return tools
 
 
+def _family(rec: dict[str, Any], req: dict[str, Any]) -> str | None:
+    """The server's model family as the exchange says it: a `family` or `tool_call_parser` the
+    capture names, else the model names of the answer and the request (None: every family)."""
+    resp = rec.get("response") if isinstance(rec.get("response"), dict) else {}
+    named = rec.get("family")
+    if isinstance(named, str) and named:
+        return family_for(parser=named, models=(named,))
+    parser = rec.get("tool_call_parser")
+    models = [m for m in (resp.get("model"), rec.get("model"), req.get("model")) if isinstance(m, str)]
+    return family_for(parser=parser if isinstance(parser, str) else None, models=models)
+
+
 def exchange_context(rec: dict[str, Any]) -> TurnContext:
     """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line
     (KeyError or TypeError where a turn record lacks a field or holds one of the wrong type)."""
@@ -119,7 +133,8 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
     # What the request asked: its body's own terms, else those its summary kept.
     terms = RequestTerms.of_body(req) if "messages" in req else RequestTerms.from_json(req.get("terms"))
     ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
-                      max_tokens=req.get("max_tokens"), raw_completion=raw, thinking=terms.thinking, terms=terms)
+                      max_tokens=token_cap(req), raw_completion=raw, thinking=terms.thinking, terms=terms,
+                      given=GivenText.of_body(req), family=_family(rec, req))
     status_code = rec.get("http_status")
     if is_turn_record and rec["status"] != TurnStatus.OK.value:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code

@@ -9,7 +9,8 @@ Families:
 - corruption: a complete response that is wrong (judged on ok turns);
 - availability: the request did not complete (judged on error and timeout turns);
 - wedge: a server after the load, judged per endpoint by wedge.py, not per turn: no checker;
-- oracle: the --raw oracle disagreed with the server's own parser; not a verdict about the server.
+- oracle: evidence, never a verdict about the server: the --raw oracle disagreed with the
+  server's own parser, or markup was found that the answer alone cannot judge.
 
 A turn our own nemesis cancelled is `killed` (a turn status, not a code): never judged.
 """
@@ -46,19 +47,37 @@ def _turn(code: str, family: str, module: str, meaning: str) -> VerdictCode:
 # In the order the report and summary.json list them.
 CODES: tuple[VerdictCode, ...] = (
     _turn("dsml_leak_content", CORRUPTION, "dsml",
-          "Raw DSML tool-call markup leaked into `content` instead of being parsed into tool calls."),
-    _turn("dsml_leak_reasoning", CORRUPTION, "dsml", "Raw DSML tool-call markup leaked into the reasoning text."),
-    _turn("dsml_in_arguments", CORRUPTION, "dsml", "DSML markup appears inside a tool call's `arguments`."),
+          "DeepSeek tool-call markup (DSML, V3 tool tokens) leaked into `content` instead of being parsed into "
+          "tool calls: structural, or absent from the text the request gave the model."),
+    _turn("dsml_leak_reasoning", CORRUPTION, "dsml",
+          "DeepSeek tool-call markup leaked into the reasoning text (structural, or absent from the request's text)."),
+    _turn("dsml_in_arguments", CORRUPTION, "dsml",
+          "DeepSeek tool-call markup inside a tool call's `arguments` that is structural or absent from the "
+          "request's text (markup the task gave the model, as in a file being edited, is clean)."),
+    _turn("markup_leak_content", CORRUPTION, "markup",
+          "Another family's tool-call markup (`<tool_call>`, `[TOOL_CALLS]`, harmony `to=functions.x`, Kimi or "
+          "GLM call tokens, `<|python_tag|>`...) leaked into `content`: structural, or absent from the request's text."),
+    _turn("markup_leak_reasoning", CORRUPTION, "markup",
+          "Another family's tool-call markup leaked into the reasoning (structural, or absent from the request's text)."),
+    _turn("markup_in_arguments", CORRUPTION, "markup",
+          "Another family's tool-call markup inside a tool call's `arguments`, structural or absent from the "
+          "request's text."),
     _turn("special_token_leak", CORRUPTION, "special_tokens",
-          "A DSV4 special token (`<｜end▁of▁sentence｜>`, a role token, `<think>` / `</think>`; DSML "
-          "aside) reached the client in `content`, the reasoning or a tool call's `arguments`."),
+          "A special token of the server's family (every family where unknown), in any spelling "
+          "(`<｜end▁of▁sentence｜>` or `<|end_of_sentence|>`, `<|im_end|>`, `<think>`...), reached the client in "
+          "`content`, the reasoning or `arguments`, and appears nowhere in the text the request gave the model."),
     _turn("args_not_json", CORRUPTION, "arguments", "A tool call's `arguments` is not valid JSON."),
     _turn("schema_violation", CORRUPTION, "arguments",
           "A tool call's arguments are JSON but violate the tool's JSON Schema."),
     _turn("unknown_tool", CORRUPTION, "arguments", "A tool call names a tool that the request did not offer."),
     _turn("finish_reason_mismatch", CORRUPTION, "protocol",
-          "`finish_reason` disagrees with the content: `tool_calls` without calls, or calls with `stop`."),
-    _turn("empty_turn", CORRUPTION, "protocol", "The turn finished with no content, no reasoning and no tool calls."),
+          "`finish_reason` disagrees with the turn: anything but `length` when `usage.completion_tokens` "
+          "reached the request's `max_tokens` (or `max_completion_tokens`), streamed or not (the cap cut "
+          "it; except `stop` exactly at the cap under the request's own stop sequences); `tool_calls` "
+          "without calls; calls with `stop`; or a value clients do not know, such as `abort`."),
+    _turn("empty_turn", CORRUPTION, "protocol",
+          "The turn finished with no content, no reasoning and no tool calls (a `stop` with nothing is no "
+          "finding where the request's stop sequences or an assistant message it continues allow it)."),
     _turn("stream_protocol", CORRUPTION, "protocol",
           "The response broke the streaming protocol (a tool call's index skipped or out of order, its "
           "first delta without id or name, its name sent again in a later delta, a second id at its "
@@ -80,7 +99,9 @@ CODES: tuple[VerdictCode, ...] = (
     _turn("stop_sequence_ignored", CORRUPTION, "request_terms",
           "A stop sequence of the request appears in `content` or the reasoning: the server did not stop at it."),
     _turn("reasoning_only", CORRUPTION, "request_terms",
-          "The turn finished (`stop`) with reasoning but no content and no tool call: nothing an agent can act on."),
+          "The turn finished (`stop`) with reasoning but no content and no tool call, before its "
+          "`max_tokens`, and the request had no stop sequence and no assistant message to continue that "
+          "could end it there: nothing an agent can act on."),
     # Judged only with --reference (dsv4bench/reference_run.py).
     _turn("reference_mismatch", CORRUPTION, "reference",
           "The reference run (--reference) got a different answer to this same greedy request: "
@@ -96,7 +117,11 @@ CODES: tuple[VerdictCode, ...] = (
     VerdictCode("health_lies", WEDGE, "`/health` answered 200 while the server could not generate."),
     VerdictCode("ghost_requests", WEDGE, "After every client was gone, the server kept decoding requests nobody waits for."),
     _turn("parser_disagreement", ORACLE, "oracle",
-          "DeepSeek's reference parser read the raw completion differently from the server's parser."),
+          "The family's reference parser read the raw completion (--raw) differently from the server's parser."),
+    _turn("markup_unproven", ORACLE, "markup",
+          "Markup or a special token that is not structural, in a turn whose request text is not known: the "
+          "answer alone cannot say whether it was quoted from the task (auditing with the request bodies, or "
+          "--raw, decides)."),
 )
 BY_CODE: dict[str, VerdictCode] = {c.code: c for c in CODES}
 assert len(BY_CODE) == len(CODES), "each code once"
@@ -111,7 +136,9 @@ def codes_of(family: str) -> tuple[str, ...]:
 CORRUPTION_CODES = codes_of(CORRUPTION)
 AVAILABILITY_CODES = codes_of(AVAILABILITY)
 WEDGE_CODES = codes_of(WEDGE)
-(ORACLE_CODE,) = codes_of(ORACLE)
+EVIDENCE_CODES = codes_of(ORACLE)
+ORACLE_CODE = "parser_disagreement"
+assert ORACLE_CODE in EVIDENCE_CODES
 REFERENCE_CODE = "reference_mismatch"
 assert REFERENCE_CODE in CORRUPTION_CODES
 # The codes a turn can carry (summary.json `counts` has each of them, zero or not).

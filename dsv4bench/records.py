@@ -307,6 +307,47 @@ class ReferenceAnswer:
         return cls.of(AssembledResponse.from_json(d), **where)
 
 
+class GivenText:
+    """The text a request gave the model: its system, developer, user and tool-result messages,
+    never the assistant's own earlier turns (a server renders those calls as markup, so they
+    would make any leak look quoted). Markup found here is text the task is about, not a leak.
+    Joined once, on first use."""
+
+    _ROLES = ("system", "developer", "user", "tool", "function")
+
+    def __init__(self, texts: tuple[str, ...] = ()) -> None:
+        self.texts = texts
+
+    @classmethod
+    def of_body(cls, body: Any) -> GivenText | None:
+        """What `body` (a chat request) gave the model; None where it holds no messages to read."""
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list):
+            return None
+        texts: list[str] = []
+        for msg in messages:
+            if isinstance(msg, dict) and msg.get("role") in cls._ROLES:
+                texts.extend(_message_texts(msg.get("content")))
+        return cls(tuple(texts))
+
+    @functools.cached_property
+    def joined(self) -> str:
+        return "\x00".join(self.texts)
+
+    def holds(self, text: str) -> bool:
+        """Whether `text` appears, exactly, in what the request gave the model."""
+        return bool(text) and text in self.joined
+
+
+def _message_texts(content: Any) -> list[str]:
+    """A message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
 @dataclass
 class TurnContext:
     """What the checkers see of one turn: the response plus what the request allowed.
@@ -328,6 +369,10 @@ class TurnContext:
     terms: RequestTerms = field(default_factory=RequestTerms)  # tool_choice, parallel calls, stop
     raw_completion: str | None = None  # the --raw oracle's completion text, when fetched
     reference: ReferenceAnswer | None = None  # --reference: that run's answer to this same request
+    # What the request gave the model (GivenText.of_body); None where it is not known (an audit
+    # of answers without their requests): markup that is not structural is then only evidence.
+    given: GivenText | None = None
+    family: str | None = None  # the server's model family (dsv4bench.families); None: check every family
 
 
 @dataclass

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .codes import CORRUPTION_CODES, ORACLE_CODE, REFERENCE_CODE, TURN_CODES
+from .codes import CORRUPTION_CODES, EVIDENCE_CODES, REFERENCE_CODE, TURN_CODES
 from .discovery import Deployment
 from .history import RUN_FILE, History, history_gaps
 from .records import INT64, TurnRecord, TurnStatus, is_finite_number
@@ -69,7 +69,7 @@ def counts_code(turn: TurnRecord, code: str) -> bool:
     """Whether a verdict `code` on `turn` counts (see the module docstring)."""
     if turn.status is TurnStatus.KILLED:
         return False
-    if code in CORRUPTION_CODES or code == ORACLE_CODE:
+    if code in CORRUPTION_CODES or code in EVIDENCE_CODES:
         return turn.status is TurnStatus.OK
     return True
 
@@ -301,7 +301,7 @@ def summarize(history: History) -> dict[str, Any]:
     attempted = outcomes["total"] - outcomes["killed"]
     rates: dict[str, dict[str, float | None]] = {}
     for code, n in counts.items():
-        per_call = code in CORRUPTION_CODES or code == ORACLE_CODE
+        per_call = code in CORRUPTION_CODES or code in EVIDENCE_CODES
         turn_base = outcomes["ok"] if per_call else attempted
         rates[code] = {
             "per_turn": n / turn_base if turn_base else None,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import OracleReadings, TurnContext, TurnRecord, TurnStatus, Verdict
+from .families import family_for
+from .records import GivenText, OracleReadings, TurnContext, TurnRecord, TurnStatus, Verdict
 from .request_terms import RequestTerms
 from .session import AgentSession, request_summary
 from .turn_answer import TurnOutcome
@@ -38,18 +39,31 @@ def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def request_context(body: dict[str, Any], outcome: TurnOutcome,
-                    tools: dict[str, dict[str, Any]] | None = None) -> TurnContext:
+                    tools: dict[str, dict[str, Any]] | None = None, family: str | None = None) -> TurnContext:
     """What the checkers judge of the answer to `body`: what it offered and allowed (tools,
-    tool_choice, thinking, stop...) is read from the body itself, so a request any client wrote
-    (a proxied agent, a replayed capture) is judged as ours are. `tools`: the schemas where the
-    caller has them already (a session's)."""
+    tool_choice, thinking, stop...) and the text it gave the model are read from the body itself,
+    so a request any client wrote (a proxied agent, a replayed capture) is judged as ours are.
+    `tools`: the schemas where the caller has them already (a session's). `family`: the server's
+    model family where the run knows it (its tool-call parser), else the model names say it."""
     terms = RequestTerms.of_body(body)
+    served = outcome.response.model if outcome.response is not None else None
     return TurnContext(
         response=outcome.response, tools=offered_tools(body) if tools is None else tools, status=outcome.status,
         http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
-        stream=bool(body.get("stream")), max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
-        thinking=terms.thinking, terms=terms,
+        stream=bool(body.get("stream")), max_tokens=token_cap(body),
+        thinking=terms.thinking, terms=terms, given=GivenText.of_body(body),
+        family=family or family_for(models=(served, body.get("model") if isinstance(body.get("model"), str) else None)),
     )
+
+
+def token_cap(body: dict[str, Any]) -> int | None:
+    """The request's cap on completion tokens: `max_tokens`, else `max_completion_tokens` (an
+    integer, else not known)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome) -> TurnContext:

@@ -37,8 +37,8 @@ def test_every_code_has_a_checker_or_is_a_wedge_code() -> None:
     for c in CODES:
         if c.family == WEDGE:
             assert c.checker is None and c.code in WEDGE_CODES
-        elif c.family == ORACLE:
-            assert ORACLE_CHECKER.__name__ == f"check_{c.code}" and c.code == ORACLE_CODE
+        elif c.code == ORACLE_CODE:
+            assert ORACLE_CHECKER.__name__ == f"check_{c.code}" and c.family == ORACLE
         else:
             assert CHECKERS[c.code].__name__ == f"check_{c.code}"
             assert c.checker == f"{CHECKERS[c.code].__module__.rsplit('.', 1)[-1]}.check_{c.code}"

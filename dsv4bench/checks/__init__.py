@@ -7,7 +7,8 @@ turn status, Jepsen-style:
 
 - KILLED: nothing (our own nemesis cancelled it: indeterminate, never a verdict);
 - ERROR / TIMEOUT: the availability checkers only;
-- OK: the corruption checkers, plus the --raw oracle when `ctx.raw_completion` is set.
+- OK: the corruption checkers and `markup_unproven` (evidence), plus the --raw oracle when
+  `ctx.raw_completion` is set.
 
 A checker that raises does not crash the run: its failure becomes a string in
 `check_errors` and the turn's outcome for that code is unknown.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from dsv4bench.codes import AVAILABILITY_CODES, BY_CODE, CORRUPTION_CODES, ORACLE_CODE
+from dsv4bench.codes import AVAILABILITY_CODES, BY_CODE, CORRUPTION_CODES, EVIDENCE_CODES, ORACLE_CODE
 from dsv4bench.records import TurnContext, TurnStatus, Verdict
 
 Checker = Callable[[TurnContext], list[Verdict]]
@@ -31,7 +32,10 @@ def _checker(code: str) -> Checker:
     return fn
 
 
-CHECKERS: dict[str, Checker] = {code: _checker(code) for code in (*CORRUPTION_CODES, *AVAILABILITY_CODES)}
+# Evidence judged on every ok turn (markup the answer alone cannot judge); the oracle's own
+# code only where a raw completion was fetched.
+ALWAYS_EVIDENCE = tuple(c for c in EVIDENCE_CODES if c != ORACLE_CODE)
+CHECKERS: dict[str, Checker] = {code: _checker(code) for code in (*CORRUPTION_CODES, *ALWAYS_EVIDENCE, *AVAILABILITY_CODES)}
 ORACLE_CHECKER: Checker = _checker(ORACLE_CODE)
 
 
@@ -41,7 +45,7 @@ def checkers_for(ctx: TurnContext) -> dict[str, Checker]:
         return {}
     if ctx.status is not TurnStatus.OK:
         return {code: CHECKERS[code] for code in AVAILABILITY_CODES}
-    chosen = {code: CHECKERS[code] for code in CORRUPTION_CODES}
+    chosen = {code: CHECKERS[code] for code in (*CORRUPTION_CODES, *ALWAYS_EVIDENCE)}
     if ctx.raw_completion is not None:
         chosen[ORACLE_CODE] = ORACLE_CHECKER
     return chosen

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from ..checks.parser_view import RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements, sglang_like
 from ..checks.sglang_oracle import REASONING_PARSER, TOOL_CALL_PARSER
-from ..codes import ORACLE_CODE, TURN_CODES, code_class, meaning
+from ..codes import EVIDENCE_CODES, TURN_CODES, code_class, meaning
 from ..dialect import stage
 from ..discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
 from ..history import History
@@ -317,7 +317,7 @@ def _codes_in_order(summary: dict[str, Any]) -> list[str]:
     """Known turn-level codes in their canonical order, then any others that fired."""
     known = list(TURN_CODES)
     extra = [c for c, n in summary["counts"].items() if c not in known and n]
-    return [c for c in known if c != ORACLE_CODE or summary["counts"].get(c)] + extra
+    return [c for c in known if c not in EVIDENCE_CODES or summary["counts"].get(c)] + extra
 
 
 def _codes_section(summary: dict[str, Any]) -> list[str]:

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from dsv4bench.checks import dsml, text
+from dsv4bench.checks import text
+from dsv4bench.families import deepseek
 
 WORDS = ["the", "file", "server", "x = 1", "<div>", "|", "DSML", "string", "tool", "Ã©", "—", "\x07", "é", "ſ",
          "é", "0, ", "-", "  ", "\n", "invoke", "<｜DSML｜invoke name=\"f\">", "def f():", "return", "{}", "ab"]
@@ -65,7 +66,7 @@ def test_find_garbled_ascii_path_is_the_full_search(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_find_dsml_prefilter_keeps_every_finding(seed, monkeypatch):
     texts = _texts(seed) + ["<|DS", "a |DSML| b", 'x string="true">', "|tool_sep|", "plain prose, no markup"]
-    fast = [dsml.find_dsml(t) for t in texts]
-    monkeypatch.setattr(dsml, "_may_hold_dsml", lambda t: True)
-    assert fast == [dsml.find_dsml(t) for t in texts]
+    fast = [deepseek.find_dsml(t) for t in texts]
+    monkeypatch.setattr(deepseek, "_may_hold_dsml", lambda t: True)
+    assert fast == [deepseek.find_dsml(t) for t in texts]
     assert sum(bool(x) for x in fast) > 20

@@ -26,7 +26,10 @@ LEAKS = {
     "latest reminder token": "<｜latest_reminder｜>Keep going.",
     "grounding tokens": "The button is at <｜box｜>(10,20),(30,40)<｜/box｜>.",
     "image token": "Here: <｜image｜>",
-    "backticked token is still a leak": "The model stops at `<｜end▁of▁sentence｜>`.",
+    "backticked token absent from the request": "The model stops at `<｜end▁of▁sentence｜>`.",
+    "ASCII-bar spelling": "Done.<|end▁of▁sentence|>",
+    "ASCII spelling with underscores": "Done.<|end_of_sentence|>",
+    "spaced, doubled bars": "Done.< ||begin of sentence|| >",
     "token beside a DSML block": BLOCK + EOS,
 }
 
@@ -37,8 +40,6 @@ CLEAN = {
     "lone fullwidth bar": "a ｜ b",
     "the word think": "I think the fix is to think about the cache first.",
     "thinking tags of other formats": "<thinking>plan</thinking> and <think /> and < think>",
-    "other models' tokens": "<|endoftext|> <|im_start|>assistant <|end_of_sentence|> <s></s>",
-    "ascii-bar look-alike": "<|end▁of▁sentence|>",
     "html and generics": '<div class="think">x</div> Vec<Think>',
     "a cut spelling is not a token": "<｜end▁of",
     "byte-level form is garbled_text's": "<ï½ľendâĸģofâĸģsentenceï½ľ>",
@@ -56,7 +57,17 @@ def test_both_sources_are_found_and_agree() -> None:
 def test_leak_in_content_is_flagged_once_with_offset(text: str) -> None:
     [v] = check_special_token_leak(turn(text))
     offset = int(v.where.removeprefix("content@"))
-    assert v.code == "special_token_leak" and text[offset:].startswith(tuple(TOKENS))
+    assert v.code == "special_token_leak" and text[offset:].startswith("<")
+    # the same turn from a DeepSeek server (its family known) is judged the same
+    assert [x.code for x in check_special_token_leak(turn(text, family="deepseek-v4"))] == ["special_token_leak"]
+
+
+def test_other_families_tokens_are_not_deepseeks() -> None:
+    """On a DeepSeek server, ChatML's tokens are text the model wrote, not DeepSeek special tokens;
+    where the family is unknown every family's tokens count."""
+    text = "<|endoftext|> <|im_start|>assistant <s></s>"
+    assert check_special_token_leak(turn(text, family="deepseek-v4")) == []
+    assert [v.code for v in check_special_token_leak(turn(text))] == ["special_token_leak"]
 
 
 @pytest.mark.parametrize("text", CLEAN.values(), ids=CLEAN.keys())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsv4bench.records import AssembledResponse, ToolCall, TurnContext, TurnStatus
+from dsv4bench.records import AssembledResponse, GivenText, ToolCall, TurnContext, TurnStatus
 
 TOOLS: dict[str, dict[str, Any]] = {
     "read_file": {
@@ -85,11 +85,16 @@ def turn(
     tools: dict[str, dict[str, Any]] | None = None,
     status: TurnStatus = TurnStatus.OK,
     raw: str | None = None,
+    given: str | None = "",
+    family: str | None = None,
     **response: Any,
 ) -> TurnContext:
     """An OK turn (by default) with a streamed, well-formed response.
 
     `finish="auto"` picks what a correct server sends: "tool_calls" with calls, else "stop".
+    `given`: the text the request gave the model (its user and tool messages); "" a request
+    that holds no markup, None a request not known (an audit of answers alone). `family`: the
+    server's model family, None for unknown (every family checked).
     """
     made = tool_calls(list(calls))
     if finish == "auto":
@@ -97,7 +102,8 @@ def turn(
     fields: dict[str, Any] = {"response_id": "chatcmpl-1", "model": "DeepSeek-V4-Pro", "saw_done": True, "chunks": 10}
     fields.update(response)
     resp = AssembledResponse(content=content, reasoning=reasoning, tool_calls=made, finish_reason=finish, **fields)
-    return TurnContext(response=resp, tools=TOOLS if tools is None else tools, status=status, raw_completion=raw)
+    return TurnContext(response=resp, tools=TOOLS if tools is None else tools, status=status, raw_completion=raw,
+                       given=None if given is None else GivenText((given,)), family=family)
 
 
 def failed(status: TurnStatus, kind: str | None, http_status: int | None = None, error: str | None = None) -> TurnContext:

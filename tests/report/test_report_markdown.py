@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsv4bench.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, ORACLE_CODE, WEDGE_CODES
+from dsv4bench.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, EVIDENCE_CODES, WEDGE_CODES
 from dsv4bench.history import read_history
 from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord, Verdict
 from dsv4bench.report.markdown import excerpt, fence, render_report
@@ -17,7 +17,7 @@ def render(run_dir: Path, plots: list[str] | None = None) -> str:
 
 
 def test_every_code_has_one_sentence_meaning() -> None:
-    for code in (*CORRUPTION_CODES, *AVAILABILITY_CODES, *WEDGE_CODES, ORACLE_CODE):
+    for code in (*CORRUPTION_CODES, *AVAILABILITY_CODES, *WEDGE_CODES, *EVIDENCE_CODES):
         text = CODE_MEANINGS[code]
         assert text.endswith(".") and text.count(". ") == 0, code
 

@@ -1,0 +1,45 @@
+"""gpt-oss (OpenAI's open-weight models): the harmony format.
+
+A call is a commentary-channel message addressed to a function::
+
+    <|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json
+    <|message|>{"path": "a.py"}<|call|>
+
+(SGLang `gpt-oss`, vLLM `openai`). All of `<|start|>`, `<|channel|>`, `<|message|>`,
+`<|constrain|>`, `<|end|>`, `<|call|>`, `<|return|>` are special tokens. When a server strips
+them but misses the call, the text left behind still reads `commentary to=functions.NAME ...`:
+that recipient is harmony's tool-call markup with or without the tokens. The analysis channel is
+the reasoning.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .base import Family, Marker, json_call_at, tokens_marker
+
+_I = re.IGNORECASE
+_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>",
+           "<|startoftext|>", "<|endoftext|>", "<|endofprompt|>")
+_RECIPIENT = re.compile(r"\bto=functions\.(?P<fname>[\w.\-]+)(?P<rest>[^{]{0,80})")
+
+
+def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
+    """`to=functions.NAME`, its content type, then a JSON object: a call with its arguments."""
+    return json_call_at(text, m.end()) is not None or json_call_at(text, m.end("fname")) is not None
+
+
+def _recipient_call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
+    rest = m.group("rest")
+    return bool(re.search(r"json|<\s*\|\s*(?:constrain|message)", rest, _I)) and json_call_at(text, m.end()) is not None
+
+
+FAMILIES = (
+    Family(name="gpt-oss", group="gpt-oss",
+           title="gpt-oss (harmony)",
+           models=re.compile(r"gpt[-_]?oss", _I), parsers=("gpt-oss", "openai", "harmony"),
+           markers=(Marker("harmony recipient to=functions.NAME", _RECIPIENT, structural=_recipient_call),
+                    tokens_marker("harmony special token", _TOKENS)),
+           sglang_parsers=("gpt-oss",), reasoning_parser="gpt-oss",
+           raw_signature=re.compile(r"<\|channel\|>|<\|start\|>assistant")),
+)
