@@ -261,17 +261,24 @@ _BAD_CODEPOINT = re.compile(rf"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff
 _BAD_ASCII = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # what of _BAD_CODEPOINT is ASCII
 
 
-def find_garbled(text: str) -> tuple[str, int] | None:
-    """(signal, offset) of the first garbled-text signal in `text`, or None."""
+# What of _BAD_CODEPOINT stays a signal inside a decoded argument string: a control character
+# there was sent as a JSON escape (raw ones make the JSON invalid), which is how a correct server
+# carries a terminal colour (`\u001b[1m`) or a NUL a tool's input needs.
+_BAD_IN_STRING = re.compile(rf"[\ud800-\udfff\ufffd\ufdd0-\ufdef{_NONCHARS}]")
+
+
+def find_garbled(text: str, controls: bool = True) -> tuple[str, int] | None:
+    """(signal, offset) of the first garbled-text signal in `text`, or None. `controls=False`
+    for a string value decoded from JSON arguments: its control characters came as escapes."""
     if text.isascii():  # every signal but a control character needs a non-ASCII character
-        bad = _BAD_ASCII.search(text)
+        bad = _BAD_ASCII.search(text) if controls else None
         return None if bad is None else (f"invalid character U+{ord(bad.group()):04X}", bad.start())
-    return _find_garbled_any(text)
+    return _find_garbled_any(text, controls)
 
 
-def _find_garbled_any(text: str) -> tuple[str, int] | None:
+def _find_garbled_any(text: str, controls: bool = True) -> tuple[str, int] | None:
     """find_garbled for text of any characters."""
-    bad = _BAD_CODEPOINT.search(text)
+    bad = (_BAD_CODEPOINT if controls else _BAD_IN_STRING).search(text)
     if bad:
         ch = bad.group()
         return ("U+FFFD replacement character" if ch == "\ufffd" else f"invalid character U+{ord(ch):04X}"), bad.start()
@@ -326,7 +333,9 @@ def check_garbled_text(ctx: TurnContext) -> list[Verdict]:
 
     Signals, first found wins:
     - any U+FFFD, control character other than \\n \\t \\r, lone surrogate or Unicode
-      noncharacter (a broken detokenizer or a UTF-8 sequence split across chunks); invalid
+      noncharacter (a broken detokenizer or a UTF-8 sequence split across chunks); in a call's
+      arguments that decode, control characters are not a signal: JSON carried them escaped
+      (`"\\u001b[1m"`, a terminal colour in a shell command), as a correct server sends; invalid
       UTF-8 bytes arrive as U+FFFD, and a lone surrogate sent as a JSON escape (`\\ud800`),
       which the assembler records as U+FFFD, is named as such;
     - >= 3 byte-level BPE marker characters in BPE positions: runs like `ĠĠĊ`, `Ġ`/`Ċ`
@@ -348,7 +357,9 @@ def check_garbled_text(ctx: TurnContext) -> list[Verdict]:
     verdicts = []
     for where, texts in judged_texts(resp):
         for label, text in texts:
-            found = find_garbled(text)
+            # A decoded argument value, or the arguments re-serialized from it: control characters
+            # there were JSON escapes (a raw one would not decode; args_not_json owns that).
+            found = find_garbled(text, controls=where in ("content", "reasoning") or label == "raw")
             if found is not None:
                 signal, offset = found
                 if where in replaced and signal.startswith("U+FFFD"):

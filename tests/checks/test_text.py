@@ -195,7 +195,8 @@ def test_language_is_not_garbled(text: str) -> None:
     [
         (turn("Hello w\ufffdrld"), "content@7", "U+FFFD"),
         (turn("ok", reasoning="ĠĠĊĠthe"), "reasoning@0", "BPE"),
-        (turn(calls=[("run_shell", {"command": "echo \u0000"})]), "tool_calls[0].arguments", "in $.command: invalid character U+0000"),
+        (turn(calls=[("run_shell", {"command": "echo w\ufffdrld"})]), "tool_calls[0].arguments", "U+FFFD"),
+        (turn(calls=[("run_shell", '{"command": "echo \u0007"')]), "tool_calls[0].arguments", "invalid character U+0007"),
         (turn(calls=[("read_file", {"path": "CafÃ©/rÃ©sumÃ©.txt"})]), "tool_calls[0].arguments", "mojibake"),
     ],
 )
@@ -219,3 +220,13 @@ def test_a_lone_surrogate_the_assembler_replaced_is_named() -> None:
     clipped.response.surrogates_replaced = ["content"]
     [v] = check_garbled_text(clipped)
     assert v.where == "content" and "lone UTF-16 surrogate" in v.detail
+
+
+@pytest.mark.parametrize("value", ["printf '\u001b[1mbold\u001b[0m'", "a\u0000b", "tab\there\u007f", "\u0008"])
+def test_control_characters_json_carries_escaped_in_arguments_are_clean(value: str) -> None:
+    """A terminal colour or a NUL in a tool's input travels as a JSON escape: what a correct server
+    sends. The same character raw in content is still garbled."""
+    ctx = turn("Running it.", calls=[("run_shell", {"command": value})])
+    assert "\\" in ctx.response.tool_calls[0].arguments  # sent escaped
+    assert check_garbled_text(ctx) == []
+    assert [v.code for v in check_garbled_text(turn(value.replace("\t", "")))] == ["garbled_text"]
