@@ -1,4 +1,5 @@
-"""The --raw oracle: DeepSeek's own renderer and parser (deepseek-recipe) as a reference.
+"""The --raw oracle: DeepSeek's own renderer and parser (deepseek-recipe) as a reference, and the
+`parser_disagreement` code over any family's reference reading (raw_readers.py).
 
 With `--raw` the harness also fetches the model's raw completion text (special tokens
 kept). `parse_raw_completion` parses it the way DeepSeek's reference front end would, and
@@ -43,13 +44,16 @@ How deepseek-recipe 0.2.0 behaves (found by experiment; pinned in tests/checks/t
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import deepseek_recipe as dr
 
 from dsv4bench.checks.common import clip, decode_json, first_difference, response_of
 from dsv4bench.codes import ORACLE_CODE
 from dsv4bench.records import AssembledResponse, ToolCall, TurnContext, Verdict
+
+if TYPE_CHECKING:
+    from dsv4bench.checks.raw_readers import RawReading
 
 _TOKENS = dr.SpecialTokens()
 EOS = _TOKENS.token(dr.SpecialToken.Eos)
@@ -100,11 +104,19 @@ def thinking_for(raw_text: str, body: dict[str, Any], default_thinking: bool | N
     return THINK_END in raw_text if default_thinking is None else default_thinking
 
 
+# Each family's end of turn, which a raw completion fetched with special tokens kept may end
+# with: DeepSeek's EOS, ChatML's (Qwen, Kimi), Llama 3's, harmony's final `<|return|>`,
+# Mistral's `</s>`, Gemma's, and GLM's (it stops on the next role's token).
+STOP_TOKENS = (EOS, "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|return|>", "</s>",
+               "<end_of_turn>", "<turn|>", "<|user|>", "<|observation|>")
+
+
 def completion_text(raw_text: str) -> str:
-    """The raw completion as the model's answer: a trailing `<｜end▁of▁sentence｜>` (with the
-    whitespace after it) dropped, as a server drops its stop token."""
+    """The raw completion as the model's answer: a trailing stop token (`<｜end▁of▁sentence｜>`,
+    `<|im_end|>`, ...: STOP_TOKENS, with the whitespace after it) dropped, as a server drops it."""
     text = raw_text.rstrip()
-    return text.removesuffix(EOS) if text.endswith(EOS) else raw_text
+    stop = next((t for t in STOP_TOKENS if text.endswith(t)), None)
+    return text.removesuffix(stop) if stop else raw_text
 
 
 def parse_raw_completion(
@@ -194,19 +206,34 @@ def arguments_agree(oracle: str, server: str) -> bool:
         return oracle.strip() == server.strip()
 
 
-def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:
-    """The oracle's parse of `ctx.raw_completion` differs from what the server sent.
+def oracle_reading(ctx: TurnContext) -> RawReading | None:
+    """The turn's raw completion read by its family's reference reader (raw_readers.read_raw),
+    or None without one."""
+    # Imported here: raw_readers reads with this module's deepseek-recipe parse.
+    from dsv4bench.checks.raw_readers import read_raw
 
-    Compared: the sequence of tool call names; each call's arguments as decoded JSON
-    (5 and 5.0 agree, key order does not matter; text that does not decode is compared
-    stripped); content, stripped. One verdict per difference, saying what the oracle saw
-    and what the server sent. Reasoning, ids and finish_reason are not compared. Returns
-    [] when the turn has no raw completion.
+    if ctx.raw_completion is None or ctx.response is None:
+        return None
+    server = ctx.response
+    return read_raw(ctx.raw_completion, body_for(ctx), family=getattr(ctx, "family", None), model=server.model,
+                    finish_reason=raw_finish(server), stream=server.stream)
+
+
+def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:
+    """The oracle's reading of `ctx.raw_completion` differs from what the server sent.
+
+    The oracle is the turn's family's reference reader (raw_readers.py: deepseek-recipe for
+    DeepSeek-V4, SGLang's detectors for the others). Compared: the sequence of tool call
+    names; each call's arguments as decoded JSON (5 and 5.0 agree, key order does not matter;
+    text that does not decode is compared stripped); content, stripped. One verdict per
+    difference, saying what the oracle saw and what the server sent. Reasoning, ids and
+    finish_reason are not compared. Returns [] when the turn has no raw completion, and when no
+    reader could read it (the parser view says why: parser_view.py).
     """
-    if ctx.raw_completion is None:
+    reading = oracle_reading(ctx)
+    if reading is None or reading.oracle is None:
         return []
-    server = response_of(ctx)
-    oracle = parse_raw_completion(ctx.raw_completion, body_for(ctx), finish_reason=raw_finish(server))
+    server, oracle = response_of(ctx), reading.oracle
     verdicts = []
     o_names, s_names = [c.name for c in oracle.tool_calls], [c.name for c in server.tool_calls]
     if o_names != s_names:

@@ -1,28 +1,39 @@
-"""The parsers' view of a --raw turn: the server's answer beside deepseek-recipe's reading and
-SGLang's readings (streamed and whole) of the same raw completion, field by field.
+"""The parsers' view of a --raw turn: the server's answer beside the raw completion's readings by
+its family's readers (raw_readers.py): deepseek-recipe's, for DeepSeek-V4, and SGLang's with the
+family's detectors (streamed and whole), field by field.
 
-Evidence, never a verdict. Only deepseek-recipe against the server is a code
-(`parser_disagreement`, oracle.py), and even that one is no verdict about the server. Here:
-- SGLang against the server: the server's parser is not SGLang's DeepSeek-V4 detector as it is
-  installed here (another parser, version or setting), or its streaming changed the answer;
+Evidence, never a verdict. Only the family's first reader against the server is a code
+(`parser_disagreement`, oracle.py: deepseek-recipe, else SGLang's reading made the way the
+server answered), and even that one is no verdict about the server. Here:
+- SGLang against the server: the server's parser is not SGLang's detector for the family as it
+  is installed here (another parser, version or setting), or its streaming changed the answer;
 - deepseek-recipe against SGLang, or SGLang streamed against SGLang whole: a finding about the
   parsers, whatever the server sent.
 Fields are compared as oracle.py compares them (the call names; each call's arguments as JSON,
 else as text; the content, stripped), and the reasoning too, stripped.
+
+A turn's readings are kept as records.OracleReadings, whose `recipe` slot holds the first
+reader's reading with its `model` naming that reader: deepseek-recipe's (a record from before
+other families were read names the served model there), or `SGLang <tool parser>` (a copy of
+SGLang's reading as the server answered), or `not read`, empty, where no reader could read the
+text (`sglang.state` then says why, `not read: ...`): evidence that the oracle could not judge
+the turn, never a disagreement.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from typing import Any
 
 from dsv4bench.checks.common import clip
-from dsv4bench.checks.oracle import arguments_agree, body_for, parse_raw_completion, raw_finish
-from dsv4bench.checks.sglang_oracle import read_with_sglang, sglang_state
-from dsv4bench.records import AssembledResponse, OracleReadings, TurnContext
+from dsv4bench.checks.oracle import arguments_agree, oracle_reading
+from dsv4bench.checks.raw_readers import RECIPE_READER
+from dsv4bench.checks.sglang_oracle import sglang_state
+from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnContext
 
-SERVER, RECIPE, SGLANG_STREAM, SGLANG_WHOLE = "server", "deepseek-recipe", "SGLang streamed", "SGLang whole"
+SERVER, RECIPE, SGLANG_STREAM, SGLANG_WHOLE = "server", RECIPE_READER, "SGLang streamed", "SGLang whole"
+NOT_READ = "not read"
 
 
 def oracle_versions() -> dict[str, str]:
@@ -32,28 +43,51 @@ def oracle_versions() -> dict[str, str]:
 
 
 def read_oracles(ctx: TurnContext) -> OracleReadings | None:
-    """Both oracles' readings of the turn's raw completion. None without one, or where
-    deepseek-recipe cannot read it: the `parser_disagreement` checker records that failure."""
-    if ctx.raw_completion is None or ctx.response is None:
+    """The family's readers' readings of the turn's raw completion (never raises). None without
+    one; where no reader could read it, a `not read` reading saying why (`not_read`)."""
+    reading = oracle_reading(ctx)
+    if reading is None:
         return None
-    body, finish = body_for(ctx), raw_finish(ctx.response)
-    try:
-        recipe = parse_raw_completion(ctx.raw_completion, body, finish_reason=finish)
-    except Exception:  # noqa: BLE001 - reported once, as the checker's error
-        return None
-    return OracleReadings(ctx.raw_completion, recipe, read_with_sglang(ctx.raw_completion, body, finish_reason=finish))
+    raw = ctx.raw_completion if isinstance(ctx.raw_completion, str) else repr(ctx.raw_completion)
+    if reading.oracle is None:
+        return OracleReadings(raw, AssembledResponse(model=NOT_READ, stream=False),
+                              SglangReading(f"{NOT_READ}: {reading.not_read}"))
+    first = reading.oracle if reading.reader == RECIPE_READER else replace(reading.oracle, model=reading.reader)
+    return OracleReadings(raw, first, reading.sglang)
+
+
+def not_read(oracles: OracleReadings) -> str | None:
+    """Why no reader could read the turn's raw completion, or None where one did."""
+    state = oracles.sglang.state
+    return state.removeprefix(f"{NOT_READ}: ") if state.startswith(f"{NOT_READ}: ") else None
+
+
+def first_reader(oracles: OracleReadings) -> str:
+    """Who made the reading the `parser_disagreement` code compares: deepseek-recipe, `SGLang
+    <tool parser>` or `not read` (see the module docstring)."""
+    if not_read(oracles) is not None:
+        return NOT_READ
+    model = oracles.recipe.model or ""
+    return model if model.startswith("SGLang ") else RECIPE
 
 
 def kept_oracles(ctx: TurnContext) -> OracleReadings | None:
-    """The readings a run keeps of a turn: only where they and the server's answer are not all one."""
+    """The readings a run keeps of a turn: where no reader could read it, or where they and the
+    server's answer are not all one."""
     oracles = read_oracles(ctx)
-    return oracles if oracles is not None and ctx.response and disagreements(ctx.response, oracles) else None
+    if oracles is None or ctx.response is None:
+        return None
+    return oracles if not_read(oracles) is not None or disagreements(ctx.response, oracles) else None
 
 
 def readings(server: AssembledResponse, oracles: OracleReadings) -> dict[str, AssembledResponse]:
-    """Every reading there is, by source, the server's first."""
-    found = {SERVER: server, RECIPE: oracles.recipe, SGLANG_STREAM: oracles.sglang.stream,
-             SGLANG_WHOLE: oracles.sglang.whole}
+    """Every reading there is, by source, the server's first: deepseek-recipe's only where it
+    read the turn (another family's first reading is SGLang's own, shown as such); the server's
+    alone where nothing read it."""
+    if not_read(oracles) is not None:
+        return {SERVER: server}
+    found = {SERVER: server, RECIPE: oracles.recipe if first_reader(oracles) == RECIPE else None,
+             SGLANG_STREAM: oracles.sglang.stream, SGLANG_WHOLE: oracles.sglang.whole}
     return {source: r for source, r in found.items() if r is not None}
 
 

@@ -52,13 +52,16 @@ import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from dsv4bench.checks.oracle import completion_text, thinking_for
+from dsv4bench.checks.oracle import completion_text, thinking_for, thinking_of
 from dsv4bench.records import AssembledResponse, SglangReading, ToolCall
 
 TOOL_CALL_PARSER, REASONING_PARSER = "deepseekv4", "deepseek-v4"
-# The streamed reading's pieces: words, runs of whitespace, single marks, so a DSML tag reaches
-# the parser cut up the way a model's tokens cut it.
-_PIECES = re.compile(r"\s+|\w+|[^\w\s]")
+# The streamed reading's pieces: a special token whole (`<|im_end|>`, `<｜tool▁sep｜>`, gemma's
+# `<|tool_call>` and `<|"|>`, `[TOOL_CALLS]`, `<tool_call>`: one token each to a tokenizer, and
+# some detectors look for them only whole), else words, runs of whitespace and single marks, so
+# a DSML tag reaches the parser cut up the way a model's tokens cut it.
+_PIECES = re.compile(r"<[|｜][^<>|｜\s]{1,40}[|｜]>|<\|[\w\"]{1,20}>|<[\w\"]{1,20}\|>|\[/?[A-Z_]{2,20}\]"
+                     r"|</?[a-z_]{2,20}>|\s+|\w+|[^\w\s]")
 
 
 class _Sglang(NamedTuple):
@@ -124,16 +127,34 @@ def _response(content: str, reasoning: str, calls: list[tuple[str, str]], finish
         finish_reason="tool_calls" if calls and finish_reason == "stop" else finish_reason)
 
 
-def _whole(sg: _Sglang, text: str, tools: list[Any], thinking: bool, finish_reason: str) -> AssembledResponse:
-    reasoning, normal = sg.reasoning_parser(REASONING_PARSER, stream_reasoning=False,
-                                            force_reasoning=thinking).parse_non_stream(text)
-    content, items = sg.tool_parser(tools, TOOL_CALL_PARSER).parse_non_stream(normal or "")
+class _Plain:
+    """A family with no reasoning parser: all of the text is the answer."""
+
+    def parse_non_stream(self, text: str) -> tuple[str, str]:
+        return "", text
+
+    def parse_stream_chunk(self, text: str) -> tuple[str, str]:
+        return "", text
+
+    def parse_stream_end(self) -> tuple[str, str]:
+        return "", ""
+
+
+def _reasoner(sg: _Sglang, parser: str | None, stream: bool, thinking: bool) -> Any:
+    return _Plain() if parser is None else sg.reasoning_parser(parser, stream_reasoning=stream, force_reasoning=thinking)
+
+
+def _whole(sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool,
+           finish_reason: str) -> AssembledResponse:
+    reasoning, normal = _reasoner(sg, parsers[1], False, thinking).parse_non_stream(text)
+    content, items = sg.tool_parser(tools, parsers[0]).parse_non_stream(normal or "")
     return _response(content, reasoning or "", [(c.name, c.parameters) for c in items], finish_reason, False)
 
 
-def _streamed(sg: _Sglang, text: str, tools: list[Any], thinking: bool, finish_reason: str) -> AssembledResponse:
-    reasoning_parser = sg.reasoning_parser(REASONING_PARSER, stream_reasoning=True, force_reasoning=thinking)
-    tool_parser = sg.tool_parser(tools, TOOL_CALL_PARSER)
+def _streamed(sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool,
+              finish_reason: str) -> AssembledResponse:
+    reasoning_parser = _reasoner(sg, parsers[1], True, thinking)
+    tool_parser = sg.tool_parser(tools, parsers[0])
     reasoning: list[str] = []
     content: list[str] = []
     calls: dict[int, list[str]] = {}  # tool_index -> [name, arguments so far]
@@ -159,24 +180,38 @@ def _streamed(sg: _Sglang, text: str, tools: list[Any], thinking: bool, finish_r
     return _response("".join(content), "".join(reasoning), [(n, a) for n, a in calls.values()], finish_reason, True)
 
 
+def _thinking(sg: _Sglang, parser: str | None, raw_text: str, body: dict[str, Any],
+              default_thinking: bool | None) -> bool:
+    """thinking_for, with the family's own end-of-thinking marker (`[/THINK]`, harmony's `<|end|>`)."""
+    if parser is None:
+        return False
+    if thinking_of(body) is not None or default_thinking is not None:
+        return thinking_for(raw_text, body, default_thinking)
+    return str(sg.reasoning_parser(parser).detector.think_end_token) in raw_text
+
+
 def read_with_sglang(raw_text: str, body: dict[str, Any], *, default_thinking: bool | None = None,
-                     finish_reason: str = "stop") -> SglangReading:
+                     finish_reason: str = "stop", tool_parser: str = TOOL_CALL_PARSER,
+                     reasoning_parser: str | None = REASONING_PARSER) -> SglangReading:
     """SGLang's readings of a raw completion, streamed and whole; never raises.
 
-    `body`, `default_thinking` and `finish_reason` as for oracle.parse_raw_completion. Without
-    SGLang, or where its parser raises, the reading has no responses and its state says why.
+    `body`, `default_thinking` and `finish_reason` as for oracle.parse_raw_completion;
+    `tool_parser` and `reasoning_parser`: SGLang's names of the family's detectors (no reasoning
+    parser: the whole text is the answer). Without SGLang, or where its parser raises, the
+    reading has no responses and its state says why.
     """
     sg = _sglang()
     if isinstance(sg, str):
         return SglangReading(sg)
-    thinking = thinking_for(raw_text, body, default_thinking)
     text = completion_text(raw_text)
     with _sglang_log() as log:
         try:
+            thinking = _thinking(sg, reasoning_parser, raw_text, body, default_thinking)
             offered = [] if body.get("tool_choice") == "none" else body.get("tools") or []
             tools = [sg.tool.model_validate(t) for t in offered]
-            whole = _whole(sg, text, tools, thinking, finish_reason)
-            stream = _streamed(sg, text, tools, thinking, finish_reason)
+            parsers = (tool_parser, reasoning_parser)
+            whole = _whole(sg, text, tools, parsers, thinking, finish_reason)
+            stream = _streamed(sg, text, tools, parsers, thinking, finish_reason)
         except Exception as e:  # noqa: BLE001 - a parser that breaks is a finding, not a crash
             return SglangReading(f"{sg.version}: its parser raised {type(e).__name__}: {e}", log=log)
     return SglangReading(sg.version, stream, whole, list(dict.fromkeys(log)))  # each line once, for both paths

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dsv4bench.checks import sglang_oracle
-from dsv4bench.checks.parser_view import (RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements, kept_oracles,
-                                          read_oracles, readings, sglang_like)
+from dsv4bench.checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
+                                          first_reader, kept_oracles, not_read, read_oracles, readings, sglang_like)
 from dsv4bench.checks.sglang_oracle import sglang_missing
 from dsv4bench.records import OracleReadings, ToolCall
 
@@ -64,11 +64,15 @@ def test_without_sglang_the_view_is_the_server_and_deepseek_recipe(monkeypatch) 
     assert [d.where for d in disagreements(ctx.response, kept)] == ["tool call names", "tool_calls[0].arguments"]
 
 
-def test_no_raw_completion_or_one_deepseek_recipe_cannot_read_is_no_view() -> None:
+def test_no_raw_completion_is_no_view_and_one_no_reader_can_read_is_kept_as_not_read() -> None:
     assert read_oracles(turn("Hi.")) is None
     unreadable = turn("Hi.", raw=None)
     unreadable.raw_completion = 5  # type: ignore[assignment]  # what a hostile capture may hold
-    assert read_oracles(unreadable) is None
+    kept = kept_oracles(unreadable)
+    assert kept is not None and unreadable.response is not None
+    assert not_read(kept) == "the raw completion is not text (int)" and first_reader(kept) == NOT_READ
+    assert list(readings(unreadable.response, kept)) == [SERVER] and disagreements(unreadable.response, kept) == []
+    assert OracleReadings.from_json(kept.to_json()) == kept  # a history keeps why
 
 
 @installed
