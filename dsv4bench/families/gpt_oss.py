@@ -19,17 +19,18 @@ import re
 from .base import Family, Marker, json_call_at, tokens_marker
 
 _I = re.IGNORECASE
-_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>",
-           "<|startoftext|>", "<|endoftext|>", "<|endofprompt|>")
-_RECIPIENT = re.compile(r"\bto=functions\.(?P<fname>[\w.\-]+)(?P<rest>[^{]{0,80})")
-
-
-def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
-    """`to=functions.NAME`, its content type, then a JSON object: a call with its arguments."""
-    return json_call_at(text, m.end()) is not None or json_call_at(text, m.end("fname")) is not None
+_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|startoftext|>", "<|endoftext|>",
+           "<|endofprompt|>")
+# Only a call uses these two: they are its markup, not stray tokens.
+_CALL_TOKENS = ("<|constrain|>", "<|call|>")
+# The header of a call message, from its start token (when kept) to the end of its recipient and
+# content type: one finding, not one per token in it.
+_RECIPIENT = re.compile(r"(?:<\|start\|>\s*assistant\s*)?(?:<\|channel\|>\s*\w+\s*)?"
+                        r"\bto=functions\.(?P<fname>[\w.\-]+)(?P<rest>[^{]{0,80})")
 
 
 def _recipient_call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
+    """`to=functions.NAME`, a JSON content type, then a JSON object: a call with its arguments."""
     rest = m.group("rest")
     return bool(re.search(r"json|<\s*\|\s*(?:constrain|message)", rest, _I)) and json_call_at(text, m.end()) is not None
 
@@ -39,6 +40,7 @@ FAMILIES = (
            title="gpt-oss (harmony)",
            models=re.compile(r"gpt[-_]?oss", _I), parsers=("gpt-oss", "openai", "harmony"),
            markers=(Marker("harmony recipient to=functions.NAME", _RECIPIENT, structural=_recipient_call),
+                    tokens_marker("harmony call token", _CALL_TOKENS, tool_markup=True),
                     tokens_marker("harmony special token", _TOKENS)),
            sglang_parsers=("gpt-oss",), reasoning_parser="gpt-oss",
            raw_signature=re.compile(r"<\|channel\|>|<\|start\|>assistant")),

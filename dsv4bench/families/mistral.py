@@ -30,7 +30,8 @@ def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
     return named_call(json_call_at(text, m.end()))
 
 
-_CONTROL = re.compile(r"\[/?(?:INST|AVAILABLE_TOOLS|TOOL_RESULTS|SYSTEM_PROMPT|THINK|TOOL_CONTENT)\]|\[ARGS\]|\[CALL_ID\]")
+_CONTROL = re.compile(r"\[/?(?:INST|AVAILABLE_TOOLS|TOOL_RESULTS|SYSTEM_PROMPT|THINK|TOOL_CONTENT)\]")
+_CALL_PARTS = re.compile(r"\[ARGS\]|\[CALL_ID\]")  # only a call uses these: its markup
 
 
 def unpaired_eos(text: str, offered: frozenset[str]) -> list[Markup]:
@@ -47,6 +48,7 @@ FAMILIES = (
            models=re.compile(r"mistral|mixtral|magistral|devstral|codestral|ministral", re.IGNORECASE),
            parsers=("mistral",),
            markers=(Marker("[TOOL_CALLS]", _CALLS, structural=_call),
+                    Marker("Mistral call token", _CALL_PARTS),
                     Marker("Mistral control token", _CONTROL, tool_markup=False)),
            sglang_parsers=("mistral",), raw_signature=_CALLS, renderer="mistral-common",
            extra_finders=(unpaired_eos,)),

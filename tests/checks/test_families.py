@@ -1,0 +1,195 @@
+"""Every family's markup, caught where a parser failed and passed where a correct server sends it.
+
+Per family: a whole call block left in content, in the reasoning and inside another call's
+arguments; its special tokens, in the spellings seen in the wild; and the clean look-alikes: the
+same markup inside an argument string or quoted in prose when the request gave it to the model,
+text before a call, an empty-argument call, numbers and unicode keeping their types. The blocks
+are the formats' own: each is read as a call by SGLang's detector for the family where SGLang is
+installed, and Mistral's is rendered by mistral-common.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4bench.checks import run_checks
+from dsv4bench.families import BY_NAME, FAMILIES, family_for, find_markup
+
+from .turns import turn
+
+CORRUPTION_MARKUP = {"dsml_leak_content", "dsml_leak_reasoning", "dsml_in_arguments", "markup_leak_content",
+                     "markup_leak_reasoning", "markup_in_arguments", "special_token_leak"}
+
+# family -> (a whole call of read_file(path="src/main.py") as the model writes it, the SGLang
+# detector that reads it, a special token of the family, a variant spelling of one).
+BLOCKS: dict[str, tuple[str, str | None, str, str]] = {
+    "deepseek-v4": ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read_file">\n<｜DSML｜parameter name="path" '
+                    'string="true">src/main.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+                    "deepseekv4", "<｜end▁of▁sentence｜>", "<|end_of_sentence|>"),
+    "deepseek-v3.1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "src/main.py"}'
+                      '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "deepseekv31", "<｜Assistant｜>", "<| Assistant |>"),
+    "deepseek-v3": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n```json\n'
+                    '{"path": "src/main.py"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "deepseekv3",
+                    "<｜begin▁of▁sentence｜>", "<||begin_of_sentence||>"),
+    "qwen": ('<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>', "qwen25",
+             "<|im_end|>", "<｜im_end｜>"),
+    "qwen3-coder": ("<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.py\n</parameter>\n</function>\n"
+                    "</tool_call>", "qwen3_coder", "<|im_start|>", "< |im_start| >"),
+    "kimi-k2": ('<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>'
+                '{"path": "src/main.py"}<|tool_call_end|><|tool_calls_section_end|>', "kimi_k2", "<|im_end|>",
+                "<｜im_assistant｜>"),
+    "glm": ("<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>src/main.py</arg_value>\n</tool_call>", "glm45",
+            "<|observation|>", "<｜user｜>"),
+    "gpt-oss": ('<|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>'
+                '{"path": "src/main.py"}<|call|>', "gpt-oss", "<|return|>", "<｜end｜>"),
+    "llama3": ('<|python_tag|>{"name": "read_file", "parameters": {"path": "src/main.py"}}', "llama3", "<|eot_id|>",
+               "<｜eom_id｜>"),
+    "mistral": ('[TOOL_CALLS]read_file[ARGS]{"path": "src/main.py"}', "mistral", "[INST]", "[/INST]"),
+    "gemma": ('<|tool_call>call:read_file{path:<|"|>src/main.py<|"|>}<tool_call|>', "gemma4", "<end_of_turn>",
+              "<start_of_turn>"),
+}
+READ_FILE = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+
+
+def codes(ctx) -> set[str]:
+    return {v.code for v in run_checks(ctx)[0]} & CORRUPTION_MARKUP
+
+
+def test_every_family_in_the_registry_has_fixtures() -> None:
+    assert {f.name for f in FAMILIES} - set(BLOCKS) == {"deepseek-v3.2"}  # V3.2 writes V4's DSML
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_the_fixture_block_is_a_call_to_the_familys_own_parser(family: str) -> None:
+    """Each block is the format's real shape: SGLang's detector for the family reads read_file from it."""
+    pytest.importorskip("sglang")
+    from sglang.srt.entrypoints.openai.protocol import Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    block, parser, _, _ = BLOCKS[family]
+    assert parser in BY_NAME[family].sglang_parsers or family.startswith("deepseek")
+    detector = FunctionCallParser.ToolCallParserEnum[parser]()
+    result = detector.detect_and_parse(block, [Tool(**READ_FILE)])
+    assert [c.name for c in result.calls] == ["read_file"], result
+    assert json.loads(result.calls[0].parameters) == {"path": "src/main.py"}
+
+
+def test_mistral_block_is_what_mistral_common_renders() -> None:
+    """mistral-common's own tokenizer writes a call as `[TOOL_CALLS]name[ARGS]{json}` (v11+)."""
+    mc = pytest.importorskip("mistral_common")
+    from mistral_common.protocol.instruct.messages import AssistantMessage, ToolMessage, UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.tool_calls import Function, FunctionCall, Tool, ToolCall
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    from pathlib import Path
+
+    data = Path(mc.__file__).parent / "data"
+    tokenizer = MistralTokenizer.from_file(str(data / "tekken_240911.json"))
+    request = ChatCompletionRequest(
+        messages=[UserMessage(content="read it"), AssistantMessage(tool_calls=[ToolCall(id="abcdefghi", function=FunctionCall(
+            name="read_file", arguments='{"path": "src/main.py"}'))]),
+            ToolMessage(tool_call_id="abcdefghi", content="print('hi')")],
+        tools=[Tool(function=Function(**READ_FILE["function"]))])
+    text = tokenizer.decode(tokenizer.encode_chat_completion(request).tokens, special_token_policy="keep")
+    found = [m for m in find_markup(text, "mistral", ["read_file"]) if m.structural]
+    assert found and "[TOOL_CALLS]" in text and "read_file" in text
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+@pytest.mark.parametrize("known", [True, False], ids=["family known", "family unknown"])
+def test_a_call_left_in_content_or_reasoning_is_a_leak(family: str, known: bool) -> None:
+    block = BLOCKS[family][0]
+    fam = family if known else None
+    want = "dsml" if family.startswith("deepseek") else "markup"
+    assert codes(turn("I'll read it.\n" + block, family=fam)) == {f"{want}_leak_content"}
+    assert f"{want}_leak_reasoning" in codes(turn("Reading.", reasoning="Plan: " + block, family=fam))
+    # structural: a leak even when the request is not known (an audit of answers alone)
+    assert f"{want}_leak_content" in codes(turn(block, family=fam, given=None))
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_a_call_block_inside_another_calls_arguments_is_a_leak(family: str) -> None:
+    block = BLOCKS[family][0]
+    want = "dsml_in_arguments" if family.startswith("deepseek") else "markup_in_arguments"
+    ctx = turn(calls=[("run_shell", {"command": "ls " + block})], family=family)
+    assert want in codes(ctx)
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_special_tokens_in_every_spelling_are_leaks(family: str) -> None:
+    _, _, token, variant = BLOCKS[family]
+    for text in (f"Done.{token}", f"Done.{variant}", f"{token}Done."):
+        assert "special_token_leak" in codes(turn(text, family=family)) | codes(turn(text)), text
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_markup_the_task_gave_the_model_is_clean(family: str) -> None:
+    """A coding agent editing a parser writes the family's markup into a file; an answer quotes a
+    token from the user's question. Both appear in what the request gave the model."""
+    block, _, token, _ = BLOCKS[family]
+    task = f"Fix the parser. The fixture file must hold exactly:\n{block}\nand the stop token is {token}."
+    write = turn("Writing the fixture.", calls=[("edit_file", {"path": "tests/fixture.txt",
+                                                               "edits": [{"old": "", "new": block}]})],
+                 given=task, family=family)
+    assert codes(write) == set() and codes(turn("Writing.", calls=[("edit_file", {"path": "f", "edits": [
+        {"old": "", "new": block}]})], given=task)) == set()
+    quoted = turn(f"The model stops at `{token}`, so the parser must drop it.", given=task, family=family)
+    assert codes(quoted) == set()
+
+
+@pytest.mark.parametrize("family", BLOCKS)
+def test_markup_not_given_and_not_structural_is_a_leak_known_request_or_evidence_unknown(family: str) -> None:
+    _, _, token, _ = BLOCKS[family]
+    text = f"The model stops at `{token}`."
+    assert codes(turn(text, family=family)) == {"special_token_leak"}
+    unknown = run_checks(turn(text, family=family, given=None))[0]
+    assert [v.code for v in unknown] == ["markup_unproven"] and "--raw" in unknown[0].detail
+
+
+CLEAN_ANSWERS = {
+    "text before a call": dict(content="Let me read the file first.", calls=[("read_file", {"path": "src/main.py"})]),
+    "empty-argument call": dict(calls=[("list_services", {})]),
+    "types kept": dict(calls=[("read_file", {"path": "src/数据/naïve 📄.py", "max_lines": 30})]),
+    "prose about formats": dict(content="Qwen wraps calls in tool_call tags; Mistral uses a TOOL_CALLS token; "
+                                        "GLM writes arg_key and arg_value pairs. Vec<Think> is Rust, <s>x</s> is HTML."),
+    "json answer": dict(content='{"name": "Ada", "parameters": {"age": 36}}'),
+    "markdown and pipes": dict(content="| a | b |\n|---|---|\n| 1 | 2 |\n`cat x | grep y`"),
+    "chinese fullwidth bars": dict(content="选项A｜选项B｜选项C"),
+    "shell command with brackets": dict(calls=[("run_shell", {"command": "test [ -f x ] && echo '[INFO] ok'"})]),
+}
+
+
+@pytest.mark.parametrize("answer", CLEAN_ANSWERS.values(), ids=CLEAN_ANSWERS.keys())
+@pytest.mark.parametrize("family", [None, *BLOCKS])
+def test_clean_answers_pass_on_every_family(answer: dict, family: str | None) -> None:
+    assert run_checks(turn(**answer, family=family)) == ([], [])
+
+
+def test_llama_bare_json_call_needs_an_offered_tool_name() -> None:
+    call = '{"name": "read_file", "parameters": {"path": "src/main.py"}}'
+    assert codes(turn(call, family="llama3")) == {"markup_leak_content"}
+    assert codes(turn('{"name": "Ada", "parameters": {"age": 36}}', family="llama3")) == set()
+
+
+@pytest.mark.parametrize(("model", "parser", "family"), [
+    ("deepseek-ai/DeepSeek-V4-Pro", None, "deepseek-v4"),
+    ("deepseek-ai/DeepSeek-V3.2-Exp", None, "deepseek-v3.2"),
+    ("deepseek-ai/DeepSeek-V3.1-Terminus", None, "deepseek-v3.1"),
+    ("deepseek-ai/DeepSeek-R1-0528", None, "deepseek-v3"),
+    ("Qwen/Qwen3-Coder-480B-A35B-Instruct", None, "qwen3-coder"),
+    ("Qwen/Qwen3-235B-A22B", None, "qwen"),
+    ("moonshotai/Kimi-K2-Instruct-0905", None, "kimi-k2"),
+    ("zai-org/GLM-4.6", None, "glm"),
+    ("openai/gpt-oss-120b", None, "gpt-oss"),
+    ("meta-llama/Llama-3.3-70B-Instruct", None, "llama3"),
+    ("mistralai/Devstral-Small-2507", None, "mistral"),
+    ("google/gemma-3-27b-it", None, "gemma"),
+    ("my-finetune", "qwen3_coder", "qwen3-coder"),
+    ("gpt-4o", "deepseek_v31", "deepseek-v3.1"),
+    ("default", None, None),
+])
+def test_the_family_comes_from_the_parser_setting_then_the_model_name(model, parser, family) -> None:
+    assert family_for(parser=parser, models=[model]) == family
