@@ -153,7 +153,7 @@ async def check_canary(client: httpx.AsyncClient, base_url: str, model: str | No
     if result == TIMEOUT and stream and status is not None:
         # Headers came, maybe a first chunk: the stream stalled, the hang a wedge makes all the same.
         after = f"its first chunk at {first_s:g} s" if first_s is not None else f"HTTP {status} headers"
-        error = f"stream stalled after {after}: not ended in {timeout:g} s"
+        error = f"stream stalled after {after}, not ended in {timeout:g} s"
     return CanaryResult(t_ns, base_url, result, round((time.monotonic_ns() - t_ns) / 1e9, 3), error, status,
                         stream, first_s)
 

@@ -33,7 +33,7 @@ import anyio
 import httpx
 
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
-from .server_kinds import NOT_THERE, UNKNOWN_KIND, recognise
+from .server_kinds import KINDS, NOT_THERE, SERVER_INFO, UNKNOWN_KIND, recognise
 from .monitor import is_json_metrics, parse_metrics
 from .roles import DECODE, PREFILL, ROLES, ROUTER, UNIFIED, UNKNOWN, WORKERS, Role, role_of
 
@@ -244,6 +244,8 @@ class Endpoint:
         """Whether a setting not reported is worth saying so: the ones of its role."""
         if key in IF_REPORTED or self.role == ROUTER or not self.answered:
             return False
+        if KINDS.get(self.kind, KINDS[UNKNOWN_KIND]).offered(SERVER_INFO) is False:
+            return False  # SGLang's settings: a kind without /get_server_info never reports them
         if key == "disaggregation_bootstrap_port":
             return self.role == PREFILL
         if key in _PD_ONLY:
@@ -359,6 +361,7 @@ class RootAnswers:
     workers: Any = None
     metrics: dict[str, float] | None = None
     version: str | None = None  # /version's {"version": ...} (vLLM, TensorRT-LLM)
+    metrics_json: bool = False  # /metrics answered a JSON list (TensorRT-LLM's iteration stats)
     problems: list[str] = field(default_factory=list)
 
 
@@ -373,13 +376,15 @@ def endpoint_of(root: str, answers: RootAnswers, listed: ListedWorker | None = N
     elif role.known and listed is not None and listed_role not in (None, role.name):
         ep.problems.append(f"the router lists it as {listed.kind}, it says {role.name} ({role.source})")
     ep.role, ep.role_source = role.name, role.source
-    found, ep.kind_source = recognise(answers.info, answers.metrics, answers.workers)
+    found, ep.kind_source = recognise(answers.info, answers.metrics, answers.workers, answers.metrics_json)
     ep.kind = found.name
+    if ep.role == UNKNOWN and found.serves_alone:
+        ep.role, ep.role_source = UNIFIED, f"a {found.title} server ({ep.kind_source})"
     if listed is not None:
         ep.listed_as, ep.listed_healthy, ep.listed_bootstrap_port = listed.kind, listed.healthy, listed.bootstrap_port
-    if answers.metrics is not None:
+    if answers.metrics is not None or answers.metrics_json:
         ep.metrics_url = f"{root}/metrics"
-        ep.metrics_dialect = asdict(dialect_of(answers.metrics))
+        ep.metrics_dialect = asdict(dialect_of(answers.metrics or {}))
     elif role.name == ROUTER:
         ep.problems.append("a router may serve its own metrics on another port (SGLang's: --prometheus-port)")
     if own_voice(answers.info, role):
@@ -435,6 +440,17 @@ async def fetch(client: httpx.AsyncClient, url: str, timeout: float, limit: int)
         return Answer(error=f"{type(e).__name__}"[:80])
 
 
+def _stats_list(body: bytes) -> bool:
+    """Whether a /metrics body is a JSON list of objects (TensorRT-LLM's iteration stats, `[]` idle)."""
+    if body.lstrip()[:1] != b"[":
+        return False
+    try:
+        stats = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(stats, list) and all(isinstance(s, dict) for s in stats)
+
+
 async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: bool) -> RootAnswers:
     """/get_server_info (else /server_info), /metrics and, with `router_too`, /workers of one root."""
     got = RootAnswers()
@@ -465,9 +481,14 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
         # A server that is no router has no /workers: not a problem of it.
 
     async def metrics() -> None:
-        values, problem = metrics_of(await fetch(client, f"{root}/metrics", timeout, MAX_METRICS_BYTES))
+        answer = await fetch(client, f"{root}/metrics", timeout, MAX_METRICS_BYTES)
+        # A JSON list is TensorRT-LLM's iteration stats, even an empty one (no iteration since the last look).
+        got.metrics_json = answer.status == 200 and _stats_list(answer.body)
+        values, problem = metrics_of(answer)
         if problem is None:
             got.metrics = values
+        elif got.metrics_json and answer.body.strip() == b"[]":
+            pass  # an idle TensorRT-LLM: no iteration since the last look, and no problem
         else:
             got.problems.append(f"/metrics: {problem}")
 

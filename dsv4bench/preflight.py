@@ -11,6 +11,7 @@ from .charset import response_text
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .monitor import parse_metrics
 from .roles import role_of
+from .server_kinds import recognise
 from .sse import clean_value
 
 
@@ -55,6 +56,14 @@ def root_of(base_url: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
+def _stats_or_none(text: str) -> dict[str, float] | None:
+    """The series of TensorRT-LLM's iteration stats, or None where no iteration ran since the last look."""
+    try:
+        return parse_metrics(text)
+    except ValueError:
+        return None
+
+
 def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """GET /v1/models (required) and /get_server_info, /get_model_info and /metrics (where
     present; `metrics_url` and `metrics_dialect` when the root serves an engine's Prometheus
@@ -95,11 +104,20 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         try:
             r = c.get(metrics_url)
             text = response_text(r)
-            if r.status_code == 200 and any(m in text for m in SERVER_METRIC_PREFIXES):
+            # TensorRT-LLM's /metrics is a JSON list of iteration stats, `[]` while it is idle.
+            trtllm_stats = r.status_code == 200 and text.lstrip()[:1] == "["
+            values: dict[str, float] | None = None
+            if trtllm_stats:
+                facts["metrics_url"] = metrics_url
+                values = _stats_or_none(text)
+            elif r.status_code == 200 and any(m in text for m in SERVER_METRIC_PREFIXES):
                 values = parse_metrics(text)
                 facts["metrics_url"] = metrics_url  # found: the run watches its queues for a wedge
+            if values is not None:
                 facts["metrics_dialect"] = asdict(dialect_of(values))  # whose names, which release's
                 facts["role"] = role_of(facts.get("server_info"), values, None).name
+            found, _ = recognise(facts.get("server_info"), values, None, metrics_json=trtllm_stats)
+            facts["server_kind"] = found.name
         except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus text after all
             pass
     info = facts.get("model_info")

@@ -261,7 +261,7 @@ def _code_evidence(ep: EndpointProbe, codes: set[str]) -> list[str]:
     hung = [c for c in (ep.canary, ep.canary_stream) if c is not None and c.result == TIMEOUT]
     for c in hung:
         if c.stream:
-            out.append(f"canary_timeout: the streamed canary {c.error or 'got no answer'}")
+            out.append(f"canary_timeout: streamed canary: {c.error or f'no answer in {c.latency_s:.1f} s'}")
         else:
             out.append(f"canary_timeout: the canary got no answer in {c.latency_s:.1f} s")
     if "health_lies" in codes:
@@ -411,7 +411,7 @@ def _one_canary(c: CanaryResult) -> Text:
     if c.result == OK:
         return Text(f"ok in {_secs(c.latency_s)}", style="green")
     if c.result == TIMEOUT and c.stream and c.http_status is not None:
-        return Text(f"stalled: {c.error}", style="red")
+        return Text(f"{c.error}: hung", style="red")
     if c.result == TIMEOUT:
         return Text(f"no answer in {_secs(c.latency_s)}: hung", style="red")
     if c.result == UNREACHABLE:

@@ -69,6 +69,12 @@ class Kind:
     def known(self) -> bool:
         return self.name != UNKNOWN_KIND
 
+    @property
+    def serves_alone(self) -> bool:
+        """A kind whose server, where it states no role, is one that takes chat itself (vLLM,
+        trtllm-serve: their disaggregated workers sit behind a proxy of their own)."""
+        return self.name in (VLLM, TRTLLM)
+
 
 _SGLANG_OFFERS = {HEALTH: True, HEALTH_GENERATE: True, SERVER_INFO: True, MODELS: True}
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -79,7 +85,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
                         MODELS: True, WORKERS_PATH: False}, PROMETHEUS, (VLLM_WAITING, VLLM_RUNNING)),
     Kind(TRTLLM, "TensorRT-LLM", {HEALTH: True, SERVER_INFO: False, METRICS: True, VERSION: True, MODELS: True,
                                   WORKERS_PATH: False}, TRTLLM_JSON, (TRTLLM_WAITING, TRTLLM_RUNNING)),
-    Kind(UNKNOWN_KIND, "OpenAI-compatible (kind unknown)", {MODELS: True}),
+    Kind(UNKNOWN_KIND, "OpenAI-compatible, kind unknown", {MODELS: True}),
 )}
 # The metrics dialect that names a kind, where nothing stronger does.
 _BY_DIALECT = {SGLANG_DIALECT: SGLANG, VLLM_DIALECT: VLLM, TRTLLM_DIALECT: TRTLLM}
@@ -89,9 +95,11 @@ def kind(name: str | None) -> Kind:
     return KINDS.get(name or UNKNOWN_KIND, KINDS[UNKNOWN_KIND])
 
 
-def recognise(info: Any, metrics: dict[str, float] | None, workers: Any = None) -> tuple[Kind, str]:
+def recognise(info: Any, metrics: dict[str, float] | None, workers: Any = None,
+              metrics_json: bool = False) -> tuple[Kind, str]:
     """(the kind, where it was read) from what the server answered (None where it did not):
-    its /get_server_info, its /metrics series, its /workers answer."""
+    its /get_server_info, its /metrics series, its /workers answer, and whether its /metrics
+    was a JSON list (TensorRT-LLM's iteration stats, which an idle server answers with `[]`)."""
     values = metrics or {}
     if isinstance(info, dict) and "engine_type" in info:
         return KINDS[BUNDLED], "/get_server_info engine_type"
@@ -107,7 +115,9 @@ def recognise(info: Any, metrics: dict[str, float] | None, workers: Any = None) 
     by_metrics = _BY_DIALECT.get(dialect_of(values).name)
     if by_metrics is not None:
         return KINDS[by_metrics], f"/metrics {dialect_of(values).name} series"
-    return KINDS[UNKNOWN_KIND], "not recognised: judged by what answers"
+    if metrics_json:
+        return KINDS[TRTLLM], "/metrics JSON iteration stats"
+    return KINDS[UNKNOWN_KIND], "judged by what answers"
 
 
 def not_offered(k: Kind, path: str, status: int | None) -> bool:
