@@ -8,6 +8,7 @@ Also the --raw oracle's second request of a turn: the same conversation as a raw
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -160,17 +161,58 @@ class ServerWatch:
             await anyio.sleep(self.config.metrics_interval)
 
 
+# Servers that cannot render a conversation (no /tokenize with `messages`): asked once, said once.
+_NO_RENDERER: set[str] = set()
+
+
+async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
+                         timeout: float) -> list[int] | None:
+    """The server's own rendering of the conversation, as token ids: vLLM's and SGLang's POST
+    /tokenize with `messages` applies the server's chat template (what the chat request got);
+    None where the server offers no such endpoint."""
+    if base_url in _NO_RENDERER:
+        return None
+    asked = {k: body[k] for k in ("model", "messages", "tools", "tool_choice", "chat_template_kwargs",
+                                  "reasoning_effort") if body.get(k) is not None}
+    resp = await client.post(f"{root_of(base_url)}/tokenize", json=asked, headers=headers, timeout=timeout)
+    try:
+        tokens = resp.json().get("tokens") if resp.status_code < 400 else None
+    except (ValueError, AttributeError):  # a 200 page that is no JSON object: no renderer either
+        tokens = None
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
+        return tokens
+    _NO_RENDERER.add(base_url)
+    return None
+
+
 async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
                          timeout: float) -> str | None:
     """The --raw oracle: the conversation of chat request `body` as a raw prompt to /v1/completions,
-    or None where the server gives no usable answer (the chat turn is still judged)."""
+    or None where the server gives no usable answer (the chat turn is still judged).
+
+    The prompt: deepseek-recipe's for a DeepSeek-V4 model; else the server's own rendering
+    (`_server_prompt`); else, for a model of no known family, deepseek-recipe's as before. A model
+    of another family on a server that cannot render is not offered the oracle: said once, on
+    stderr, and the run goes on without it."""
     from .checks.oracle import render_prompt
+    from .families import family_of_model
 
     try:
-        prompt = render_prompt(body)
+        family = family_of_model(body.get("model"))
+        prompt: str | list[int] | None = render_prompt(body) if family == "deepseek-v4" else None
+        if prompt is None:
+            said = base_url in _NO_RENDERER
+            prompt = await _server_prompt(client, base_url, body, headers, timeout)
+            if prompt is None and family is not None:
+                if not said:
+                    print(f"--raw: the raw oracle is not offered for {family} models on {base_url}: it renders "
+                          "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
+                          "the run goes on without it", file=sys.stderr)
+                return None
+            prompt = render_prompt(body) if prompt is None else prompt
         resp = await client.post(
             f"{base_url}/completions",
-            # Special tokens must survive: the oracle parses </think> and the DSML markers itself.
+            # Special tokens must survive: the oracle parses </think> and each family's markers itself.
             json={"model": body["model"], "prompt": prompt, "max_tokens": body.get("max_tokens"),
                   "temperature": 0.0, "stream": False, "skip_special_tokens": False},
             headers=headers,
@@ -179,5 +221,5 @@ async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[st
         if resp.status_code >= 400:
             return None
         return str(resp.json()["choices"][0]["text"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

@@ -43,7 +43,7 @@ def agents(
     ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
     total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
     on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
-    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions with the deepseek-recipe prompt and read the raw completion with deepseek-recipe's and SGLang's parsers, beside the server's answer."),
+    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions for each turn's raw completion (DeepSeek-V4: deepseek-recipe's prompt; other families: the server's own /tokenize rendering, else not offered) and read it with the family's reference parsers (deepseek-recipe, SGLang's detectors), beside the server's answer."),
     model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models (with --replay: the one each recorded request names)."),
     api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
     out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
