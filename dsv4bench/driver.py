@@ -87,8 +87,10 @@ class AgentRun:
     """Drives all the sessions of one run and writes their history."""
 
     def __init__(self, config: RunConfig, model: str, history: HistoryWriter, stats: LiveStats, run_id: str,
-                 context_tokens: int | None = None, reference: ReferenceAnswers | None = None) -> None:
+                 context_tokens: int | None = None, reference: ReferenceAnswers | None = None,
+                 family: str | None = None) -> None:
         self.config = config
+        self.family = family  # the server's model family (families.family_of_server); None: every family
         self.reference = reference
         self.history = history
         self.stats = stats
@@ -249,7 +251,7 @@ class AgentRun:
                 outcome = _killed_outcome(outcome, probe, slot)
             t = outcome.timings
             t.harness_stall_ms = round(self.clock.stall_within(t.start_ns, t.end_ns or time.monotonic_ns()) * 1e3, 1)
-            ctx = turn_context(sess, body, outcome)
+            ctx = turn_context(sess, body, outcome, self.family)
             ctx.raw_completion = raw
             summary = request_summary(body, sess.keys)
             # NOTE: RunConfig allows --reference only at temperature 0, so every turn here is greedy.

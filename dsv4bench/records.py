@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import types
 import typing
@@ -308,15 +309,21 @@ class ReferenceAnswer:
 
 
 class GivenText:
-    """The text a request gave the model: its system, developer, user and tool-result messages,
-    never the assistant's own earlier turns (a server renders those calls as markup, so they
-    would make any leak look quoted). Markup found here is text the task is about, not a leak.
-    Joined once, on first use."""
+    """The text a request gave the model: its system, developer, user and tool-result messages.
+
+    Markup found there is text the task is about, not a leak, unless the model wrote it first:
+    the assistant's own earlier turns (content and call arguments) come before, in order, so a
+    token the model leaked into a call's arguments and the tool echoed back in its result is
+    still the model's, and its next leak of it still a leak. (A server renders earlier calls as
+    markup; that rendering is never here.) Joined once, on first use.
+    """
 
     _ROLES = ("system", "developer", "user", "tool", "function")
 
-    def __init__(self, texts: tuple[str, ...] = ()) -> None:
-        self.texts = texts
+    def __init__(self, texts: tuple[str, ...] = (), written: tuple[tuple[bool, str], ...] | None = None) -> None:
+        # (given, text) in conversation order: given by the request (True) or written by the model
+        self.written = tuple((True, t) for t in texts) if written is None else written
+        self.texts = tuple(t for given, t in self.written if given)
 
     @classmethod
     def of_body(cls, body: Any) -> GivenText | None:
@@ -324,19 +331,48 @@ class GivenText:
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list):
             return None
-        texts: list[str] = []
+        written: list[tuple[bool, str]] = []
         for msg in messages:
-            if isinstance(msg, dict) and msg.get("role") in cls._ROLES:
-                texts.extend(_message_texts(msg.get("content")))
-        return cls(tuple(texts))
+            if not isinstance(msg, dict):
+                continue
+            if msg.get("role") in cls._ROLES:
+                written.extend((True, t) for t in _message_texts(msg.get("content")))
+            elif msg.get("role") == "assistant":
+                written.extend((False, t) for t in _assistant_texts(msg))
+        return cls(written=tuple(written))
 
     @functools.cached_property
     def joined(self) -> str:
-        return "\x00".join(self.texts)
+        return "\x00".join(t for _, t in self.written)
 
     def holds(self, text: str) -> bool:
-        """Whether `text` appears, exactly, in what the request gave the model."""
-        return bool(text) and text in self.joined
+        """Whether `text` appears, exactly, in what the request gave the model before the model
+        itself ever wrote it."""
+        if not text or text not in self.joined:
+            return False
+        return next((given for given, t in self.written if text in t), False)
+
+
+def _assistant_texts(msg: dict[str, Any]) -> list[str]:
+    """An earlier assistant turn's text: its content, reasoning, and its calls' arguments, as sent
+    and decoded (a token written as `\\uff5c` escapes is the token)."""
+    texts = _message_texts(msg.get("content"))
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(msg.get(key), str):
+            texts.append(msg[key])
+    calls = msg.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            texts.append(args)
+            try:
+                texts.append(json.dumps(json.loads(args), ensure_ascii=False))
+            except (ValueError, RecursionError):
+                pass
+        elif args is not None:
+            texts.append(json.dumps(args, ensure_ascii=False, default=str))
+    return texts
 
 
 def _message_texts(content: Any) -> list[str]:

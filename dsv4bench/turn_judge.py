@@ -66,9 +66,10 @@ def token_cap(body: dict[str, Any]) -> int | None:
     return None
 
 
-def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome) -> TurnContext:
-    """What the checkers judge of one of `sess`'s turns."""
-    return request_context(body, outcome, sess.schemas)
+def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome,
+                 family: str | None = None) -> TurnContext:
+    """What the checkers judge of one of `sess`'s turns (`family`: the server's, where the run knows it)."""
+    return request_context(body, outcome, sess.schemas, family)
 
 
 def client_request_summary(body: dict[str, Any]) -> dict[str, Any]:

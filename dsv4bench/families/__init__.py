@@ -63,6 +63,18 @@ def family_for(*, parser: str | None = None, models: Iterable[str | None] = ()) 
     return family_of_parser(parser) or next((f for m in models if (f := family_of_model(m))), None)
 
 
+def family_of_server(facts: dict, model: str | None = None) -> str | None:
+    """The family of the server a run talks to, from what preflight read of it: SGLang's
+    `/get_server_info` `tool_call_parser`, else the served model names."""
+    info = facts.get("server_info") if isinstance(facts.get("server_info"), dict) else {}
+    parser = info.get("tool_call_parser")
+    listed = facts.get("models") if isinstance(facts.get("models"), list) else []
+    models = [model, *(m if isinstance(m, str) else (m.get("id") if isinstance(m, dict) else None) for m in listed),
+              info.get("served_model_name"), info.get("model_path")]
+    return family_for(parser=parser if isinstance(parser, str) else None,
+                      models=[m for m in models if isinstance(m, str)])
+
+
 def families_to_check(family: str | None) -> tuple[Family, ...]:
     """The formats whose markers a turn is checked for: every format of the server's family
     (DeepSeek's versions, Qwen's two call styles: a server may write any of its family's), or
@@ -87,4 +99,4 @@ def find_markup(text: str, family: str | None = None, offered: Iterable[str] = (
 
 
 __all__ = ["BARS", "BY_NAME", "DEEPSEEK", "FAMILIES", "SPECIAL_TOKEN", "TOOL_MARKUP", "Family", "Marker", "Markup",
-           "families_to_check", "family_by_name", "family_for", "family_of_model", "family_of_parser", "find_markup"]
+           "families_to_check", "family_by_name", "family_for", "family_of_server", "family_of_model", "family_of_parser", "find_markup"]

@@ -235,11 +235,15 @@ _V3_SIGNATURE = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s
 _V31_SIGNATURE = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*(?!function\s*<)[\w.-]+\s*<\s*{_B}\s*tool[\u2581_ ]sep", _FLAGS)
 
 
+# SGLang's reasoning parser for each version (sglang.srt.parser.reasoning_parser).
+_REASONING = {"deepseek-v4": "deepseek-v4", "deepseek-v3.2": "deepseek-v3", "deepseek-v3.1": "deepseek-v3",
+              "deepseek-v3": "deepseek-r1"}
+
+
 def _family(name: str, title: str, models: str, parsers: tuple[str, ...], signature: re.Pattern[str],
             renderer: str | None = None) -> Family:
     return Family(name=name, group="deepseek", title=title, models=re.compile(models, re.IGNORECASE), parsers=parsers,
-                  markers=(_SPECIALS,), sglang_parsers=parsers[:1], reasoning_parser="deepseek-v3"
-                  if name != "deepseek-v3" else "deepseek-r1", raw_signature=signature, renderer=renderer,
+                  markers=(_SPECIALS,), sglang_parsers=parsers[:1], reasoning_parser=_REASONING[name], raw_signature=signature, renderer=renderer,
                   extra_finders=(find_markup,))
 
 

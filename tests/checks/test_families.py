@@ -193,3 +193,15 @@ def test_llama_bare_json_call_needs_an_offered_tool_name() -> None:
 ])
 def test_the_family_comes_from_the_parser_setting_then_the_model_name(model, parser, family) -> None:
     assert family_for(parser=parser, models=[model]) == family
+
+
+@pytest.mark.parametrize(("facts", "model", "family"), [
+    ({"server_info": {"tool_call_parser": "kimi_k2"}, "models": ["served"]}, "served", "kimi-k2"),
+    ({"server_info": {"model_path": "/models/GLM-4.6"}, "models": [{"id": "default"}]}, "default", "glm"),
+    ({"models": [{"id": "openai/gpt-oss-20b"}]}, None, "gpt-oss"),
+    ({"server_info": {"tool_call_parser": None}, "models": "not a list"}, "x", None),
+    ({}, None, None),
+])
+def test_a_runs_family_comes_from_what_preflight_read(facts, model, family) -> None:
+    from dsv4bench.families import family_of_server
+    assert family_of_server(facts, model) == family
