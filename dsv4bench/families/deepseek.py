@@ -229,6 +229,18 @@ TOKENS: dict[str, str] = {s: name for s, name in special_tokens().items()
 _V3_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
                 "<｜end▁of▁toolresults｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
 _SPECIALS = tokens_marker("DeepSeek special token", {*TOKENS, *_V3_SPECIALS})
+# A fullwidth-bar token cut at the end of the text (`<｜end▁of`, `<｜tool▁calls`): a token split
+# across chunks that never got its second half. The fullwidth bar after `<` is DeepSeek's alone.
+_CUT_TOKEN = re.compile(r"<\s*[\uff5c\u2223\u2758\uffe8]{1,2}\s*[\w\u2581]+\s*$")
+
+
+def cut_token(text: str, offered: frozenset[str] = frozenset()) -> list[Markup]:
+    """A DeepSeek token cut off at the end of `text` (tool tokens are markup, others special)."""
+    m = _CUT_TOKEN.search(text.rstrip())
+    if m is None or "dsml" in m.group().lower():  # a cut DSML tag is find_dsml's
+        return []
+    tool = "tool" in m.group().lower()
+    return [Markup(m.start(), m.end(), "deepseek", "token cut at the end", m.group(), tool, False)]
 
 _DSML_SIGNATURE = re.compile(rf"{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}", _FLAGS)
 _V3_SIGNATURE = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*function\s*<", _FLAGS)
@@ -244,7 +256,7 @@ def _family(name: str, title: str, models: str, parsers: tuple[str, ...], signat
             renderer: str | None = None) -> Family:
     return Family(name=name, group="deepseek", title=title, models=re.compile(models, re.IGNORECASE), parsers=parsers,
                   markers=(_SPECIALS,), sglang_parsers=parsers[:1], reasoning_parser=_REASONING[name], raw_signature=signature, renderer=renderer,
-                  extra_finders=(find_markup,))
+                  extra_finders=(find_markup, cut_token))
 
 
 # Most specific first: the registry takes the first whose model pattern matches.

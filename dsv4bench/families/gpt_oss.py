@@ -9,7 +9,8 @@ A call is a commentary-channel message addressed to a function::
 `<|constrain|>`, `<|end|>`, `<|call|>`, `<|return|>` are special tokens. When a server strips
 them but misses the call, the text left behind still reads `commentary to=functions.NAME ...`:
 that recipient is harmony's tool-call markup with or without the tokens. The analysis channel is
-the reasoning.
+the reasoning; a server that strips the tokens but never splits the channels sends
+`analysis...assistantfinal...`, a channel header glued to its role.
 """
 
 from __future__ import annotations
@@ -35,12 +36,17 @@ def _recipient_call(m: re.Match[str], text: str, offered: frozenset[str]) -> boo
     return bool(re.search(r"json|<\s*\|\s*(?:constrain|message)", rest, _I)) and json_call_at(text, m.end()) is not None
 
 
+# A channel header whose tokens the detokenizer dropped: `analysis...assistantfinal` glued, as
+# servers that strip harmony's tokens without parsing the channels leave it.
+_BARE_HEADER = re.compile(r"(?<![A-Za-z])(?:<\|start\|>)?assistant(?:<\|channel\|>)?(?:final|analysis|commentary)(?![a-z])")
+
 FAMILIES = (
     Family(name="gpt-oss", group="gpt-oss",
            title="gpt-oss (harmony)",
            models=re.compile(r"gpt[-_]?oss", _I), parsers=("gpt-oss", "openai", "harmony"),
            markers=(Marker("harmony recipient to=functions.NAME", _RECIPIENT, structural=_recipient_call),
                     tokens_marker("harmony call token", _CALL_TOKENS, tool_markup=True),
+                    Marker("harmony channel header without its tokens", _BARE_HEADER, tool_markup=False),
                     tokens_marker("harmony special token", _TOKENS)),
            sglang_parsers=("gpt-oss",), reasoning_parser="gpt-oss",
            raw_signature=re.compile(r"<\|channel\|>|<\|start\|>assistant")),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .base import BARS, Family, Marker, tokens_marker
+from .base import BARS, Family, Marker, json_call_at, tokens_marker
 
 _B = f"[{re.escape(BARS)}]"
 _I = re.IGNORECASE
@@ -27,6 +27,9 @@ def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
     return _CALL.search(text, m.start(), m.end() + 300) is not None
 
 
+# A call whose tokens the detokenizer dropped: `functions.NAME:0{...}` (K2's call id, then its arguments).
+_BARE_CALL = Marker("Kimi call id without its tokens", re.compile(r"\bfunctions\.[\w\-]+:\d+\s*(?=\{)"),
+                    structural=lambda m, text, offered: json_call_at(text, m.end()) is not None)
 _TOOLS = tokens_marker("Kimi tool-call token", _SECTION, tool_markup=True)
 _TOOLS = Marker(_TOOLS.kind, _TOOLS.pattern, True, _call, _TOOLS.spellings)
 
@@ -34,7 +37,7 @@ FAMILIES = (
     Family(name="kimi-k2", group="kimi",
            title="Kimi K2 (<|tool_calls_section_begin|>)",
            models=re.compile(r"kimi|moonshot", _I), parsers=("kimi_k2",),
-           markers=(_TOOLS, tokens_marker("Kimi special token", ("<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+           markers=(_TOOLS, _BARE_CALL, tokens_marker("Kimi special token", ("<|im_user|>", "<|im_assistant|>", "<|im_system|>",
                                                                 "<|im_middle|>", "<|im_end|>")),
                     tokens_marker("thinking marker", ("<think>", "</think>"))),
            sglang_parsers=("kimi_k2",), reasoning_parser="kimi",

@@ -205,3 +205,23 @@ def test_the_family_comes_from_the_parser_setting_then_the_model_name(model, par
 def test_a_runs_family_comes_from_what_preflight_read(facts, model, family) -> None:
     from dsv4bench.families import family_of_server
     assert family_of_server(facts, model) == family
+
+
+STRIPPED = {
+    "gpt-oss channels glued after their tokens were dropped": ("analysisThe user wants the file.assistantfinalHere.",
+                                                                "special_token_leak"),
+    "Kimi call id and arguments with the tokens dropped": ('Reading. functions.read_file:0 {"path": "src/main.py"}',
+                                                           "markup_leak_content"),
+    "DeepSeek tool token cut at the end": ("I'll read it.<｜tool▁calls", "dsml_leak_content"),
+}
+
+
+@pytest.mark.parametrize(("text", "code"), STRIPPED.values(), ids=STRIPPED.keys())
+def test_markup_whose_tokens_were_dropped_or_cut_is_still_seen(text: str, code: str) -> None:
+    assert codes(turn(text)) == {code}
+
+
+@pytest.mark.parametrize("text", ["The assistant finally answered.", "A final assistant message; analysis follows.",
+                                  "call functions.read_file:0 later", "<｜end▁of the list", "options: a｜b"])
+def test_their_look_alikes_are_clean(text: str) -> None:
+    assert codes(turn(text)) == set()

@@ -30,6 +30,7 @@ LEAKS = {
     "ASCII-bar spelling": "Done.<|end▁of▁sentence|>",
     "ASCII spelling with underscores": "Done.<|end_of_sentence|>",
     "spaced, doubled bars": "Done.< ||begin of sentence|| >",
+    "a token cut at the end (split across chunks)": "Done.<｜end▁of",
     "token beside a DSML block": BLOCK + EOS,
 }
 
@@ -41,7 +42,7 @@ CLEAN = {
     "the word think": "I think the fix is to think about the cache first.",
     "thinking tags of other formats": "<thinking>plan</thinking> and <think /> and < think>",
     "html and generics": '<div class="think">x</div> Vec<Think>',
-    "a cut spelling is not a token": "<｜end▁of",
+    "a cut spelling mid-text is not a token": "<｜end▁of the list",
     "byte-level form is garbled_text's": "<ï½ľendâĸģofâĸģsentenceï½ľ>",
 }
 
