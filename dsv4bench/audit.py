@@ -36,7 +36,7 @@ from .checks.parser_view import Disagreement, disagreements, oracle_versions, re
 from .checks.reference import check_reference_mismatch
 from .codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
 from .history import TURNS_FILE
-from .families import family_for
+from .families import AUTO, chosen_family, family_for
 from .records import AssembledResponse, GivenText, OracleReadings, TurnContext, TurnStatus, Verdict
 from .reference_run import ReferenceAnswers, is_greedy, request_key
 from .request_terms import RequestTerms
@@ -121,8 +121,8 @@ def _family(rec: dict[str, Any], req: dict[str, Any]) -> str | None:
     return family_for(parser=parser if isinstance(parser, str) else None, models=models)
 
 
-def exchange_context(rec: dict[str, Any]) -> TurnContext:
-    """Build the checkers' view of one recorded exchange. Raises ValueError on an unusable line
+def exchange_context(rec: dict[str, Any], family: str = AUTO) -> TurnContext:
+    """Build the checkers' view of one recorded exchange (`family`: audit's --family). Raises ValueError on an unusable line
     (KeyError or TypeError where a turn record lacks a field or holds one of the wrong type)."""
     req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
     is_turn_record = "session" in rec and "status" in rec  # a dsv4bench turns.jsonl line
@@ -134,7 +134,7 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
     terms = RequestTerms.of_body(req) if "messages" in req else RequestTerms.from_json(req.get("terms"))
     ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
                       max_tokens=token_cap(req), raw_completion=raw, thinking=terms.thinking, terms=terms,
-                      given=GivenText.of_body(req), family=_family(rec, req))
+                      given=GivenText.of_body(req), family=chosen_family(family, _family(rec, req)))
     status_code = rec.get("http_status")
     if is_turn_record and rec["status"] != TurnStatus.OK.value:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code
@@ -165,7 +165,7 @@ def exchange_context(rec: dict[str, Any]) -> TurnContext:
     return ctx
 
 
-def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
+def audit_records(records: list[tuple[int, Any]], family: str = AUTO) -> list[AuditResult]:
     results: list[AuditResult] = []
     for line, rec in records:
         if not isinstance(rec, dict):
@@ -173,7 +173,7 @@ def audit_records(records: list[tuple[int, Any]]) -> list[AuditResult]:
                                        else "not JSON (torn, binary or not UTF-8)"))
             continue
         try:
-            ctx = exchange_context(rec)
+            ctx = exchange_context(rec, family)
         except (KeyError, TypeError, ValueError) as e:  # also a turn record of the wrong shape (records.py)
             results.append(AuditResult(line, None, problem=str(e) if isinstance(e, ValueError) else repr(e)))
             continue
@@ -230,12 +230,12 @@ def read_exchanges(path: Path) -> list[tuple[int, Any]]:
     return records
 
 
-def audit_file(path: Path, reference: ReferenceAnswers | None = None) -> list[AuditResult]:
+def audit_file(path: Path, reference: ReferenceAnswers | None = None, family: str = AUTO) -> list[AuditResult]:
     """Read and check every exchange of a JSONL file or a run folder; unreadable lines are reported
     as results (`problem`), and a file with no readable exchange at all is an AuditError. With a
     `reference`, the recorded turns are judged against it too (judge_against_reference)."""
     records = read_exchanges(path)
-    results = audit_records(records)
+    results = audit_records(records, family)
     if not any(r.problem is None for r in results):
         raise AuditError(f"{exchanges_file(path)} holds no readable exchange ({len(results)} lines, none a JSON "
                          "exchange): is it a JSONL capture?")

@@ -52,6 +52,7 @@ class RunConfig:
     total_timeout: float = Deadlines.total_s
     on_corrupt: str = SessionConfig.on_corrupt
     raw: bool = False
+    family: str = "auto"  # the model family whose markup is checked (dsv4bench.families.family_flag)
     model: str | None = None  # None: the first id of /v1/models
     api_key: str | None = None
     out: Path = Path("runs")
@@ -112,6 +113,12 @@ class RunConfig:
                 parse_kill_spec(spec)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        from .families import family_flag
+
+        try:
+            object.__setattr__(self, "family", family_flag(self.family))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.reference is not None and self.temperature != 0:
             raise ConfigError("--reference compares greedy answers: it needs --temperature 0")
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]

@@ -13,7 +13,7 @@ from .config import RunConfig
 from .discovery import Deployment
 from .driver import AgentRun
 from .exporter import ExporterError, HarnessExporter
-from .families import family_of_server
+from .families import chosen_family, family_of_server
 from .history import HistoryWriter
 from .observe import ServerWatch
 from .progress import LiveStats, ProgressView
@@ -64,7 +64,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             history.close()
             raise
     driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference,
-                      family_of_server(facts, model))
+                      chosen_family(config.family, family_of_server(facts, model)))
     deployment = Deployment.from_dict(facts.get("deployment"))
     if deployment is not None:
         driver.watch.know_roles(deployment.roles())

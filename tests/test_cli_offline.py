@@ -70,3 +70,25 @@ def test_audit_of_a_turn_record_of_the_wrong_shape_says_which_line(tmp_path, bad
     r = invoke("audit", str(f))
     assert "2 exchanges" in r.stdout  # the good line, whose tool's name is a list, was audited
     assert_one_line_exit_2(r, "1 of 2 lines could not be audited (first: line 2")
+
+
+def test_audit_family_flag_decides_what_is_checked_and_refuses_an_unknown_one(tmp_path) -> None:
+    """A capture from a gateway that renamed its model: --family names the family the answers are in."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from dsv4bench.cli import app
+
+    rec = {"request": {"model": "gateway-model", "messages": [{"role": "user", "content": "hi"}]},
+           "response": {"id": "r1", "model": "gateway-model", "choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "Done.[INST]"}}]}}
+    capture = tmp_path / "cap.jsonl"
+    capture.write_text(_json.dumps(rec) + "\n")
+    runner = CliRunner()
+    on_deepseek = runner.invoke(app, ["audit", str(capture), "--family", "deepseek-v4", "--fail-on", "corruption"])
+    on_mistral = runner.invoke(app, ["audit", str(capture), "--family", "mistral", "--fail-on", "corruption"])
+    assert on_deepseek.exit_code == 0, on_deepseek.output
+    assert on_mistral.exit_code == 1 and "special_token_leak" in on_mistral.output
+    bad = runner.invoke(app, ["audit", str(capture), "--family", "gpt-4o"])
+    assert bad.exit_code == 2 and "--family must be" in bad.output and "Traceback" not in bad.output

@@ -44,6 +44,7 @@ def agents(
     total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
     on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
     raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions for each turn's raw completion (DeepSeek-V4: deepseek-recipe's prompt; other families: the server's own /tokenize rendering, else not offered) and read it with the family's reference parsers (deepseek-recipe, SGLang's detectors), beside the server's answer."),
+    family: str = typer.Option(RunConfig.family, help="Model family whose tool-call markup and special tokens are checked: auto (what the server reports: its tool_call_parser, else the model name; every family where neither says), all (every family), or a family: deepseek-v4, deepseek-v3.2, deepseek-v3.1, deepseek-v3, qwen, qwen3-coder, kimi-k2, glm, gpt-oss, llama3, mistral, gemma (a tool-call parser name such as qwen25 works too). For a gateway that renames models."),
     model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models (with --replay: the one each recorded request names)."),
     api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
     out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
@@ -90,7 +91,7 @@ def agents(
             url=url or BUNDLED_PLACEHOLDER_URL, concurrency=concurrency, rate=rate, sessions=sessions, duration=duration, max_turns=max_turns,
             scenario=scenario, seed=seed, thinking=thinking, request_mix=request_mix, stream=stream, max_tokens=max_tokens, context_length=context_length,
             temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout, on_corrupt=on_corrupt,
-            raw=raw, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
+            raw=raw, family=family, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
             metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
             canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics, reference=reference,
         )

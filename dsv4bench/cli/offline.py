@@ -35,21 +35,31 @@ def audit(
         "turns after its first mismatch are not compared.")),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-record verdicts as JSONL here."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors."),
+    family: str = typer.Option("auto", help=(
+        "Model family whose markup is checked: auto (each exchange's own: a `family` or `tool_call_parser` "
+        "field, else its model names; every family where none says), all, or a family name "
+        "(agents --help lists them).")),
 ) -> None:
-    """Run the checkers offline over traffic captured in production, a proxy capture or a recorded run."""
+    """Run the checkers offline over traffic captured in production, a proxy capture or a recorded run.
+
+    Markup that is not structural is judged by the text the request gave the model: exchanges
+    recorded without their requests' messages keep it as markup_unproven, evidence only."""
     from ..audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
     from ..reference_run import ReferenceAnswers, ReferenceRunError
 
+    from ..families import family_flag
+
     try:
         codes = parse_fail_on(fail_on)
-    except ConfigError as e:
+        family = family_flag(family)
+    except (ConfigError, ValueError) as e:
         raise fail(str(e))
     bad = [c for c in codes if c not in ("corruption", "errors")]
     if bad:
         raise fail(f"audit --fail-on takes corruption,errors; got {', '.join(bad)}")
     try:
         answers = ReferenceAnswers.load(reference) if reference is not None else None
-        results = audit_file(file, answers)
+        results = audit_file(file, answers, family)
     except (AuditError, ReferenceRunError) as e:
         raise fail(str(e))
     render_audit(results, out, answers)

@@ -63,6 +63,29 @@ def family_for(*, parser: str | None = None, models: Iterable[str | None] = ()) 
     return family_of_parser(parser) or next((f for m in models if (f := family_of_model(m))), None)
 
 
+AUTO, ALL = "auto", "all"  # --family: from what the server reports; every family whatever it reports
+
+
+def family_flag(value: str) -> str:
+    """A `--family` value checked: `auto`, `all`, a family name or a tool-call parser name (which
+    names its family). ValueError, naming what is accepted, otherwise."""
+    text = value.strip().lower()
+    if text in (AUTO, ALL) or text in BY_NAME:
+        return text
+    named = family_of_parser(text)
+    if named is None:
+        raise ValueError(f"--family must be auto, all, or one of {', '.join(BY_NAME)} (or a tool-call parser "
+                         f"name such as qwen25, kimi_k2, glm45); got {value!r}")
+    return named
+
+
+def chosen_family(flag: str, reported: str | None) -> str | None:
+    """The family a run checks for: the flag's, else (auto) the server's; `all` checks every family."""
+    if flag == AUTO:
+        return reported
+    return flag
+
+
 def family_of_server(facts: dict, model: str | None = None) -> str | None:
     """The family of the server a run talks to, from what preflight read of it: SGLang's
     `/get_server_info` `tool_call_parser`, else the served model names."""
@@ -99,4 +122,4 @@ def find_markup(text: str, family: str | None = None, offered: Iterable[str] = (
 
 
 __all__ = ["BARS", "BY_NAME", "DEEPSEEK", "FAMILIES", "SPECIAL_TOKEN", "TOOL_MARKUP", "Family", "Marker", "Markup",
-           "families_to_check", "family_by_name", "family_for", "family_of_server", "family_of_model", "family_of_parser", "find_markup"]
+           "ALL", "AUTO", "chosen_family", "families_to_check", "family_by_name", "family_flag", "family_for", "family_of_server", "family_of_model", "family_of_parser", "find_markup"]

@@ -225,3 +225,23 @@ def test_markup_whose_tokens_were_dropped_or_cut_is_still_seen(text: str, code: 
                                   "call functions.read_file:0 later", "<｜end▁of the list", "options: a｜b"])
 def test_their_look_alikes_are_clean(text: str) -> None:
     assert codes(turn(text)) == set()
+
+
+@pytest.mark.parametrize(("flag", "want"), [("auto", "auto"), ("ALL", "all"), ("qwen", "qwen"), ("kimi_k2", "kimi-k2"),
+                                            ("deepseek_v31", "deepseek-v3.1")])
+def test_the_family_flag_takes_names_and_parser_names(flag: str, want: str) -> None:
+    from dsv4bench.families import chosen_family, family_flag
+    assert family_flag(flag) == want
+    assert chosen_family("auto", "glm") == "glm" and chosen_family("all", "glm") == "all"
+
+
+def test_the_family_flag_refuses_what_it_does_not_know_naming_what_it_takes() -> None:
+    from dsv4bench.families import family_flag
+    with pytest.raises(ValueError, match="deepseek-v4.*qwen3-coder.*gemma"):
+        family_flag("gpt-4o")
+
+
+def test_all_checks_every_family_even_on_a_server_that_reports_one() -> None:
+    text = "Done.<|im_end|>"
+    assert codes(turn(text, family="deepseek-v4")) == set()
+    assert codes(turn(text, family="all")) == {"special_token_leak"}
