@@ -245,3 +245,21 @@ def test_all_checks_every_family_even_on_a_server_that_reports_one() -> None:
     text = "Done.<|im_end|>"
     assert codes(turn(text, family="deepseek-v4")) == set()
     assert codes(turn(text, family="all")) == {"special_token_leak"}
+
+
+from tests.fixtures.family_markup import corpus as _corpus  # noqa: E402 - the shared corpus, after the local tables
+
+_CASES = _corpus()
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["family known", "family unknown"])
+@pytest.mark.parametrize("case", _CASES, ids=[f"{c.family}: {c.name}" for c in _CASES])
+def test_the_corpus_the_recall_figures_count(case, known: bool) -> None:
+    """scripts/bench_verdicts.py's cases, each pinned: a failure caught with one of its codes, a
+    clean look-alike with no corruption code at all."""
+    from dsv4bench.codes import CORRUPTION_CODES
+
+    verdicts, errors = run_checks(case.context(family_known=known))
+    got = {v.code for v in verdicts} & set(CORRUPTION_CODES)
+    assert errors == []
+    assert bool(got & case.codes) if case.leak else got == set(), (case.name, got)
