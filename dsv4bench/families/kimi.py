@@ -1,4 +1,4 @@
-"""Kimi K2 (Moonshot): tool calls in a section of bar tokens.
+"""Kimi (Moonshot): K2's tool calls in a section of bar tokens, K3's in XTML.
 
     <|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0
     <|tool_call_argument_begin|>{"path": "a.py"}<|tool_call_end|><|tool_calls_section_end|>
@@ -6,6 +6,12 @@
 (SGLang and vLLM `kimi_k2`). Every one of these is a special token, as are the chat tokens
 `<|im_user|>`, `<|im_assistant|>`, `<|im_system|>`, `<|im_middle|>`, `<|im_end|>`. Thinking
 variants write `<think>` ... `</think>`.
+
+Kimi K3 (SGLang `kimi_k3`) writes XTML: `<|open|>tools<|sep|><|open|>call tool="read_file"
+index="1"<|sep|><|open|>argument key="path" type="string"<|sep|>a.py<|close|>argument<|sep|>
+<|close|>call<|sep|><|close|>tools<|sep|>`, its thinking in `<|open|>think<|sep|>` ...
+`<|close|>think<|sep|>`. Leaks seen in the wild glue the channel name to the call
+(`<|open|>toolscall tool="Shell" index="1"<|sep|>`).
 """
 
 from __future__ import annotations
@@ -33,13 +39,23 @@ _BARE_CALL = Marker("Kimi call id without its tokens", re.compile(r"\bfunctions\
 _TOOLS = tokens_marker("Kimi tool-call token", _SECTION, tool_markup=True)
 _TOOLS = Marker(_TOOLS.kind, _TOOLS.pattern, True, _call, _TOOLS.spellings)
 
+_XTML_CALL = re.compile(r"<\|open\|>\s*(?:tools\s*(?:<\|sep\|>\s*<\|open\|>)?\s*)?call\s+tool\s*=\s*\"[^\"<>]+\"")
+_XTML_TOOL = Marker("Kimi K3 call markup", re.compile(
+    r"<\|(?:open|close)\|>\s*(?:tools|call|argument|toolscall|toolsmessage)\b(?:[^<>\n]{0,80}?<\|sep\|>)?"),
+    structural=lambda m, text, offered: _XTML_CALL.match(text, m.start()) is not None)
+_XTML_TOKENS = tokens_marker("Kimi K3 XTML token", ("<|open|>", "<|close|>", "<|sep|>"))
+
 FAMILIES = (
+    Family(name="kimi-k3", group="kimi", title="Kimi K3 (XTML <|open|>call tool=...)",
+           models=re.compile(r"kimi[-_ ]?k3", _I), parsers=("kimi_k3",),
+           markers=(_XTML_TOOL, _XTML_TOKENS), sglang_parsers=("kimi_k3",), reasoning_parser="kimi_k3",
+           raw_signature=re.compile(r"<\|open\|>\s*(?:tools|call)")),
     Family(name="kimi-k2", group="kimi",
            title="Kimi K2 (<|tool_calls_section_begin|>)",
            models=re.compile(r"kimi|moonshot", _I), parsers=("kimi_k2",),
            markers=(_TOOLS, _BARE_CALL, tokens_marker("Kimi special token", ("<|im_user|>", "<|im_assistant|>", "<|im_system|>",
                                                                 "<|im_middle|>", "<|im_end|>")),
                     tokens_marker("thinking marker", ("<think>", "</think>"))),
-           sglang_parsers=("kimi_k2",), reasoning_parser="kimi",
+           sglang_parsers=("kimi_k2",), reasoning_parser="kimi_k2",
            raw_signature=re.compile(r"<\|tool_calls_section_begin\|>")),
 )

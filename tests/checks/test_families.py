@@ -40,6 +40,9 @@ BLOCKS: dict[str, tuple[str, str | None, str, str]] = {
     "kimi-k2": ('<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>'
                 '{"path": "src/main.py"}<|tool_call_end|><|tool_calls_section_end|>', "kimi_k2", "<|im_end|>",
                 "<｜im_assistant｜>"),
+    "kimi-k3": ('<|open|>tools<|sep|><|open|>call tool="read_file" index="1"<|sep|><|open|>argument key="path" '
+                'type="string"<|sep|>src/main.py<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+                "kimi_k3", "<|sep|>", "<｜open｜>"),
     "glm": ("<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>src/main.py</arg_value>\n</tool_call>", "glm45",
             "<|observation|>", "<｜user｜>"),
     "gpt-oss": ('<|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>'
