@@ -52,7 +52,7 @@ CODES: tuple[VerdictCode, ...] = (
     _turn("dsml_leak_reasoning", CORRUPTION, "dsml",
           "DeepSeek tool-call markup leaked into the reasoning text (structural, or absent from the request's text)."),
     _turn("dsml_in_arguments", CORRUPTION, "dsml",
-          "DeepSeek tool-call markup inside a tool call's `arguments` that is structural or absent from the "
+          "DeepSeek tool-call markup inside a tool call's `arguments` or name that is structural or absent from the "
           "request's text (markup the task gave the model, as in a file being edited, is clean)."),
     _turn("markup_leak_content", CORRUPTION, "markup",
           "Another family's tool-call markup (`<tool_call>`, `[TOOL_CALLS]`, harmony `to=functions.x`, Kimi or "
@@ -60,7 +60,7 @@ CODES: tuple[VerdictCode, ...] = (
     _turn("markup_leak_reasoning", CORRUPTION, "markup",
           "Another family's tool-call markup leaked into the reasoning (structural, or absent from the request's text)."),
     _turn("markup_in_arguments", CORRUPTION, "markup",
-          "Another family's tool-call markup inside a tool call's `arguments`, structural or absent from the "
+          "Another family's tool-call markup inside a tool call's `arguments` or name, structural or absent from the "
           "request's text."),
     _turn("special_token_leak", CORRUPTION, "special_tokens",
           "A special token of the server's family (every family where unknown), in any spelling "

@@ -53,7 +53,7 @@ def _code(m: Markup, where: str) -> str:
     if not m.tool_markup:
         return "special_token_leak"
     base = "dsml" if m.family == "deepseek" else "markup"
-    if where.startswith("tool_calls"):
+    if where.startswith("tool_calls"):  # its arguments or its name
         return f"{base}_in_arguments"
     return f"{base}_leak_{where}"
 
@@ -64,6 +64,8 @@ def _texts(ctx: TurnContext) -> Iterator[tuple[str, str, str]]:
     yield "content", "content", resp.content
     yield "reasoning", "reasoning", resp.reasoning
     for i, call in enumerate(resp.tool_calls):
+        if call.name:  # a name with markup in it (`read_file<|channel|>commentary`) is the call's own leak
+            yield f"tool_calls[{i}].name", "name", call.name
         where = f"tool_calls[{i}].arguments"
         try:
             value = decode_json(call.arguments)
@@ -138,7 +140,7 @@ def verdicts_of(ctx: TurnContext, code: str) -> list[Verdict]:
         kinds = ", ".join(sorted({f.markup.kind for f in owned[1:]}))
         more = "" if len(owned) < 2 else f" (+{len(owned) - 1} more: {kinds})" if m.tool_markup \
             else f" (+{len(owned) - 1} more)"
-        inside = "" if first.label in (where, "raw") else f"in {first.label}: "
+        inside = "" if first.label in (where, "raw", "name") else f"in {first.label}: "
         named = f" {TOKENS[m.text]}" if m.family == "deepseek" and m.text in TOKENS else ""
         detail = (f"{inside}{m.family} {m.kind}{named} {m.text!r}{_thinking_note(ctx, where, m)} at {m.start}{more}: "
                   f"{excerpt(first.text, m.start, m.end)}; {first.why}")

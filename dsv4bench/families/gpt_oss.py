@@ -36,9 +36,11 @@ def _recipient_call(m: re.Match[str], text: str, offered: frozenset[str]) -> boo
     return bool(re.search(r"json|<\s*\|\s*(?:constrain|message)", rest, _I)) and json_call_at(text, m.end()) is not None
 
 
-# A channel header whose tokens the detokenizer dropped: `analysis...assistantfinal` glued, as
-# servers that strip harmony's tokens without parsing the channels leave it.
-_BARE_HEADER = re.compile(r"(?<![A-Za-z])(?:<\|start\|>)?assistant(?:<\|channel\|>)?(?:final|analysis|commentary)(?![a-z])")
+# A channel header whose tokens the detokenizer dropped, as servers that strip harmony's tokens
+# without parsing the channels leave it: `analysisWe need...assistantfinalfour` (the role glued to
+# the channel, the channel to the text).
+_BARE_HEADER = re.compile(r"(?<![A-Za-z])(?:<\|start\|>)?assistant(?:<\|channel\|>)?(?:final|analysis|commentary)"
+                          r"|\Aanalysis(?=[A-Z])")
 
 FAMILIES = (
     Family(name="gpt-oss", group="gpt-oss",

@@ -266,3 +266,37 @@ def test_the_corpus_the_recall_figures_count(case, known: bool) -> None:
     got = {v.code for v in verdicts} & set(CORRUPTION_CODES)
     assert errors == []
     assert bool(got & case.codes) if case.leak else got == set(), (case.name, got)
+
+
+REAL_LEAKS = {
+    # trtllm-serve, gpt-oss-120b (a final answer holding the call it should have made, recipient lost)
+    "harmony call left in content without its recipient": (
+        '<|channel|>commentary<|message|>{\n  "path": "/",\n  "name_pattern": "*Chen*"\n}<|end|>', "special_token_leak"),
+    # a provider that strips harmony's tokens but never splits its channels
+    "harmony channels glued to the answer": (
+        'analysisWe need to answer "What is 2+2?". The answer is "four".assistantfinalfour', "special_token_leak"),
+    # DSML with doubled bars, as an orchestrator showed it to its operator
+    "doubled-bar DSML block": ('Let me check.\n\n<｜｜DSML｜｜tool_calls>\n<｜｜DSML｜｜invoke name="workspace_list">\n'
+                               '</｜｜DSML｜｜invoke>\n</｜｜DSML｜｜tool_calls>', "dsml_leak_content"),
+    # Qwen3.x: preamble, then Qwen3-Coder XML left in content by a streaming translator
+    "preamble then Qwen3-Coder XML": ("I'll investigate systematically.\n<tool_call>\n<function=grep>\n<parameter=pattern>"
+                                      "mountain</parameter>\n</function>\n</tool_call>", "markup_leak_content"),
+    # Kimi K3 XTML with its channel glued on, in an answer's text
+    "Kimi K3 XTML call": ('<|open|>toolscall tool="StrReplace" index="1"<|sep|><|open|>argument key="path" type="string"'
+                          '<|sep|>src/renderer<|close|>argument<|sep|><|close|>call<|sep|>', "markup_leak_content"),
+    # bare invoke markup with no block around it
+    "bare invoke": ('Let me read it.\n\n<invoke name="Read">\n<parameter name="file_path">a.md</parameter>\n</invoke>',
+                    "dsml_leak_content"),
+}
+
+
+@pytest.mark.parametrize(("text", "code"), REAL_LEAKS.values(), ids=REAL_LEAKS.keys())
+def test_leak_shapes_seen_in_real_reports_are_caught(text: str, code: str) -> None:
+    assert code in codes(turn(text)), codes(turn(text))
+
+
+def test_markup_in_a_tool_name_is_the_calls_leak() -> None:
+    """gpt-oss on a server that missed harmony's end of recipient: `manage_cart<|channel|>commentary`."""
+    ctx = turn(calls=[("read_file<|channel|>commentary", {"path": "a"})], family="gpt-oss")
+    assert "special_token_leak" in codes(ctx)
+    assert codes(turn(calls=[("read_file", {"path": "a"})], family="gpt-oss")) == set()
