@@ -235,6 +235,11 @@ def dialect_of(values: dict[str, float]) -> Dialect:
     return Dialect()
 
 
+class NoIterationStats(ValueError):
+    """A TensorRT-LLM /metrics answer that is an empty list: no iteration ran since the last look.
+    Not an error of the server (an idle one answers so), and no gauges either."""
+
+
 def trtllm_series(stats: object) -> dict[str, float]:
     """The series of a TensorRT-LLM /metrics answer (a JSON list of iteration stats): the fields
     of its latest iteration. ValueError for an answer that is no such list, or holds no
@@ -243,7 +248,7 @@ def trtllm_series(stats: object) -> dict[str, float]:
     if not isinstance(stats, list) or not all(isinstance(s, dict) for s in stats):
         raise ValueError("not a JSON list of iteration stats")
     if not stats:
-        raise ValueError("no iteration stats since the last look (TensorRT-LLM reports per iteration)")
+        raise NoIterationStats("no iteration stats since the last look (TensorRT-LLM reports per iteration)")
     latest = max(stats, key=lambda s: s.get("iter") if isinstance(s.get("iter"), (int, float)) else -1)
     out = {}
     for field, series in TRTLLM_FIELDS.items():

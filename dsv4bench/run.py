@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fair_loop
+from .canary import OK, TIMEOUT
 from .checks.parser_view import oracle_versions
 from .config import RunConfig
 from .discovery import Deployment
@@ -105,6 +106,10 @@ def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -
     except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
         history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
         return None
-    for c in watch.canaries:  # the report's canary column
+    # The report's canary column: of an endpoint's canaries (not streamed, streamed), the one that
+    # shows the wedge: one that hung before one answered with an error, before one that answered;
+    # the latest among equals.
+    weight = {OK: 0, TIMEOUT: 2}
+    for c in sorted(watch.canaries, key=lambda c: (weight.get(c.result, 1), c.t_ns)):
         wedge.setdefault(c.endpoint, WedgeFinding()).canary = c
     return {ep: found.as_dict() for ep, found in wedge.items()}

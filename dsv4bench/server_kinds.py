@@ -60,6 +60,9 @@ class Kind:
     offers: dict[str, bool] = field(default_factory=dict)
     metrics_format: str | None = None  # PROMETHEUS, TRTLLM_JSON, or None where not known
     queue_gauges: tuple[str, ...] = ()  # the queue gauges its /metrics carries; () where it has none known
+    # Seconds its /metrics may hold a request before it answers (TensorRT-LLM waits for new
+    # iteration stats): a scrape is given that long, and SCRAPE_MARGIN_S more, to answer.
+    metrics_hold_s: float = 0.0
 
     def offered(self, path: str) -> bool | None:
         """True: it has `path`; False: it never had it (not asked); None: judged by what answers."""
@@ -83,12 +86,29 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(BUNDLED, "bundled engine", {**_SGLANG_OFFERS, METRICS: True}, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)),
     Kind(VLLM, "vLLM", {HEALTH: True, HEALTH_GENERATE: False, SERVER_INFO: False, METRICS: True, VERSION: True,
                         MODELS: True, WORKERS_PATH: False}, PROMETHEUS, (VLLM_WAITING, VLLM_RUNNING)),
+    # trtllm-serve's /metrics gathers the iteration stats that come within 2 s before it answers
+    # (openai_server.py, get_iteration_stats: get_stats_async(2)).
     Kind(TRTLLM, "TensorRT-LLM", {HEALTH: True, SERVER_INFO: False, METRICS: True, VERSION: True, MODELS: True,
-                                  WORKERS_PATH: False}, TRTLLM_JSON, (TRTLLM_WAITING, TRTLLM_RUNNING)),
+                                  WORKERS_PATH: False}, TRTLLM_JSON, (TRTLLM_WAITING, TRTLLM_RUNNING), 2.0),
     Kind(UNKNOWN_KIND, "OpenAI-compatible, kind unknown", {MODELS: True}),
 )}
 # The metrics dialect that names a kind, where nothing stronger does.
 _BY_DIALECT = {SGLANG_DIALECT: SGLANG, VLLM_DIALECT: VLLM, TRTLLM_DIALECT: TRTLLM}
+
+
+# What a scrape is given beyond the kind's own hold, for the answer to be written and read on a
+# busy machine: a scrape cut at the bare interval (0.2 s in a fast run) loses the samples that a
+# wedge is judged by, on the slow machines a wedge is most often looked for on.
+SCRAPE_MARGIN_S = 1.0
+# Before the first answer says which kind a server is, a scrape waits as long as any kind holds one.
+LONGEST_HOLD_S = max(k.metrics_hold_s for k in KINDS.values())
+
+
+def scrape_timeout(k: Kind | None, interval: float) -> float:
+    """Seconds one scrape of /metrics may take: the kind's hold (the longest of any kind while
+    `k` is None, not known yet) and SCRAPE_MARGIN_S, or the scrape interval where that is longer."""
+    hold = LONGEST_HOLD_S if k is None else k.metrics_hold_s
+    return max(interval, hold + SCRAPE_MARGIN_S)
 
 
 def kind(name: str | None) -> Kind:

@@ -10,6 +10,13 @@ once a gauge has stayed > 0 without shrinking for `stuck_s` seconds while no cou
 moved, the same "no progress" rule the post-run wedge detector (wedge.py) applies. It fits an
 80-column terminal.
 
+A server whose kind offers no gauges (a plain OpenAI-compatible server's /metrics answers 404;
+TensorRT-LLM's answers `[]` while no iteration runs) shows "gauges not offered": it is judged by
+its canaries and /health alone (`probe`), and the view never flags a wedge from gauges it does
+not have. A kind that has gauges and whose scrape fails shows "scrape failed" (server_kinds.py).
+Each endpoint is scraped on its own clock with its kind's timeout: TensorRT-LLM's /metrics holds
+the request up to 2 s, and delays no other endpoint's view.
+
 `WatchState` and `render_watch` are pure (fed monitor samples, see monitor.py) so they test on
 literal series; `watch_main` is the thin scraping loop around them.
 """
@@ -30,9 +37,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, current_name, is_queue_gauge, metric_name
-from .monitor import MetricSample, scrape_once
+from .monitor import MetricSample, kind_of_sample, scrape_once
 from .roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
                     role_gauges)
+from .server_kinds import METRICS, Kind, kind, not_offered, scrape_timeout
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 _NS = 1_000_000_000
@@ -83,6 +91,10 @@ class _Endpoint:
     answered: bool = False
     last_t_ns: int | None = None
     error: str | None = None
+    kind: Kind | None = None  # the kind its answers showed; kept once seen
+    # Why its last answer held no gauges though the server answered as its kind does (None: it
+    # held gauges, or failed).
+    not_offered: str | None = None
 
 
 class WatchState:
@@ -104,11 +116,20 @@ class WatchState:
         t = sample.t_ns
         ep.last_t_ns = t
         values = sample.values
+        ep.kind = kind_of_sample(sample) or ep.kind
         if not sample.ok or values is None:
+            why = self._gauges_not_offered(ep, sample)
+            if why is not None:
+                # An answer with no gauges in it: nothing to judge, so no clock runs on the gauges
+                # seen before (a wedge is never flagged from gauges the server does not give).
+                ep.last_ok, ep.answered, ep.error, ep.not_offered = True, True, None, why
+                ep.held_since.clear()
+                ep.counters, ep.counters_still_since, ep.in_flight, ep.shrank = None, None, 0.0, False
+                return
             # A failed scrape is no evidence either way: keep the clocks running, show the error.
             ep.last_ok, ep.error = False, sample.error or "no answer"
             return
-        ep.last_ok, ep.answered, ep.error = True, True, None
+        ep.last_ok, ep.answered, ep.error, ep.not_offered = True, True, None, None
         if not ep.role.known:
             ep.role = role_from_metrics(values) or ep.role
         now_counters = counters(values)
@@ -135,6 +156,16 @@ class WatchState:
             ep.sums.setdefault(name, deque(maxlen=self.history)).append(total)
         in_flight = sum(sums.values())
         ep.shrank, ep.in_flight = in_flight < ep.in_flight, in_flight
+
+    @staticmethod
+    def _gauges_not_offered(ep: _Endpoint, sample: MetricSample) -> str | None:
+        """Why a scrape that got no gauges is no failure: TensorRT-LLM's empty list of iteration
+        stats, or a 404, 405 or 501 on /metrics from a server whose kind may lack it."""
+        if sample.no_iteration:
+            return "no iteration since the last look"
+        if sample.status is not None and not_offered(ep.kind or kind(None), METRICS, sample.status):
+            return f"/metrics HTTP {sample.status}"
+        return None
 
     def _frozen_for(self, ep: _Endpoint, key: str, now_ns: int) -> float:
         """Seconds the gauge `key` has held without shrinking while no counter moved."""
@@ -179,6 +210,8 @@ class WatchState:
             if others:
                 words += f" (+{len(others)} more)"
             return Text(words, style="bold red")
+        if ep.not_offered is not None:
+            return Text(f"gauges not offered ({ep.not_offered}): judged by canaries and /health alone", style="dim")
         if not ep.answered:
             return Text(f"no answer: {ep.error or 'not scraped yet'}"[:120], style="yellow")
         if not ep.last_ok:
@@ -242,7 +275,8 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
         parts.append(head)
         shown = state.shown_gauges(name) if ep.sums else []
         if not shown:
-            parts.append(Text("  no queue gauges" if ep.answered else "  –", style="dim"))
+            empty = "  gauges not offered" if ep.not_offered is not None else "  no queue gauges"
+            parts.append(Text(empty if ep.answered else "  –", style="dim"))
             continue
         rows = Table.grid(padding=(0, 1))
         rows.add_column(no_wrap=True, width=_LABEL_W, overflow="ellipsis")
@@ -288,27 +322,24 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
             state.set_role(url, await discover_role(client, _root(url), timeout=min(2.0, max(interval, 0.5))))
 
         with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
-            first = True
-            while True:
-                t0 = time.monotonic()
-                samples: list[MetricSample] = []
+            async def scrape_loop(url: str) -> None:
+                # Its own clock: a scrape its kind lets take longer holds up no other endpoint.
+                known: Kind | None = None
+                while True:
+                    t0 = time.monotonic()
+                    sample = await scrape_once(client, url, timeout=scrape_timeout(known, interval))
+                    known = kind_of_sample(sample) or known
+                    state.add(sample)
+                    live.update(view())
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    await anyio.sleep(min(left, max(0.0, interval - (time.monotonic() - t0))))
 
-                async def one(url: str) -> None:
-                    samples.append(await scrape_once(client, url, timeout=max(interval, 0.5)))
-
-                async with anyio.create_task_group() as tg:
-                    for url in metrics_urls:
-                        tg.start_soon(one, url)
-                        if first:
-                            tg.start_soon(role_of, url)
-                first = False
-                for s in sorted(samples, key=lambda s: s.t_ns):
-                    state.add(s)
-                live.update(view())
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                await anyio.sleep(min(left, max(0.0, interval - (time.monotonic() - t0))))
+            async with anyio.create_task_group() as tg:
+                for url in metrics_urls:
+                    tg.start_soon(role_of, url)
+                    tg.start_soon(scrape_loop, url)
         if not console.is_terminal:
             console.line()  # Live ends a terminal's last line itself, not a file's
     if not state.any_answered:

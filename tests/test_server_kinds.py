@@ -107,3 +107,15 @@ def test_a_not_offered_health_generate_is_no_lie():
     probes = [*_health(200), HealthResult(6, "http://s:1/health_generate", "not_offered", 0.0, 404)]
     found = detect_wedge([], 0, WedgeConfig(), health=probes)
     assert all(f.codes == [] for f in found.values())
+
+
+def test_a_scrape_waits_as_long_as_its_kind_holds_metrics() -> None:
+    from dsv4bench.server_kinds import LONGEST_HOLD_S, SCRAPE_MARGIN_S, scrape_timeout
+
+    # TensorRT-LLM gathers stats for 2 s before it answers; the others answer at once.
+    assert KINDS[TRTLLM].metrics_hold_s == 2.0 and KINDS[VLLM].metrics_hold_s == 0.0
+    assert scrape_timeout(KINDS[TRTLLM], 1.0) == 2.0 + SCRAPE_MARGIN_S
+    assert scrape_timeout(KINDS[VLLM], 1.0) == max(1.0, SCRAPE_MARGIN_S)
+    assert scrape_timeout(KINDS[VLLM], 5.0) == 5.0  # never shorter than the interval
+    # Before its first answer says its kind, a scrape waits as long as any kind may hold it.
+    assert scrape_timeout(None, 0.2) == LONGEST_HOLD_S + SCRAPE_MARGIN_S >= scrape_timeout(KINDS[TRTLLM], 0.2)

@@ -212,3 +212,76 @@ def test_an_older_releases_gauge_sorts_with_its_current_name() -> None:
     # running, waiting, bootstrap (was prealloc), inflight (was infight): QUEUE_GAUGES' order.
     assert [s.split("{")[0] for s in sorted(series, key=_gauge_sort_key)] == [
         "sglang:num_running_reqs", "sglang:num_queue_reqs", PREFILL_PREALLOC, INFIGHT]
+
+
+# --- kinds that offer no gauges -----------------------------------------------------------------
+
+TRT = "http://trt:8000/metrics"
+
+
+def test_a_kind_without_gauges_is_not_offered_and_never_a_wedge() -> None:
+    st = WatchState(stuck_s=2)
+    # A plain OpenAI-compatible server: /metrics 404, its kind unknown.
+    plain = "http://plain:8000/metrics"
+    for t in range(10):
+        st.add(MetricSample(t * S, t * S, plain, False, error="HTTPStatusError: 404", status=404))
+    assert st.describe(plain, 9 * S).plain == \
+        "gauges not offered (/metrics HTTP 404): judged by canaries and /health alone"
+    # TensorRT-LLM: gauges held while busy, then `[]` while no iteration runs: the held gauges
+    # seen before are not stuck ones, however long the empty answers last.
+    st.add(MetricSample(0, 0, TRT, True, values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0},
+                        status=200, metrics_json=True))
+    for t in range(1, 10):
+        st.add(MetricSample(t * S, t * S, TRT, False, error="NoIterationStats: none", status=200, metrics_json=True,
+                            no_iteration=True))
+    assert st.wedge_forming(9 * S) == {}
+    assert st.describe(TRT, 9 * S).plain.startswith("gauges not offered (no iteration since the last look)")
+    text = _text(render_watch(st))
+    assert "scrape failed" not in text and "WEDGE:" not in text and "no wedge forming" in text
+
+
+def test_a_kind_with_gauges_whose_scrape_fails_says_so() -> None:
+    """The look-alikes: vLLM (it has /metrics) answering 404, and a failed TensorRT-LLM scrape
+    after a held gauge, keep their clocks and say the scrape failed."""
+    st = WatchState(stuck_s=2)
+    vllm = "http://vllm:8000/metrics"
+    st.add(MetricSample(0, 0, vllm, True, values={"vllm:num_requests_running": 0.0}, status=200))
+    st.add(MetricSample(S, S, vllm, False, error="HTTPStatusError: 404", status=404))
+    assert st.describe(vllm, S).plain == "scrape failed: HTTPStatusError: 404"
+    for t in range(4):
+        st.add(MetricSample(t * S, t * S, TRT, True, values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0},
+                            status=200, metrics_json=True))
+    st.add(MetricSample(4 * S, 4 * S, TRT, False, error="ReadTimeout: ", metrics_json=False))
+    assert st.wedge_forming(4 * S) == {TRT: ["trtllm:numActiveRequests"]}
+
+
+@pytest.mark.parametrize("kind_args,words", [("plain", "gauges not offered (/metrics HTTP 404)"),
+                                             ("trtllm", "gauges not offered (no iteration since the last look)")])
+def test_watch_main_on_kinds_without_gauges(kind_args: str, words: str) -> None:
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.fixtures.kinds_server import KindState, build_app
+
+    # trtllm's /metrics held for 1.5 s before its `[]`, as the real one holds it for 2 s.
+    state = KindState(kind=kind_args, metrics_hold=1.5 if kind_args == "trtllm" else 0.0)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "kinds server did not start"
+        time.sleep(0.02)
+    try:
+        out = io.StringIO()
+        code = anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 2.5, 0.2, 1.0,
+                         Console(file=out, width=200))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+    text = out.getvalue()
+    assert code == 0 and words in text, text
+    assert "scrape failed" not in text and "WEDGE" not in text.replace("WEDGE after", "")
