@@ -1,5 +1,6 @@
 """What a chat request asked of its answer, read from the body itself: tool_choice,
-parallel_tool_calls, thinking and its reasoning_effort, stop sequences. The checkers judge an
+parallel_tool_calls, thinking and its reasoning_effort, stop sequences, and whether it continues
+an assistant message it prefilled. The checkers judge an
 answer against these (checks/request_terms.py), turns.jsonl keeps them in each request's summary,
 and the report splits every code by them (`variant`), whoever wrote the body: our sessions (with
 --request-mix, request_mix.py), a proxied agent, a replayed capture.
@@ -20,7 +21,10 @@ NAMED = "named"  # the variant label of a tool_choice that names a function
 @dataclass(frozen=True)
 class RequestTerms:
     """`tool_choice`: "auto", "none", "required", or "named" with `named_tool` set. `thinking`:
-    None where the body does not say (a server default applies). `stop`: the stop strings."""
+    None where the body does not say (a server default applies). `stop`: the stop strings.
+    `continues_assistant`: the body ends with an assistant message for the model to continue
+    (its last message has role "assistant", as DeepSeek's `prefix: true` and vLLM's
+    `continue_final_message: true` have it, or it sets `continue_final_message`)."""
 
     tool_choice: str = "auto"
     named_tool: str | None = None
@@ -28,6 +32,7 @@ class RequestTerms:
     thinking: bool | None = None
     reasoning_effort: str | None = None
     stop: tuple[str, ...] = ()
+    continues_assistant: bool = False
 
     @classmethod
     def of_body(cls, body: Any) -> RequestTerms:
@@ -48,7 +53,8 @@ class RequestTerms:
             if isinstance(stop, list) else ()
         return cls(tool_choice=choice, named_tool=named,
                    parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
-                   thinking=_thinking(body, effort), reasoning_effort=effort, stop=tuple(s for s in stops if s))
+                   thinking=_thinking(body, effort), reasoning_effort=effort, stop=tuple(s for s in stops if s),
+                   continues_assistant=_continues_assistant(body))
 
     def variant(self) -> dict[str, str]:
         """One label per dimension (DIMENSIONS): what the report groups turns by."""
@@ -72,9 +78,12 @@ class RequestTerms:
         return self.tool_choice
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool_choice": self.tool_choice, "named_tool": self.named_tool,
-                "parallel_tool_calls": self.parallel_tool_calls, "thinking": self.thinking,
-                "reasoning_effort": self.reasoning_effort, "stop": list(self.stop)}
+        d: dict[str, Any] = {"tool_choice": self.tool_choice, "named_tool": self.named_tool,
+                             "parallel_tool_calls": self.parallel_tool_calls, "thinking": self.thinking,
+                             "reasoning_effort": self.reasoning_effort, "stop": list(self.stop)}
+        if self.continues_assistant:  # written only when set: most requests' summaries keep their shape
+            d["continues_assistant"] = True
+        return d
 
     @classmethod
     def from_json(cls, d: Any) -> RequestTerms:
@@ -82,13 +91,23 @@ class RequestTerms:
         if not isinstance(d, dict):
             return cls()
         body: dict[str, Any] = {"parallel_tool_calls": d.get("parallel_tool_calls"), "stop": d.get("stop"),
-                                "reasoning_effort": d.get("reasoning_effort")}
+                                "reasoning_effort": d.get("reasoning_effort"),
+                                "continue_final_message": d.get("continues_assistant") is True}
         if isinstance(d.get("thinking"), bool):
             body["chat_template_kwargs"] = {"thinking": d["thinking"]}
         choice = d.get("tool_choice")
         body["tool_choice"] = ({"type": "function", "function": {"name": d.get("named_tool")}}
                                if choice == NAMED else choice)
         return cls.of_body(body)
+
+
+def _continues_assistant(body: dict[str, Any]) -> bool:
+    """Whether the body asks the model to continue an assistant message it prefilled."""
+    if body.get("continue_final_message") is True:
+        return True
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return isinstance(last, dict) and last.get("role") == "assistant"
 
 
 def _thinking(body: dict[str, Any], effort: str | None) -> bool | None:

@@ -10,6 +10,7 @@ by request variant shows where it happens. Schema-invalid arguments to a named f
 from __future__ import annotations
 
 from dsv4bench.checks.common import clip, excerpt, response_of
+from dsv4bench.checks.protocol import cut_at_cap, may_end_early
 from dsv4bench.records import TurnContext, Verdict
 from dsv4bench.request_terms import NAMED
 
@@ -17,11 +18,12 @@ from dsv4bench.request_terms import NAMED
 def check_tool_choice_violation(ctx: TurnContext) -> list[Verdict]:
     """"none" with a tool call; "required" with none; a named function not called, or another
     tool called beside or instead of it. An answer cut by its length limit before any call is
-    `truncated`'s: the limit, not the tool_choice, ended it."""
+    `truncated`'s, or finish_reason_mismatch's where it used all its max_tokens and says
+    otherwise: the limit, not the tool_choice, ended it."""
     resp, terms = response_of(ctx), ctx.terms
     names = [c.name or "" for c in resp.tool_calls]
     choice = terms.tool_choice
-    if not names and resp.finish_reason in ("length", None):
+    if not names and (resp.finish_reason in ("length", None) or cut_at_cap(ctx) is not None):
         return []
     if choice == "none" and names:
         return [Verdict("tool_choice_violation", f"tool_choice 'none' but {len(names)} tool call(s): "
@@ -67,11 +69,21 @@ def check_stop_sequence_ignored(ctx: TurnContext) -> list[Verdict]:
 
 def check_reasoning_only(ctx: TurnContext) -> list[Verdict]:
     """A thinking turn that finished (`stop`) with reasoning but no content and no tool call: the
-    agent has nothing to act on (deep reasoning_effort tiers that end inside their thinking)."""
+    agent has nothing to act on (deep reasoning_effort tiers that end inside their thinking).
+
+    Only where the request allowed no such end. It did where its own stop sequences may have
+    ended the answer inside the reasoning (the server cuts at the match and never sends it), or
+    where it continues an assistant message it prefilled (protocol.may_end_early). A turn that
+    used all its max_tokens and still says `stop` was cut, not finished: finish_reason_mismatch
+    owns that. tool_choice "none", or no tools offered, allows nothing here: the answer is then
+    owed in text.
+    """
     resp = response_of(ctx)
-    if (resp.finish_reason == "stop" and resp.reasoning.strip() and not resp.content.strip()
+    if not (resp.finish_reason == "stop" and resp.reasoning.strip() and not resp.content.strip()
             and not resp.tool_calls):
-        effort = ctx.terms.reasoning_effort
-        return [Verdict("reasoning_only", f"{len(resp.reasoning)} characters of reasoning, then nothing"
-                        + (f" (reasoning_effort {effort!r})" if effort else ""), "content")]
-    return []
+        return []
+    if may_end_early(ctx) or cut_at_cap(ctx) is not None:
+        return []
+    effort = ctx.terms.reasoning_effort
+    return [Verdict("reasoning_only", f"{len(resp.reasoning)} characters of reasoning, then nothing"
+                    + (f" (reasoning_effort {effort!r})" if effort else ""), "content")]

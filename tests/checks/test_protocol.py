@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from dsv4bench.checks import run_checks
 from dsv4bench.checks.protocol import check_empty_turn, check_finish_reason_mismatch, check_stream_protocol, check_truncated
-from dsv4bench.records import ToolCall
+from dsv4bench.records import ToolCall, TurnContext
+from dsv4bench.request_terms import RequestTerms
+from dsv4bench.turn_answer import TurnOutcome
+from dsv4bench.turn_judge import request_context
 
 from .turns import turn
+
+
+def asked(ctx: TurnContext, **body: object) -> TurnContext:
+    """`ctx` as the answer to a request whose body held `body`'s fields."""
+    terms = RequestTerms.of_body({"messages": [], **body})
+    return dataclasses.replace(ctx, terms=terms, thinking=terms.thinking)
 
 READ = ("read_file", {"path": "a.py"})
 
@@ -55,27 +67,114 @@ def test_cut_turns_are_not_finish_reason_mismatches(finish: str | None) -> None:
     [
         turn(""),
         turn("  \n\t "),
-        turn("", reasoning="I need to read the file, then answer."),
-        turn("\n\n", reasoning="Thinking..."),
+        turn("", reasoning=" \n"),
         turn("", finish="tool_calls"),
+        # the calls a "tool_calls" announces were dropped: no stop sequence explains that
+        asked(turn("", finish="tool_calls"), stop=["\nObservation:"]),
     ],
 )
 def test_empty_turn(ctx) -> None:
     [v] = check_empty_turn(ctx)
     assert v.code == "empty_turn" and v.where == "content"
-
-
-def test_empty_turn_says_when_the_model_only_thought() -> None:
-    [v] = check_empty_turn(turn("", reasoning="abc"))
-    assert "reasoning only (3 chars)" in v.detail
+    assert "no content, no reasoning and no tool calls" in v.detail
 
 
 @pytest.mark.parametrize(
     "ctx",
-    [turn("", finish="length"), turn("", finish=None), turn("", calls=[READ]), turn(".")],
+    [
+        turn("", finish="length"), turn("", finish=None), turn("", calls=[READ]), turn("."),
+        # reasoning only is not "nothing": reasoning_only judges it (checks/request_terms.py)
+        turn("", reasoning="I need to read the file, then answer."),
+        turn("\n\n", reasoning="Thinking..."),
+        # the request's own stop sequence may match at the answer's first character
+        asked(turn(""), stop=["\n"]),
+        # a prefilled assistant message the model may find complete as it is
+        asked(turn(""), messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]),
+    ],
 )
 def test_not_empty(ctx) -> None:
     assert check_empty_turn(ctx) == []
+
+
+def test_a_turn_that_only_thought_is_reasoning_only_alone() -> None:
+    verdicts, errors = run_checks(turn("", reasoning="I need to read the file first."))
+    assert errors == [] and [v.code for v in verdicts] == ["reasoning_only"]
+
+
+# --- a turn cut at its token cap whose finish_reason says otherwise ------------------------
+
+def capped(ctx: TurnContext, completion_tokens: object, max_tokens: object, **body: object) -> TurnContext:
+    """`ctx` with usage.completion_tokens and the request's max_tokens (and other body fields)."""
+    assert ctx.response is not None
+    ctx.response.usage = {"prompt_tokens": 900, "completion_tokens": completion_tokens}
+    return dataclasses.replace(asked(ctx, **body) if body else ctx, max_tokens=max_tokens)
+
+
+CUT_CALL = ("edit_file", {"path": "a.py", "edits": [{"old": "x", "new": "y"}]})  # parses: only the count tells
+
+CUT_AT_CAP = {
+    "call, says tool_calls": (capped(turn(calls=[CUT_CALL]), 256, 256), "completion_tokens 256 reached "
+                              "max_tokens 256 but finish_reason 'tool_calls'"),
+    "call, says stop": (capped(turn(calls=[CUT_CALL], finish="stop"), 256, 256),
+                        "reached max_tokens 256 but finish_reason 'stop'"),
+    "prose, says stop": (capped(turn("The answer is"), 64, 64), "reached max_tokens 64 but finish_reason 'stop'"),
+    "past the cap": (capped(turn(calls=[READ]), 300, 256), "completion_tokens 300 reached max_tokens 256 (past it)"),
+    "streamed or not": (capped(turn(calls=[READ], stream=False), 128, 128), "but finish_reason 'tool_calls'"),
+    "past the cap under stop sequences": (capped(turn("Thought:"), 65, 64, stop=["\nObservation:"]),
+                                          "(past it) but finish_reason 'stop'"),
+    "stop sequences, but tool_calls": (capped(turn(calls=[READ]), 64, 64, stop=["\nObservation:"]),
+                                       "but finish_reason 'tool_calls'"),
+    "reasoning cut, says stop": (capped(turn("", reasoning="First, consider"), 512, 512),
+                                 "reached max_tokens 512 but finish_reason 'stop'"),
+}
+
+
+@pytest.mark.parametrize(("ctx", "says"), CUT_AT_CAP.values(), ids=CUT_AT_CAP.keys())
+def test_a_turn_cut_at_the_cap_that_says_otherwise_is_one_finish_reason_mismatch(ctx, says: str) -> None:
+    verdicts, errors = run_checks(ctx)
+    assert errors == []
+    # one owner per fault: the lie, never also truncated, reasoning_only or empty_turn
+    [v] = [v for v in verdicts if v.code in ("finish_reason_mismatch", "truncated", "reasoning_only", "empty_turn")]
+    assert v.code == "finish_reason_mismatch" and v.where == "finish_reason" and says in v.detail, verdicts
+
+
+def test_the_cap_is_read_from_max_completion_tokens_too() -> None:
+    body = {"messages": [], "stream": True, "max_completion_tokens": 100}
+    outcome = TurnOutcome.starting()
+    outcome.response = turn(calls=[READ]).response
+    ctx = request_context(body, outcome)
+    ctx.response.usage = {"completion_tokens": 100}
+    [v] = check_finish_reason_mismatch(ctx)
+    assert "completion_tokens 100 reached max_tokens 100" in v.detail
+
+
+NOT_CUT = {
+    "one below the cap, tool_calls": capped(turn(calls=[READ]), 255, 256),
+    "one below the cap, stop": capped(turn("Done."), 255, 256),
+    "length at the cap": capped(turn("The answer is", finish="length"), 256, 256),
+    "no max_tokens": capped(turn(calls=[READ]), 4096, None),
+    "usage absent": dataclasses.replace(turn(calls=[READ]), max_tokens=256),
+    "usage null": capped(turn(calls=[READ]), None, 256),
+    "usage not a number": capped(turn(calls=[READ]), "256", 256),
+    "max_tokens not an integer": capped(turn(calls=[READ]), 256, "256"),
+    "max_tokens a bool": capped(turn(calls=[READ]), 1, True),
+    "max_tokens a float": capped(turn(calls=[READ]), 256, 256.0),
+    # vLLM reports a stop string matched in the cap's last token as "stop"
+    "stop exactly at the cap under stop sequences": capped(turn("Thought: read it."), 64, 64, stop=["\nObservation:"]),
+    "cut with no finish_reason is truncated's": capped(turn("The answer", finish=None), 64, 64),
+}
+
+
+@pytest.mark.parametrize("ctx", NOT_CUT.values(), ids=NOT_CUT.keys())
+def test_turns_not_cut_at_the_cap_are_no_cap_finding(ctx) -> None:
+    assert check_finish_reason_mismatch(ctx) == []
+
+
+def test_length_at_the_cap_stays_truncated() -> None:
+    ctx = capped(turn("The answer is", finish="length"), 256, 256)
+    assert check_finish_reason_mismatch(ctx) == []
+    [v] = check_truncated(ctx)
+    assert "max_tokens=256, completion_tokens=256" in v.detail
 
 
 @pytest.mark.parametrize(

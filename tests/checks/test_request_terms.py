@@ -51,6 +51,17 @@ CLEAN = {
     "required, cut by the length limit": asked(turn("", finish="length"), tool_choice="required"),
     "thinking, cut inside the reasoning": asked(turn("", reasoning="Step 1...", finish="length"),
                                                 reasoning_effort="max"),
+    # Reasoning only, where the request allowed it: its own stop sequence may match inside the
+    # reasoning (the server cuts there and never sends it) ...
+    "reasoning only, the request's stop may have ended it": asked(turn("", reasoning="Thought: read a.py"),
+                                                                   stop=["\nObservation:"], reasoning_effort="high"),
+    # ... or it continues an assistant message it prefilled (DeepSeek's prefix, vLLM's
+    # continue_final_message): the answer's content is partly the client's own.
+    "reasoning only, continuing a prefilled assistant message": asked(
+        turn("", reasoning="So the rest follows."), reasoning_effort="high",
+        messages=[{"role": "user", "content": "Sum 2+2"}, {"role": "assistant", "content": "4", "prefix": True}]),
+    "reasoning only, continue_final_message": asked(turn("", reasoning="Done."), continue_final_message=True,
+                                                    reasoning_effort="high"),
 }
 
 
@@ -81,6 +92,15 @@ CAUGHT = {
                                     "reasoning_only", "reasoning_effort 'max'"),
     "reasoning only, whitespace content": (asked(turn("\n\n", reasoning="Thinking."),
                                                  chat_template_kwargs={"thinking": True}), "reasoning_only", "then nothing"),
+    # What does not allow an answer to end in its reasoning: tool_choice "none" owes a text
+    # answer; a user message last (an assistant message earlier in the history is no prefill).
+    "reasoning only under tool_choice none": (asked(turn("", reasoning="No tools, so..."), tool_choice="none",
+                                                    reasoning_effort="high"), "reasoning_only", "then nothing"),
+    "reasoning only, no tools offered": (asked(turn("", reasoning="Let me think.", tools={}), reasoning_effort="low"),
+                                         "reasoning_only", "then nothing"),
+    "reasoning only, an earlier assistant turn": (asked(turn("", reasoning="Hmm."), reasoning_effort="high", messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]),
+        "reasoning_only", "then nothing"),
 }
 
 
@@ -122,3 +142,33 @@ def test_terms_read_as_the_servers_read_them_and_round_trip() -> None:
     assert RequestTerms.from_json(terms.to_json()) == terms
     assert RequestTerms.of_body({"thinking": {"type": "enabled"}}).variant()["thinking"] == "on"
     assert RequestTerms.of_body({"chat_template_kwargs": {"enable_thinking": False}}).variant()["thinking"] == "off"
+
+
+def test_a_turn_cut_at_its_cap_is_not_also_a_broken_term() -> None:
+    """Cut by max_tokens while its finish_reason says "stop": finish_reason_mismatch owns it, so
+    neither reasoning_only nor a "required" tool_choice restates the cut."""
+    for ctx in (asked(turn("", reasoning="Step 1, step 2"), reasoning_effort="max"),
+                asked(turn("I will call read_file"), tool_choice="required")):
+        ctx.response.usage = {"completion_tokens": 512}
+        verdicts, errors = run_checks(dataclasses.replace(ctx, max_tokens=512))
+        assert errors == [] and [v.code for v in verdicts] == ["finish_reason_mismatch"], verdicts
+        # one token short of the cap, the same answer is the broken term it looks like
+        verdicts, _ = run_checks(dataclasses.replace(ctx, max_tokens=513))
+        assert {v.code for v in verdicts} & {"reasoning_only", "tool_choice_violation"}, verdicts
+
+
+@pytest.mark.parametrize(("body", "continues"), [
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}, True),
+    ({"messages": [{"role": "user", "content": "a"}], "continue_final_message": True}, True),
+    ({"messages": [{"role": "user", "content": "a"}]}, False),
+    ({"messages": [{"role": "assistant", "content": "b"}, {"role": "tool", "content": "c"}]}, False),
+    ({"messages": [], "continue_final_message": "yes"}, False),
+    ({"messages": ["assistant"]}, False),
+    ({"messages": "x"}, False),
+])
+def test_continues_assistant_is_read_from_the_body_and_round_trips(body: dict, continues: bool) -> None:
+    terms = RequestTerms.of_body(body)
+    assert terms.continues_assistant is continues
+    assert RequestTerms.from_json(terms.to_json()) == terms
+    # written only when set, so the summary of an ordinary request keeps its shape
+    assert ("continues_assistant" in terms.to_json()) is continues
