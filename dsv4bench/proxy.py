@@ -11,13 +11,23 @@ The audit never stands in the way: a checker that fails, a body the reader canno
 a history write that fails costs the record, never the client's bytes. A client that goes away
 closes the upstream request (the turn is `killed`); an upstream that cannot be reached is a
 502 to the client and a `connection_error` turn in the history.
+
+The proxy is a service on the user's machine that holds the user's key, so it guards itself
+(ProxyLimits): a request body over --max-body is a 413 and an event, never read past the cap;
+a request head or body that does not arrive within --read-timeout closes the connection;
+connections over --max-connections are answered 503; a path that would leave the upstream's
+base path (dot segments, encoded slashes, backslashes) is a 400 sent nowhere; upstream gets the
+client's own headers only (plus the key, where documented), and an upstream that echoes the
+key never hands it back to a client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import datetime as dt
+import http.cookiejar
 import json
 import logging
 import secrets
@@ -27,12 +37,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio
+import h11
 import httpx
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -65,6 +78,96 @@ _API_KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 SESSION_HEADER = "x-dsv4bench-session"
 UPSTREAM_POOLS = 16  # see AuditProxy._next_client
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+# A request body at most this large is kept whole in a failing (or --capture) turn's record; a
+# larger one keeps its size and an excerpt of its start, so a turn line stays a bounded size.
+RECORDED_BODY_BYTES = 2 << 20
+RECORDED_EXCERPT_CHARS = 4096
+# A key shorter than this could be any word of an answer: masking it would rewrite answers.
+MIN_MASKED_KEY = 8
+# After a refused body (413) the rest the client is still sending is read and dropped for at most
+# this long: a client that is still writing when the connection closes gets a reset, not the 413.
+DRAIN_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    """What the proxy accepts from its clients (`dsv4bench proxy --help` documents each)."""
+
+    max_body: int = 16 << 20  # bytes of one request body
+    read_timeout: float = 30.0  # seconds for a request's head, and again for its body
+    max_connections: int = 256  # open client connections; more are answered 503
+    keep_alive: int = 5  # seconds an idle connection is kept between requests
+    trust_forwarded: bool = False  # the client address from X-Forwarded-For's last hop
+
+
+class Refused(Exception):
+    """A request the proxy answers itself, sending nothing upstream: its status and why."""
+
+    def __init__(self, status: int, kind: str, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.fields = status, kind, fields
+
+
+def upstream_path(raw_path: bytes) -> str:
+    """The client's path as it is appended to the upstream's root, or Refused (400) for one that
+    could name anything outside it: a dot segment, an empty segment, a slash or backslash hidden
+    in an escape (decoded once or twice, as a server behind the upstream might), control
+    characters, or a target that is not a plain absolute path (`http://host/x`, `*`)."""
+    try:
+        text = raw_path.decode("ascii")
+    except UnicodeDecodeError:
+        text = ""
+    bad = not text.startswith("/") or any(c in "\\#" or ord(c) < 0x21 or ord(c) == 0x7F for c in text)
+    segments = text[1:].split("/")
+    if segments[-1] == "":  # `/` itself, or a trailing slash: no segment of its own
+        segments.pop()
+    for segment in segments if not bad else []:
+        seen = segment.encode()
+        for _ in range(3):  # as sent, decoded once, decoded twice
+            if seen in (b"", b".", b"..") or b"/" in seen or b"\\" in seen or any(c < 0x20 or c == 0x7F for c in seen):
+                bad = True
+                break
+            seen = unquote_to_bytes(seen)
+        if bad:
+            break
+    if bad:
+        raise Refused(400, "path_refused", "dsv4bench proxy: this path could leave the upstream's base path; "
+                      "paths with dot or empty segments, backslashes or encoded slashes are not forwarded",
+                      path=text[:200] if text else repr(raw_path[:200]))
+    return text
+
+
+class KeyMask:
+    """The operator's key taken out of what an upstream answers, so a route that echoes a request's
+    headers never hands the key to a client. In the body each occurrence becomes as many `*`, so a
+    Content-Length stays true; a chunk that ends in what could be the key's start keeps those bytes
+    until the next chunk tells (only those: an SSE event's end is never held back)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key.encode("latin-1", "replace")
+        self.stars = b"*" * len(self.key)
+        self._held = b""
+
+    def header(self, value: bytes) -> bytes:
+        return value.replace(self.key, MASK.encode())
+
+    def chunk(self, data: bytes) -> bytes:
+        data = (self._held + data).replace(self.key, self.stars)
+        self._held = b""
+        # The longest end of `data` that the key starts with, shorter than the key (a whole one was masked).
+        start = max(0, len(data) - len(self.key) + 1)
+        i = data.find(self.key[:1], start)
+        while i != -1:
+            if self.key.startswith(data[i:]):
+                self._held = data[i:]
+                return data[:i]
+            i = data.find(self.key[:1], i + 1)
+        return data
+
+    def rest(self) -> bytes:
+        """The bytes held at the body's end: the start of the key, never the whole of it."""
+        held, self._held = self._held, b""
+        return held
 
 
 class UpstreamBroke(Exception):
@@ -124,6 +227,8 @@ class ChatExchange:
     seed: int
     body: dict[str, Any]
     headers: dict[str, str]  # the client's, credentials masked: kept with a failing turn's body
+    body_bytes: int = 0  # the request body's size
+    excerpt: str = ""  # the start of a body over RECORDED_BODY_BYTES, kept in its place
     bounds: StreamBounds = DEFAULT_BOUNDS
     out: TurnOutcome = field(default_factory=TurnOutcome.starting)
     problems: list[str] = field(default_factory=list)  # what the audit could not read: check_errors
@@ -279,9 +384,11 @@ class ProxyRun:
         self.ended = False
         self.history.event("run_start", run=self.run_id)
 
-    def open_exchange(self, scope: Scope, headers: list[tuple[bytes, bytes]], raw_body: bytes) -> ChatExchange | None:
+    def open_exchange(self, scope: Scope, headers: list[tuple[bytes, bytes]], raw_body: bytes,
+                      address: str | None = None) -> ChatExchange | None:
         """The exchange a chat-completions request starts, or None (noted as an event) for a body
-        that is no JSON object: forwarded all the same, nothing to judge it by."""
+        that is no JSON object: forwarded all the same, nothing to judge it by. `address` names the
+        client (AuditProxy._client_address); the socket's peer when not given."""
         named = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
         for name, value in named.items():
             if is_secret_header(name):
@@ -295,9 +402,10 @@ class ProxyRun:
                                bytes=len(raw_body))
             return None
         client = scope.get("client")
+        address = address or (str(client[0]) if client else None)
         user = body.get("user")
         session = named.get(SESSION_HEADER) or (user if isinstance(user, str) and user else None) \
-            or (str(client[0]) if client else "client")
+            or address or "client"
         turn = self.turns.get(session, 0)
         if turn == 0:
             self.history.event("session_start", session=session, scenario=named.get("x-dsv4bench-scenario", "proxy"))
@@ -305,7 +413,10 @@ class ProxyRun:
         seed = named.get("x-dsv4bench-seed", "")
         return ChatExchange(session=session, turn=turn, scenario=named.get("x-dsv4bench-scenario", "proxy"),
                             seed=int(seed) if seed.isdigit() else 0, body=body,
-                            headers={k: MASK if is_secret_header(k) else v for k, v in named.items()})
+                            headers={k: MASK if is_secret_header(k) else v for k, v in named.items()},
+                            body_bytes=len(raw_body),
+                            excerpt=raw_body[:RECORDED_EXCERPT_CHARS].decode("utf-8", "replace")
+                            if len(raw_body) > RECORDED_BODY_BYTES else "")
 
     def record(self, ex: ChatExchange) -> TurnRecord | None:
         """Judge the ended exchange and write its turn record; None when it could not be built."""
@@ -316,7 +427,11 @@ class ProxyRun:
             check_errors = [*ex.problems, *check_errors]
             summary = client_request_summary(ex.body)
             failing = keeps_evidence(out.status, verdicts, check_errors)
-            if failing or self.capture:  # the exact request, so the turn can be replayed and audited
+            if (failing or self.capture) and ex.body_bytes > RECORDED_BODY_BYTES:
+                # Too large to keep whole in every failing turn's line: its size and start only.
+                summary["body_bytes"], summary["body_excerpt"] = ex.body_bytes, ex.excerpt
+                summary["headers"] = ex.headers
+            elif failing or self.capture:  # the exact request, so the turn can be replayed and audited
                 summary["body"] = ex.body
                 summary["headers"] = ex.headers
             rec = TurnRecord(run=self.run_id, session=ex.session, turn=ex.turn, scenario=ex.scenario, seed=ex.seed,
@@ -355,14 +470,21 @@ def _forwarded(headers: list[tuple[bytes, bytes]], drop: frozenset[str]) -> list
 class AuditProxy:
     """The pass-through: forwards every request to `upstream` and audits chat completions into `run`."""
 
-    def __init__(self, upstream: str, run: ProxyRun, api_key: str | None = None) -> None:
+    def __init__(self, upstream: str, run: ProxyRun, api_key: str | None = None,
+                 limits: ProxyLimits | None = None) -> None:
         self.root = upstream_base(upstream)[0]
-        password = httpx.URL(upstream).password
+        root = httpx.URL(self.root)
+        # Every forwarded URL must stay on this origin and under this path (checked in _target).
+        self._origin = (root.scheme, root.host, root.port)
+        self._prefix = root.raw_path.rstrip(b"/") + b"/"
+        password = root.password
         if password:  # a password in --upstream is a secret of the run like any key
             run.secrets.learn(password)
         self.run = run
         self.api_key = api_key
+        self.limits = limits or ProxyLimits()
         self._clients: list[httpx.AsyncClient] = []
+        self._timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None).as_dict()
         self._requests = 0
 
     def _next_client(self) -> httpx.AsyncClient:
@@ -370,13 +492,13 @@ class AuditProxy:
         pool scans every connection it holds on each request's start and end, a cost that grows
         with the square of the streams in flight (at 80 it took more CPU than the relaying did)."""
         if not self._clients:  # made in the serving loop, the one they will run in
-            # No read deadline: how long an answer may take is the client's to decide.
-            timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
             # NOTE: idle upstream connections expire before uvicorn's 5 s keep-alive (SGLang's
             # default), so a pool never reuses a socket the server is closing (driver.py).
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
             tls = httpx.create_ssl_context()  # one for all: each takes a tenth of a second to load
-            self._clients = [httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, verify=tls)
+            # A jar that keeps nothing: one client's Set-Cookie is never sent with another's request.
+            jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+            self._clients = [httpx.AsyncClient(limits=limits, trust_env=False, verify=tls, cookies=httpx.Cookies(jar))
                              for _ in range(UPSTREAM_POOLS)]
         self._requests += 1
         return self._clients[self._requests % UPSTREAM_POOLS]
@@ -385,29 +507,121 @@ class AuditProxy:
         for client in self._clients:
             await client.aclose()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+    def _target(self, scope: Scope) -> str:
+        """The upstream URL of a request: its path under the upstream's root, or Refused."""
+        path = upstream_path(scope.get("raw_path") or scope["path"].encode())
+        query = scope.get("query_string") or b""
+        url = self.root + path + ("?" + query.decode("latin-1") if query else "")
         try:
-            raw_body = await request.body()
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            parsed = None
+        # Whatever httpx makes of it (it resolves dot segments), it must still be under the root.
+        if parsed is None or (parsed.scheme, parsed.host, parsed.port) != self._origin \
+                or not (parsed.raw_path + b"/").startswith(self._prefix):
+            raise Refused(400, "path_refused", "dsv4bench proxy: this path would leave the upstream's base path",
+                          path=path[:200])
+        return url
+
+    def _client_address(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """Who sent the request: the socket's peer, or with --trust-forwarded the last hop that
+        X-Forwarded-For names (the one the proxy in front of this one added)."""
+        if self.limits.trust_forwarded:
+            hops = [h.strip() for k, v in headers if k.lower() == b"x-forwarded-for"
+                    for h in v.decode("latin-1").split(",")]
+            if hops and hops[-1]:
+                return hops[-1][:100]
+        client = scope.get("client")
+        return str(client[0]) if client else None
+
+    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The request body, read as it comes and never past --max-body; Refused for one over the
+        cap (413) or not in within --read-timeout of its head (408); ClientDisconnect if the client left."""
+        cap = self.limits.max_body
+        declared = next((v for k, v in headers if k.lower() == b"content-length"), b"")
+        if declared.strip().isdigit() and int(declared) > cap:  # said up front: not one byte of it is kept
+            await self._drain(receive)
+            raise Refused(413, "request_too_large", f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
+                          bytes_seen=int(declared), max_body=cap, declared=True)
+        parts: list[bytes] = []
+        seen = 0
+        with anyio.move_on_after(self.limits.read_timeout) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
+                seen += len(chunk)
+                if seen > cap:
+                    parts.clear()
+                    await self._drain(receive)
+                    raise Refused(413, "request_too_large",
+                                  f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
+                                  bytes_seen=seen, max_body=cap, declared=False)
+                if chunk:
+                    parts.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(parts)
+        assert deadline.cancelled_caught
+        raise Refused(408, "request_timeout", f"dsv4bench proxy: the request body did not arrive within "
+                      f"--read-timeout ({self.limits.read_timeout:g} s)", bytes_seen=seen)
+
+    @staticmethod
+    async def _drain(receive: Receive) -> None:
+        """Read and drop what is left of a refused body, for at most DRAIN_S."""
+        with anyio.move_on_after(DRAIN_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                    return
+
+    async def _refuse(self, send: Send, refused: Refused) -> None:
+        """Answer a refused request ourselves (nothing went upstream) and note it in the history."""
+        with contextlib.suppress(Exception):  # the history's failure is no reason to leave the client waiting
+            self.run.history.event(refused.kind, status=refused.status, **refused.fields)
+        body = json.dumps({"error": {"message": str(refused), "type": refused.kind, "code": refused.status}}).encode()
+        await send({"type": "http.response.start", "status": refused.status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _upstream_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """The headers sent upstream: the client's own, less hop-by-hop ones and those httpx sets
+        for its own connection; with --api-key, the key when the client sent no key of its own.
+        Such a request drops the client's Accept-Encoding, so the answer comes uncompressed and an
+        echoed key can be masked in it. Whether the key was added."""
+        out = _forwarded(headers, _SET_UPSTREAM)
+        if not self.api_key or any(k.decode("latin-1").lower() in _API_KEY_HEADERS for k, _ in out):
+            return out, False
+        out = [(k, v) for k, v in out if k.lower() != b"accept-encoding"]
+        out.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1", "replace")))
+        return out, True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client_headers = list(scope["headers"])
+        try:
+            url = self._target(scope)
+            raw_body = await self._read_body(receive, client_headers)
+        except Refused as refused:
+            await self._refuse(send, refused)
+            return
         except ClientDisconnect:
             return
-        headers = _forwarded(list(scope["headers"]), _SET_UPSTREAM)
-        if self.api_key and not any(k.decode("latin-1").lower() in _API_KEY_HEADERS for k, _ in headers):
-            headers.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
+        method = scope["method"]
+        headers, key_added = self._upstream_headers(client_headers)
+        mask = KeyMask(self.api_key) if key_added and self.api_key and len(self.api_key) >= MIN_MASKED_KEY else None
         exchange = None
-        if request.method == "POST" and scope["path"].rstrip("/").endswith("/chat/completions"):
+        if method == "POST" and scope["path"].rstrip("/").endswith("/chat/completions"):
             try:
-                exchange = self.run.open_exchange(scope, list(scope["headers"]), raw_body)
+                exchange = self.run.open_exchange(scope, client_headers, raw_body,
+                                                  self._client_address(scope, client_headers))
             except Exception:  # noqa: BLE001 - the audit never breaks the pass-through
                 exchange = None
-        path = scope.get("raw_path") or scope["path"].encode()
-        query = scope.get("query_string") or b""
-        url = self.root + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
         broke: BaseException | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_client, receive, tg.cancel_scope, exchange)
-                broke = await self._relay(request.method, url, headers, raw_body, send, exchange)
+                broke = await self._relay(method, url, headers, raw_body, send, exchange, mask)
                 tg.cancel_scope.cancel()
         except BaseException:
             if exchange is not None:
@@ -430,11 +644,14 @@ class AuditProxy:
                 return
 
     async def _relay(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes, send: Send,
-                     exchange: ChatExchange | None) -> BaseException | None:
+                     exchange: ChatExchange | None, mask: KeyMask | None) -> BaseException | None:
         """Forward one request and its answer; the error that broke the answer off, if one did."""
         try:
             client = self._next_client()
-            resp = await client.send(client.build_request(method, url, headers=headers, content=body), stream=True)
+            # A Request of our own, not client.build_request: that would add httpx's default
+            # Accept, Accept-Encoding, User-Agent and Connection headers the client never sent.
+            request = httpx.Request(method, url, headers=headers, content=body, extensions={"timeout": self._timeout})
+            resp = await client.send(request, stream=True)
         except httpx.HTTPError as e:
             if exchange is not None:
                 _audit(exchange, exchange.unreachable, e)
@@ -443,10 +660,16 @@ class AuditProxy:
         try:
             if exchange is not None:
                 _audit(exchange, exchange.started, resp.status_code, resp.headers)
-            await send({"type": "http.response.start", "status": resp.status_code,
-                        "headers": _forwarded(resp.headers.raw, frozenset())})
+            out_headers = _forwarded(resp.headers.raw, frozenset())
+            if mask is not None:
+                out_headers = [(k, mask.header(v)) for k, v in out_headers]
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
             try:
                 async for chunk in resp.aiter_raw():
+                    if mask is not None:
+                        chunk = mask.chunk(chunk)
+                        if not chunk:
+                            continue
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if exchange is not None:
                         _audit(exchange, exchange.chunk, chunk)
@@ -454,7 +677,10 @@ class AuditProxy:
                 if exchange is not None:
                     _audit(exchange, exchange.broke, e)
                 return e
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            rest = mask.rest() if mask is not None else b""
+            if rest and exchange is not None:
+                _audit(exchange, exchange.chunk, rest)
+            await send({"type": "http.response.body", "body": rest, "more_body": False})
             if exchange is not None:
                 _audit(exchange, exchange.ended)
             return None
@@ -496,10 +722,65 @@ class _QuietBreaks(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], UpstreamBroke))
 
 
-def uvicorn_config(app: Starlette, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> uvicorn.Config:
+class _HeadTimeout(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's head: uvicorn times only the idle
+    wait after an answer, and forgets even that at a request's first byte, so a client that sends
+    nothing on a new connection, or trickles its head a byte at a time, would hold it for ever.
+    The clock starts when the connection opens and again when an answer ends; the whole head must
+    be in by `head_timeout` (the body's own deadline is the app's: AuditProxy._read_body)."""
+
+    head_timeout = ProxyLimits.read_timeout
+    _head_timer: asyncio.TimerHandle | None = None
+    _waiting_past: object = None  # the request cycle that was current when the clock started
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._start_head_clock()
+
+    def _start_head_clock(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._waiting_past = self.cycle
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._head_timer is not None and self.cycle is not self._waiting_past:  # a new request's head is in
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        self._start_head_clock()  # first: a pipelined request read below stops it again
+        super().on_response_complete()
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.cycle is not self._waiting_past:
+            return
+        if self.conn.our_state is h11.IDLE:  # nothing answered on it yet: a 408 the client may read
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+
+def uvicorn_config(app: Starlette, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                   limits: ProxyLimits | None = None) -> uvicorn.Config:
     """How uvicorn serves the proxy: no Server or Date header of its own (the upstream's pass
-    through), no access log, in-flight answers given a few seconds at shutdown."""
+    through), no access log, in-flight answers given a few seconds at shutdown; the limits of
+    `limits` (ProxyLimits), and no X-Forwarded-For read by uvicorn (AuditProxy reads it only when
+    told to trust it)."""
+    limits = limits or ProxyLimits()
+    protocol = type("ProxyH11Protocol", (_HeadTimeout,), {"head_timeout": limits.read_timeout})
+    # uvicorn answers 503 once its connections reach limit_concurrency, this one counted: +1 lets
+    # `max_connections` be served.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False,
-                            date_header=False, timeout_graceful_shutdown=5, lifespan="on")
+                            date_header=False, timeout_graceful_shutdown=5, lifespan="on", http=protocol,
+                            proxy_headers=False, limit_concurrency=limits.max_connections + 1,
+                            timeout_keep_alive=limits.keep_alive)
     logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
     return config

@@ -20,7 +20,7 @@ from ..verdict import exit_code
 from .common import app, err, fail, print_verdict
 
 if TYPE_CHECKING:
-    from ..proxy import AuditProxy
+    from ..proxy import AuditProxy, ProxyLimits
     from ..records import TurnRecord
 
 
@@ -31,10 +31,14 @@ def proxy(
     host: str = typer.Option("127.0.0.1", help="Address to listen on; 0.0.0.0 lets other machines in."),
     duration: Optional[float] = typer.Option(None, help="Seconds to serve before writing the report; default: until Ctrl-C."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
-    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token added upstream to requests that carry none of their own; written nowhere."),
+    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token added upstream to requests that carry none of their own (such a request goes without its Accept-Encoding, and the key is masked in the answer, so an upstream that echoes it never shows it to a client); written nowhere."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No line per finding; print the verdict line only."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors (and, with either, on INCOMPLETE)."),
-    capture: bool = typer.Option(False, "--capture", help="Keep every turn's full request body and headers (credentials masked), not only a failing turn's: the run folder becomes a capture that `dsv4bench agents --replay` sends again."),
+    capture: bool = typer.Option(False, "--capture", help="Keep every turn's full request body and headers (credentials masked), not only a failing turn's: the run folder becomes a capture that `dsv4bench agents --replay` sends again. A body over 2 MiB keeps its size and its first 4096 characters only."),
+    max_body: str = typer.Option("16MiB", help="Largest request body taken (bytes, or with KiB/MiB/GiB); a larger one is answered 413, sent nowhere, and noted in events.jsonl."),
+    read_timeout: float = typer.Option(30.0, help="Seconds a client has to send a request's head (from connecting, or from the last answer's end) and again for its body; a late one is closed (408)."),
+    max_connections: int = typer.Option(256, help="Client connections served at once; a request on one more is answered 503. Idle connections close after 5 s."),
+    trust_forwarded: bool = typer.Option(False, "--trust-forwarded", help="Name a client by the last address in its X-Forwarded-For (for a proxy in front of this one); by default the connection's own address."),
 ) -> None:
     """An OpenAI-compatible pass-through to point your own agent at: every answer reaches it byte for
     byte as the upstream sent it, and every chat completion is checked and recorded as `agents`
@@ -45,6 +49,11 @@ def proxy(
             raise ConfigError(f"--port must be a port number (0-65535), got {port}")
         if duration is not None and not (math.isfinite(duration) and duration > 0):
             raise ConfigError(f"--duration must be a positive number of seconds, got {duration}")
+        body_cap = parse_size("--max-body", max_body)
+        if not (math.isfinite(read_timeout) and read_timeout > 0):
+            raise ConfigError(f"--read-timeout must be a positive number of seconds, got {read_timeout}")
+        if max_connections < 1:
+            raise ConfigError(f"--max-connections must be at least 1, got {max_connections}")
         fail_codes = parse_fail_on(fail_on)
         bad = [f for f in fail_codes if f not in FAIL_ON_CHOICES]
         if bad:
@@ -53,7 +62,7 @@ def proxy(
     except ConfigError as e:
         raise fail(str(e))
     try:
-        from ..proxy import AuditProxy, ProxyRun, upstream_base
+        from ..proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, ProxyRun, upstream_base
     except ImportError as e:
         raise fail(f"dsv4bench proxy needs starlette and uvicorn ({e}): pip install 'dsv4bench[proxy]'")
     from ..preflight import ServerError, server_facts
@@ -78,7 +87,11 @@ def proxy(
         raise fail(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})")
     listening = sock.getsockname()[1]
     config = {"upstream": redact_argv([upstream])[0], "host": host, "port": listening, "duration": duration,
-              "api_key": MASK if api_key else None, "fail_on": list(fail_codes), "capture": capture}
+              "api_key": MASK if api_key else None, "fail_on": list(fail_codes), "capture": capture,
+              "max_body": body_cap, "read_timeout": read_timeout, "max_connections": max_connections,
+              "trust_forwarded": trust_forwarded}
+    limits = ProxyLimits(max_body=body_cap, read_timeout=read_timeout, max_connections=max_connections,
+                         trust_forwarded=trust_forwarded)
     run = ProxyRun(out_dir, {"command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]), "config": config,
                              "server": facts, "proxy": {"upstream": config["upstream"], "capture": capture}},
                    api_key=api_key, on_turn=None if quiet else _print_finding, capture=capture)
@@ -86,9 +99,12 @@ def proxy(
     err.print(escape(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
                      f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "
                      f"the report ({run.run_dir})"), highlight=False, soft_wrap=True)
+    if api_key and len(api_key) < MIN_MASKED_KEY:
+        err.print(f"--api-key is shorter than {MIN_MASKED_KEY} characters: an answer that echoes it is passed on "
+                  "unmasked (so short a key could be any word of an answer)", highlight=False, soft_wrap=True)
     reason = "interrupted"
     try:
-        reason = asyncio.run(_serve(AuditProxy(upstream, run, api_key), host, sock, duration))
+        reason = asyncio.run(_serve(AuditProxy(upstream, run, api_key, limits), host, sock, duration, limits))
     except KeyboardInterrupt:
         reason = "interrupted"  # the history so far is kept and reported
     except BaseException:
@@ -102,14 +118,15 @@ def proxy(
     raise typer.Exit(exit_code(summary, fail_codes))
 
 
-async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None) -> str:
+async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None,
+                 limits: ProxyLimits) -> str:
     """Serve until --duration has passed ("duration") or Ctrl-C; uvicorn re-raises the
     interrupt as KeyboardInterrupt once it has shut down."""
     import uvicorn
 
     from ..proxy import build_app, uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(build_app(proxy), host))
+    server = uvicorn.Server(uvicorn_config(build_app(proxy), host, limits=limits))
     timed_out = False
 
     def time_up() -> None:
@@ -121,6 +138,23 @@ async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: fl
         asyncio.get_running_loop().call_later(duration, time_up)
     await server.serve(sockets=[sock])
     return "duration" if timed_out else "interrupted"
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30}
+
+
+def parse_size(flag: str, text: str) -> int:
+    """A size in bytes from `16777216`, `16MiB`, `512 KiB` or `1GB`; ConfigError for anything else."""
+    number = text.strip().rstrip("bBiIkKmMgG ")
+    unit = text.strip()[len(number):].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if unit not in _UNITS or not math.isfinite(value) or value * _UNITS[unit] < 1:
+        raise ConfigError(f"{flag} must be a size in bytes, e.g. 16777216 or 16MiB; got {text!r}")
+    return int(value * _UNITS[unit])
 
 
 def _print_finding(rec: TurnRecord) -> None:

@@ -144,6 +144,9 @@ def test_the_bundled_engine_streams_the_same_bytes_through_the_proxy(tmp_path):
     (["--upstream", "http://127.0.0.1:9/v1", "--duration", "-1"], "--duration must be a positive"),
     (["--upstream", "http://127.0.0.1:9/v1", "--fail-on", "nope"], "--fail-on takes"),
     (["--upstream", f"http://127.0.0.1:{free_port()}/v1"], "cannot reach it"),
+    (["--upstream", "http://127.0.0.1:9/v1", "--max-body", "lots"], "--max-body must be a size in bytes"),
+    (["--upstream", "http://127.0.0.1:9/v1", "--read-timeout", "0"], "--read-timeout must be a positive"),
+    (["--upstream", "http://127.0.0.1:9/v1", "--max-connections", "0"], "--max-connections must be at least 1"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, needle, tmp_path):
     r = run_cli("proxy", *args, "--out", str(tmp_path), timeout=60)
@@ -173,3 +176,41 @@ def test_duration_ends_the_run_and_the_key_is_written_nowhere(fast_replay, tmp_p
     assert [e["reason"] for e in history.events if e["kind"] == "run_end"] == ["duration"]
     assert len(history.turns) == 1 and '"$DSV4BENCH_API_KEY"' in history.run["command"]
     assert all(key not in f.read_text() for f in run_dir.rglob("*") if f.suffix in (".json", ".jsonl", ".md"))
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_oversized_bodies_are_refused_with_flat_memory_and_noted(fast_replay, tmp_path):
+    proxy = start_proxy_cli(fast_replay.url, tmp_path / "proxy", "--quiet", "--max-body", "1MiB")
+    try:
+        before = peak_rss_mb(proxy.proc.pid)
+
+        def fifty_mb():
+            piece = b"x" * (1 << 20)
+            for _ in range(50):
+                yield piece
+
+        with httpx.Client(timeout=30, trust_env=False) as c:
+            for _ in range(4):
+                start = time.monotonic()
+                r = c.post(f"{proxy.url}/chat/completions", content=fifty_mb())
+                assert r.status_code == 413 and time.monotonic() - start < 5
+            # A body under the cap is still served.
+            ok = c.post(f"{proxy.url}/chat/completions", json={"model": "replay-dsv4", "messages": [
+                {"role": "user", "content": "hi " * 100_000}]}, headers=tagged("big-0"))
+            assert ok.status_code == 200
+        grown = peak_rss_mb(proxy.proc.pid) - before
+    finally:
+        rc, _, stderr = proxy.interrupt()
+    assert rc == 0, stderr
+    assert grown < 40, f"the proxy's peak memory grew {grown:.0f} MB reading four 50 MB bodies"
+    run_dir = only_run_dir(tmp_path / "proxy")
+    refused = [e for e in read_history(run_dir).events if e["kind"] == "request_too_large"]
+    assert len(refused) == 4 and all((1 << 20) < e["bytes_seen"] < (4 << 20) for e in refused)
+    assert (run_dir / "turns.jsonl").stat().st_size < 1 << 20
