@@ -77,11 +77,13 @@ class ReplayServer:
         return out
 
 
-def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0) -> ReplayServer:
+def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0, family: str | None = None) -> ReplayServer:
+    """The replay server; `family`: the model family its answers are written in (its --family)."""
     ledger = tmp / f"ledger-{len(list(tmp.glob('ledger-*')))}.jsonl"
     ledger.touch()
     srv = start_fixture_server("replay_server.py", tmp, "/v1/models", "--fault-rate", str(fault_rate),
-                               "--ledger", str(ledger), "--stall", str(stall))
+                               "--ledger", str(ledger), "--stall", str(stall),
+                               *(("--family", family) if family else ()))
     return ReplayServer(f"{srv.root}/v1", ledger, srv)
 
 
