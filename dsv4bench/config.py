@@ -17,7 +17,7 @@ import httpx
 
 from .agents import FAMILIES
 from .turn_answer import Deadlines
-from .redact import MASK, Redactor, redact_command
+from .redact import MASK, KeyScope, Redactor, redact_command
 from .request_mix import RequestMix, RequestMixError
 from .session import SessionConfig, SessionConfigError
 
@@ -66,6 +66,10 @@ class RunConfig:
     serve_metrics: int | None = None  # port of the harness's own /metrics
     recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
+    # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
+    # with key_to_workers the servers found behind a router too. Empty: the run's url and metrics.
+    key_hosts: tuple[str, ...] = ()
+    key_to_workers: bool = False
 
     def __post_init__(self) -> None:
         check_http_url("--url", self.url)
@@ -154,6 +158,10 @@ class RunConfig:
         if d.get("recover_cmd"):
             d["recover_cmd"] = redact_command(d["recover_cmd"])
         return d
+
+    def key_scope(self) -> KeyScope:
+        """A new record of where this run's key may go (redact.KeyScope)."""
+        return KeyScope(self.api_key, self.key_hosts or (self.url, *self.metrics), self.key_to_workers)
 
     @property
     def redactor(self) -> Redactor:

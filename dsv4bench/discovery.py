@@ -35,6 +35,7 @@ import httpx
 from .dialect import SERVER_METRIC_PREFIXES, dialect_of
 from .server_kinds import KINDS, NOT_THERE, SERVER_INFO, UNKNOWN_KIND, recognise
 from .monitor import is_json_metrics, parse_metrics
+from .redact import KeyScope
 from .roles import DECODE, PREFILL, ROLES, ROUTER, UNIFIED, UNKNOWN, WORKERS, Role, role_of
 
 DEFAULT_TIMEOUT_S = 5.0  # per question; they are asked side by side, so a dead server costs one
@@ -418,12 +419,13 @@ def deployment_of(given: Sequence[str], answers: dict[str, RootAnswers]) -> tupl
 
 # --- asking ------------------------------------------------------------------------------------
 
-async def fetch(client: httpx.AsyncClient, url: str, timeout: float, limit: int) -> Answer:
+async def fetch(client: httpx.AsyncClient, url: str, timeout: float, limit: int,
+                headers: dict[str, str] | None = None) -> Answer:
     """GET `url` within `timeout` seconds in all (a server that trickles its body is cut off
-    too), reading at most `limit` bytes of it."""
+    too), reading at most `limit` bytes of it; `headers`: the key, where it may go."""
     try:
         with anyio.fail_after(timeout):
-            async with client.stream("GET", url, timeout=timeout) as r:
+            async with client.stream("GET", url, timeout=timeout, headers=headers) as r:
                 if r.status_code != 200:
                     return Answer(r.status_code)
                 body = bytearray()
@@ -451,15 +453,17 @@ def _stats_list(body: bytes) -> bool:
     return isinstance(stats, list) and all(isinstance(s, dict) for s in stats)
 
 
-async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: bool) -> RootAnswers:
-    """/get_server_info (else /server_info), /metrics and, with `router_too`, /workers of one root."""
+async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: bool,
+              headers: dict[str, str] | None = None) -> RootAnswers:
+    """/get_server_info (else /server_info), /metrics and, with `router_too`, /workers of one root
+    (`headers` on each: the key, where it may go)."""
     got = RootAnswers()
 
     async def info() -> None:
-        answer = await fetch(client, f"{root}/get_server_info", timeout, MAX_JSON_BYTES)
+        answer = await fetch(client, f"{root}/get_server_info", timeout, MAX_JSON_BYTES, headers)
         path = "/get_server_info"
         if answer.status in (404, 405):  # newer SGLang serves only /server_info
-            answer, path = await fetch(client, f"{root}/server_info", timeout, MAX_JSON_BYTES), "/server_info"
+            answer, path = await fetch(client, f"{root}/server_info", timeout, MAX_JSON_BYTES, headers), "/server_info"
         value, problem = json_of(answer)
         if problem is None and not isinstance(value, dict):
             problem = "not a JSON object"
@@ -470,18 +474,18 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
 
     async def version() -> None:
         # vLLM and TensorRT-LLM state their release here, not in a /get_server_info.
-        value, _ = json_of(await fetch(client, f"{root}/version", timeout, MAX_JSON_BYTES))
+        value, _ = json_of(await fetch(client, f"{root}/version", timeout, MAX_JSON_BYTES, headers))
         if isinstance(value, dict) and isinstance(value.get("version"), str):
             got.version = value["version"]
 
     async def workers() -> None:
-        value, problem = json_of(await fetch(client, f"{root}/workers", timeout, MAX_JSON_BYTES))
+        value, problem = json_of(await fetch(client, f"{root}/workers", timeout, MAX_JSON_BYTES, headers))
         if problem is None and listed_workers(value) is not None:
             got.workers = value
         # A server that is no router has no /workers: not a problem of it.
 
     async def metrics() -> None:
-        answer = await fetch(client, f"{root}/metrics", timeout, MAX_METRICS_BYTES)
+        answer = await fetch(client, f"{root}/metrics", timeout, MAX_METRICS_BYTES, headers)
         # A JSON list is TensorRT-LLM's iteration stats, even an empty one (no iteration since the last look).
         got.metrics_json = answer.status == 200 and _stats_list(answer.body)
         values, problem = metrics_of(answer)
@@ -503,19 +507,23 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
 
 
 async def discover(roots: Sequence[str], client: httpx.AsyncClient | None = None, api_key: str | None = None,
-                   timeout: float = DEFAULT_TIMEOUT_S, follow_workers: bool = True) -> Deployment:
+                   timeout: float = DEFAULT_TIMEOUT_S, follow_workers: bool = True, key_to_workers: bool = False,
+                   scope: KeyScope | None = None) -> Deployment:
     """Ask the `roots`, then (`follow_workers`) the workers their routers list, side by side;
     never raises for what a server answers. `client`: one to ask through (tests give a mock
-    transport)."""
+    transport); it should carry no key of its own: the key goes per request, to the servers
+    `scope` allows (by default the roots given, and the workers they list only with
+    `key_to_workers`: a router may list any host)."""
     given = list(dict.fromkeys(r.rstrip("/") for r in roots))
+    if scope is None:
+        scope = KeyScope(api_key, given, key_to_workers)
     if client is None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        async with httpx.AsyncClient(trust_env=False, headers=headers) as own:
-            return await discover(given, own, timeout=timeout, follow_workers=follow_workers)
+        async with httpx.AsyncClient(trust_env=False) as own:
+            return await discover(given, own, timeout=timeout, follow_workers=follow_workers, scope=scope)
     answers: dict[str, RootAnswers] = {}
 
     async def ask_into(root: str, router_too: bool) -> None:
-        answers[root] = await ask(client, root, timeout, router_too)
+        answers[root] = await ask(client, root, timeout, router_too, scope.headers(root))
 
     async with anyio.create_task_group() as tg:
         for root in given:
@@ -530,6 +538,7 @@ async def discover(roots: Sequence[str], client: httpx.AsyncClient | None = None
 
 
 def discover_sync(roots: Sequence[str], api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                  follow_workers: bool = True) -> Deployment:
+                  follow_workers: bool = True, scope: KeyScope | None = None) -> Deployment:
     """`discover` for a caller outside an event loop (the CLI)."""
-    return anyio.run(lambda: discover(roots, api_key=api_key, timeout=timeout, follow_workers=follow_workers))
+    return anyio.run(lambda: discover(roots, api_key=api_key, timeout=timeout, follow_workers=follow_workers,
+                                      scope=scope))

@@ -35,18 +35,41 @@ def encode_json(obj: Any, redactor: Redactor | None = None, **kw: Any) -> tuple[
 
     Text is written as itself where UTF-8 can encode it; a string holding a lone surrogate
     (valid in a JSON escape, not in UTF-8) makes the whole object fall back to ASCII escapes,
-    which read back to the very same string. `redactor` scrubs the run's secrets from the text.
-    Raises TypeError / ValueError only for an object that is not JSON at all (too deep, a
-    circular reference).
+    which read back to the very same string. Secrets are masked on the object before it is
+    serialized (redact.Redactor.value): always the fields and headers that carry credentials,
+    and `redactor`'s secret values too; never over the serialized text, which a secret such as
+    `true` or `"` would corrupt. Raises TypeError / ValueError / RecursionError only for an
+    object that is not JSON at all (too deep, a circular reference).
     """
+    obj = (redactor or _STRUCTURE_ONLY).value(obj)
     text = json.dumps(obj, ensure_ascii=False, default=str, **kw)
-    if redactor:
-        text = redactor.json_text(text)
     try:
         return text.encode("utf-8"), False
     except UnicodeEncodeError:
-        text = json.dumps(obj, ensure_ascii=True, default=str, **kw)
-        return (redactor.json_text(text) if redactor else text).encode("ascii"), True
+        return json.dumps(obj, ensure_ascii=True, default=str, **kw).encode("ascii"), True
+
+
+_STRUCTURE_ONLY = Redactor()
+# Run folders hold prompts, answers and captures: private to the user who ran them, whatever the umask.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> None:
+    """Create the folder `path` (and its parents) and make it DIR_MODE."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, DIR_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open of `path` with FILE_MODE at creation and after: a file the run writes is never
+    readable by other users, not even between its creation and a later chmod."""
+    fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # the umask may have taken bits off; an older file gets it too
+    except OSError:
+        pass  # a file of another owner (a joined folder): it keeps its mode
+    return fd
 
 
 class JsonlWriter:
@@ -61,7 +84,7 @@ class JsonlWriter:
     def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
         self.path = path
         self.redactor = redactor if redactor else None
-        self._f = open(path, "ab", buffering=0)
+        self._f = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0)
         self._lock = threading.Lock()
         self.written = 0
         self.failed = 0
@@ -118,7 +141,7 @@ class HistoryWriter:
         of the same run created (Locust mode's server watch writes its samples and checks beside
         the recorder's turns: each record is one append, so the two never tear each other's lines)."""
         if run_info is not None:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(run_dir)
             write_json_atomic(run_dir / RUN_FILE, run_info, redactor)
         self.redactor = redactor
         self.run_dir = run_dir
@@ -174,7 +197,8 @@ class HistoryWriter:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write through a temp file and rename, so readers never see half a file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 

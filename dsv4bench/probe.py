@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from .charset import response_text
 from .discovery import DEFAULT_TIMEOUT_S, Deployment, discover, settings_phrase
 from .monitor import parse_metrics
 from .dialect import counters, is_counter, is_queue_gauge, metric_name
+from .redact import KeyScope
 from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of
 from .server_kinds import HEALTH, HEALTH_GENERATE, METRICS, NOT_THERE, UNKNOWN_KIND, kind
 from .wedge import WedgeConfig, detect_wedge, failures_rose
@@ -95,6 +97,7 @@ class EndpointProbe:
 class ProbeResult:
     endpoints: list[EndpointProbe]
     deployment: Deployment | None = None  # what discovery found, settings and all
+    key: dict[str, Any] | None = None  # with --api-key: which hosts got it (redact.KeyScope.as_dict)
 
     def to_json(self) -> dict[str, Any]:
         eps = []
@@ -109,6 +112,8 @@ class ProbeResult:
         out: dict[str, Any] = {"exit_code": probe_exit_code(self), "endpoints": eps}
         if self.deployment is not None:
             out["deployment"] = self.deployment.as_dict()
+        if self.key is not None:
+            out["key"] = self.key
         return out
 
 
@@ -328,35 +333,43 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
     ep.state = "wedged" if ep.codes else "error" if unjudged else "unhealthy" if unwell else "healthy"
 
 
-async def _each(eps: list[EndpointProbe], fn: Any, client: httpx.AsyncClient, timeout: float) -> None:
-    """fn(client, ep, timeout) for every endpoint at once."""
+async def _each(eps: list[EndpointProbe], fn: Any, client_for: Callable[[str], httpx.AsyncClient],
+                timeout: float) -> None:
+    """fn(client, ep, timeout) for every endpoint at once, each through `client_for(its root)`."""
     async with anyio.create_task_group() as tg:
         for ep in eps:
-            tg.start_soon(fn, client, ep, timeout)
+            tg.start_soon(fn, client_for(ep.root), ep, timeout)
 
 
 async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-                      api_key: str | None = None, follow_workers: bool = True) -> ProbeResult:
+                      api_key: str | None = None, follow_workers: bool = True,
+                      key_to_workers: bool = False) -> ProbeResult:
     """Probe every endpoint, and with `follow_workers` every server their routers list,
-    concurrently; each check is bounded by `timeout` seconds."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
-        deployment = await discover(endpoints, client, timeout=min(timeout, DEFAULT_TIMEOUT_S),
-                                    follow_workers=follow_workers)
+    concurrently; each check is bounded by `timeout` seconds. The key goes to the endpoints
+    given, and to the workers a router lists on other hosts only with `key_to_workers`."""
+    scope = KeyScope(api_key, endpoints, key_to_workers)
+    keyed_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(trust_env=False, headers=keyed_headers) as keyed, \
+            httpx.AsyncClient(trust_env=False) as keyless:
+        def client_for(root: str) -> httpx.AsyncClient:
+            return keyed if scope.allows(root) else keyless
+
+        deployment = await discover(endpoints, keyless, timeout=min(timeout, DEFAULT_TIMEOUT_S),
+                                    follow_workers=follow_workers, scope=scope)
         eps = [EndpointProbe(root=e.root, role=e.role, role_source=e.role_source, kind=e.kind,
                              kind_source=e.kind_source) for e in deployment.endpoints]
-        await _each(eps, _first_look, client, timeout)
-        await _each(eps, _checks, client, timeout)
-        await _each(eps, _scrape, client, timeout)
+        await _each(eps, _first_look, client_for, timeout)
+        await _each(eps, _checks, client_for, timeout)
+        await _each(eps, _scrape, client_for, timeout)
         hang = _deployment_hang(eps)
         waiting = [ep for ep in eps if _holding(ep) and _hung(ep) is None and not (hang and ep.role in WORKERS)]
         if waiting and stuck_s > 0:
             # Work is held and nothing hung: is it moving? One more look, stuck_s later.
             await anyio.sleep(stuck_s)
-            await _each(waiting, _scrape, client, timeout)
+            await _each(waiting, _scrape, client_for, timeout)
     for ep in eps:
         _classify(ep, hang, stuck_s)
-    return ProbeResult(eps, deployment)
+    return ProbeResult(eps, deployment, scope.as_dict() if api_key else None)
 
 
 def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
@@ -369,9 +382,9 @@ def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
 
 
 def probe(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-          api_key: str | None = None, follow_workers: bool = True) -> ProbeResult:
+          api_key: str | None = None, follow_workers: bool = True, key_to_workers: bool = False) -> ProbeResult:
     """Synchronous wrapper around probe_async (the CLI and tests call this)."""
-    return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key, follow_workers)
+    return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key, follow_workers, key_to_workers)
 
 
 def probe_exit_code(result: ProbeResult) -> int:
@@ -504,12 +517,25 @@ def render_probe(result: ProbeResult, console: Console) -> None:
     counts = {s: sum(e.state == s for e in result.endpoints) for s in STATES}
     words = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     console.print(f"{words or 'no endpoints'} (exit {probe_exit_code(result)})", highlight=False)
+    if result.key is not None:
+        console.print(Text(key_line(result.key)))
+
+
+def key_line(key: dict[str, Any]) -> str:
+    """Which hosts the API key went to, and which were probed without it, in one line."""
+    sent = ", ".join(key.get("key_sent_to") or []) or "none"
+    line = f"API key sent to: {sent}"
+    if key.get("key_withheld_from"):
+        line += (f"; not sent to {', '.join(key['key_withheld_from'])} (found at a router's /workers, not named: "
+                 "--key-to-workers sends it there too)")
+    return line
 
 
 def probe_main(endpoints: list[str], timeout: float, json_out: Path | None, stuck_s: float = DEFAULT_STUCK_S,
-               api_key: str | None = None, console: Console | None = None, follow_workers: bool = True) -> int:
+               api_key: str | None = None, console: Console | None = None, follow_workers: bool = True,
+               key_to_workers: bool = False) -> int:
     """CLI body of `dsv4bench probe`: blocks to stdout, optional JSON file, exit code returned."""
-    result = probe(endpoints, timeout, stuck_s, api_key, follow_workers)
+    result = probe(endpoints, timeout, stuck_s, api_key, follow_workers, key_to_workers)
     render_probe(result, console or Console())
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ def agents(
     family: str = typer.Option(RunConfig.family, help="Model family whose tool-call markup and special tokens are checked: auto (what the server reports: its tool_call_parser, else the model name; every family where neither says), all (every family), or a family: deepseek-v4, deepseek-v3.2, deepseek-v3.1, deepseek-v3, qwen, qwen3-coder, kimi-k2, glm, gpt-oss, llama3, mistral, gemma (a tool-call parser name such as qwen25 works too). For a gateway that renames models."),
     model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models (with --replay: the one each recorded request names)."),
     api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
+    key_to_workers: bool = typer.Option(RunConfig.key_to_workers, "--key-to-workers", help="Send --api-key to the servers found behind a router (its /workers) too; by default it goes only to --url's and --metrics' hosts, since a router may list any host."),
     out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)."),
     quiet: bool = typer.Option(RunConfig.quiet, "--quiet", "-q", help="No live progress; print the verdict line only."),
@@ -94,6 +95,8 @@ def agents(
             raw=raw, family=family, model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), quiet=quiet,
             metrics=tuple(metrics), metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
             canary_timeout=canary_timeout, recover_cmd=recover_cmd, serve_metrics=serve_metrics, reference=reference,
+            # The hosts named here, before the bundled engine or discovery add theirs (the engine's are ours).
+            key_hosts=(url, *metrics) if url is not None else (), key_to_workers=key_to_workers,
         )
         check_out_dir(out_dir)
         ensure_open_files(concurrency)

@@ -22,6 +22,7 @@ def probe(
     api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
     workers: bool = typer.Option(True, "--workers/--no-workers", help="Also probe every server a router lists at its /workers."),
+    key_to_workers: bool = typer.Option(False, "--key-to-workers", help="Send --api-key to the servers a router lists too, not only to the URLs given (a router's /workers may name any host)."),
 ) -> None:
     """One-shot wedge check of each endpoint by its role (read from the server): gauges,
     /health and /health_generate everywhere, a canary on a router or unified server; a router's
@@ -35,7 +36,7 @@ def probe(
     if not math.isfinite(stuck_s) or stuck_s < 0:
         raise fail("--stuck-s must be a number of seconds, 0 or more")
     raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key,
-                                follow_workers=workers))
+                                follow_workers=workers, key_to_workers=key_to_workers))
 
 
 @app.command()

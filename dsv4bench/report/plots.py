@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from ..dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
-from ..history import History
+from ..history import History, open_private, private_dir
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
 
@@ -229,8 +230,9 @@ def render_plots(history: History, out_dir: Path) -> list[str]:
             fig = draw(history)
             if fig is None:
                 continue
-            (Path(out_dir) / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
-            fig.savefig(Path(out_dir) / PLOTS_DIR / name)
+            private_dir(Path(out_dir) / PLOTS_DIR)  # private as the run folder that holds it
+            with os.fdopen(open_private(Path(out_dir) / PLOTS_DIR / name, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+                fig.savefig(f, format="png")
             written.append(f"{PLOTS_DIR}/{name}")
         except Exception:  # noqa: BLE001 - a plot must never cost the report
             log.warning("plot %s failed; leaving it out of the report", name, exc_info=True)

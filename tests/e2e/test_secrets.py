@@ -93,3 +93,63 @@ def test_a_server_that_echoes_the_key_back_leaves_no_key_in_the_run(tmp_path):
         assert files_holding_the_key(out) == []
     finally:
         srv.stop()
+
+
+# Keys that are JSON tokens, JSON syntax or words of every record: masking them inside serialized
+# lines once rewrote every later record into something unparseable.
+AWKWARD_KEYS = ["true", "null", "turn", "ok", '"', "\\", "{"]
+
+
+def assert_every_record_reads_back(run_dir: Path) -> list[dict]:
+    """Every line of the run's JSONL files and its JSON files parses; returns the turn records."""
+    for name in ("run.json", "summary.json"):
+        assert isinstance(json.loads((run_dir / name).read_text()), dict), name
+    for name in ("events.jsonl", "metrics.jsonl"):
+        for line in (run_dir / name).read_text().splitlines():
+            json.loads(line)
+    return [json.loads(line) for line in (run_dir / "turns.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS)
+def test_an_awkward_key_leaves_every_record_whole_and_every_turn_reported(key, clean_replay, tmp_path):
+    r = run_cli("agents", "--url", clean_replay.url, "--api-key", key, "--sessions", "2", "--concurrency", "2",
+                "--max-turns", "3", "--quiet", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run_dir = only_run_dir(tmp_path)
+    turns = assert_every_record_reads_back(run_dir)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    ended = sum(e["turns"] for e in events if e["kind"] == "session_end")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert ended >= 2 and len(turns) == ended == summary["turns"]["total"]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["config"]["api_key"] == "***" and '--api-key "$DSV4BENCH_API_KEY"' in run["command"]
+
+
+def test_a_proxy_client_sending_bearer_true_corrupts_no_record(clean_replay, tmp_path):
+    from .test_proxy import raw_stream_bytes, start_proxy_cli, tagged
+
+    proxy = start_proxy_cli(clean_replay.url, tmp_path / "proxy", "--quiet")
+    try:
+        for i in range(8):
+            raw_stream_bytes(proxy.url, {**tagged(f"t-{i}"), "Authorization": "Bearer true"}, model="replay-dsv4",
+                             messages=[{"role": "user", "content": "is it true? null or ok"}])
+    finally:
+        rc, _, stderr = proxy.interrupt()
+    assert rc == 0, stderr
+    run_dir = only_run_dir(tmp_path / "proxy")
+    turns = assert_every_record_reads_back(run_dir)
+    assert len(turns) == 8 and json.loads((run_dir / "summary.json").read_text())["turns"]["total"] == 8
+    # The answers that held the words `true`, `null` and `ok` are recorded as they came.
+    assert all("is it true? null or ok" in json.dumps(t) for t in turns)
+
+
+def test_run_folder_and_every_file_in_it_are_private(clean_replay, tmp_path):
+    r = run_cli("agents", "--url", clean_replay.url, "--sessions", "2", "--max-turns", "2", "--quiet",
+                "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run_dir = only_run_dir(tmp_path)
+    paths = [run_dir, *run_dir.rglob("*")]
+    assert any(p.suffix == ".png" for p in paths) and (run_dir / "report.md").exists()
+    wrong = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in paths
+             if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600)}
+    assert wrong == {}
