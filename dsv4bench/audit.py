@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .checks import run_checks
-from .checks.parser_view import Disagreement, disagreements, oracle_versions, read_oracles
+from .checks.parser_view import (Disagreement, disagreements, family_read_as, first_reader, oracle_versions,
+                                 read_oracles)
 from .checks.reference import check_reference_mismatch
 from .codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
 from .history import TURNS_FILE
@@ -309,7 +310,7 @@ def unreadable_summary(results: list[AuditResult]) -> str | None:
 
 def render_audit(results: list[AuditResult], console: Console, reference: ReferenceAnswers | None = None) -> None:
     counts: Counter[str] = Counter(code for r in results for code in {v.code for v in r.verdicts})
-    bad = [r for r in results if r.verdicts or r.problem or r.parsers]
+    bad = [r for r in results if r.verdicts or r.problem or r.parsers or _unread(r)]
     console.print(f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
                   f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable")
     summary_only = [r for r in results if r.summary_only]
@@ -322,18 +323,41 @@ def render_audit(results: list[AuditResult], console: Console, reference: Refere
     read = [r for r in results if r.oracles is not None]
     if read:
         console.print(f"parser oracles ({'; '.join(oracle_versions().values())}): {len(read)} raw completions, "
-                      f"{sum(bool(r.parsers) for r in read)} read differently (evidence, not verdicts)",
-                      highlight=False, markup=False)
+                      f"{sum(bool(r.parsers) for r in read)} read differently, {sum(_unread(r) for r in read)} not "
+                      "read (evidence, not verdicts)", highlight=False, markup=False)
+        readers = Counter(_read_as(r.oracles) for r in read if r.oracles is not None)
+        console.print("  read as: " + "; ".join(f"{who} {n}" for who, n in sorted(readers.items())),
+                      highlight=False, markup=False, soft_wrap=True)
     if counts:
         t = Table("verdict code", "exchanges")
         for code, n in counts.most_common():
             t.add_row(code, str(n))
         console.print(t)
     for r in bad[:20]:
-        what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts) or "parsers disagree"
+        what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts) or _oracle_note(r)
         console.print(f"{r.where} {r.response_id or ''}: {what}", highlight=False, markup=False)
+        if (r.problem or r.verdicts) and (r.parsers or _unread(r)):  # the oracle's word beside the verdicts
+            console.print(f"  {_oracle_note(r)}", highlight=False, markup=False)
         for d in r.parsers:
             console.print(f"  {d.describe()}", highlight=False, markup=False)
+
+
+def _unread(r: AuditResult) -> bool:
+    return r.oracles is not None and r.oracles.not_read is not None
+
+
+def _read_as(oracles: OracleReadings) -> str:
+    """'deepseek-v4 read by deepseek-recipe', 'qwen not read'."""
+    return f"{family_read_as(oracles)} {'not read' if oracles.not_read is not None else 'read by ' + first_reader(oracles)}"
+
+
+def _oracle_note(r: AuditResult) -> str:
+    """What the oracle made of a line: whose readings of it were apart, or why nothing read it."""
+    if r.oracles is None:
+        return "parsers disagree"
+    if r.oracles.not_read is not None:
+        return f"raw completion not read ({family_read_as(r.oracles)}): {r.oracles.not_read}"
+    return f"parsers disagree ({_read_as(r.oracles)})"
 
 
 def render_reference(results: list[AuditResult], reference: ReferenceAnswers, console: Console) -> None:

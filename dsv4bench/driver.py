@@ -34,7 +34,7 @@ from .config import RunConfig
 from .history import HistoryWriter
 from .loop_watch import LoopWatch
 from .nemesis import Nemesis, Slot, parse_kill_spec
-from .observe import ServerWatch, raw_completion
+from .observe import RawNotOffered, ServerWatch, raw_completion
 from .paced_collector import paced_collection
 from .progress import LiveStats
 from .records import Timings, TurnStatus, Verdict
@@ -104,6 +104,7 @@ class AgentRun:
         self.watch = ServerWatch(config, model, history)
         self.clock = LoopWatch()
         self.lane = TurnLane()
+        self.raw_not_offered = RawNotOffered(history)  # --raw not offered for the family: said once, recorded
 
     async def run(self) -> None:
         """The three phases: load, drain, final checks."""
@@ -242,7 +243,8 @@ class AgentRun:
         raw = None
         if (self.config.raw and outcome is not None and outcome.status is TurnStatus.OK and not scope.cancelled_caught
                 and slot.killed_by is None):
-            raw = await raw_completion(self.client, self.config.base_url, body, headers, self.config.total_timeout)
+            raw = await raw_completion(self.client, self.config.base_url, body, headers, self.config.total_timeout,
+                                       self.raw_not_offered)
         async with self.lane.turn():
             # NOTE: a kill that lands after the last byte but before the agent acts on the reply
             # (the turn returning, the raw request, the wait for the lane) cancels nothing; the

@@ -161,7 +161,7 @@ class ServerWatch:
             await anyio.sleep(self.config.metrics_interval)
 
 
-# Servers that cannot render a conversation (no /tokenize with `messages`): asked once, said once.
+# Servers that cannot render a conversation (no /tokenize with `messages`): asked once a process.
 _NO_RENDERER: set[str] = set()
 
 
@@ -183,17 +183,43 @@ async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[st
         return tokens
     _NO_RENDERER.add(base_url)
     return None
+NOT_OFFERED_EVENT = "raw_not_offered"
+
+
+class RawNotOffered:
+    """Says that the raw oracle is not offered for a family on a server, once per server and
+    family: a line on stderr and, given the run's history, a NOT_OFFERED_EVENT event, which the
+    report lists, so that a run's record says why its turns of that family have no raw reading."""
+
+    def __init__(self, history: HistoryWriter | None = None) -> None:
+        self.history = history
+        self._said: set[tuple[str, str]] = set()
+
+    def __call__(self, base_url: str, family: str) -> None:
+        if (base_url, family) in self._said:
+            return
+        self._said.add((base_url, family))
+        print(f"--raw: the raw oracle is not offered for {family} models on {base_url}: it renders "
+              "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
+              "the run goes on without it", file=sys.stderr)
+        if self.history is not None:
+            self.history.event(NOT_OFFERED_EVENT, family=family, server=base_url, reason="no /tokenize")
+
+
+# For callers that keep no history: said once a process.
+_SAY_ONCE = RawNotOffered()
 
 
 async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
-                         timeout: float) -> str | None:
+                         timeout: float, not_offered: RawNotOffered | None = None) -> str | None:
     """The --raw oracle: the conversation of chat request `body` as a raw prompt to /v1/completions,
     or None where the server gives no usable answer (the chat turn is still judged).
 
     The prompt: deepseek-recipe's for a DeepSeek-V4 model; else the server's own rendering
     (`_server_prompt`); else, for a model of no known family, deepseek-recipe's as before. A model
-    of another family on a server that cannot render is not offered the oracle: said once, on
-    stderr, and the run goes on without it."""
+    of another family on a server that cannot render is not offered the oracle: said once by
+    `not_offered` (a run's says it on stderr and in its history; without one, said once a
+    process on stderr), and the run goes on without it."""
     from .checks.oracle import render_prompt
     from .families import family_of_model
 
@@ -201,13 +227,9 @@ async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[st
         family = family_of_model(body.get("model"))
         prompt: str | list[int] | None = render_prompt(body) if family == "deepseek-v4" else None
         if prompt is None:
-            said = base_url in _NO_RENDERER
             prompt = await _server_prompt(client, base_url, body, headers, timeout)
             if prompt is None and family is not None:
-                if not said:
-                    print(f"--raw: the raw oracle is not offered for {family} models on {base_url}: it renders "
-                          "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
-                          "the run goes on without it", file=sys.stderr)
+                (not_offered or _SAY_ONCE)(base_url, family)
                 return None
             prompt = render_prompt(body) if prompt is None else prompt
         resp = await client.post(

@@ -222,22 +222,56 @@ class SglangReading:
 
 @dataclass
 class OracleReadings:
-    """The --raw oracles' readings of one turn's raw completion: deepseek-recipe's and SGLang's,
-    set beside the server's own answer by checks/parser_view.py."""
+    """The --raw oracle's readings of one turn's raw completion, set beside the server's own
+    answer by checks/parser_view.py (checks/raw_readers.py reads it).
+
+    `family`: the model family the text was read as (None: not recorded, or no family could be
+    told). `reader`: who made the oracle reading, the one `parser_disagreement` compares:
+    "deepseek-recipe" (its reading is `recipe`), or "SGLang <tool parser>" (the oracle reading
+    is `sglang`'s, made the way the server answered: streamed or whole), or None where nothing
+    read the text; then `not_read` says why, and the turn is evidence that the oracle could not
+    judge it, never a disagreement. `recipe`: deepseek-recipe's reading, where it read the text.
+    `sglang`: SGLang's readings with the family's detectors, streamed and whole."""
 
     raw_completion: str
-    recipe: AssembledResponse
-    sglang: SglangReading
+    recipe: AssembledResponse | None = None
+    sglang: SglangReading = field(default_factory=lambda: SglangReading("not read"))
+    reader: str | None = None
+    family: str | None = None
+    not_read: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"raw_completion": self.raw_completion, "recipe": self.recipe.to_json(),
+        return {"raw_completion": self.raw_completion, "family": self.family, "reader": self.reader,
+                "not_read": self.not_read, "recipe": self.recipe.to_json() if self.recipe else None,
                 "sglang": self.sglang.to_json()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> OracleReadings:
-        return cls(raw_completion=str(d.get("raw_completion") or ""),
-                   recipe=AssembledResponse.from_json(d.get("recipe") or {}),
-                   sglang=SglangReading.from_json(d.get("sglang") or {}))
+        raw = str(d.get("raw_completion") or "")
+        recipe = AssembledResponse.from_json(d["recipe"]) if d.get("recipe") else None
+        sglang = SglangReading.from_json(d.get("sglang") or {})
+        if "reader" in d:
+            text = {k: d[k] if isinstance(d.get(k), str) else None for k in ("reader", "family", "not_read")}
+            if text["reader"] is None and text["not_read"] is None:  # damaged: no reader, and no word why
+                text["not_read"] = "the record names no reader"
+            return cls(raw, recipe, sglang, **text)
+        return cls._from_old_json(raw, recipe, sglang)
+
+    @classmethod
+    def _from_old_json(cls, raw: str, recipe: AssembledResponse | None, sglang: SglangReading) -> OracleReadings:
+        """A record written before OracleReadings said its reader: `recipe` and `sglang` only,
+        the family never recorded. Before other families were read, `recipe` was always
+        deepseek-recipe's (its `model` the served model's name); for a while after, its `model`
+        named the reader where that was not deepseek-recipe (`SGLang <tool parser>`, a copy of
+        SGLang's reading), or was "not read", with `sglang.state` "not read: <why>"."""
+        model = recipe.model if recipe is not None else None
+        if model == "not read" and sglang.state.startswith("not read: "):
+            return cls(raw, None, sglang, None, None, sglang.state.removeprefix("not read: "))
+        if isinstance(model, str) and model.startswith("SGLang "):
+            return cls(raw, None, sglang, model)
+        if recipe is None:  # a damaged record: say so rather than pass it off as read
+            return cls(raw, None, sglang, None, None, "the record kept no reading")
+        return cls(raw, recipe, sglang, "deepseek-recipe")
 
 
 @dataclass

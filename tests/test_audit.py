@@ -69,10 +69,12 @@ def test_audit_shows_where_the_parsers_read_a_raw_completion_apart(tmp_path):
     console = Console(record=True, width=200)
     render_audit(results, console)
     text = console.export_text()
-    assert "parser oracles (deepseek-recipe 0.2.0; " in text and "2 raw completions" in text
+    assert "parser oracles (deepseek-recipe 0.2.0; " in text and "2 raw completions" in text and "0 not read" in text
+    assert "  read as: deepseek-v4 read by deepseek-recipe 2" in text  # DSML with no family said: DeepSeek-V4's
     if sglang_missing() is None:  # SGLang reads every block
         assert [d.where for d in results[1].parsers] == ["tool call names", "tool_calls[1].arguments"]
-        assert "line 2 x: parsers disagree\n  tool call names: server = deepseek-recipe" in text
+        assert ("line 2 x: parsers disagree (deepseek-v4 read by deepseek-recipe)\n"
+                "  tool call names: server = deepseek-recipe") in text
     else:
         assert results[1].parsers == [] and sglang_missing() in text
     write_results(results, tmp_path / "out.jsonl")
@@ -87,3 +89,40 @@ def test_a_reaudited_turn_record_reads_its_kept_raw_completion(tmp_path):
     rec = {"session": "s0", "status": "ok", "request": {"body": REQ}, "response": {"content": "Hi."},
            "oracles": {"raw_completion": "Hi."}}
     assert exchange_context(rec).raw_completion == "Hi."
+
+
+def test_audit_names_each_lines_family_and_reader_and_says_why_one_was_not_read(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from dsv4bench.audit import render_audit, write_results
+    from dsv4bench.checks import sglang_oracle
+
+    # SGLang absent: a Qwen completion (only SGLang's detectors read it) is not read; DeepSeek-V4's still is.
+    monkeypatch.setattr(sglang_oracle, "_sglang", lambda: "SGLang's parser not installed (No module named 'sglang')")
+    qwen = {**REQ, "model": "Qwen/Qwen3-32B"}
+    hermes = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call><|im_end|>'
+    called = completion(calls=[("read_file", '{"path": "a.py"}')], finish="tool_calls")
+    lines = [{"request": qwen, "response": called, "raw_completion": hermes},
+             {"request": REQ, "response": completion("Hi."), "raw_completion": "</think>Hi."},
+             {"request": REQ, "response": completion("<tool_call>x"), "raw_completion": 5}]
+    f = tmp_path / "capture.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    results = audit_file(f)
+    first, second, third = (r.oracles for r in results)
+    assert first is not None and (first.family, first.reader) == ("qwen", None) and "not installed" in first.not_read
+    assert second is not None and (second.family, second.reader, second.not_read) == ("deepseek-v4", "deepseek-recipe", None)
+    assert third is not None and third.not_read == "the raw completion is not text (int)"
+    console = Console(record=True, width=300)
+    render_audit(results, console)
+    text = console.export_text()
+    assert "3 raw completions, 0 read differently, 2 not read (evidence, not verdicts)" in text
+    assert "  read as: deepseek-v4 read by deepseek-recipe 1; family not recorded not read 1; qwen not read 1" in text
+    assert ("line 1 x: raw completion not read (qwen): qwen is read by SGLang's detectors: SGLang's parser not "
+            "installed") in text
+    assert "line 2" not in text  # read, and read as the server answered: nothing to show
+    # A line with verdicts keeps the oracle's word beneath them.
+    assert results[2].verdicts and "\n  raw completion not read (family not recorded): the raw completion is not text" in text
+    write_results(results, tmp_path / "out.jsonl")
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert (out[0]["oracles"]["family"], out[0]["oracles"]["reader"]) == ("qwen", None)
+    assert out[1]["oracles"]["reader"] == "deepseek-recipe" and out[0]["oracles"]["not_read"] == first.not_read

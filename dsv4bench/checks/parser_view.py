@@ -12,17 +12,15 @@ server answered), and even that one is no verdict about the server. Here:
 Fields are compared as oracle.py compares them (the call names; each call's arguments as JSON,
 else as text; the content, stripped), and the reasoning too, stripped.
 
-A turn's readings are kept as records.OracleReadings, whose `recipe` slot holds the first
-reader's reading with its `model` naming that reader: deepseek-recipe's (a record from before
-other families were read names the served model there), or `SGLang <tool parser>` (a copy of
-SGLang's reading as the server answered), or `not read`, empty, where no reader could read the
-text (`sglang.state` then says why, `not read: ...`): evidence that the oracle could not judge
-the turn, never a disagreement.
+A turn's readings are kept as records.OracleReadings: the family it was read as, the reader of
+its oracle reading (deepseek-recipe's, kept in `recipe`, or `SGLang <tool parser>`, SGLang's
+reading made the way the server answered), or, where no reader could read the text, `not_read`
+saying why: evidence that the oracle could not judge the turn, never a disagreement.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
@@ -30,7 +28,7 @@ from dsv4bench.checks.common import clip
 from dsv4bench.checks.oracle import arguments_agree, oracle_reading
 from dsv4bench.checks.raw_readers import RECIPE_READER
 from dsv4bench.checks.sglang_oracle import sglang_state
-from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnContext
+from dsv4bench.records import AssembledResponse, OracleReadings, TurnContext
 
 SERVER, RECIPE, SGLANG_STREAM, SGLANG_WHOLE = "server", RECIPE_READER, "SGLang streamed", "SGLang whole"
 NOT_READ = "not read"
@@ -44,31 +42,33 @@ def oracle_versions() -> dict[str, str]:
 
 def read_oracles(ctx: TurnContext) -> OracleReadings | None:
     """The family's readers' readings of the turn's raw completion (never raises). None without
-    one; where no reader could read it, a `not read` reading saying why (`not_read`)."""
+    one; where no reader could read it, readings with no reader and `not_read` saying why."""
     reading = oracle_reading(ctx)
     if reading is None:
         return None
     raw = ctx.raw_completion if isinstance(ctx.raw_completion, str) else repr(ctx.raw_completion)
     if reading.oracle is None:
-        return OracleReadings(raw, AssembledResponse(model=NOT_READ, stream=False),
-                              SglangReading(f"{NOT_READ}: {reading.not_read}"))
-    first = reading.oracle if reading.reader == RECIPE_READER else replace(reading.oracle, model=reading.reader)
-    return OracleReadings(raw, first, reading.sglang)
+        return OracleReadings(raw, None, reading.sglang, None, reading.family,
+                              reading.not_read or "no reader read it")
+    recipe = reading.oracle if reading.reader == RECIPE_READER else None
+    return OracleReadings(raw, recipe, reading.sglang, reading.reader, reading.family)
 
 
 def not_read(oracles: OracleReadings) -> str | None:
     """Why no reader could read the turn's raw completion, or None where one did."""
-    state = oracles.sglang.state
-    return state.removeprefix(f"{NOT_READ}: ") if state.startswith(f"{NOT_READ}: ") else None
+    return oracles.not_read
 
 
 def first_reader(oracles: OracleReadings) -> str:
     """Who made the reading the `parser_disagreement` code compares: deepseek-recipe, `SGLang
-    <tool parser>` or `not read` (see the module docstring)."""
-    if not_read(oracles) is not None:
-        return NOT_READ
-    model = oracles.recipe.model or ""
-    return model if model.startswith("SGLang ") else RECIPE
+    <tool parser>` or `not read`."""
+    return NOT_READ if oracles.not_read is not None or not oracles.reader else oracles.reader
+
+
+def family_read_as(oracles: OracleReadings) -> str:
+    """The family the turn's raw completion was read as, or "family not recorded" (a record
+    from before the readings said it, or a text no family could be told for)."""
+    return oracles.family or "family not recorded"
 
 
 def kept_oracles(ctx: TurnContext) -> OracleReadings | None:
@@ -86,7 +86,7 @@ def readings(server: AssembledResponse, oracles: OracleReadings) -> dict[str, As
     alone where nothing read it."""
     if not_read(oracles) is not None:
         return {SERVER: server}
-    found = {SERVER: server, RECIPE: oracles.recipe if first_reader(oracles) == RECIPE else None,
+    found = {SERVER: server, RECIPE: oracles.recipe,
              SGLANG_STREAM: oracles.sglang.stream, SGLANG_WHOLE: oracles.sglang.whole}
     return {source: r for source, r in found.items() if r is not None}
 

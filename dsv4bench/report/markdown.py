@@ -12,13 +12,15 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..checks.parser_view import RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements, sglang_like
-from ..checks.sglang_oracle import REASONING_PARSER, TOOL_CALL_PARSER
+from ..checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
+                                  family_read_as, first_reader, sglang_like)
 from ..codes import EVIDENCE_CODES, TURN_CODES, code_class, meaning
 from ..dialect import stage
 from ..discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
+from ..families import BY_NAME
 from ..history import History
-from ..records import TurnRecord, Verdict
+from ..observe import NOT_OFFERED_EVENT
+from ..records import OracleReadings, TurnRecord, Verdict
 from ..summary import counts_code, run_window
 from .escape import escape_text
 
@@ -408,34 +410,88 @@ def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
 # The pairs of readings the report counts apart; `like` stands for SGLang's reading made the way
 # the server answered (streamed or whole), the one that server would have sent.
 _ORACLE_PAIRS = ((SERVER, RECIPE), (SERVER, "like"), (RECIPE, "like"), (SGLANG_STREAM, SGLANG_WHOLE))
-ORACLES_NOTE = ("Evidence, not verdicts: only deepseek-recipe against the server is counted (`parser_disagreement`). "
-                "SGLang against the server: that server's parser is not SGLang's DeepSeek-V4 parser as installed "
-                "here, or its streaming changed the answer. deepseek-recipe against SGLang, or SGLang streamed "
-                "against SGLang whole: a finding about the parsers, whatever the server sent.")
+ORACLES_NOTE = ("Evidence, not verdicts: only each turn's reader against the server is counted "
+                "(`parser_disagreement`: deepseek-recipe for DeepSeek-V4, else SGLang's reading with the family's "
+                "detectors made the way the server answered). SGLang against the server: that server's parser is "
+                "not SGLang's detector for the family as installed here, or its streaming changed the answer. "
+                "deepseek-recipe against SGLang, or SGLang streamed against SGLang whole: a finding about the "
+                "parsers, whatever the server sent. A turn no reader could read is \"not read\": the oracle could "
+                "not judge it, never a disagreement.")
+
+
+def _sglang_detectors(family: str | None) -> str:
+    """SGLang's detectors for a family, as the registry names them: `qwen25` / `qwen3`."""
+    f = BY_NAME.get(family) if isinstance(family, str) else None
+    if f is None or not f.sglang_parsers:
+        return "–"
+    return " / ".join(code_span(p) for p in (f.sglang_parsers[0], f.reasoning_parser) if p)
+
+
+def _not_offered_lines(history: History) -> list[str]:
+    """One line per family and server the raw oracle was not offered for (NOT_OFFERED_EVENT)."""
+    said = {(str(e.get("family")), str(e.get("reason") or "no /tokenize"))
+            for e in history.events if e.get("kind") == NOT_OFFERED_EVENT}
+    return [f"- raw oracle not offered for family {code_span(family)} on this server ({inline(reason)}): its turns "
+            "were judged without it." for family, reason in sorted(said)]
+
+
+def _readers_table(kept: list[tuple[TurnRecord, OracleReadings]]) -> str:
+    """Turns kept, by the family read as and its reader: how many read, how many not."""
+    rows: dict[tuple[str, str], list[int]] = {}
+    for _, oracles in kept:
+        reader = oracles.reader if oracles.reader and oracles.not_read is None else NOT_READ
+        n = rows.setdefault((family_read_as(oracles), reader), [0, 0])
+        n[oracles.not_read is not None] += 1
+    by_family = {family_read_as(o): o.family for _, o in kept}
+    return table(["family read as", "reader", "SGLang's detectors", "turns whose readings disagree", "turns not read"],
+                 [[cell(family), cell(reader), _sglang_detectors(by_family[family]), fmt_int(read), fmt_int(unread)]
+                  for (family, reader), (read, unread) in sorted(rows.items())])
+
+
+def _read_as(oracles: OracleReadings) -> str:
+    """'deepseek-v4 read by deepseek-recipe', 'qwen not read'."""
+    if oracles.not_read is not None:
+        return f"{inline(family_read_as(oracles))} not read"
+    return f"{inline(family_read_as(oracles))} read by {inline(first_reader(oracles))}"
 
 
 def _oracles_section(history: History) -> list[str]:
-    """--raw: where the server's answer and the parsers' readings of its raw completion disagree."""
+    """--raw: each kept turn's family and reader, the turns no reader could read, and where the
+    server's answer and the parsers' readings of its raw completion disagree."""
     versions = history.run.get("oracles")
-    kept = [(t, t.oracles, disagreements(t.response, t.oracles), sglang_like(t.response))
-            for t in history.turns if t.oracles and t.response]
-    if not isinstance(versions, dict) and not kept:
+    not_offered = _not_offered_lines(history)
+    kept = [(t, t.oracles) for t in history.turns if t.oracles and t.response]
+    if not isinstance(versions, dict) and not kept and not not_offered:
         return []
     out = ["## Parser oracles", ""]
     if isinstance(versions, dict):
-        out += ["Each turn's raw completion read by " + "; ".join(inline(v) for v in versions.values())
-                + f", beside the server's answer (SGLang: its `{TOOL_CALL_PARSER}` tool-call and "
-                f"`{REASONING_PARSER}` reasoning parsers, streamed and whole).", ""]
+        out += ["Each turn's raw completion is read by its family's reader (deepseek-recipe for DeepSeek-V4, else "
+                "SGLang's detectors for the family) and by SGLang's detectors streamed and whole, beside the "
+                "server's answer; readers here: " + "; ".join(inline(v) for v in versions.values()) + ".", ""]
+    if not_offered:
+        out += [*not_offered, ""]
     out.append(ORACLES_NOTE)
     if not kept:
         return out + ["", "No turn's readings disagreed."]
-    rows = [[cell(f"{a}, {'SGLang as the server answered' if b == 'like' else b}"),
-             fmt_int(sum(any(d.apart(a, like if b == "like" else b) for d in found) for _, _, found, like in kept))]
-            for a, b in _ORACLE_PAIRS]
-    out += ["", table(["readings apart", "turns"], rows), ""]
-    for turn, oracles, found, _ in kept[:ORACLE_EXAMPLES]:
+    read = [(t, o, disagreements(t.response, o), sglang_like(t.response)) for t, o in kept if o.not_read is None]
+    unread = [(t, o) for t, o in kept if o.not_read is not None]
+    out += ["", _readers_table(kept)]
+    if read:
+        rows = [[cell(f"{a}, {'SGLang as the server answered' if b == 'like' else b}"),
+                 fmt_int(sum(any(d.apart(a, like if b == "like" else b) for d in found) for _, _, found, like in read))]
+                for a, b in _ORACLE_PAIRS]
+        out += ["", table(["readings apart", "turns"], rows)]
+    if unread:
+        out += ["", f"Not read: {plural(len(unread), 'turn')} no reader could read (the oracle could not judge "
+                "them; never a disagreement):",
+                *(f"- session {code_span(t.session)}, turn {t.turn} ({_read_as(o)}): {inline(o.not_read)}"
+                  for t, o in unread[:ORACLE_EXAMPLES])]
+        if len(unread) > ORACLE_EXAMPLES:
+            out.append(f"- … and {fmt_int(len(unread) - ORACLE_EXAMPLES)} more")
+    out.append("")
+    for turn, oracles, found, _ in read[:ORACLE_EXAMPLES]:
         raw = oracles.raw_completion
-        out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}):",
+        out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}; {_read_as(oracles)}):",
                 *(f"  - {inline(d.describe())}" for d in found),
                 *(f"  - SGLang: {inline(line)}" for line in oracles.sglang.log),
                 "", fence(raw if len(raw) <= EXCERPT_CHARS else raw[:EXCERPT_CHARS] + "…"), ""]

@@ -118,7 +118,8 @@ def _readings(kept: TurnRecord, whole_content: str) -> TurnRecord:
                                finish_reason=kept.response.finish_reason)
     whole = AssembledResponse(content=whole_content, stream=False, finish_reason="stop")
     kept.oracles = OracleReadings("</think>" + whole_content, answer,
-                                  SglangReading("sglang 0.5.23", answer, whole, ["Dropping unclosed DeepSeek invoke"]))
+                                  SglangReading("sglang 0.5.23", answer, whole, ["Dropping unclosed DeepSeek invoke"]),
+                                  reader="deepseek-recipe", family="deepseek-v4")
     return kept
 
 
@@ -128,12 +129,15 @@ def test_parser_oracles_section(run_folder, make_turn) -> None:
     turns = [make_turn("s1", 0), _readings(make_turn("s1", 1, content="Use the"), "Use the <｜DSML｜ marker.")]
     md = render(run_folder(turns, run=run))
     section = md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0]
-    assert "read by deepseek-recipe 0.2.0; sglang 0.5.23, beside the server's answer" in section
+    assert "beside the server's answer; readers here: deepseek-recipe 0.2.0; sglang 0.5.23." in section
     assert "Evidence, not verdicts" in section and "`parser_disagreement`" in section
+    # Each kept turn's family and the reader that read it, with SGLang's detectors for that family.
+    assert "| deepseek-v4 | deepseek-recipe | `deepseekv4` / `deepseek-v4` | 1 | 0 |" in section  # SGLang's, for V4
+    assert "Not read:" not in section
     assert "| server, deepseek-recipe | 0 |" in section and "| server, SGLang as the server answered | 0 |" in section
     assert "| deepseek-recipe, SGLang as the server answered | 0 |" in section
     assert "| SGLang streamed, SGLang whole | 1 |" in section
-    assert "- session `s1`, turn 1 (coding):" in section
+    assert "- session `s1`, turn 1 (coding; deepseek-v4 read by deepseek-recipe):" in section
     assert "tool call names: server = deepseek-recipe = SGLang streamed '[\"read_file\"]'; SGLang whole '[]'" in section
     assert "  - SGLang: Dropping unclosed DeepSeek invoke" in section
     assert "</think>Use the &lt;" not in section and "</think>Use the <｜DSML｜ marker." in section  # fenced, as is
