@@ -65,7 +65,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             history.close()
             raise
     driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference,
-                      chosen_family(config.family, family_of_server(facts, model)))
+                      chosen_family(config.family, family_of_server(facts)))
     deployment = Deployment.from_dict(facts.get("deployment"))
     if deployment is not None:
         driver.watch.know_roles(deployment.roles())

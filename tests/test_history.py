@@ -142,7 +142,7 @@ def test_the_server_checks_keep_their_record_keys_and_order():
     canary = CanaryResult(2, "http://s/v1", "timeout", 1.0, "timeout after 1 s")
     assert same(canary.as_dict(),
                 {"ok": False, "t_ns": 2, "endpoint": "http://s/v1", "result": "timeout", "latency_s": 1.0,
-                 "error": "timeout after 1 s", "http_status": None})
+                 "error": "timeout after 1 s", "http_status": None, "stream": False, "first_chunk_s": None})
     assert same(WedgeFinding().as_dict(), {"codes": [], "gauges": {}, "drain_s": None, "details": []})
     found = WedgeFinding(["canary_timeout"], {"g": 0.0}, 1.5, ["d", "e"], ["e"], canary)
     assert same(found.as_dict(),

@@ -86,16 +86,14 @@ def chosen_family(flag: str, reported: str | None) -> str | None:
     return flag
 
 
-def family_of_server(facts: dict, model: str | None = None) -> str | None:
-    """The family of the server a run talks to, from what preflight read of it: SGLang's
-    `/get_server_info` `tool_call_parser`, else the served model names."""
+def family_of_server(facts: dict) -> str | None:
+    """The family a whole run is judged by, from what preflight read of the server: its tool-call
+    parser setting (SGLang's `/get_server_info` `tool_call_parser`), which holds for every answer.
+    Model names are no such fact (a gateway serves several families), so without a parser each
+    turn's family comes from its own answer's `model` (turn_judge.request_context)."""
     info = facts.get("server_info") if isinstance(facts.get("server_info"), dict) else {}
     parser = info.get("tool_call_parser")
-    listed = facts.get("models") if isinstance(facts.get("models"), list) else []
-    models = [model, *(m if isinstance(m, str) else (m.get("id") if isinstance(m, dict) else None) for m in listed),
-              info.get("served_model_name"), info.get("model_path")]
-    return family_for(parser=parser if isinstance(parser, str) else None,
-                      models=[m for m in models if isinstance(m, str)])
+    return family_of_parser(parser if isinstance(parser, str) else None)
 
 
 def families_to_check(family: str | None) -> tuple[Family, ...]:

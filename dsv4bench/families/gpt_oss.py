@@ -27,13 +27,14 @@ _CALL_TOKENS = ("<|constrain|>", "<|call|>")
 # The header of a call message, from its start token (when kept) to the end of its recipient and
 # content type: one finding, not one per token in it.
 _RECIPIENT = re.compile(r"(?:<\|start\|>\s*assistant\s*)?(?:<\|channel\|>\s*\w+\s*)?"
-                        r"\bto=functions\.(?P<fname>[\w.\-]+)(?P<rest>[^{]{0,80})")
+                        r"\bto=functions\.(?P<fname>[\w.\-]+)"
+                        r"(?P<ctype>\s*(?:<\|constrain\|>\s*)?(?:json|code)\b)?\s*(?:<\|message\|>)?")
 
 
 def _recipient_call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
-    """`to=functions.NAME`, a JSON content type, then a JSON object: a call with its arguments."""
-    rest = m.group("rest")
-    return bool(re.search(r"json|<\s*\|\s*(?:constrain|message)", rest, _I)) and json_call_at(text, m.end()) is not None
+    """`to=functions.NAME`, a JSON content type, then a JSON object: a call with its arguments. The
+    match holds the header alone, so a marker quoted in prose is judged by itself."""
+    return m.group("ctype") is not None and json_call_at(text, m.end()) is not None
 
 
 # A channel header whose tokens the detokenizer dropped, as servers that strip harmony's tokens

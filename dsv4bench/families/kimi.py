@@ -41,7 +41,8 @@ _TOOLS = Marker(_TOOLS.kind, _TOOLS.pattern, True, _call, _TOOLS.spellings)
 
 _XTML_CALL = re.compile(r"<\|open\|>\s*(?:tools\s*(?:<\|sep\|>\s*<\|open\|>)?\s*)?call\s+tool\s*=\s*\"[^\"<>]+\"")
 _XTML_TOOL = Marker("Kimi K3 call markup", re.compile(
-    r"<\|(?:open|close)\|>\s*(?:tools|call|argument|toolscall|toolsmessage)\b(?:[^<>\n]{0,80}?<\|sep\|>)?"),
+    r"<\|(?:open|close)\|>\s*(?:tools|call|argument|toolscall|toolsmessage)\b(?:\s+\w+\s*=\s*\"[^\"<>\n]*\")*"
+    r"(?:\s*<\|sep\|>)?"),
     structural=lambda m, text, offered: _XTML_CALL.match(text, m.start()) is not None)
 _XTML_TOKENS = tokens_marker("Kimi K3 XTML token", ("<|open|>", "<|close|>", "<|sep|>"))
 

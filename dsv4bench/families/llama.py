@@ -16,7 +16,8 @@ from .base import Family, Marker, Markup, decodes_as_object, json_call_at, named
 
 _I = re.IGNORECASE
 _TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-           "<|eom_id|>", "<|finetune_right_pad_id|>")
+           "<|finetune_right_pad_id|>")
+# `<|eom_id|>` ends the message of a call (the model waits for its result): the call's own markup.
 
 
 def _tag_call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
@@ -41,6 +42,7 @@ FAMILIES = (
            models=re.compile(r"llama[-_ ]?3|llama[-_ ]?4", _I), parsers=("llama3", "llama3_json", "llama4_json"),
            markers=(Marker("<|python_tag|>", tokens_marker("", ("<|python_tag|>",)).pattern, structural=_tag_call,
                            spellings=frozenset({"<|python_tag|>"})),
+                    tokens_marker("Llama end of a call message", ("<|eom_id|>",), tool_markup=True),
                     tokens_marker("Llama special token", _TOKENS)),
            sglang_parsers=("llama3",), raw_signature=re.compile(r"<\|python_tag\|>"),
            extra_finders=(bare_json_call,)),

@@ -48,7 +48,7 @@ BLOCKS: dict[str, tuple[str, str | None, str, str]] = {
     "gpt-oss": ('<|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>'
                 '{"path": "src/main.py"}<|call|>', "gpt-oss", "<|return|>", "<｜end｜>"),
     "llama3": ('<|python_tag|>{"name": "read_file", "parameters": {"path": "src/main.py"}}', "llama3", "<|eot_id|>",
-               "<｜eom_id｜>"),
+               "<｜eot_id｜>"),
     "mistral": ('[TOOL_CALLS]read_file[ARGS]{"path": "src/main.py"}', "mistral", "[INST]", "[/INST]"),
     "gemma": ('<|tool_call>call:read_file{path:<|"|>src/main.py<|"|>}<tool_call|>', "gemma4", "<end_of_turn>",
               "<start_of_turn>"),
@@ -198,16 +198,17 @@ def test_the_family_comes_from_the_parser_setting_then_the_model_name(model, par
     assert family_for(parser=parser, models=[model]) == family
 
 
-@pytest.mark.parametrize(("facts", "model", "family"), [
-    ({"server_info": {"tool_call_parser": "kimi_k2"}, "models": ["served"]}, "served", "kimi-k2"),
-    ({"server_info": {"model_path": "/models/GLM-4.6"}, "models": [{"id": "default"}]}, "default", "glm"),
-    ({"models": [{"id": "openai/gpt-oss-20b"}]}, None, "gpt-oss"),
-    ({"server_info": {"tool_call_parser": None}, "models": "not a list"}, "x", None),
-    ({}, None, None),
+@pytest.mark.parametrize(("facts", "family"), [
+    ({"server_info": {"tool_call_parser": "kimi_k2"}, "models": ["served"]}, "kimi-k2"),
+    # model names say nothing for the whole run (a gateway lists several families): each turn's own answer does
+    ({"server_info": {"model_path": "/models/GLM-4.6"}, "models": [{"id": "zai-org/GLM-4.6"}]}, None),
+    ({"server_info": {"tool_call_parser": None}, "models": "not a list"}, None),
+    ({"server_info": "not a dict"}, None),
+    ({}, None),
 ])
-def test_a_runs_family_comes_from_what_preflight_read(facts, model, family) -> None:
+def test_a_runs_family_comes_from_what_preflight_read(facts, family) -> None:
     from dsv4bench.families import family_of_server
-    assert family_of_server(facts, model) == family
+    assert family_of_server(facts) == family
 
 
 STRIPPED = {

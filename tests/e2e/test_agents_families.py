@@ -223,26 +223,13 @@ def audited_cases(played: Played, family: str, answer: str, holds: tuple[str, ..
     return {(h, stream): played.audited[(family, answer, h, stream)] for _, h, stream in CASES if h in holds}
 
 
-# False alarms and a lost finding of the checkers, left to them: the markers of gpt-oss (harmony's
-# recipient `to=functions.NAME`) and Kimi K3 (XTML's `<|close|>argument`) take up to 80 characters
-# after the marker into their match (up to the next `<|sep|>` for XTML), so a quoted marker that
-# the request holds is judged with the prose after it, which the request does not hold (a false
-# alarm); and where nothing holds it, the special token quoted a few words later falls inside that
-# match and goes unreported (one finding for two).
-RUNS_ON = pytest.mark.xfail(strict=True, reason="the family's marker match runs on past the quoted marker")
-
-
-def quote_params() -> list:
-    return [pytest.param(f, marks=RUNS_ON) if f in ("gpt-oss", "kimi-k3") else f for f in FAMILIES]
-
-
-@pytest.mark.parametrize("family", quote_params())
+@pytest.mark.parametrize("family", FAMILIES)
 def test_markers_quoted_in_prose_are_a_leak_where_the_request_never_showed_them(played, family):
     got = audited_cases(played, family, "quote", ("none",))
     assert got == {key: expected_codes(family, "quote", "none") for key in got} and len(got) == 2
 
 
-@pytest.mark.parametrize("family", quote_params())
+@pytest.mark.parametrize("family", FAMILIES)
 def test_markers_quoted_in_prose_are_clean_where_the_request_holds_them(played, family):
     got = audited_cases(played, family, "quote", ("user", "tool"))
     assert got == {key: set() for key in got} and len(got) == 4

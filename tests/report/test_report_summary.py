@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.codes import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE
+from dsv4bench.codes import AVAILABILITY_CODES, CORRUPTION_CODES, EVIDENCE_CODES
 from dsv4bench.history import read_history
 from dsv4bench.summary import distribution, percentile, summarize
 
@@ -38,7 +38,7 @@ def test_corruption_counts_rates_and_breakdowns(corruption_run: Path) -> None:
     fired = {c: n for c, n in s["counts"].items() if n}
     assert fired == {"dsml_leak_content": 1, "args_not_json": 1, "schema_violation": 2, "http_error": 1}
     # Every known turn-level code is present, so readers never miss a key.
-    assert set(s["counts"]) == {*CORRUPTION_CODES, *AVAILABILITY_CODES, ORACLE_CODE}
+    assert set(s["counts"]) == {*CORRUPTION_CODES, *AVAILABILITY_CODES, *EVIDENCE_CODES}
     assert s["rates"]["schema_violation"] == {"per_turn": pytest.approx(2 / 6), "per_tool_call": pytest.approx(2 / 7)}
     assert s["rates"]["http_error"] == {"per_turn": pytest.approx(1 / 7), "per_tool_call": None}
     assert s["corrupt_rate"] == pytest.approx(0.5)
