@@ -24,6 +24,9 @@ from .monitor import MetricSample, monitor, scrape_once
 from .preflight import root_of
 from .roles import WORKERS, Role, discover_role
 
+# The event that records which hosts the API key went to (redact.KeyScope.as_dict), for the report.
+KEY_HOSTS_EVENT = "api_key_hosts"
+
 
 class ServerWatch:
     """The run's view of its servers: every metrics sample, /health answer and canary, and
@@ -40,6 +43,10 @@ class ServerWatch:
         self.health: list[HealthResult] = []  # /health during the run and after the drain window
         self.canaries: list[CanaryResult] = []
         self._roles: dict[str, Role] = {}  # server root -> its role, as it stated it
+        # Where the key may go: `client` carries it, so a server found behind a router and not
+        # named is asked through a client without it (redact.KeyScope).
+        self.key_scope = config.key_scope()
+        self.key_scope.allows(config.base_url)  # every turn goes there with it
 
     def latest(self) -> dict[str, MetricSample]:
         """Each endpoint's latest sample."""
@@ -55,7 +62,8 @@ class ServerWatch:
         until it is cancelled."""
         c = self.config
         if c.metrics:
-            tg.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None, c.api_key)
+            tg.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None, c.api_key,
+                          self.key_scope)
             tg.start_soon(self._poll_health, client)
 
     async def drain(self) -> None:
@@ -83,10 +91,20 @@ class ServerWatch:
         200 is the incident's `health_lies`; one answered with an error is an error of the
         check, recorded as such (canary.py), never a hang. Then one last sample of every
         endpoint."""
+        async with httpx.AsyncClient(trust_env=False) as keyless:
+            await self._final_checks(client, keyless)
+        if self.config.api_key:
+            self.history.event(KEY_HOSTS_EVENT, **self.key_scope.as_dict())
+
+    def _client(self, keyed: httpx.AsyncClient, keyless: httpx.AsyncClient, url: str) -> httpx.AsyncClient:
+        """The client a request to `url` goes through: the run's, with the key, only where it may go."""
+        return keyed if self.key_scope.allows(url) else keyless
+
+    async def _final_checks(self, client: httpx.AsyncClient, keyless: httpx.AsyncClient) -> None:
         roles: dict[str, Role] = {}
 
         async def ask(root: str) -> None:
-            roles[root] = await self._role(client, root)
+            roles[root] = await self._role(self._client(client, keyless, root), root)
 
         async with anyio.create_task_group() as tg:  # a server that does not answer costs one timeout
             for root in self._server_roots():
@@ -95,12 +113,12 @@ class ServerWatch:
             role = roles[root]
             paths = ("/health", "/health_generate") if role.name in WORKERS else ("/health",)
             for path in paths:
-                h = await check_health(client, root, path)
+                h = await check_health(self._client(client, keyless, root), root, path)
                 self.health.append(h)
                 self.history.event("health", **h.as_dict(), role=role.name)
-        await self._canary(client, roles.get(root_of(self.config.base_url)) or Role())
+        await self._canary(client, roles.get(root_of(self.config.base_url)) or Role())  # the target: named
         for ep in self.config.metrics:
-            self._write_sample(await scrape_once(client, ep, timeout=5.0))
+            self._write_sample(await scrape_once(self._client(client, keyless, ep), ep, timeout=5.0))
 
     async def _canary(self, client: httpx.AsyncClient, target: Role) -> None:
         if target.name in WORKERS:
@@ -153,12 +171,14 @@ class ServerWatch:
     async def _poll_health(self, client: httpx.AsyncClient) -> None:
         """/health of every server on the metrics interval, as events: a slow or dead endpoint
         is a sample with status None, never an error of the run."""
-        while True:
-            for root in self._server_roots():
-                h = await check_health(client, root, timeout=max(1.0, self.config.metrics_interval))
-                self.health.append(h)
-                self.history.event("health", **h.as_dict())
-            await anyio.sleep(self.config.metrics_interval)
+        async with httpx.AsyncClient(trust_env=False) as keyless:
+            while True:
+                for root in self._server_roots():
+                    h = await check_health(self._client(client, keyless, root), root,
+                                           timeout=max(1.0, self.config.metrics_interval))
+                    self.health.append(h)
+                    self.history.event("health", **h.as_dict())
+                await anyio.sleep(self.config.metrics_interval)
 
 
 # Servers that cannot render a conversation (no /tokenize with `messages`): asked once a process.

@@ -315,6 +315,24 @@ def _server_section(history: History) -> list[str]:
     return ["## Server", "", table(["fact", "value"], rows)]
 
 
+def key_hosts_lines(history: History) -> list[str]:
+    """Which hosts the API key went to, and the servers found behind a router that were asked
+    without it (observe.KEY_HOSTS_EVENT); nothing for a run without a key. Host names come from a
+    router's /workers, so each is shown as inert code."""
+    event = next((e for e in reversed(history.events) if e.get("kind") == "api_key_hosts"), None)
+    if event is None:
+        return []
+    def hosts(key: str) -> str:
+        listed = event.get(key)
+        names = [h for h in listed if isinstance(h, str)] if isinstance(listed, list) else []
+        return ", ".join(code_span(h) for h in names) or "none"
+    line = f"API key sent to: {hosts('key_sent_to')}"
+    if event.get("key_withheld_from"):
+        line += (f"; not sent to {hosts('key_withheld_from')} (found behind a router, not named; "
+                 "`--key-to-workers` sends it there too)")
+    return ["", line + "."]
+
+
 def _codes_in_order(summary: dict[str, Any]) -> list[str]:
     """Known turn-level codes in their canonical order, then any others that fired."""
     known = list(TURN_CODES)
@@ -618,7 +636,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _notes(summary),
         deployment_section(history),
         _run_section(history, summary),
-        _server_section(history),
+        _server_section(history) + key_hosts_lines(history),
         _codes_section(summary),
         _breakdown_section("Corruption by turn depth", "turn", summary["by_depth"]),
         _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),
