@@ -77,6 +77,8 @@ def sweep(
             context_length=context_length, temperature=temperature, ttft_timeout=ttft_timeout,
             total_timeout=total_timeout, on_corrupt=on_corrupt, model=model, api_key=api_key, out=out_dir,
             fail_on=parse_fail_on(fail_on), quiet=True, metrics=tuple(metrics), drain_timeout=drain_timeout,
+            # the key goes to the servers named here, not to workers discovery finds behind them
+            key_hosts=(url, *metrics) if url is not None else (),
         )
         check_out_dir(out_dir)
         ensure_open_files(top)

@@ -62,7 +62,7 @@ def open_target(config: RunConfig, url_given: bool, engine_args: list[str], engi
             facts = server_facts(config.base_url, config.api_key)
         except ServerError as e:
             raise fail(str(e))
-        deployment = discover_sync([root_of(config.base_url)], config.api_key)
+        deployment = discover_sync([root_of(config.base_url)], config.api_key, scope=config.key_scope())
         facts["deployment"] = deployment.as_dict()
         if not quiet:
             for line in deployment.describe():
