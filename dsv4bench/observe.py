@@ -183,26 +183,6 @@ class ServerWatch:
 
 # Servers that cannot render a conversation (no /tokenize with `messages`): asked once a process.
 _NO_RENDERER: set[str] = set()
-
-
-async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
-                         timeout: float) -> list[int] | None:
-    """The server's own rendering of the conversation, as token ids: vLLM's and SGLang's POST
-    /tokenize with `messages` applies the server's chat template (what the chat request got);
-    None where the server offers no such endpoint."""
-    if base_url in _NO_RENDERER:
-        return None
-    asked = {k: body[k] for k in ("model", "messages", "tools", "tool_choice", "chat_template_kwargs",
-                                  "reasoning_effort") if body.get(k) is not None}
-    resp = await client.post(f"{root_of(base_url)}/tokenize", json=asked, headers=headers, timeout=timeout)
-    try:
-        tokens = resp.json().get("tokens") if resp.status_code < 400 else None
-    except (ValueError, AttributeError):  # a 200 page that is no JSON object: no renderer either
-        tokens = None
-    if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
-        return tokens
-    _NO_RENDERER.add(base_url)
-    return None
 NOT_OFFERED_EVENT = "raw_not_offered"
 
 
@@ -228,6 +208,26 @@ class RawNotOffered:
 
 # For callers that keep no history: said once a process.
 _SAY_ONCE = RawNotOffered()
+
+
+async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
+                         timeout: float) -> list[int] | None:
+    """The server's own rendering of the conversation, as token ids: vLLM's and SGLang's POST
+    /tokenize with `messages` applies the server's chat template (what the chat request got);
+    None where the server offers no such endpoint."""
+    if base_url in _NO_RENDERER:
+        return None
+    asked = {k: body[k] for k in ("model", "messages", "tools", "tool_choice", "chat_template_kwargs",
+                                  "reasoning_effort") if body.get(k) is not None}
+    resp = await client.post(f"{root_of(base_url)}/tokenize", json=asked, headers=headers, timeout=timeout)
+    try:
+        tokens = resp.json().get("tokens") if resp.status_code < 400 else None
+    except (ValueError, AttributeError):  # a 200 page that is no JSON object: no renderer either
+        tokens = None
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
+        return tokens
+    _NO_RENDERER.add(base_url)
+    return None
 
 
 async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
