@@ -69,7 +69,9 @@ def locust(
 ) -> None:
     """Agent sessions as Locust users: each user loop plays one whole multi-turn session, every
     turn checked and recorded; Locust's flags pass through (`dsv4bench locust --help-locust`
-    lists them). The web UI binds to 127.0.0.1 unless --web-host says otherwise."""
+    lists them). The web UI binds to 127.0.0.1 unless --web-host says otherwise, and answers
+    only its own page: other sites' requests are refused, the run's plan comes only from this
+    command line, and the API key goes only to --host (a host changed in the UI runs without it)."""
     from ..locust.shapes import KILL_ENV, SHAPE_ENV, check_shape  # Locust's own modules load only here
 
     if importlib.util.find_spec("locust") is None:

@@ -28,13 +28,15 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from ..config import ConfigError
 from ..report import build_report
+from ..report.escape import escape_text
 from ..verdict import exit_code
-from .plan import API_KEY_ENV, Plan
+from .plan import API_KEY_ENV, PLAN_ARG, Plan
 from .recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
 from .shapes import KILL_ENV, SHAPE_ENV
 
 log = logging.getLogger("dsv4bench.locust")
 
+PLAN_OPTION = PLAN_ARG.removeprefix("--").replace("-", "_")  # its name in Locust's options
 RUN_ID_OPTION = "dsv4bench_run"  # the master's run id, forwarded to its workers with every spawn
 STRAGGLER_GRACE_S = 1.0  # for the last records from workers, when no watch's drain waits longer
 MISSING_POLL_S = 1.0
@@ -57,7 +59,15 @@ class Lifecycle:
         self.last_summary: dict[str, Any] | None = None
         self.last_plan: Plan | None = None
         self.last_run_dir: Path | None = None  # the latest test whose history is complete
+        # What the web UI tells of each test (a host changed in the start form), by run folder.
+        self.notices: dict[Path, list[str]] = {}
         runner = environment.runner
+        # NOTE: the plan as the command line gave it, read before the web UI serves: Locust's
+        # start form can write any of its options, so each test starts from this one (the guard
+        # drops such a field; this holds even if one got through). A worker has none of its own:
+        # its master's comes with every spawn.
+        self.command_line_plan: str | None = (
+            None if isinstance(runner, WorkerRunner) else getattr(environment.parsed_options, PLAN_OPTION, None))
         if isinstance(runner, MasterRunner):
             runner.register_message(TURN_MESSAGE, self._on_turn_message)
             runner.register_message(EVENT_MESSAGE, self._on_event_message)
@@ -67,11 +77,13 @@ class Lifecycle:
     def test_start(self, **_: Any) -> None:
         if self.finishing is not None:
             self.finishing.join()  # the last test's report first: one folder at a time
+        runner = self.env.runner
         try:
+            if not isinstance(runner, WorkerRunner):
+                self._keep_command_line_plan()
             plan = Plan.from_options(self.env.parsed_options)
-            host = (self.env.host or "").rstrip("/")
-            if host and host != plan.config.base_url:  # the web UI's Host field: the users' target now
-                plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, url=host))
+            cli_host = plan.config.base_url
+            plan, host_changed = with_ui_host(plan, self.env.host)
         except ConfigError as e:
             log.error("dsv4bench: %s; the test stops", e)
             if getattr(self.env.parsed_options, "headless", False):
@@ -79,7 +91,6 @@ class Lifecycle:
             else:  # the web UI stays up for a corrected start
                 gevent.spawn(self.env.runner.stop)
             return
-        runner = self.env.runner
         if isinstance(runner, WorkerRunner):
             run_id = getattr(self.env.parsed_options, RUN_ID_OPTION, "") or "unknown"
             set_current(LocustRun(plan, run_id, max(runner.worker_index, 0),
@@ -90,6 +101,8 @@ class Lifecycle:
         self.folder = self.receiving = folder
         self.last_plan, self.lost = plan, set()
         set_current(LocustRun(plan, folder.run_id, 0, folder=folder))
+        if host_changed:
+            self._host_changed(folder, plan, cli_host)
         if plan.config.metrics:
             self.watcher = gsubprocess.Popen(
                 [sys.executable, "-m", "dsv4bench.locust.server_watch", str(folder.run_dir)], stdin=subprocess.PIPE,
@@ -100,6 +113,28 @@ class Lifecycle:
         if kills is not None:
             self.marking_kills = gevent.spawn(self._mark_kills, folder, kills())
         log.warning("dsv4bench: test %s recording into %s", folder.run_id, folder.run_dir)
+
+    def _keep_command_line_plan(self) -> None:
+        options = self.env.parsed_options
+        if self.command_line_plan is None or options is None:
+            return
+        if getattr(options, PLAN_OPTION, None) != self.command_line_plan:
+            log.warning("dsv4bench: the run's plan was changed after the start (%s); the command line's is kept",
+                        PLAN_ARG)
+            setattr(options, PLAN_OPTION, self.command_line_plan)  # and so forwarded to the workers
+
+    def _host_changed(self, folder: RunFolder, plan: Plan, cli_host: str) -> None:
+        """The web UI's start form named another host than --host: said in the log, the history
+        and the tab and report page."""
+        had_key = bool(os.environ.get(API_KEY_ENV))
+        notice = (f"This test runs against {escape_text(plan.config.base_url)}, which the web UI's start form named, "
+                  f"not the --host of the command line ({escape_text(cli_host)})")
+        notice += (": the API key is not sent to it (no Authorization header), and the server watch runs without it."
+                   if had_key else ".")
+        self.notices[folder.run_dir] = [notice]
+        folder.history.event("host_changed", host=plan.config.base_url, command_line_host=cli_host,
+                             key_sent=False, key_given=had_key)
+        log.warning("dsv4bench: %s", notice)
 
     def test_stop(self, **_: Any) -> None:
         if isinstance(self.env.runner, WorkerRunner):
@@ -200,8 +235,21 @@ def _kill_specs() -> str:
     return " ".join(k for k in os.environ.get(KILL_ENV, "").splitlines() if k.strip())
 
 
+def with_ui_host(plan: Plan, ui_host: str | None) -> tuple[Plan, bool]:
+    """The plan with the web UI's Host field as the users' target, and whether that differs from
+    the command line's --host (the plan's url). The API key goes only to the --host the command
+    line gave: a test against any other host runs without it."""
+    host = (ui_host or "").rstrip("/")
+    if not host or host == plan.config.base_url:
+        return plan, False
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, url=host, api_key=None)), True
+
+
 def _watch_env(plan: Plan) -> dict[str, str]:
     env = dict(os.environ)
+    # NOTE: the watch reads the key from its environment (Plan.from_json): a test whose key was
+    # withheld (with_ui_host) must not hand it over there, where the canary goes to the same host.
+    env.pop(API_KEY_ENV, None)
     if plan.config.api_key:
         env[API_KEY_ENV] = plan.config.api_key
     return env

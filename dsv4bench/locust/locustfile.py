@@ -35,6 +35,8 @@ def _init(environment, **_):
     environment.events.test_stop.add_listener(lifecycle.test_stop)
     environment.events.quitting.add_listener(lifecycle.quitting)
     if environment.web_ui is not None:
-        from dsv4bench.locust.web_tab import install
+        from dsv4bench.locust import web_guard, web_tab
 
-        install(environment, lifecycle)
+        # The guard first: its before_request refuses other sites' requests before any view runs.
+        guard = web_guard.install(environment)
+        web_tab.install(environment, lifecycle, guard)

@@ -3,7 +3,9 @@
 Locust's extended tabs hold one table each, so there are three; their keys are stable (the
 page keeps the open tab in its address, `/?tab=KEY`):
 
-- `dsv4bench-verdicts`, "dsv4bench: verdicts": the test and where its report is, the totals
+- `dsv4bench-verdicts`, "dsv4bench: verdicts": the test and where its report is, what the
+  operator must know (`(notice)`: the test runs against a host the start form named, without
+  the API key; `(web UI)`: requests from other sites refused, form fields ignored), the totals
   (turns, ok, killed, tool calls), then one row per verdict code seen, counted as the report
   counts them (recorder.Tally): family, meaning, turns with it, rate per turn and, for the
   corruption and oracle codes, per tool call;
@@ -37,6 +39,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +57,7 @@ from .server_watch import read_watch_state
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
+    from .web_guard import Guard
 
 log = logging.getLogger("dsv4bench.locust")
 
@@ -118,11 +122,16 @@ class ShownTest:
     state: str  # running, stopped (drain, checks, report), finished, ...
 
 
-def verdict_rows(tally: Tally, test: ShownTest | None, report_url: str) -> list[dict[str, Any]]:
-    """The verdicts tab: the test, its report, the totals, then one row per code seen."""
+def verdict_rows(tally: Tally, test: ShownTest | None, report_url: str, notices: Sequence[str] = (),
+                 warnings: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The verdicts tab: the test, its report, what the operator must know of the test
+    (`notices`: a host changed in the start form) and of the web UI (`warnings`: refused
+    requests, ignored form fields), the totals, then one row per code seen."""
+    said = [{"code": code, "family": TEST, "meaning": escape_text(text), "count": None, "per_turn": "",
+             "per_tool_call": ""} for code, texts in (("(notice)", notices), ("(web UI)", warnings)) for text in texts]
     if test is None:
         return [{"code": "(test)", "family": TEST, "meaning": "no test has started yet", "count": None,
-                 "per_turn": "", "per_tool_call": ""}]
+                 "per_turn": "", "per_tool_call": ""}, *said]
 
     def row(code: str, family: str, meaning: str, count: int | None, per_turn: float | None = None,
             per_tool_call: float | None = None) -> dict[str, Any]:
@@ -134,6 +143,7 @@ def verdict_rows(tally: Tally, test: ShownTest | None, report_url: str) -> list[
         row("(test)", TEST, f"{test.run_id}: {test.state}; its run folder is {test.run_dir}", None),
         row("(report)", TEST, f"the last finished test's report.md as a page: {report_url} "
                               "(also in the Download Data tab)", None),
+        *said,
         row("(turns)", TOTAL, "turns recorded", tally.turns),
         row("(ok)", TOTAL, "turns that completed", tally.ok, tally.ok / tally.turns if tally.turns else None),
         row("(killed)", TOTAL, "turns cut short by stopping their user: judged by nothing", tally.killed,
@@ -294,8 +304,9 @@ class Tabs:
     """The tabs' view of this process's tests: the one running now (lifecycle.folder), else the
     last one seen, whose tally stays in memory after its stop."""
 
-    def __init__(self, lifecycle: Lifecycle, base_path: str = "") -> None:
+    def __init__(self, lifecycle: Lifecycle, base_path: str = "", guard: Guard | None = None) -> None:
         self.lifecycle = lifecycle
+        self.guard = guard
         self.report_url = f"{base_path}{REPORT_PATH}"
         self.folder: RunFolder | None = None
         self._last_failure: str | None = None
@@ -308,6 +319,14 @@ class Tabs:
         if self.lifecycle.folder is not None:
             self.folder = self.lifecycle.folder
         return self.folder
+
+    def notices(self, run_dir: Path | None) -> list[str]:
+        """What the lifecycle has to say of that test (lifecycle.notices)."""
+        notices = getattr(self.lifecycle, "notices", None) or {}
+        return list(notices.get(run_dir, ())) if run_dir is not None else []
+
+    def warnings(self) -> list[str]:
+        return list(self.guard.warnings) if self.guard is not None else []
 
     def _finishing(self) -> bool:
         finishing = self.lifecycle.finishing
@@ -332,7 +351,9 @@ class Tabs:
         watch_state = read_watch_state(folder.run_dir) if folder is not None else None
         findings = findings_of(folder.run_dir, watch_state) if folder is not None else {}
         return [
-            {"key": VERDICTS.key, "data": verdict_rows(tally, test, self.report_url)},
+            {"key": VERDICTS.key, "data": verdict_rows(tally, test, self.report_url,
+                                                       self.notices(folder.run_dir if folder else None),
+                                                       self.warnings())},
             {"key": EXAMPLES.key, "data": example_rows(tally)},
             {"key": SERVERS.key, "data": server_rows(watch_state, findings, test)},
         ]
@@ -372,6 +393,7 @@ class Tabs:
         building = False
         if seen is not None and seen is self.lifecycle.folder:
             notes.append(f"Test {seen.run_id} is running; its report is written when it stops.")
+            notes.extend(self.notices(seen.run_dir))
         elif seen is not None and not (seen.run_dir / REPORT_FILE).exists() and self._finishing():
             building = True
             notes.append(f"Test {seen.run_id} has stopped: the servers' drain and checks run, then its report is "
@@ -387,6 +409,7 @@ class Tabs:
         if seen is not None and seen.run_dir != run_dir:
             notes.append(f"This is the report of {run_dir.name}, the last finished test.")
         notes.append(f"Run folder: {run_dir}")
+        notes.extend(self.notices(run_dir))
         return self._page(f"dsv4bench report: {run_dir.name}", notes, render_markdown(text), building)
 
     @staticmethod
@@ -411,12 +434,12 @@ class Tabs:
         return response
 
 
-def install(environment: Any, lifecycle: Lifecycle) -> None:
+def install(environment: Any, lifecycle: Lifecycle, guard: Guard | None = None) -> None:
     """The tabs, their rows in /stats/requests and the report's routes, on Locust's web UI
     (called from the locustfile's init, before the web UI serves)."""
     web_ui = environment.web_ui
     base_path = (getattr(environment.parsed_options, "web_base_path", None) or "").rstrip("/")
-    tabs = Tabs(lifecycle, base_path)
+    tabs = Tabs(lifecycle, base_path, guard)
     environment.events.test_start.add_listener(tabs.test_start)
     web_ui.template_args.update(template_args(base_path))
     routes = Blueprint("dsv4bench", __name__, url_prefix=f"{base_path}{ROUTE_PREFIX}")

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from dsv4bench.codes import meaning
 from dsv4bench.history import read_history
 from dsv4bench.locust.recorder import Tally
 from dsv4bench.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
@@ -93,7 +94,7 @@ def test_verdict_rows_count_as_the_tally_and_show_the_test_and_its_report():
     http = by_code["http_error"]
     # availability: per attempted turn, the killed one not counted (1 of 4); no per-call rate
     assert (http["family"], http["count"], http["per_turn"], http["per_tool_call"]) == ("availability", 1, "25.00%", "")
-    assert leak["meaning"].startswith("Raw DSML")
+    assert leak["meaning"] == meaning("dsml_leak_content")
     assert cells_are_scalars(rows)
 
 
