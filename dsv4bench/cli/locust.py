@@ -87,6 +87,8 @@ def locust(
             model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), metrics=tuple(metrics),
             metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
             canary_timeout=canary_timeout, quiet=quiet,
+            # the key goes to the servers named here, not to workers discovery finds behind them
+            key_hosts=(host, *metrics) if host is not None else (),
         )
         check_shape(shape, tuple(kill))
         if not worker:

@@ -96,7 +96,7 @@ class Plan:
         fields.update({"api_key": os.environ.get(API_KEY_ENV) or None, "recover_cmd": None,
                        "out": Path(fields.get("out") or RunConfig.out),
                        "reference": Path(fields["reference"]) if fields.get("reference") else None})
-        for key in ("fail_on", "metrics", "kill"):
+        for key in ("fail_on", "metrics", "kill", "key_hosts"):
             fields[key] = tuple(fields.get(key) or ())
         fields.update(settings or {})
         known = {f.name for f in dataclasses.fields(RunConfig)}
