@@ -49,4 +49,4 @@ def check_special_token_leak(ctx: TurnContext) -> list[Verdict]:
 
 
 __all__ = ["CODE", "THINKING_MARKERS", "TOKENS", "bundled_tokens", "check_special_token_leak", "find_special_tokens",
-           "recipe_tokens", "special_tokens", "re"]
+           "recipe_tokens", "special_tokens"]
