@@ -30,6 +30,7 @@ import httpx
 from httpx_sse import EventSource
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .checks import run_checks
 from .checks.parser_view import (Disagreement, disagreements, family_read_as, first_reader, oracle_versions,
@@ -43,6 +44,7 @@ from .reference_run import ReferenceAnswers, is_greedy, request_key
 from .request_terms import RequestTerms
 from .sse import DeltaAssembler, assemble_completion
 from .turn_answer import is_http_error
+from .terminal import visible
 from .turn_judge import token_cap
 
 # Without the offered tools, these two cannot be judged and are left out.
@@ -326,20 +328,22 @@ def render_audit(results: list[AuditResult], console: Console, reference: Refere
                       f"{sum(bool(r.parsers) for r in read)} read differently, {sum(_unread(r) for r in read)} not "
                       "read (evidence, not verdicts)", highlight=False, markup=False)
         readers = Counter(_read_as(r.oracles) for r in read if r.oracles is not None)
-        console.print("  read as: " + "; ".join(f"{who} {n}" for who, n in sorted(readers.items())),
+        console.print(visible("  read as: " + "; ".join(f"{who} {n}" for who, n in sorted(readers.items()))),
                       highlight=False, markup=False, soft_wrap=True)
     if counts:
         t = Table("verdict code", "exchanges")
         for code, n in counts.most_common():
-            t.add_row(code, str(n))
+            t.add_row(Text(visible(code)), str(n))
         console.print(t)
     for r in bad[:20]:
         what = r.problem or "; ".join(f"{v.code}: {v.detail}" for v in r.verdicts) or _oracle_note(r)
-        console.print(f"{r.where} {r.response_id or ''}: {what}", highlight=False, markup=False)
+        # What the server answered (response ids, details quoting its content) is made visible
+        # before it prints: an ESC or bidi override in it would otherwise drive the terminal.
+        console.print(visible(f"{r.where} {r.response_id or ''}: {what}"), highlight=False, markup=False)
         if (r.problem or r.verdicts) and (r.parsers or _unread(r)):  # the oracle's word beside the verdicts
-            console.print(f"  {_oracle_note(r)}", highlight=False, markup=False)
+            console.print(visible(f"  {_oracle_note(r)}"), highlight=False, markup=False)
         for d in r.parsers:
-            console.print(f"  {d.describe()}", highlight=False, markup=False)
+            console.print(visible(f"  {d.describe()}"), highlight=False, markup=False)
 
 
 def _unread(r: AuditResult) -> bool:
@@ -364,15 +368,16 @@ def render_reference(results: list[AuditResult], reference: ReferenceAnswers, co
     """What was compared with the reference run, and where each session first parted from it."""
     mismatches = reference_mismatches(results)
     parted = sum(r.reference_parted for r in results)
-    console.print(f"reference {reference.run_dir}: {sum(r.reference_compared for r in results)} completed greedy "
-                  f"turns sent a request the reference had answered; {len(mismatches)} got a different answer "
-                  f"({REFERENCE_CODE})" + (f"; {parted} later turns of parted sessions not compared" if parted else ""),
+    console.print(visible(f"reference {reference.run_dir}: {sum(r.reference_compared for r in results)} completed "
+                          f"greedy turns sent a request the reference had answered; {len(mismatches)} got a different "
+                          f"answer ({REFERENCE_CODE})"
+                          + (f"; {parted} later turns of parted sessions not compared" if parted else "")),
                   highlight=False, markup=False, soft_wrap=True)
     if reference.conflicts:
         console.print(f"the reference run itself answered {reference.conflicts} request(s) two ways: its server "
                       "was not deterministic there", highlight=False, markup=False, soft_wrap=True)
     for r, v in mismatches:
-        console.print(f"  session {r.session} first parts at turn {r.turn} ({v.where}): {v.detail}",
+        console.print(visible(f"  session {r.session} first parts at turn {r.turn} ({v.where}): {v.detail}"),
                       highlight=False, markup=False, soft_wrap=True)
 
 

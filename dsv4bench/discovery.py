@@ -37,6 +37,7 @@ from .server_kinds import KINDS, NOT_THERE, SERVER_INFO, UNKNOWN_KIND, recognise
 from .monitor import is_json_metrics, parse_metrics
 from .redact import KeyScope
 from .roles import DECODE, PREFILL, ROLES, ROUTER, UNIFIED, UNKNOWN, WORKERS, Role, role_of
+from .terminal import visible
 
 DEFAULT_TIMEOUT_S = 5.0  # per question; they are asked side by side, so a dead server costs one
 MAX_JSON_BYTES = 1 << 20  # SGLang's server_info is tens of kB, internal states and all
@@ -346,7 +347,9 @@ class Deployment:
             state = "" if ep.answered else ": not answering"
             lines.append(f"  {ep.role:<8} {ep.root}  {metrics}{state}")
             lines.append(f"           {settings_phrase(ep) if ep.answered else '; '.join(ep.problems[:2])}")
-        return lines
+        # Roots a router listed, settings and problems quote the servers: no control sequence or
+        # bidi override of theirs may reach the terminal these lines are printed on.
+        return [visible(line) for line in lines]
 
 
 def _strings(value: Any) -> list[str]:

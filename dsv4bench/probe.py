@@ -51,6 +51,7 @@ from .redact import KeyScope
 from .roles import GAUGE_LABELS, ROLES, UNKNOWN, WORKERS, own_gauges_shown, role_gauges, role_of
 from .server_kinds import HEALTH, HEALTH_GENERATE, METRICS, NOT_THERE, UNKNOWN_KIND, kind
 from .wedge import WedgeConfig, detect_wedge, failures_rose
+from .terminal import visible_text
 
 DEFAULT_STUCK_S = 2.0
 STATES = ("healthy", "unhealthy", "wedged", "error", "unreachable")
@@ -486,6 +487,14 @@ def _found_cell(result: ProbeResult, ep: EndpointProbe) -> Text | None:
     return text
 
 
+def _row(grid: Table, label: str | Text, cell: str | Text) -> None:
+    """A row of the probe's grid. Its cells quote what servers said (roots a router listed,
+    settings, gauge names, error bodies): each goes through `visible_text` so no control
+    sequence or bidi override of theirs reaches the terminal."""
+    grid.add_row(visible_text(Text(label) if isinstance(label, str) else label),
+                 visible_text(Text(cell) if isinstance(cell, str) else cell))
+
+
 def render_probe(result: ProbeResult, console: Console) -> None:
     """Per endpoint: `role  root: state (codes)`, then its settings, gauges, health, canary and
     the evidence."""
@@ -496,29 +505,29 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         codes = f" ({', '.join(ep.codes)})" if ep.codes else ""
         head = Text(f"{ep.root}: ")
         head.append(f"{ep.state}{codes}", style=_COLORS.get(ep.state, ""))
-        grid.add_row(Text(ep.role if ep.role in ROLES else "unknown", style="bold"), head)
-        grid.add_row("  server", _kind_cell(ep))
+        _row(grid, Text(ep.role if ep.role in ROLES else "unknown", style="bold"), head)
+        _row(grid, "  server", _kind_cell(ep))
         found = _found_cell(result, ep)
         if found is not None:
-            grid.add_row("  config", found)
-        grid.add_row("  gauges", _gauge_cell(ep))
-        grid.add_row("  health", Text(f"{_health_cell('/health', ep.health)} · "
+            _row(grid, "  config", found)
+        _row(grid, "  gauges", _gauge_cell(ep))
+        _row(grid, "  health", Text(f"{_health_cell('/health', ep.health)} · "
                                       f"{_health_cell('/health_generate', ep.health_generate)}"))
-        grid.add_row("  canary", _canary_cell(ep))
+        _row(grid, "  canary", _canary_cell(ep))
         for i, reason in enumerate(ep.reasons):
-            grid.add_row("  why" if i == 0 else "", Text(reason))
+            _row(grid, "  why" if i == 0 else "", Text(reason))
         # The canary's own error is on its row already.
         errors = [e for e in ep.errors if not e.startswith(("canary: ", "streamed canary: "))]
         for i, error in enumerate(errors):
-            grid.add_row("  check" if i == 0 else "", Text(error, style="yellow"))
+            _row(grid, "  check" if i == 0 else "", Text(error, style="yellow"))
         if ep.failures:
-            grid.add_row("  failed", Text(f"{', '.join(ep.failures)} during the probe"))
+            _row(grid, "  failed", Text(f"{', '.join(ep.failures)} during the probe"))
     console.print(grid)
     counts = {s: sum(e.state == s for e in result.endpoints) for s in STATES}
     words = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     console.print(f"{words or 'no endpoints'} (exit {probe_exit_code(result)})", highlight=False)
     if result.key is not None:
-        console.print(Text(key_line(result.key)))
+        console.print(visible_text(Text(key_line(result.key))))
 
 
 def key_line(key: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .records import CORRUPTION_CODES, TurnRecord, TurnStatus
+from .terminal import visible
 
 
 @dataclass
@@ -68,7 +69,8 @@ def render_stats(s: LiveStats) -> Group:
         t = Table(show_header=False, box=None, padding=(0, 2))
         for code, n in s.verdicts.most_common(8):
             style = "red" if code in CORRUPTION_CODES else "yellow"
-            t.add_row(Text(code, style=style), str(n))
+            # Codes are the checkers' own words; shown through the one terminal escape all the same.
+            t.add_row(Text(visible(code), style=style), str(n))
         parts.append(t)
     return Group(*parts)
 

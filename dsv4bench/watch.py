@@ -41,6 +41,7 @@ from .monitor import MetricSample, kind_of_sample, scrape_once
 from .roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
                     role_gauges)
 from .server_kinds import METRICS, Kind, kind, not_offered, scrape_timeout
+from .terminal import visible_text
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 _NS = 1_000_000_000
@@ -271,7 +272,10 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
         head.add_column(no_wrap=True, width=name_w, overflow="ellipsis")
         head.add_column(no_wrap=True, width=7)
         head.add_column(overflow="fold")
-        head.add_row(Text(labels[name], style="bold"), ep.role.name, state.describe(name, now))
+        # The endpoint's state quotes what it said (errors, labels of stuck series), and a gauge's
+        # label is the server's own metric name: each goes through visible_text before it prints.
+        head.add_row(visible_text(Text(labels[name], style="bold")), visible_text(Text(ep.role.name)),
+                     visible_text(state.describe(name, now)))
         parts.append(head)
         shown = state.shown_gauges(name) if ep.sums else []
         if not shown:
@@ -287,7 +291,8 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
             values = list(ep.sums[g])[-spark_w:]
             style = "bold red" if g in stuck_names else ""
             label = GAUGE_LABELS.get(g, g.split(":", 1)[-1])
-            rows.add_row(f"  {label}", Text(f"{values[-1]:g}", style=style), Text(sparkline(values), style=style))
+            rows.add_row(visible_text(Text(f"  {label}")), Text(f"{values[-1]:g}", style=style),
+                         Text(sparkline(values), style=style))
         parts.append(rows)
     n = sum(len(v) for v in forming.values())
     parts.append(Text(f"WEDGE forming: {n} gauge(s) held with no counter moving for >= {state.stuck_s:g} s",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from ..terminal import markup_safe
 
 from .. import __version__
 
@@ -37,7 +37,7 @@ REQUEST_MIX_HELP = (
 def fail(message: str, code: int = 2) -> typer.Exit:
     """The one line a bad flag or an unusable input gets on stderr; raise what it returns.
     `message` is plain text: brackets in it (an IPv6 URL, `pip install 'pkg[extra]'`) print as they are."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {markup_safe(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -62,5 +62,5 @@ def print_verdict(summary: dict, run_dir: Path) -> None:
     unchecked = " (wedge not checked)" if summary.get("wedge_checked") is False and v in ("CLEAN", "ERRORS") else ""
     line = (f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
             f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "
-            f"killed {t.get('killed', 0)})  report: {escape(str(Path(run_dir) / 'report.md'))}")
+            f"killed {t.get('killed', 0)})  report: {markup_safe(str(Path(run_dir) / 'report.md'))}")
     out.print(line, highlight=False, soft_wrap=True)

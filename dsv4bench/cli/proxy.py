@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import httpx
 import typer
-from rich.markup import escape
+from ..terminal import markup_safe
 
 from ..config import FAIL_ON_CHOICES, ConfigError, check_http_url, check_out_dir, parse_fail_on
 from ..redact import MASK, redact_argv, shell_line
@@ -96,7 +96,7 @@ def proxy(
                              "server": facts, "proxy": {"upstream": config["upstream"], "capture": capture}},
                    api_key=api_key, on_turn=None if quiet else _print_finding, capture=capture)
     shown = f"[{host}]" if ":" in host else host
-    err.print(escape(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
+    err.print(markup_safe(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
                      f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "
                      f"the report ({run.run_dir})"), highlight=False, soft_wrap=True)
     if api_key and len(api_key) < MIN_MASKED_KEY:
@@ -162,4 +162,4 @@ def _print_finding(rec: TurnRecord) -> None:
     codes = sorted({v.code for v in rec.verdicts})
     if codes or rec.error_kind is not None:
         what = ", ".join(codes) or str(rec.error_kind)
-        err.print(escape(f"session {rec.session} turn {rec.turn}: {what}"), highlight=False, soft_wrap=True)
+        err.print(markup_safe(f"session {rec.session} turn {rec.turn}: {what}"), highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from ..terminal import markup_safe
 
 from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
 from ..preflight import HostLimitError, ensure_open_files
@@ -104,8 +104,9 @@ def sweep(
             return
         lower, upper = level.interval(plan.confidence)
         t = level.turns
-        err.print(escape(f"c{level.concurrency} batch {batch}: {level.verdicts[-1]}; level so far {t['total']} turns, "
-                         f"{t['corrupt']} corrupt of {t['ok']} completed, interval {100 * lower:.1f}%-{100 * upper:.1f}%"),
+        err.print(markup_safe(f"c{level.concurrency} batch {batch}: {level.verdicts[-1]}; level so far {t['total']} "
+                              f"turns, {t['corrupt']} corrupt of {t['ok']} completed, interval "
+                              f"{100 * lower:.1f}%-{100 * upper:.1f}%"),
                   highlight=False, soft_wrap=True)
 
     levels: list[plan_rules.Level] = []
@@ -153,10 +154,10 @@ def _print_result(summary: dict, sweep_dir: Path) -> None:
         lower, upper = lv["interval"]
         rate = "-" if lv["rate"] is None else f"{100 * lv['rate']:.1f}%"
         style = VERDICT_STYLE.get(lv["verdict"], "bold")
-        out.print(f"c{lv['concurrency']:<4} [{style}]{escape(lv['verdict'])}[/]  turns {lv['turns']['total']} "
+        out.print(f"c{lv['concurrency']:<4} [{style}]{markup_safe(lv['verdict'])}[/]  turns {lv['turns']['total']} "
                   f"(corrupt {lv['turns']['corrupt']} of {lv['turns']['ok']} completed)  rate {rate} "
                   f"({100 * lower:.1f}%-{100 * upper:.1f}%)  stopped by {lv['stopped_by']}", highlight=False,
                   soft_wrap=True)
     found = summary["threshold"]
     where = f"corruption appears at concurrency {found}" if found is not None else "no level shows corruption"
-    out.print(escape(f"{where}  report: {sweep_dir / 'sweep.md'}"), highlight=False, soft_wrap=True)
+    out.print(markup_safe(f"{where}  report: {sweep_dir / 'sweep.md'}"), highlight=False, soft_wrap=True)

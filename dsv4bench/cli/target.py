@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from rich.markup import escape
+from ..terminal import markup_safe
 
 from ..config import ConfigError, RunConfig
 from ..discovery import Deployment, discover_sync
@@ -66,7 +66,7 @@ def open_target(config: RunConfig, url_given: bool, engine_args: list[str], engi
         facts["deployment"] = deployment.as_dict()
         if not quiet:
             for line in deployment.describe():
-                err.print(escape(line), highlight=False, soft_wrap=True)
+                err.print(markup_safe(line), highlight=False, soft_wrap=True)
         if bundled is not None:
             facts["bundled_engine"] = {"metrics": bundled.metrics_url, "log": str(bundled.log_path)}
             if engine_router == "sglang":  # the run's server is the router; the engine's processes behind it
@@ -90,15 +90,15 @@ def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[st
         return urls
     if workers:
         listed = ", ".join(f"{e.role} {e.metrics_url}" for e in workers)
-        err.print(escape(f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
+        err.print(markup_safe(f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
                          f"{target.root if target else '?'} (its /workers): {listed}: their queues are watched for a "
                          "wedge after the load (--metrics URL to choose the endpoints)"), highlight=False, soft_wrap=True)
     elif target is not None and target.role == "router":
         what = f"found {urls[0]}, a router's" if urls else f"{target.root} is a router and serves no engine /metrics"
-        err.print(escape(f"{what}: its workers' queues are not in it, so the wedge is not checked; give --metrics for "
-                         "each prefill and decode server"), highlight=False, soft_wrap=True)
+        err.print(markup_safe(f"{what}: its workers' queues are not in it, so the wedge is not checked; give "
+                              "--metrics for each prefill and decode server"), highlight=False, soft_wrap=True)
     elif urls:
-        err.print(escape(f"found {urls[0]}: its queues are watched for a wedge after the load "
+        err.print(markup_safe(f"found {urls[0]}: its queues are watched for a wedge after the load "
                          "(--metrics URL to choose the endpoints: router, prefill, decode)"), highlight=False,
                   soft_wrap=True)
     return urls

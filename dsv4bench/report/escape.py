@@ -27,3 +27,11 @@ def _escape_one(m: re.Match[str]) -> str:
 def escape_text(text: str) -> str:
     """`text` with every unsafe character written as a visible escape; \\n and \\t are kept."""
     return _UNSAFE.sub(_escape_one, text)
+
+
+def plot_text(text: str) -> str:
+    """A server's text (a gauge's name, an endpoint) as a plot's label: escaped as above, with `$`
+    escaped so matplotlib draws no mathtext from it (an unbalanced `$` would cost the whole plot),
+    and no leading `_`, by which matplotlib leaves a line out of the legend."""
+    text = escape_text(text).replace("$", r"\$")
+    return " " + text if text.startswith("_") else text

@@ -22,6 +22,7 @@ from ..dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metri
 from ..history import History, open_private, private_dir
 from ..records import TurnRecord, TurnStatus
 from ..summary import outcome_counts, run_window, turn_end_wall_ns
+from .escape import plot_text
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ def queue_series(history: History, t0: int) -> dict[str, tuple[list[float], list
         name = current_name(metric_name(k[1]))  # an older release's name sorts with its current one
         return k[0], QUEUE_GAUGES.index(name) if name in QUEUE_GAUGES else 99, k[1]
 
-    return {f"{metric_name(g).split(':', 1)[-1]} @ {ep}": keep[(ep, g)] for ep, g in sorted(keep, key=order)}
+    # Gauge names and endpoints are the server's and the user's text: plot_text keeps them labels.
+    return {plot_text(f"{metric_name(g).split(':', 1)[-1]} @ {ep}"): keep[(ep, g)] for ep, g in sorted(keep, key=order)}
 
 
 def queue_timeline_figure(history: History) -> Figure | None:

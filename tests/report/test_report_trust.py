@@ -12,7 +12,7 @@ import pytest
 from dsv4bench.history import read_history
 from dsv4bench.report import build_report
 from dsv4bench.report.escape import escape_text
-from dsv4bench.report.markdown import cell, code_span, fence, inline, render_report
+from dsv4bench.report.markdown import cell, code_span, fence, inline, render_report, table
 from dsv4bench.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_markdown_helpers_escape_and_cannot_be_broken_out_of() -> None:
     for helper in (inline, cell, code_span, fence):
         assert not _UNSAFE.search(helper(HOSTILE)), helper
     assert "\n" not in inline("a\nb") and "<!--" not in inline(HOSTILE)
-    assert "|pipe\\|" in cell(HOSTILE)
+    assert "|pipe|" in cell(HOSTILE) and "|pipe\\|" in table(["a"], [[cell(HOSTILE)]])  # table() escapes pipes
     assert code_span("a`b") == "`` a`b ``" and code_span("ok") == "`ok`"
     assert fence("x ```` y").startswith("`````\n")
 

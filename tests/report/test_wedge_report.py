@@ -120,3 +120,16 @@ def test_the_canary_column_tells_a_hang_from_an_error_answer():
     assert _canary(hung).startswith("hung")
     assert _canary(answered).startswith("error: HTTP 404") and "hung" not in _canary(answered)
     assert _canary({"codes": [], "canary": {"ok": True, "latency_s": 0.2}}).startswith("ok")
+
+
+def test_a_servers_endpoint_text_is_a_plain_label_and_costs_no_plot(tmp_path: Path) -> None:
+    # A worker's URL comes from a router's /workers: `$...$` in it would be drawn as mathtext (and
+    # a malformed one fails the whole figure), ESC and bidi controls would land in the picture.
+    hostile = "http://w:1/$\\frac{$\x1b[2J\u202e"
+    samples = [{**s, "endpoint": hostile if s["endpoint"] == DECODE else s["endpoint"]} for s in _samples()]
+    run_dir = _write(tmp_path / "run", samples, None)
+    history = read_history(run_dir)
+    labels = list(queue_series(history, T0_NS))
+    assert "num_decode_transfer_queue_reqs @ http://w:1/\\$\\frac{\\$\\x1b[2J\\u202e" in labels
+    build_report(run_dir)
+    assert (run_dir / "plots" / "timeline_queues.png").exists()
