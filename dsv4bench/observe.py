@@ -23,6 +23,7 @@ from .history import HistoryWriter
 from .monitor import MetricSample, monitor, scrape_once
 from .preflight import root_of
 from .roles import WORKERS, Role, discover_role
+from .terminal import visible
 
 # The event that records which hosts the API key went to (redact.KeyScope.as_dict), for the report.
 KEY_HOSTS_EVENT = "api_key_hosts"
@@ -199,7 +200,7 @@ class RawNotOffered:
         if (base_url, family) in self._said:
             return
         self._said.add((base_url, family))
-        print(f"--raw: the raw oracle is not offered for {family} models on {base_url}: it renders "
+        print(f"--raw: the raw oracle is not offered for {visible(family)} models on {visible(base_url)}: it renders "
               "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
               "the run goes on without it", file=sys.stderr)
         if self.history is not None:
