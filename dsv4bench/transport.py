@@ -24,6 +24,13 @@ arrival of the newest bytes it returns, so a loop later than a stream's chunk in
 events in one read) stamps both with the second's arrival: still never earlier than the bytes.
 Where the kernel gives no stamp (another OS, an event loop that reads its sockets in C), a
 read is stamped when the protocol is handed its bytes, before any task runs.
+
+The protocol is aiohttp's internal `client_proto.ResponseHandler`, which no release promises to
+keep. pyproject.toml pins the aiohttp releases tested, and `seam_problems` checks, before the
+first request, every internal this module overrides or calls (`SEAM`). If one is missing or
+changed, the transport warns once, naming it, and serves the run over httpx's own transport
+(httpcore, the client path before this module): the same turns, each chunk at more CPU, the
+stamps taken when a turn's task reads its bytes (bench-plan.md, "The aiohttp seam").
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import inspect
 import socket
 import struct
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
@@ -42,9 +51,18 @@ from typing import Any
 
 import aiohttp
 import httpx
-from aiohttp.client_proto import ResponseHandler
 
 from . import fair_loop
+
+try:
+    from aiohttp import client_proto
+except ImportError:  # gone in some later aiohttp: seam_problems names it
+    client_proto = None  # type: ignore[assignment]  # NOTE: getattr below reads None as "not there"
+
+# NOTE: looked up, not imported by name, so an aiohttp without it still imports this module;
+# seam_problems then names it and the run takes httpx's own transport. The stand-in base only
+# lets the class below be defined: it is never made then.
+ResponseHandler: type = getattr(client_proto, "ResponseHandler", asyncio.Protocol)
 
 # Most specific first: the first class the error is an instance of decides.
 _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
@@ -146,6 +164,122 @@ def _stamped_socket(addr_info: tuple) -> socket.socket:
     if sys.platform.startswith("linux") and kind == socket.SOCK_STREAM:
         return _StampedSocket(family, kind, proto)
     return socket.socket(family, kind, proto)
+
+
+# What this module builds on inside aiohttp, beyond its public API, and why. seam_problems checks
+# each; tests/test_transport.py holds the installed aiohttp to all of them by name.
+_HANDLER = "aiohttp.client_proto.ResponseHandler"
+SEAM: dict[str, str] = {
+    _HANDLER: "the connection protocol _Protocol subclasses",
+    f"{_HANDLER}.__init__(loop)": "_Protocol is made as aiohttp makes its protocol",
+    f"{_HANDLER}.connection_made(transport)": "overridden: the socket whose reads carry stamps",
+    f"{_HANDLER}.connection_lost(exc)": "overridden: the socket leaves the first-read set",
+    f"{_HANDLER}.data_received(data)": "overridden: each read is stamped",
+    f"{_HANDLER}.data_received calls _reschedule_timeout": "a read moves the lazy read timer; else it "
+                                                          "would time a live stream out",
+    f"{_HANDLER}.set_response_params(*, ...)": "overridden, keywords only: a request goes out",
+    f"{_HANDLER}._reschedule_timeout()": "overridden: the lazy read timer",
+    f"{_HANDLER}._drop_timeout()": "called by the lazy read timer",
+    f"{_HANDLER}._on_read_timeout()": "called when the read timeout is due",
+    f"{_HANDLER}.closed": "a property, the future _Body fails a broken body on",
+    f"{_HANDLER} instance ._payload ._read_timeout ._read_timeout_handle ._loop": "read by _Protocol",
+    "aiohttp.TCPConnector(socket_factory=)": "the sockets that keep receive stamps",
+    "aiohttp.TCPConnector._factory": "functools.partial(ResponseHandler, loop=...), replaced by _Protocol's",
+    "aiohttp.ClientResponse.start sets ._protocol": "_Body finds the protocol of a body already all in",
+    "aiohttp.StreamReader.total_bytes": "the bytes fed to a body, to match reads to their stamps",
+}
+
+
+def _positional(fn: Any) -> list[str] | None:
+    """The names of `fn`'s parameters that can be passed by position, after self; None if any
+    other kind (keyword-only, *args, **kwargs) is there."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return None
+    return [p.name for p in params]
+
+
+def _names_used(fn: Any) -> tuple[str, ...]:
+    """The attribute and global names `fn`'s own code uses (its code object's co_names)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+    return code.co_names if code is not None else ()
+
+
+def seam_problems(connector: aiohttp.TCPConnector) -> dict[str, str]:
+    """Each of aiohttp's internals that is missing or changed on the installed aiohttp: its name
+    in SEAM, and what was found instead. `connector` is a fresh one, made in the running loop.
+    Empty: _Protocol and _Body work as they were written for.
+    NOTE: the checks err on the side of the fallback: a hook moved into a helper reads as gone."""
+    problems: dict[str, str] = {}
+    handler = getattr(client_proto, "ResponseHandler", None)
+    if not isinstance(handler, type) or not issubclass(handler, asyncio.Protocol):
+        problems[_HANDLER] = f"not found ({handler!r})"
+    else:
+        for key, name, params in (("__init__(loop)", "__init__", ["loop"]),
+                                  ("connection_made(transport)", "connection_made", ["transport"]),
+                                  ("connection_lost(exc)", "connection_lost", ["exc"]),
+                                  ("data_received(data)", "data_received", ["data"]),
+                                  ("_reschedule_timeout()", "_reschedule_timeout", []),
+                                  ("_drop_timeout()", "_drop_timeout", []),
+                                  ("_on_read_timeout()", "_on_read_timeout", [])):
+            fn = getattr(handler, name, None)
+            if not callable(fn):
+                problems[f"{_HANDLER}.{key}"] = "not found"
+            elif _positional(fn) != params:
+                problems[f"{_HANDLER}.{key}"] = f"its parameters are now {inspect.signature(fn)}"
+        if "_reschedule_timeout" not in _names_used(getattr(handler, "data_received", None)):
+            problems[f"{_HANDLER}.data_received calls _reschedule_timeout"] = "it no longer does"
+        fn = getattr(handler, "set_response_params", None)
+        if not callable(fn):
+            problems[f"{_HANDLER}.set_response_params(*, ...)"] = "not found"
+        elif any(p.kind is not p.KEYWORD_ONLY for p in list(inspect.signature(fn).parameters.values())[1:]):
+            problems[f"{_HANDLER}.set_response_params(*, ...)"] = f"its parameters are now {inspect.signature(fn)}"
+        if not isinstance(inspect.getattr_static(handler, "closed", None), property):
+            problems[f"{_HANDLER}.closed"] = "not a property"
+        key = f"{_HANDLER} instance ._payload ._read_timeout ._read_timeout_handle ._loop"
+        try:
+            probe = handler(loop=asyncio.get_running_loop())
+        except Exception as e:  # made as aiohttp makes it; how that fails is what changed
+            problems[key] = f"{_HANDLER}(loop=...) raised {type(e).__name__}: {e}"
+        else:
+            missing = [a for a in ("_payload", "_read_timeout", "_read_timeout_handle", "_loop") if not hasattr(probe, a)]
+            if missing:
+                problems[key] = f"no {', '.join(missing)}"
+    if "socket_factory" not in inspect.signature(aiohttp.TCPConnector).parameters:
+        problems["aiohttp.TCPConnector(socket_factory=)"] = "no such parameter"
+    factory = getattr(connector, "_factory", None)
+    if not (isinstance(factory, functools.partial) and factory.func is handler and not factory.args
+            and set(factory.keywords) == {"loop"}):
+        problems["aiohttp.TCPConnector._factory"] = f"{factory!r}"
+    if "_protocol" not in _names_used(getattr(aiohttp.ClientResponse, "start", None)):
+        problems["aiohttp.ClientResponse.start sets ._protocol"] = "it no longer does"
+    if inspect.getattr_static(aiohttp.StreamReader, "total_bytes", None) is None:
+        problems["aiohttp.StreamReader.total_bytes"] = "not found"
+    return problems
+
+
+# The installed aiohttp's problems, checked once a process (its internals do not change while it
+# runs): None until the first request.
+_seam_verdict: dict[str, str] | None = None
+
+
+def _check_seam(connector: aiohttp.TCPConnector) -> dict[str, str]:
+    """seam_problems, once a process, with one warning when there are any."""
+    global _seam_verdict
+    if _seam_verdict is None:
+        _seam_verdict = seam_problems(connector)
+        if _seam_verdict:
+            named = "; ".join(f"{name}: {found}" for name, found in _seam_verdict.items())
+            warnings.warn(
+                f"aiohttp {aiohttp.__version__} changed what dsv4bench's transport builds on: {named}. "
+                "This run reads its answers over httpx's own transport "
+                "(httpcore) instead: the same turns, more CPU per chunk, and first tokens stamped when "
+                "the run reads them, not when they arrived (bench-plan.md, \"The aiohttp seam\"). "
+                "pyproject.toml names the aiohttp releases tested.", RuntimeWarning, stacklevel=1)
+    return _seam_verdict
 
 
 class _Protocol(ResponseHandler):
@@ -393,27 +527,42 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(self, limits: httpx.Limits = httpx.Limits()) -> None:
         self._limits = limits
         self._session: aiohttp.ClientSession | None = None
+        self._public: httpx.AsyncHTTPTransport | None = None  # httpx's own, if aiohttp changed (SEAM)
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._limits.max_connections or 0, limit_per_host=0,
-                                             keepalive_timeout=self._limits.keepalive_expiry or 0,
-                                             force_close=self._limits.max_keepalive_connections == 0,
-                                             socket_factory=_stamped_socket)
-            # httpx keeps the cookies and decodes the body (gzip and the rest) itself.
-            # NOTE: aiohttp takes no protocol factory; its connector keeps one, which exists
-            # from aiohttp 3.0 on. Without it the stamps are the reads' own times.
-            if hasattr(connector, "_factory"):
-                connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())
-            self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                                  auto_decompress=False, trust_env=False)
-        return self._session
+    async def _open(self) -> None:
+        if self._session is not None or self._public is not None:
+            return
+        connector = aiohttp.TCPConnector(limit=self._limits.max_connections or 0, limit_per_host=0,
+                                         keepalive_timeout=self._limits.keepalive_expiry or 0,
+                                         force_close=self._limits.max_keepalive_connections == 0,
+                                         socket_factory=_stamped_socket)
+        if _check_seam(connector):
+            # NOTE: set before the await, so the requests that come meanwhile take it too.
+            self._public = httpx.AsyncHTTPTransport(limits=self._limits, trust_env=False)
+            await connector.close()
+            return
+        # httpx keeps the cookies and decodes the body (gzip and the rest) itself.
+        # NOTE: aiohttp takes no protocol factory; its connector keeps one (the seam check
+        # holds it to the form replaced here).
+        connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())
+        self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                              auto_decompress=False, trust_env=False)
+
+    @property
+    def fallback(self) -> httpx.AsyncBaseTransport | None:
+        """httpx's own transport, where the seam check found aiohttp changed (after the first
+        request); None over aiohttp."""
+        return self._public
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self._open()
+        if self._public is not None:
+            return await self._public.handle_async_request(request)
+        assert self._session is not None  # _open made one or the fallback
         timeout = request.extensions.get("timeout", {})
         body = await request.aread()
         with _as_httpx_errors(request):
-            response = await self._open().request(
+            response = await self._session.request(
                 request.method, str(request.url), headers=request.headers.multi_items(), data=body or None,
                 allow_redirects=False, compress=None, skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
@@ -427,3 +576,5 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._public is not None:
+            await self._public.aclose()

@@ -11,6 +11,8 @@ left out) is divided by the SSE events it read. Variants:
   sglang    SGLang's own bench_serving client (async_request_openai_chat_completions)
   ours      chat_turn + every checker of the turn (run_checks), over driver.make_client's client
   before    the same as `ours` with the dsv4bench of `--before-rev` (git archive, read-only)
+  fallback  the same as `ours` over the path a run takes when aiohttp's internals changed
+            (transport.seam_problems found some): httpx's own transport, httpcore
 
     python scripts/bench_client.py [--variants aiohttp,httpx,sglang,ours,before] [--repeats 5]
 """
@@ -181,7 +183,16 @@ async def run_ours(url: str, concurrency: int, rounds: int) -> tuple[float, int]
         return await _load(one_turn, concurrency, rounds)
 
 
-VARIANTS = {"aiohttp": run_aiohttp, "httpx": run_httpx, "sglang": run_sglang, "ours": run_ours, "before": run_ours}
+async def run_fallback(url: str, concurrency: int, rounds: int) -> tuple[float, int]:
+    from dsv4bench import transport
+
+    # As if the seam check had found aiohttp changed: it is not run again, and no warning is given.
+    transport._seam_verdict = {"(bench_client --variants fallback)": "forced"}
+    return await run_ours(url, concurrency, rounds)
+
+
+VARIANTS = {"aiohttp": run_aiohttp, "httpx": run_httpx, "sglang": run_sglang, "ours": run_ours, "before": run_ours,
+            "fallback": run_fallback}
 
 
 def child(args: argparse.Namespace) -> None:

@@ -592,3 +592,116 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
         server.join(2)
     assert got["read_at"] - sent["at"] > 100_000_000  # read after the block
     assert 0 <= got["stamp"] - sent["at"] < 50_000_000  # stamped at its arrival
+
+
+# The aiohttp seam: transport.py subclasses aiohttp internals no release promises to keep.
+
+
+def _seam_problems() -> dict[str, str]:
+    import aiohttp
+
+    from dsv4bench.transport import seam_problems
+
+    async def check() -> dict[str, str]:
+        connector = aiohttp.TCPConnector()
+        try:
+            return seam_problems(connector)
+        finally:
+            await connector.close()
+    return anyio.run(check)
+
+
+def _seam_names() -> list[str]:
+    from dsv4bench.transport import SEAM
+    return list(SEAM)
+
+
+@pytest.mark.parametrize("internal", _seam_names())
+def test_the_installed_aiohttp_keeps_each_internal_the_transport_builds_on(internal):
+    """Fails on an aiohttp that changed one: the run would take httpx's slower transport. Either
+    adapt transport.py to the new aiohttp, or keep pyproject.toml's pin below it."""
+    import aiohttp
+
+    from dsv4bench.transport import SEAM
+
+    problems = _seam_problems()
+    assert set(problems) <= set(SEAM), f"seam_problems names internals SEAM does not: {problems}"
+    assert internal not in problems, (f"aiohttp {aiohttp.__version__} changed {internal} ({SEAM[internal]}): "
+                                      f"{problems[internal]}")
+
+
+def _changed(monkeypatch, what: str) -> str:
+    """Change one internal as a later aiohttp might; the SEAM name the check must report."""
+    import aiohttp
+    from aiohttp import client_proto
+
+    handler = "aiohttp.client_proto.ResponseHandler"
+    if what == "renamed method":
+        monkeypatch.delattr(client_proto.ResponseHandler, "_reschedule_timeout")
+        return f"{handler}._reschedule_timeout()"
+    if what == "new signature":
+        def set_response_params(self, timer=None, skip_payload=False):  # positional now
+            raise AssertionError("not called over the fallback")
+        monkeypatch.setattr(client_proto.ResponseHandler, "set_response_params", set_response_params)
+        return f"{handler}.set_response_params(*, ...)"
+    if what == "class moved":
+        monkeypatch.delattr(client_proto, "ResponseHandler")
+        return handler
+    if what == "attribute dropped":
+        start = aiohttp.ClientResponse.start
+
+        async def started(self, connection):  # works as before, but no longer names ._protocol here
+            return await start(self, connection)
+        monkeypatch.setattr(aiohttp.ClientResponse, "start", started)
+        return "aiohttp.ClientResponse.start sets ._protocol"
+    raise ValueError(what)
+
+
+@pytest.mark.parametrize("what", ["renamed method", "new signature", "class moved", "attribute dropped"])
+def test_a_changed_internal_is_named_once_and_the_run_reads_its_turns_over_httpx(monkeypatch, what):
+    """The run warns once, naming the internal, and serves every turn over httpx's own transport:
+    answers read whole and kept alive, a broken chunk ends the read, a cut stream is a
+    connection error, a deadline and a bound drop the connection."""
+    from dsv4bench import transport
+
+    monkeypatch.setattr(transport, "_seam_verdict", None)  # checked afresh on this changed aiohttp
+    internal = _changed(monkeypatch, what)
+
+    async def check(client, url, server):
+        for _ in range(3):
+            out = await chat_turn(client, url + "/ok", BODY, Deadlines(5, 5))
+            assert out.status is TurnStatus.OK and out.response.content == "Half" and out.response.saw_done
+            assert out.response.finish_reason == "stop" and not out.response.protocol_errors
+        assert isinstance(client._transport.fallback, httpx.AsyncHTTPTransport)
+        assert server.connections == 1
+        out = await chat_turn(client, url + "/bad-chunk", BODY, Deadlines(10, 10))
+        assert out.response.content == "Half" and out.response.finish_reason is None
+        assert (out.timings.end_ns - out.timings.start_ns) / 1e9 < 5
+        out = await chat_turn(client, url + "/cut-before-output", BODY, Deadlines(5, 5))
+        assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.CONNECTION_ERROR
+        assert out.error.startswith("RemoteProtocolError: ")
+        closed = server.closed
+        out = await chat_turn(client, url + "/endless", BODY, Deadlines(5, 0.3))
+        assert out.status is TurnStatus.TIMEOUT and out.error_kind is ErrorKind.TIMEOUT_TOTAL
+        out = await chat_turn(client, url + "/long-line", BODY, Deadlines(5, 5), bounds=StreamBounds(line_chars=1000))
+        assert "SSE line longer than 1,000" in out.response.stopped_at_bound
+        await anyio.sleep(0.2)
+        assert server.closed == closed + 2  # the server saw the client go, both times
+
+    with pytest.warns(RuntimeWarning) as seen:
+        run(check)
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert internal in str(seen[0].message) and "httpx's own transport" in str(seen[0].message)
+
+
+def test_an_aiohttp_without_the_protocol_class_still_imports_the_transport():
+    """The seam is looked up, not imported by name: the module loads and the check names it."""
+    import subprocess
+
+    code = ("import asyncio, aiohttp\nfrom aiohttp import client_proto\ndel client_proto.ResponseHandler\n"
+            "from dsv4bench import transport\n"
+            "async def main():\n    c = aiohttp.TCPConnector()\n    print(sorted(transport.seam_problems(c)))\n"
+            "    await c.close()\nasyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "'aiohttp.client_proto.ResponseHandler'" in out.stdout
