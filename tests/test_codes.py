@@ -1,4 +1,4 @@
-"""The table of verdict codes: README.md lists exactly its codes, each has a checker or is a wedge code."""
+"""The table of verdict codes: docs/verdicts.md lists exactly its codes, each has a checker or is a wedge code."""
 
 from __future__ import annotations
 
@@ -9,25 +9,25 @@ from dsv4bench.checks import CHECKERS, ORACLE_CHECKER
 from dsv4bench.codes import (AVAILABILITY, CODES, CORRUPTION, FAMILIES, ORACLE, ORACLE_CODE, WEDGE, WEDGE_CODES,
                              code_class, meaning)
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-# How README.md names each family: `Corruption: ...`, `Wedge (per endpoint): ...`.
-_README_FAMILY = {"Corruption": CORRUPTION, "Availability": AVAILABILITY, "Wedge": WEDGE, "Oracle": ORACLE}
+VERDICTS = Path(__file__).resolve().parents[1] / "docs" / "verdicts.md"
+# How docs/verdicts.md names each family: `Corruption: ...`, `Wedge (per endpoint): ...`.
+_PAGE_FAMILY = {"Corruption": CORRUPTION, "Availability": AVAILABILITY, "Wedge": WEDGE, "Oracle": ORACLE}
 
 
-def readme_codes() -> dict[str, list[str]]:
-    """The codes README's "## Verdict codes" section lists, by family: each list runs from its
+def listed_codes() -> dict[str, list[str]]:
+    """The codes docs/verdicts.md's "## Verdict codes" section lists, by family: each list runs from its
     family's name to the end of that sentence."""
-    text = README.read_text(encoding="utf-8")
+    text = VERDICTS.read_text(encoding="utf-8")
     section = text.split("\n## Verdict codes\n", 1)[1].split("\n## ", 1)[0]
     out: dict[str, list[str]] = {}
     for label, body in re.findall(r"\b(Corruption|Availability|Wedge|Oracle)\b[^:.]*:(.*?)\.(?=\s|$)", section,
                                   flags=re.DOTALL):
-        out[_README_FAMILY[label]] = re.findall(r"`([a-z][a-z_]*)`", body)
+        out[_PAGE_FAMILY[label]] = re.findall(r"`([a-z][a-z_]*)`", body)
     return out
 
 
-def test_readme_lists_exactly_the_tables_codes_per_family() -> None:
-    listed = readme_codes()
+def test_verdicts_page_lists_exactly_the_tables_codes_per_family() -> None:
+    listed = listed_codes()
     assert set(listed) == set(FAMILIES)
     for family in FAMILIES:
         assert sorted(listed[family]) == sorted(c.code for c in CODES if c.family == family), family
