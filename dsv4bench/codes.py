@@ -2,7 +2,7 @@
 
 The rest derive from `CODES`: `dsv4bench.checks` builds its registry from the `checker` column,
 the report takes each code's class and meaning from here, the history and summary count by the
-family views below, and a test holds README.md's "Verdict codes" list to this table. The code
+family views below, and a test holds docs/verdicts.md's "Verdict codes" list to this table. The code
 names are a stable contract: `turns.jsonl` and `summary.json` carry them.
 
 Families:

@@ -1,6 +1,6 @@
 """The summary of one run: a pure function from a History to the content of summary.json.
 
-`verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (README.md says
+`verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (docs/verdicts.md says
 so): CI jobs and other tools read them. Everything else is an extra for the report and may grow.
 
 `verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
