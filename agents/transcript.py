@@ -1,6 +1,6 @@
 """The OpenAI chat transcript of an agent session, built one way for everyone.
 
-The harness (dsv4bench/session.py) builds what it sends to the server with these functions and
+The harness (dsv4bench/harness/session.py) builds what it sends to the server with these functions and
 the engine's training data (`session_messages`, agents/__init__.py) builds the expert's sessions
 with them, so what the model is trained on has the very shape of what the harness sends it.
 """

@@ -1,3 +1,3 @@
-from .cli import main
+from dsv4bench.cli import main
 
 main()

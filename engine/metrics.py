@@ -1,5 +1,5 @@
 """Prometheus metrics with SGLang's names and labels, so SGLang dashboards and the harness's
-wedge checks read the bundled engine the same way (the harness reads them from dsv4bench/dialect.py).
+wedge checks read the bundled engine the same way (the harness reads them from dsv4bench/servers/dialect.py).
 
 Gauges and engine counters are read from `engine.stats()` at scrape time by a custom collector
 (nothing to keep in sync); latency histograms are observed by the server per request. Every

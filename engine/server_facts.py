@@ -7,7 +7,7 @@ and the tokenizer, which it loads from `model_path`. So `model_path` is the loca
 the tokenizer (engine/assets/): a router given a bare name would reach for a model hub.
 
 `/server_info` also states, under SGLang's server_args names, the settings a harness reads to
-tell what kind of deployment it is looking at (dsv4bench/discovery.py): the PD transfer
+tell what kind of deployment it is looking at (dsv4bench/servers/discovery.py): the PD transfer
 backend, the overlap schedule, HiCache and its write policy, the parsers, the batch limits.
 Each says what this engine does, not what SGLang's default would be.
 """

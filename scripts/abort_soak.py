@@ -13,7 +13,7 @@ stage of the PD pipeline, scrapes both halves' queue gauges (what the kill caugh
 disconnects every client (every other storm also POSTs /abort_request abort_all to the router;
 where the router has no such endpoint, as SGLang's, to both halves). Then it waits for the
 deployment to drain and checks that nothing is left: every queue gauge of both halves at 0 (as
-the harness parses them, dsv4bench/dialect.py), the router's own in-flight gauge at 0 (ours:
+the harness parses them, dsv4bench/servers/dialect.py), the router's own in-flight gauge at 0 (ours:
 `sglang:num_running_reqs{engine_type="router"}`; SGLang's: `smg_worker_requests_active` per
 worker on its Prometheus port), then `POST /flush_cache` on the prefill (which succeeds only
 when it is idle) and `sglang:num_used_tokens` 0 on both halves: a page still in use then is a
@@ -42,10 +42,10 @@ from typing import Any
 
 import httpx
 
-from dsv4bench.dialect import is_queue_gauge, metric_name
+from dsv4bench.servers.dialect import is_queue_gauge, metric_name
 from dsv4bench.engine.launcher import EngineStartError, start_engine
-from dsv4bench.monitor import parse_metrics
-from dsv4bench.roles import DECODE, GAUGE_LABELS, PREFILL, ROUTER, own_gauges_shown, part_labels, role_from_metrics
+from dsv4bench.servers.monitor import parse_metrics
+from dsv4bench.servers.roles import DECODE, GAUGE_LABELS, PREFILL, ROUTER, own_gauges_shown, part_labels, role_from_metrics
 
 ROUTERS = ("bundled", "sglang")
 HALVES = (PREFILL, DECODE)

@@ -158,12 +158,12 @@ async def run_sglang(url: str, concurrency: int, rounds: int) -> tuple[float, in
 async def run_ours(url: str, concurrency: int, rounds: int) -> tuple[float, int]:
     from dsv4bench.agents import get_family
     from dsv4bench.checks import run_checks
-    from dsv4bench.client import chat_turn
-    from dsv4bench.config import RunConfig
-    from dsv4bench.driver import make_client
-    from dsv4bench.session import AgentSession, SessionConfig
-    from dsv4bench.turn_answer import Deadlines
-    from dsv4bench.turn_judge import turn_context
+    from dsv4bench.wire.client import chat_turn
+    from dsv4bench.harness.config import RunConfig
+    from dsv4bench.harness.driver import make_client
+    from dsv4bench.harness.session import AgentSession, SessionConfig
+    from dsv4bench.wire.turn_answer import Deadlines
+    from dsv4bench.harness.turn_judge import turn_context
 
     config = RunConfig(url=url.rsplit("/chat/completions", 1)[0], concurrency=concurrency)
     sess = AgentSession("s00000", get_family("coding"), 0, SessionConfig(model="stream-bench"))  # its tools judge
@@ -184,7 +184,7 @@ async def run_ours(url: str, concurrency: int, rounds: int) -> tuple[float, int]
 
 
 async def run_fallback(url: str, concurrency: int, rounds: int) -> tuple[float, int]:
-    from dsv4bench import transport
+    from dsv4bench.wire import transport
 
     # As if the seam check had found aiohttp changed: it is not run again, and no warning is given.
     transport._seam_verdict = {"(bench_client --variants fallback)": "forced"}

@@ -80,8 +80,8 @@ def end_to_end(args: argparse.Namespace) -> dict[str, float]:
 def in_process(repeats: int) -> dict[str, float]:
     from dsv4bench.agents import family_for_session, run_expert_session
     from dsv4bench.checks import run_checks
-    from dsv4bench.records import TurnContext
-    from dsv4bench.sse import DeltaAssembler
+    from dsv4bench.history.records import TurnContext
+    from dsv4bench.wire.sse import DeltaAssembler
     plan_chunks = load_fixture("replay_server").plan_chunks
 
     # Realistic streams: every step of expert sessions across the families, as the replay server sends them.
@@ -120,13 +120,13 @@ def turn_overhead(repeats: int) -> dict[str, float]:
     from dsv4bench.agents import get_family, run_expert_session
     from dsv4bench.checks import run_checks
     from dsv4bench.checks.parser_view import kept_oracles
-    from dsv4bench.history import HistoryWriter
-    from dsv4bench.progress import LiveStats
-    from dsv4bench.records import TurnStatus
-    from dsv4bench.session import AgentSession, SessionConfig, request_summary
-    from dsv4bench.sse import DeltaAssembler
-    from dsv4bench.turn_answer import TurnOutcome, encode_body, finish
-    from dsv4bench.turn_judge import turn_context, turn_headers, turn_record
+    from dsv4bench.history.run_folder import HistoryWriter
+    from dsv4bench.harness.progress import LiveStats
+    from dsv4bench.history.records import TurnStatus
+    from dsv4bench.harness.session import AgentSession, SessionConfig, request_summary
+    from dsv4bench.wire.sse import DeltaAssembler
+    from dsv4bench.wire.turn_answer import TurnOutcome, encode_body, finish
+    from dsv4bench.harness.turn_judge import turn_context, turn_headers, turn_record
     plan_chunks = load_fixture("replay_server").plan_chunks
 
     fam = get_family("coding")

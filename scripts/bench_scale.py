@@ -136,10 +136,10 @@ async def drive_aiohttp(url: str, sessions: int, duration: float, warmup: float)
 
 
 async def drive(url: str, sessions: int, duration: float, warmup: float, out: Path) -> dict[str, Any]:
-    from dsv4bench.config import RunConfig
-    from dsv4bench.driver import AgentRun
-    from dsv4bench.history import HistoryWriter, read_history
-    from dsv4bench.progress import LiveStats
+    from dsv4bench.harness.config import RunConfig
+    from dsv4bench.harness.driver import AgentRun
+    from dsv4bench.history.run_folder import HistoryWriter, read_history
+    from dsv4bench.harness.progress import LiveStats
 
     config = RunConfig(url=url, concurrency=sessions, duration=duration, quiet=True, out=out)
     run_dir = out / "run"
@@ -197,7 +197,7 @@ def child(args: argparse.Namespace) -> None:
     if args.client == "aiohttp":
         r = anyio.run(drive_aiohttp, url, args.child, args.duration, args.warmup)
     else:
-        from dsv4bench import fair_loop
+        from dsv4bench.loop import fair_loop
 
         # "ours" on the loop `agents` runs on; "ours-default-loop" on asyncio's, for the side by side
         run = fair_loop.run if args.client == "ours" else anyio.run

@@ -19,7 +19,7 @@ from collections import defaultdict
 from fixture_loader import load_fixture
 
 from dsv4bench.checks import run_checks
-from dsv4bench.codes import CORRUPTION_CODES
+from dsv4bench.history.codes import CORRUPTION_CODES
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import anyio
 from dsv4bench.agents import FAMILIES
 from dsv4bench.engine.training.config import TRAIN_SEED_BASE
 from dsv4bench.engine.training.evaluation import eval_family
-from dsv4bench.preflight import server_facts
+from dsv4bench.servers.preflight import server_facts
 
 
 def main() -> None:

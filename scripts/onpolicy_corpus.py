@@ -28,10 +28,10 @@ import httpx
 
 
 from dsv4bench.agents import FAMILIES
-from dsv4bench.turn_answer import Deadlines
-from dsv4bench.driver import play_session
+from dsv4bench.wire.turn_answer import Deadlines
+from dsv4bench.harness.driver import play_session
 from dsv4bench.engine.training.onpolicy import Rollout, relabel, score
-from dsv4bench.session import AgentSession, SessionConfig
+from dsv4bench.harness.session import AgentSession, SessionConfig
 
 # Seeds no other corpus uses: expert corpora start at 100000 and run a few thousand seeds.
 ONPOLICY_SEED_BASE = 500_000
@@ -169,7 +169,7 @@ def main() -> None:
     jobs = [j for j in jobs if j not in have]
     if jobs:
         from dsv4bench.engine.launcher import EngineStartError, start_engine
-        from dsv4bench.preflight import server_facts
+        from dsv4bench.servers.preflight import server_facts
 
         a.rollouts.parent.mkdir(parents=True, exist_ok=True)
         engine = None

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from dsv4bench.history import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl
-from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES
+from dsv4bench.history.run_folder import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl
+from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
 ROUTERS = ("bundled", "sglang")  # what fronts the bundled engine (agents --engine-router)

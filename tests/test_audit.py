@@ -2,7 +2,7 @@
 
 import json
 
-from dsv4bench.audit import audit_file, sse_payloads
+from dsv4bench.modes.audit import audit_file, sse_payloads
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
@@ -52,7 +52,7 @@ def test_sse_payloads_accepts_text_lines_and_bare_payloads():
 def test_audit_shows_where_the_parsers_read_a_raw_completion_apart(tmp_path):
     from rich.console import Console
 
-    from dsv4bench.audit import render_audit, write_results
+    from dsv4bench.modes.audit import render_audit, write_results
     from dsv4bench.checks.sglang_oracle import sglang_missing
 
     block = ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read_file">\n'
@@ -84,7 +84,7 @@ def test_audit_shows_where_the_parsers_read_a_raw_completion_apart(tmp_path):
 
 
 def test_a_reaudited_turn_record_reads_its_kept_raw_completion(tmp_path):
-    from dsv4bench.audit import exchange_context
+    from dsv4bench.modes.audit import exchange_context
 
     rec = {"session": "s0", "status": "ok", "request": {"body": REQ}, "response": {"content": "Hi."},
            "oracles": {"raw_completion": "Hi."}}
@@ -94,7 +94,7 @@ def test_a_reaudited_turn_record_reads_its_kept_raw_completion(tmp_path):
 def test_audit_names_each_lines_family_and_reader_and_says_why_one_was_not_read(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from dsv4bench.audit import render_audit, write_results
+    from dsv4bench.modes.audit import render_audit, write_results
     from dsv4bench.checks import sglang_oracle
 
     # SGLang absent: a Qwen completion (only SGLang's detectors read it) is not read; DeepSeek-V4's still is.

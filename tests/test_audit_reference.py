@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dsv4bench.audit import audit_file
-from dsv4bench.history import read_history
-from dsv4bench.reference_run import ReferenceAnswers
+from dsv4bench.modes.audit import audit_file
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.harness.reference_run import ReferenceAnswers
 from tests.cli_output import assert_one_line_exit_2, invoke
 from tests.e2e.conftest import only_run_dir, run_cli, start_replay
 from tests.e2e.test_proxy import start_proxy_cli

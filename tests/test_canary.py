@@ -11,11 +11,11 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
+from dsv4bench.servers.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
                               check_health)
-from dsv4bench.codes import WEDGE_CODES
-from dsv4bench.probe import probe, probe_exit_code
-from dsv4bench.wedge import WedgeConfig, detect_wedge
+from dsv4bench.history.codes import WEDGE_CODES
+from dsv4bench.servers.probe import probe, probe_exit_code
+from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 from tests.fixtures.wedge_server import WedgeState, serve_in_thread
 
 COMPLETION = {"id": "c1", "object": "chat.completion",

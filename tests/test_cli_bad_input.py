@@ -128,7 +128,7 @@ def test_out_is_created_when_missing(tmp_path):
 
 
 def test_sessions_default_only_without_duration():
-    from dsv4bench.config import RunConfig
+    from dsv4bench.harness.config import RunConfig
 
     assert RunConfig(url=DEAD, concurrency=5).sessions == 5
     assert RunConfig(url=DEAD, concurrency=5, duration=30.0).sessions is None  # bounded by time alone

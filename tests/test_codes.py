@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from dsv4bench.checks import CHECKERS, ORACLE_CHECKER
-from dsv4bench.codes import (AVAILABILITY, CODES, CORRUPTION, FAMILIES, ORACLE, ORACLE_CODE, WEDGE, WEDGE_CODES,
+from dsv4bench.history.codes import (AVAILABILITY, CODES, CORRUPTION, FAMILIES, ORACLE, ORACLE_CODE, WEDGE, WEDGE_CODES,
                              code_class, meaning)
 
 VERDICTS = Path(__file__).resolve().parents[1] / "docs" / "verdicts.md"

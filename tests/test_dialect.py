@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4bench.dialect import (FAILURE_COUNTERS, QUEUE_GAUGES, Dialect, counters, dialect_of, failures,
+from dsv4bench.servers.dialect import (FAILURE_COUNTERS, QUEUE_GAUGES, Dialect, counters, dialect_of, failures,
                                generation_tokens, is_queue_gauge, is_router_metrics, metric_name, stage)
-from dsv4bench.monitor import MetricSample, parse_metrics
-from dsv4bench.roles import (DECODE, GAUGE_LABELS, GAUGE_WORDS, PREFILL, ROUTER, UNIFIED, own_gauges_shown,
+from dsv4bench.servers.monitor import MetricSample, parse_metrics
+from dsv4bench.servers.roles import (DECODE, GAUGE_LABELS, GAUGE_WORDS, PREFILL, ROUTER, UNIFIED, own_gauges_shown,
                              part_labels, role_from_metrics, role_gauges)
-from dsv4bench.wedge import WedgeConfig, detect_wedge
+from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 from tests.fixtures.metrics import page
 
 

@@ -11,11 +11,11 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench import discovery
-from dsv4bench.discovery import (NOT_REPORTED, Answer, Deployment, Endpoint, ListedWorker, RootAnswers, discover,
+from dsv4bench.servers import discovery
+from dsv4bench.servers.discovery import (NOT_REPORTED, Answer, Deployment, Endpoint, ListedWorker, RootAnswers, discover,
                                  endpoint_of, json_of, listed_workers, metrics_of, normalize_root, settings_of,
                                  settings_phrase, show_setting)
-from dsv4bench.roles import DECODE, PREFILL, ROUTER, UNIFIED, UNKNOWN
+from dsv4bench.servers.roles import DECODE, PREFILL, ROUTER, UNIFIED, UNKNOWN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

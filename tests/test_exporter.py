@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4bench.exporter import METRIC_NAMES, ExporterError, HarnessExporter
-from dsv4bench.progress import LiveStats
+from dsv4bench.harness.exporter import METRIC_NAMES, ExporterError, HarnessExporter
+from dsv4bench.harness.progress import LiveStats
 from dsv4bench.engine.metrics import METRIC_NAMES as ENGINE_METRIC_NAMES
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "dsv4bench-sglang-pd.json"

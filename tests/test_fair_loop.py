@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from dsv4bench import fair_loop
-from dsv4bench.fair_loop import PASS_EVENTS, FairEpollSelector
+from dsv4bench.loop import fair_loop
+from dsv4bench.loop.fair_loop import PASS_EVENTS, FairEpollSelector
 
 pytestmark = pytest.mark.skipif(not hasattr(select, "epoll"), reason="epoll is Linux's")
 
@@ -163,7 +163,7 @@ def test_the_harness_imports_under_gevents_patched_selectors():
     # Locust's processes patch `selectors` (it has no EpollSelector then) and import run.py.
     code = ("from gevent import monkey; monkey.patch_all()\n"
             "import dsv4bench.locust.server_watch\n"
-            "from dsv4bench import fair_loop\n"
+            "from dsv4bench.loop import fair_loop\n"
             "print(type(fair_loop.new_event_loop()).__name__)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("EventLoop"), r.stderr

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from dsv4bench.canary import CanaryResult, HealthResult
-from dsv4bench.history import HistoryError, HistoryWriter, history_gaps, read_history
-from dsv4bench.monitor import MetricSample
-from dsv4bench.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
-from dsv4bench.wedge import WedgeFinding
+from dsv4bench.servers.canary import CanaryResult, HealthResult
+from dsv4bench.history.run_folder import HistoryError, HistoryWriter, history_gaps, read_history
+from dsv4bench.servers.monitor import MetricSample
+from dsv4bench.history.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
+from dsv4bench.servers.wedge import WedgeFinding
 
 
 def record(i, status=TurnStatus.OK, verdicts=()):

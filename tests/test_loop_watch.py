@@ -9,12 +9,12 @@ import time
 
 import anyio
 
-from dsv4bench.client import chat_turn
-from dsv4bench.config import RunConfig
-from dsv4bench.driver import make_client
-from dsv4bench.loop_watch import STALL_S, TICK_S, LoopWatch
-from dsv4bench.records import ErrorKind, TurnStatus
-from dsv4bench.turn_answer import Deadlines
+from dsv4bench.wire.client import chat_turn
+from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.driver import make_client
+from dsv4bench.loop.lag_clock import STALL_S, TICK_S, LoopWatch
+from dsv4bench.history.records import ErrorKind, TurnStatus
+from dsv4bench.wire.turn_answer import Deadlines
 
 MS = 1_000_000
 BODY = {"model": "m", "messages": [], "stream": True}

@@ -4,9 +4,9 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.dialect import QUEUE_GAUGES, SGLANG
+from dsv4bench.servers.dialect import QUEUE_GAUGES, SGLANG
 from dsv4bench.engine.metrics import METRIC_NAMES
-from dsv4bench.monitor import parse_metrics, scrape_once
+from dsv4bench.servers.monitor import parse_metrics, scrape_once
 
 TEXT = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from dsv4bench.config import ConfigError, RunConfig
-from dsv4bench.nemesis import KillSchedule, KillSpec, parse_duration, parse_kill_spec, pick
-from dsv4bench.preflight import root_of
+from dsv4bench.harness.config import ConfigError, RunConfig
+from dsv4bench.harness.nemesis import KillSchedule, KillSpec, parse_duration, parse_kill_spec, pick
+from dsv4bench.servers.preflight import root_of
 
 
 @pytest.mark.parametrize("text, want", [
@@ -121,10 +121,10 @@ def test_config_rejects_bad_spec() -> None:
 def test_a_kill_landing_after_the_last_byte_still_kills_the_turn() -> None:
     """The turn finished before the cancel could catch anything: the killed agent never acts on
     the reply, so the turn is recorded killed, with its response and its own end time kept."""
-    from dsv4bench.turn_answer import TurnOutcome, TurnProbe
-    from dsv4bench.driver import _killed_outcome
-    from dsv4bench.nemesis import Slot
-    from dsv4bench.records import AssembledResponse, Timings, TurnStatus
+    from dsv4bench.wire.turn_answer import TurnOutcome, TurnProbe
+    from dsv4bench.harness.driver import _killed_outcome
+    from dsv4bench.harness.nemesis import Slot
+    from dsv4bench.history.records import AssembledResponse, Timings, TurnStatus
 
     done = TurnOutcome(status=TurnStatus.OK, timings=Timings(start_wall_ns=1, start_ns=10, end_ns=99),
                        response=AssembledResponse(content="all done"))

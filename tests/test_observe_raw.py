@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import httpx
 
-from dsv4bench import observe
-from dsv4bench.history import HistoryWriter, read_history
+from dsv4bench.harness import server_watch as observe
+from dsv4bench.history.run_folder import HistoryWriter, read_history
 
 BODY = {"messages": [{"role": "user", "content": "Read src/main.py"}], "max_tokens": 64,
         "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]}

@@ -9,7 +9,7 @@ import weakref
 
 import anyio
 
-from dsv4bench.paced_collector import paced_collection, rss_bytes
+from dsv4bench.loop.paced_collector import paced_collection, rss_bytes
 
 
 class Node:

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from dsv4bench.preflight import ServerError, server_facts
+from dsv4bench.servers.preflight import ServerError, server_facts
 from tests.fixtures.metrics import answering, page, serving
 
 MODELS = json.dumps({"data": [{"id": "m"}]})

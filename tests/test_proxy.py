@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dsv4bench.engine.launcher import free_port
-from dsv4bench.history import read_history
-from dsv4bench.proxy import AuditProxy, ProxyRun, build_app, uvicorn_config
-from dsv4bench.records import TurnStatus
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.modes.proxy import AuditProxy, ProxyRun, build_app, uvicorn_config
+from dsv4bench.history.records import TurnStatus
 from dsv4bench.report import build_report
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {

@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 import uvicorn
 
 from dsv4bench.engine.launcher import free_port
-from dsv4bench.history import read_history
-from dsv4bench.proxy import (RECORDED_BODY_BYTES, AuditProxy, KeyMask, ProxyLimits, ProxyRun, build_app, upstream_path,
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.modes.proxy import (RECORDED_BODY_BYTES, AuditProxy, KeyMask, ProxyLimits, ProxyRun, build_app, upstream_path,
                              uvicorn_config)
 
 from .test_proxy import Served

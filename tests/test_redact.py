@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from dsv4bench.history import HistoryWriter, encode_json, write_atomic
-from dsv4bench.redact import (MASK, KeyScope, Redactor, origin, redact_argv, redact_command, redact_credentials,
+from dsv4bench.history.run_folder import HistoryWriter, encode_json, write_atomic
+from dsv4bench.history.redact import (MASK, KeyScope, Redactor, origin, redact_argv, redact_command, redact_credentials,
                               shell_line, text_maskable)
 
 KEY = "sk-live-5ecret-9f8e7d"

@@ -8,10 +8,10 @@ import json
 import random
 
 from dsv4bench.agents import get_family
-from dsv4bench.records import TurnStatus
-from dsv4bench.reference_run import SessionKeys, request_key
-from dsv4bench.session import AgentSession, SessionConfig, request_summary
-from dsv4bench.sse import DeltaAssembler
+from dsv4bench.history.records import TurnStatus
+from dsv4bench.harness.reference_run import SessionKeys, request_key
+from dsv4bench.harness.session import AgentSession, SessionConfig, request_summary
+from dsv4bench.wire.sse import DeltaAssembler
 
 
 def _random_message(rng: random.Random, i: int) -> dict:

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from dsv4bench.cli import app
 from tests.cli_output import assert_one_line_exit_2
-from dsv4bench.history import HistoryWriter, read_history
-from dsv4bench.records import AssembledResponse, Timings, TurnStatus
-from dsv4bench.redact import MASK
-from dsv4bench.replay import (
+from dsv4bench.history.run_folder import HistoryWriter, read_history
+from dsv4bench.history.records import AssembledResponse, Timings, TurnStatus
+from dsv4bench.history.redact import MASK
+from dsv4bench.modes.replay import (
     CaptureError,
     CaptureReplay,
     load_capture,
@@ -26,7 +26,7 @@ from dsv4bench.replay import (
     parse_speed,
     replay_headers,
 )
-from dsv4bench.turn_answer import TurnOutcome
+from dsv4bench.wire.turn_answer import TurnOutcome
 
 S = 1_000_000_000  # ns per second
 T0 = 1_700_000_000 * S  # the capture's first request, wall clock

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from dsv4bench.config import ConfigError, RunConfig
-from dsv4bench.records import AssembledResponse, ToolCall, TurnStatus
-from dsv4bench.request_mix import PRESETS, STOP_SEQUENCES, RequestMix, RequestMixError, apply
-from dsv4bench.request_terms import RequestTerms
-from dsv4bench.session import AgentSession, SessionConfig
+from dsv4bench.harness.config import ConfigError, RunConfig
+from dsv4bench.history.records import AssembledResponse, ToolCall, TurnStatus
+from dsv4bench.harness.request_mix import PRESETS, STOP_SEQUENCES, RequestMix, RequestMixError, apply
+from dsv4bench.history.request_terms import RequestTerms
+from dsv4bench.harness.session import AgentSession, SessionConfig
 
 from .test_session import CounterFamily
 

@@ -6,8 +6,8 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.dialect import QUEUE_GAUGES
-from dsv4bench.roles import (DECODE, GAUGE_LABELS, GAUGE_WORDS, PREFILL, ROLE_GAUGES, ROUTER, UNIFIED, UNKNOWN,
+from dsv4bench.servers.dialect import QUEUE_GAUGES
+from dsv4bench.servers.roles import (DECODE, GAUGE_LABELS, GAUGE_WORDS, PREFILL, ROLE_GAUGES, ROUTER, UNIFIED, UNKNOWN,
                              Role, discover_role, part_labels, role_from_metrics, role_from_server_info, role_of,
                              series_labels)
 

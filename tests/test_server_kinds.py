@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.canary import CanaryResult, HealthResult
-from dsv4bench.dialect import TRTLLM_RUNNING, TRTLLM_WAITING, dialect_of, trtllm_series
-from dsv4bench.monitor import parse_metrics
-from dsv4bench.server_kinds import (BUNDLED, HEALTH, HEALTH_GENERATE, KINDS, SGLANG, SGLANG_ROUTER, TRTLLM,
+from dsv4bench.servers.canary import CanaryResult, HealthResult
+from dsv4bench.servers.dialect import TRTLLM_RUNNING, TRTLLM_WAITING, dialect_of, trtllm_series
+from dsv4bench.servers.monitor import parse_metrics
+from dsv4bench.servers.kinds import (BUNDLED, HEALTH, HEALTH_GENERATE, KINDS, SGLANG, SGLANG_ROUTER, TRTLLM,
                                     UNKNOWN_KIND, VLLM, kind, not_offered, recognise)
-from dsv4bench.wedge import WedgeConfig, detect_wedge
+from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -110,7 +110,7 @@ def test_a_not_offered_health_generate_is_no_lie():
 
 
 def test_a_scrape_waits_as_long_as_its_kind_holds_metrics() -> None:
-    from dsv4bench.server_kinds import LONGEST_HOLD_S, SCRAPE_MARGIN_S, scrape_timeout
+    from dsv4bench.servers.kinds import LONGEST_HOLD_S, SCRAPE_MARGIN_S, scrape_timeout
 
     # TensorRT-LLM gathers stats for 2 s before it answers; the others answer at once.
     assert KINDS[TRTLLM].metrics_hold_s == 2.0 and KINDS[VLLM].metrics_hold_s == 0.0

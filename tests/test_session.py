@@ -5,9 +5,9 @@ import json
 import pytest
 
 from dsv4bench.agents.base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
-from dsv4bench.records import AssembledResponse, ToolCall, TurnStatus, Verdict
-from dsv4bench.reference_run import request_key
-from dsv4bench.session import AgentSession, EndReason, SessionConfig, SessionState, request_summary
+from dsv4bench.history.records import AssembledResponse, ToolCall, TurnStatus, Verdict
+from dsv4bench.harness.reference_run import request_key
+from dsv4bench.harness.session import AgentSession, EndReason, SessionConfig, SessionState, request_summary
 
 
 class CounterWorld(World):

@@ -8,11 +8,11 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.client import chat_turn
-from dsv4bench.turn_answer import Deadlines, encode_body
-from dsv4bench.records import TurnStatus
-from dsv4bench.sse import DeltaAssembler, assemble_completion
-from dsv4bench.stream_reader import BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
+from dsv4bench.wire.client import chat_turn
+from dsv4bench.wire.turn_answer import Deadlines, encode_body
+from dsv4bench.history.records import TurnStatus
+from dsv4bench.wire.sse import DeltaAssembler, assemble_completion
+from dsv4bench.wire.stream_reader import BoundExceeded, RawLines, SSEEventReader, StreamBounds, clip_raw
 
 
 def chunk(delta=None, finish=None, rid="r1", usage=None, choices=True):
@@ -211,7 +211,7 @@ def test_a_call_started_below_a_later_one_is_out_of_order_not_a_gap():
 
 def test_stream_identity_breaches_are_stream_protocol_verdicts():
     from dsv4bench.checks import run_checks
-    from dsv4bench.records import TurnContext
+    from dsv4bench.history.records import TurnContext
 
     r, _ = identity_errors(*BROKEN_IDENTITY["the same name re-sent"][0])
     verdicts, errors = run_checks(TurnContext(response=r, tools={"read_file": {}}))
@@ -456,7 +456,7 @@ def test_reader_reads_what_httpx_sse_reads(seed):
     "not json",
 ])
 def test_the_fast_decoder_assembles_what_json_assembles(data, monkeypatch):
-    import dsv4bench.sse as sse
+    import dsv4bench.wire.sse as sse
 
     def run() -> dict:
         asm = DeltaAssembler()

@@ -8,8 +8,8 @@ import json
 import numpy
 import pytest
 
-from dsv4bench.config import ConfigError
-from dsv4bench.sweep import (
+from dsv4bench.harness.config import ConfigError
+from dsv4bench.modes.sweep import (
     ABOVE,
     CLEAN,
     SEEN,

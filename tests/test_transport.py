@@ -17,15 +17,15 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench import fair_loop
-from dsv4bench.client import chat_turn
-from dsv4bench.config import RunConfig
-from dsv4bench.driver import _killed_outcome, make_client
-from dsv4bench.nemesis import Slot, parse_kill_spec
-from dsv4bench.records import ErrorKind, TurnStatus
-from dsv4bench.stream_reader import StreamBounds
-from dsv4bench.transport import AiohttpTransport, body_bytes
-from dsv4bench.turn_answer import Deadlines, TurnProbe
+from dsv4bench.loop import fair_loop
+from dsv4bench.wire.client import chat_turn
+from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.driver import _killed_outcome, make_client
+from dsv4bench.harness.nemesis import Slot, parse_kill_spec
+from dsv4bench.history.records import ErrorKind, TurnStatus
+from dsv4bench.wire.stream_reader import StreamBounds
+from dsv4bench.wire.transport import AiohttpTransport, body_bytes
+from dsv4bench.wire.turn_answer import Deadlines, TurnProbe
 
 BODY = {"model": "m", "messages": [], "stream": True}
 
@@ -365,7 +365,7 @@ def test_a_first_token_read_after_the_next_one_arrived_keeps_its_own_arrival(mon
     """The loop reads the socket as each token lands (two reads, 150 ms apart), but the turn's
     task gets to the body only after both: the first token is stamped with its own read's
     arrival, not the connection's latest (its successor's, a TTFT 150 ms late)."""
-    from dsv4bench import transport
+    from dsv4bench.wire import transport
 
     sent: dict[str, int] = {}
 
@@ -486,7 +486,7 @@ def _until_the_kernel_stamps(server, client) -> None:
 
 
 def test_a_read_the_kernel_did_not_stamp_takes_its_own_time_not_the_previous_stamp():
-    from dsv4bench.transport import _SO_TIMESTAMPNS, _stamped_socket
+    from dsv4bench.wire.transport import _SO_TIMESTAMPNS, _stamped_socket
 
     if not sys.platform.startswith("linux"):
         pytest.skip("receive timestamps are taken on Linux only")
@@ -526,7 +526,7 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
     import ssl
     import subprocess
 
-    from dsv4bench.transport import _STAMPED, _stamped_socket
+    from dsv4bench.wire.transport import _STAMPED, _stamped_socket
 
     if not sys.platform.startswith("linux") or shutil.which("openssl") is None:
         pytest.skip("needs Linux and the openssl command")
@@ -600,7 +600,7 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
 def _seam_problems() -> dict[str, str]:
     import aiohttp
 
-    from dsv4bench.transport import seam_problems
+    from dsv4bench.wire.transport import seam_problems
 
     async def check() -> dict[str, str]:
         connector = aiohttp.TCPConnector()
@@ -612,7 +612,7 @@ def _seam_problems() -> dict[str, str]:
 
 
 def _seam_names() -> list[str]:
-    from dsv4bench.transport import SEAM
+    from dsv4bench.wire.transport import SEAM
     return list(SEAM)
 
 
@@ -622,7 +622,7 @@ def test_the_installed_aiohttp_keeps_each_internal_the_transport_builds_on(inter
     adapt transport.py to the new aiohttp, or keep pyproject.toml's pin below it."""
     import aiohttp
 
-    from dsv4bench.transport import SEAM
+    from dsv4bench.wire.transport import SEAM
 
     problems = _seam_problems()
     assert set(problems) <= set(SEAM), f"seam_problems names internals SEAM does not: {problems}"
@@ -662,7 +662,7 @@ def test_a_changed_internal_is_named_once_and_the_run_reads_its_turns_over_httpx
     """The run warns once, naming the internal, and serves every turn over httpx's own transport:
     answers read whole and kept alive, a broken chunk ends the read, a cut stream is a
     connection error, a deadline and a bound drop the connection."""
-    from dsv4bench import transport
+    from dsv4bench.wire import transport
 
     monkeypatch.setattr(transport, "_seam_verdict", None)  # checked afresh on this changed aiohttp
     internal = _changed(monkeypatch, what)
@@ -699,7 +699,7 @@ def test_an_aiohttp_without_the_protocol_class_still_imports_the_transport():
     import subprocess
 
     code = ("import asyncio, aiohttp\nfrom aiohttp import client_proto\ndel client_proto.ResponseHandler\n"
-            "from dsv4bench import transport\n"
+            "from dsv4bench.wire import transport\n"
             "async def main():\n    c = aiohttp.TCPConnector()\n    print(sorted(transport.seam_problems(c)))\n"
             "    await c.close()\nasyncio.run(main())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

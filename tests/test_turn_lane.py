@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from dsv4bench.turn_lane import TurnLane
+from dsv4bench.loop.turn_lane import TurnLane
 
 
 def test_what_arrives_during_one_sessions_work_runs_before_the_next_sessions() -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import anyio
 
 from dsv4bench.checks import run_checks
-from dsv4bench.client import chat_turn
-from dsv4bench.config import RunConfig
-from dsv4bench.driver import make_client
-from dsv4bench.records import TurnStatus, Verdict
-from dsv4bench.turn_answer import Deadlines
-from dsv4bench.turn_judge import request_context
+from dsv4bench.wire.client import chat_turn
+from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.driver import make_client
+from dsv4bench.history.records import TurnStatus, Verdict
+from dsv4bench.wire.turn_answer import Deadlines
+from dsv4bench.harness.turn_judge import request_context
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]

@@ -13,13 +13,13 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench import canary
-from dsv4bench.client import chat_turn
+from dsv4bench.servers import canary
+from dsv4bench.wire.client import chat_turn
 from dsv4bench.locust import turn as locust_turn
-from dsv4bench.config import RunConfig
-from dsv4bench.driver import make_client
-from dsv4bench.records import ErrorKind, TurnStatus
-from dsv4bench.turn_answer import Deadlines, TurnOutcome
+from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.driver import make_client
+from dsv4bench.history.records import ErrorKind, TurnStatus
+from dsv4bench.wire.turn_answer import Deadlines, TurnOutcome
 
 BODY = {"model": "m", "messages": [], "stream": True}
 

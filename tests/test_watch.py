@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from dsv4bench.engine.launcher import free_port
-from dsv4bench.monitor import MetricSample
-from dsv4bench.roles import DECODE, PREFILL, ROUTER, Role
-from dsv4bench.watch import SPARK_CHARS, WatchState, endpoint_label, render_watch, sparkline, watch_main
+from dsv4bench.servers.monitor import MetricSample
+from dsv4bench.servers.roles import DECODE, PREFILL, ROUTER, Role
+from dsv4bench.servers.watch import SPARK_CHARS, WatchState, endpoint_label, render_watch, sparkline, watch_main
 from tests.fixtures.wedge_server import WedgeState, serve_in_thread
 
 S = 1_000_000_000
@@ -204,8 +204,8 @@ def test_watch_main_exits_2_when_nothing_answers() -> None:
 
 
 def test_an_older_releases_gauge_sorts_with_its_current_name() -> None:
-    from dsv4bench.dialect import INFIGHT, PREFILL_PREALLOC
-    from dsv4bench.watch import _gauge_sort_key
+    from dsv4bench.servers.dialect import INFIGHT, PREFILL_PREALLOC
+    from dsv4bench.servers.watch import _gauge_sort_key
 
     series = [f'{name}{{engine_type="prefill"}}' for name in
               (INFIGHT, "sglang:num_running_reqs", PREFILL_PREALLOC, "sglang:num_queue_reqs")]

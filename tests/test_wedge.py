@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4bench.canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
-from dsv4bench.codes import WEDGE_CODES
-from dsv4bench.monitor import MetricSample
-from dsv4bench.wedge import WedgeConfig, detect_wedge
+from dsv4bench.servers.canary import ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult
+from dsv4bench.history.codes import WEDGE_CODES
+from dsv4bench.servers.monitor import MetricSample
+from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 
 S = 1_000_000_000
 STOP = 1_000 * S  # monotonic ns when load stopped
@@ -193,8 +193,8 @@ def test_a_worker_lies_when_health_generate_says_503_behind_a_200(status, lies):
 
 
 def test_failures_that_rose_in_the_drain_window_are_evidence_never_a_code():
-    from dsv4bench.monitor import MetricSample
-    from dsv4bench.wedge import WedgeConfig, detect_wedge, failures_rose
+    from dsv4bench.servers.monitor import MetricSample
+    from dsv4bench.servers.wedge import WedgeConfig, detect_wedge, failures_rose
 
     failed = 'sglang:num_transfer_failed_reqs_total{engine_type="decode"}'
     stuck = 'sglang:num_decode_transfer_queue_reqs{engine_type="decode"}'

@@ -1,7 +1,7 @@
 """Checkers: one pure function per verdict code, composed by `run_checks`.
 
 Each checker is `check_<code>(ctx: TurnContext) -> list[Verdict]`: pure, no I/O, [] when
-the turn is clean. The table of codes (dsv4bench/codes.py) names each code's checker;
+the turn is clean. The table of codes (dsv4bench/history/codes.py) names each code's checker;
 `CHECKERS` maps every corruption and availability code to it. `run_checks` applies them by
 turn status, Jepsen-style:
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from dsv4bench.codes import AVAILABILITY_CODES, BY_CODE, CORRUPTION_CODES, EVIDENCE_CODES, ORACLE_CODE
-from dsv4bench.records import TurnContext, TurnStatus, Verdict
+from dsv4bench.history.codes import AVAILABILITY_CODES, BY_CODE, CORRUPTION_CODES, EVIDENCE_CODES, ORACLE_CODE
+from dsv4bench.history.records import TurnContext, TurnStatus, Verdict
 
 Checker = Callable[[TurnContext], list[Verdict]]
 

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from dsv4bench.checks.common import clip, decode_json, decode_object, response_of
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 MAX_SCHEMA_ERRORS = 5  # reported per call; the rest are counted
 

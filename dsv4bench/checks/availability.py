@@ -1,4 +1,4 @@
-"""Availability checks: the turn did not complete, and why (the family in dsv4bench/codes.py).
+"""Availability checks: the turn did not complete, and why (the family in dsv4bench/history/codes.py).
 
 They read only `ctx.status`, `ctx.error_kind`, `ctx.http_status` and `ctx.error`; the
 registry runs them for ERROR and TIMEOUT turns only, and each also returns [] on any other
@@ -19,8 +19,8 @@ connection carries http_status 200 and is a connection error, not an HTTP error:
 from __future__ import annotations
 
 from dsv4bench.checks.common import clip
-from dsv4bench.records import ErrorKind, TurnContext, TurnStatus, Verdict, error_kind_text
-from dsv4bench.turn_answer import is_http_error
+from dsv4bench.history.records import ErrorKind, TurnContext, TurnStatus, Verdict, error_kind_text
+from dsv4bench.wire.turn_answer import is_http_error
 
 
 def _said(ctx: TurnContext) -> str:

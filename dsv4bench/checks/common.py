@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from dsv4bench.records import AssembledResponse, TurnContext
+from dsv4bench.history.records import AssembledResponse, TurnContext
 
 EXCERPT_CHARS = 40  # characters of context on each side of a quoted match
 

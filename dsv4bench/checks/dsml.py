@@ -8,7 +8,7 @@ from __future__ import annotations
 from dsv4bench.checks.markup import verdicts_of
 from dsv4bench.families.base import BARS
 from dsv4bench.families.deepseek import DsmlMatch, find_dsml
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 
 def check_dsml_leak_content(ctx: TurnContext) -> list[Verdict]:

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from dsv4bench.checks.common import decode_json, excerpt, response_of
 from dsv4bench.families import Markup, find_markup
 from dsv4bench.families.deepseek import TOKENS
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 UNPROVEN = "markup_unproven"
 _COPIED_SPAN = 200  # characters of a structural match that must appear in the request to be a copy

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 import deepseek_recipe as dr
 
 from dsv4bench.checks.common import clip, decode_json, first_difference, response_of
-from dsv4bench.codes import ORACLE_CODE
-from dsv4bench.records import AssembledResponse, ToolCall, TurnContext, Verdict
+from dsv4bench.history.codes import ORACLE_CODE
+from dsv4bench.history.records import AssembledResponse, ToolCall, TurnContext, Verdict
 
 if TYPE_CHECKING:
     from dsv4bench.checks.raw_readers import RawReading
@@ -63,6 +63,11 @@ _FINISH = {
     "length": dr.InferenceFinishReason.Length,
     "content_filter": dr.InferenceFinishReason.ContentFilter,
 }
+
+
+# The event a run writes where the raw oracle is not offered for a family on a server (no
+# renderer for its prompt): harness/server_watch.py writes it, the report reads it.
+NOT_OFFERED_EVENT = "raw_not_offered"
 
 
 def thinking_of(body: dict[str, Any]) -> bool | None:

@@ -28,7 +28,7 @@ from dsv4bench.checks.common import clip
 from dsv4bench.checks.oracle import arguments_agree, oracle_reading
 from dsv4bench.checks.raw_readers import RECIPE_READER
 from dsv4bench.checks.sglang_oracle import sglang_state
-from dsv4bench.records import AssembledResponse, OracleReadings, TurnContext
+from dsv4bench.history.records import AssembledResponse, OracleReadings, TurnContext
 
 SERVER, RECIPE, SGLANG_STREAM, SGLANG_WHOLE = "server", RECIPE_READER, "SGLang streamed", "SGLang whole"
 NOT_READ = "not read"

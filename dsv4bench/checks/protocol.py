@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dsv4bench.checks.common import response_of
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 KNOWN_FINISH_REASONS = frozenset({"stop", "tool_calls", "length", "content_filter", "function_call"})
 

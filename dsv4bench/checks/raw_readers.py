@@ -26,7 +26,7 @@ from typing import Any
 from dsv4bench.checks.oracle import parse_raw_completion
 from dsv4bench.checks.sglang_oracle import read_with_sglang
 from dsv4bench.families import BY_NAME, FAMILIES, Family, family_of_model
-from dsv4bench.records import AssembledResponse, SglangReading
+from dsv4bench.history.records import AssembledResponse, SglangReading
 
 RECIPE_READER = "deepseek-recipe"
 # The families deepseek-recipe reads first: its renderer writes their prompts (`renderer`).

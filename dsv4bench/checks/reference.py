@@ -1,11 +1,11 @@
 """reference_mismatch: the reference run answered this same greedy request differently
-(dsv4bench/reference_run.py says when a turn has a reference answer and why the two must agree)."""
+(dsv4bench/harness/reference_run.py says when a turn has a reference answer and why the two must agree)."""
 
 from __future__ import annotations
 
 from dsv4bench.checks.common import first_difference
-from dsv4bench.codes import REFERENCE_CODE
-from dsv4bench.records import ReferenceAnswer, TurnContext, Verdict
+from dsv4bench.history.codes import REFERENCE_CODE
+from dsv4bench.history.records import ReferenceAnswer, TurnContext, Verdict
 
 _AROUND = 40  # characters of each side shown around the first difference
 

@@ -1,4 +1,4 @@
-"""What the request asked of the answer (dsv4bench/request_terms.py), checked: its tool_choice,
+"""What the request asked of the answer (dsv4bench/history/request_terms.py), checked: its tool_choice,
 parallel_tool_calls and stop sequences, and a thinking turn that ends with nothing to act on.
 
 DSML written into `content` under tool_choice "none" (the leak that only "none" shows, since the
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dsv4bench.checks.common import clip, excerpt, response_of
 from dsv4bench.checks.protocol import cut_at_cap, may_end_early
-from dsv4bench.records import TurnContext, Verdict
-from dsv4bench.request_terms import NAMED
+from dsv4bench.history.records import TurnContext, Verdict
+from dsv4bench.history.request_terms import NAMED
 
 
 def check_tool_choice_violation(ctx: TurnContext) -> list[Verdict]:

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from dsv4bench.checks.oracle import completion_text, thinking_for, thinking_of
-from dsv4bench.records import AssembledResponse, SglangReading, ToolCall
+from dsv4bench.history.records import AssembledResponse, SglangReading, ToolCall
 
 TOOL_CALL_PARSER, REASONING_PARSER = "deepseekv4", "deepseek-v4"
 # The streamed reading's pieces: a special token whole (`<|im_end|>`, `<｜tool▁sep｜>`, gemma's

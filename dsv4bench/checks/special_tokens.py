@@ -30,7 +30,7 @@ from __future__ import annotations
 from dsv4bench.checks.markup import verdicts_of
 from dsv4bench.families import find_markup
 from dsv4bench.families.deepseek import TOKENS, bundled_tokens, recipe_tokens, special_tokens
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 CODE = "special_token_leak"
 THINKING_MARKERS = frozenset(s for s, name in TOKENS.items() if name in ("ThinkingStart", "ThinkingEnd") or "think" in s)

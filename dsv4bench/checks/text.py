@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from dsv4bench.checks.common import excerpt, judged_texts, response_of
-from dsv4bench.records import TurnContext, Verdict
+from dsv4bench.history.records import TurnContext, Verdict
 
 # --- degenerate repetition ------------------------------------------------------------
 

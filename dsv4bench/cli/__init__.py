@@ -17,10 +17,10 @@ from __future__ import annotations
 import sys
 
 # Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
-from . import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
-from .target import BUNDLED_PLACEHOLDER_URL
-from .common import app, err, fail
-from ..history import ReportError
+from dsv4bench.cli import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
+from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL
+from dsv4bench.cli.common import app, err, fail
+from dsv4bench.history.run_folder import ReportError
 
 __all__ = ["BUNDLED_PLACEHOLDER_URL", "app", "main"]
 

@@ -1,3 +1,3 @@
-from . import main
+from dsv4bench.cli import main
 
 main()

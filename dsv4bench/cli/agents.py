@@ -9,12 +9,12 @@ from typing import Optional
 
 import typer
 
-from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
-from ..preflight import HostLimitError, ensure_open_files
-from ..redact import redact_argv, shell_line
-from ..verdict import exit_code
-from .common import REQUEST_MIX_HELP, app, err, fail, print_verdict
-from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
+from dsv4bench.harness.config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
+from dsv4bench.history.redact import redact_argv, shell_line
+from dsv4bench.history.verdict import exit_code
+from dsv4bench.cli.common import REQUEST_MIX_HELP, app, err, fail, print_verdict
+from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # Flags that shape the generated workload or watch the server around it: a replay sends the
 # capture's own requests and only judges their answers, so none of them applies.
@@ -58,7 +58,7 @@ def agents(
         "frac=0.25/every=10s, optionally /from=20s and /until=90s (a share of the sessions periodically); "
         "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
         "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
-        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/nemesis.py.")),
+        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/harness/nemesis.py.")),
     drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to keep scraping --metrics after the load stops, waiting for the queues to drain."),
     serve_metrics: Optional[int] = typer.Option(RunConfig.serve_metrics, "--serve-metrics", metavar="PORT", help="Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts by code, kills)."),
     canary_timeout: float = typer.Option(RunConfig.canary_timeout, help="Deadline of the one short completion sent after the drain window."),
@@ -106,9 +106,9 @@ def agents(
     if sessions is None and duration is None and not quiet:
         err.print(f"no --sessions or --duration: one whole session per slot (--sessions {config.sessions})",
                   highlight=False)
-    from ..exporter import ExporterError
-    from ..reference_run import ReferenceAnswers, ReferenceRunError
-    from ..run import run_agents
+    from dsv4bench.harness.exporter import ExporterError
+    from dsv4bench.harness.reference_run import ReferenceAnswers, ReferenceRunError
+    from dsv4bench.harness.run import run_agents
 
     answers = None
     if reference is not None:  # read before anything starts: a bad folder fails at once
@@ -135,7 +135,7 @@ def _replay(ctx: typer.Context, capture_dir: Path | None, speed_text: str | None
             ttft_timeout: float, total_timeout: float, reference: Path | None,
             engine_flags: tuple[list[str], list[str], bool, str]) -> None:
     """`agents --replay CAPTURE`: the capture's requests sent again (replay.py), judged and reported."""
-    from ..replay import CaptureError, load_capture, parse_speed, run_replay
+    from dsv4bench.modes.replay import CaptureError, load_capture, parse_speed, run_replay
 
     if capture_dir is None:
         raise fail("--speed paces a --replay; it needs --replay CAPTURE")
@@ -154,7 +154,7 @@ def _replay(ctx: typer.Context, capture_dir: Path | None, speed_text: str | None
         capture = load_capture(capture_dir)  # read before anything starts: a bad folder fails at once
     except (ConfigError, HostLimitError, CaptureError) as e:
         raise fail(str(e))
-    from ..reference_run import ReferenceAnswers, ReferenceRunError
+    from dsv4bench.harness.reference_run import ReferenceAnswers, ReferenceRunError
 
     answers = None
     if reference is not None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from ..terminal import markup_safe
+from dsv4bench.terminal import markup_safe
 
-from .. import __version__
+from dsv4bench import __version__
 
 app = typer.Typer(
     name="dsv4bench",
@@ -31,7 +31,7 @@ REQUEST_MIX_HELP = (
     "per dimension, `;` between them, after a preset or alone: e.g. 'frameworks;thinking=off' or "
     "'tool_choice=auto:6,none:2,named:2'. Each value's expectation is checked (tool_choice_violation, "
     "parallel_calls_violation, stop_sequence_ignored, reasoning_only) and the report splits every code by "
-    "variant. Grammar and the default weights: dsv4bench/request_mix.py.")
+    "variant. Grammar and the default weights: dsv4bench/harness/request_mix.py.")
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

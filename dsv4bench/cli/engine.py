@@ -11,11 +11,11 @@ from typing import Optional
 
 import typer
 
-from ..config import ConfigError
-from ..engine.config import ROUTER_PORT, ROUTERS, TOOL_CALL_PARSERS, DeploymentConfig, EngineConfig, ModelConfig
-from ..engine.faults import FAULTS, FaultError, parse_faults
-from ..engine.training.config import TRAIN_SEED_BASE, CorpusConfig, TrainConfig
-from .common import app, err, fail, out
+from dsv4bench.harness.config import ConfigError
+from dsv4bench.engine.config import ROUTER_PORT, ROUTERS, TOOL_CALL_PARSERS, DeploymentConfig, EngineConfig, ModelConfig
+from dsv4bench.engine.faults import FAULTS, FaultError, parse_faults
+from dsv4bench.engine.training.config import TRAIN_SEED_BASE, CorpusConfig, TrainConfig
+from dsv4bench.cli.common import app, err, fail, out
 
 engine_app = typer.Typer(help="The bundled DSV4-mini engine.", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
@@ -56,7 +56,7 @@ def engine_serve(
     tool_call_parser: str = typer.Option(EngineConfig.tool_call_parser, help=f"Who parses tool calls out of the model's text: {' or '.join(TOOL_CALL_PARSERS)} (SGLang's own DeepSeek-V4 detector: a streamed call arrives whole at its closing tag, as from SGLang)."),
 ) -> None:
     """Serve DSV4-mini with SGLang's API, metrics and abort behaviour."""
-    from ..engine.server import ServerConfig
+    from dsv4bench.engine.server import ServerConfig
 
     if index_k_dtype not in ("fp8", "bf16"):  # EngineConfig checks it too, but does not name the flag
         raise fail("--index-k-dtype must be fp8 or bf16")
@@ -65,7 +65,7 @@ def engine_serve(
     if tool_call_parser not in TOOL_CALL_PARSERS:  # EngineConfig checks it too, but does not name the flag
         raise fail(f"--tool-call-parser must be {' or '.join(TOOL_CALL_PARSERS)}")
     if tool_call_parser == "sglang":
-        from ..engine.sglang_tool_calls import sglang_missing
+        from dsv4bench.engine.sglang_tool_calls import sglang_missing
 
         if missing := sglang_missing():  # imports sglang: before the engine starts, not on a first request
             raise fail(f"--tool-call-parser sglang: {missing}; install sglang, or in a checkout "
@@ -130,10 +130,10 @@ def engine_serve(
         raise fail(str(e))
     except ValueError as e:
         raise fail(f"bad engine settings: {e}")
-    from ..engine.cpu_threads import set_openmp_spin
+    from dsv4bench.engine.cpu_threads import set_openmp_spin
 
     set_openmp_spin(2 if dcfg is not None else 1)  # before torch loads (engine/cpu_threads.py); PD: two halves
-    from ..engine.serve import EngineSetupError, ServeError, serve
+    from dsv4bench.engine.serve import EngineSetupError, ServeError, serve
 
     if auth_health_metrics and not api_key:
         raise fail("--auth-health-metrics needs --api-key")
@@ -141,14 +141,14 @@ def engine_serve(
                               auth_health_metrics=auth_health_metrics)
     try:
         if pd_role is not None:
-            from ..engine.pd.halves import serve_half
+            from dsv4bench.engine.pd.halves import serve_half
 
             link = DeploymentConfig.link_gbps if pd_link_gbps is None else pd_link_gbps
             serve_half(pd_role, cfg, server_cfg, bootstrap_port or 0, link, weights, random_weights, seed, log_level)
         elif dcfg is not None:
             import os
 
-            from ..engine.deployment import serve_deployment
+            from dsv4bench.engine.deployment import serve_deployment
 
             if api_key:  # to the workers through their environment, not their command lines
                 os.environ["DSV4BENCH_ENGINE_API_KEY"] = api_key
@@ -232,8 +232,8 @@ def engine_train(
     --heldout-seeds) no corpus is built: only torch runs (engine/training/trainer.py)."""
     import dataclasses
 
-    from ..engine.training.trainer import CorpusError, heldout_errors, train
-    from ..engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
+    from dsv4bench.engine.training.trainer import CorpusError, heldout_errors, train
+    from dsv4bench.engine.weights import DEFAULT_WEIGHTS, WeightsError, load_weights
 
     if device.startswith("cuda"):
         import torch
@@ -251,7 +251,7 @@ def engine_train(
         raise fail("--freeze-embeddings needs --init: a fresh model's embedding must be trained")
     families = list(CorpusConfig.families)
     if not corpus.exists():
-        from ..engine.training.corpus import build_corpus
+        from dsv4bench.engine.training.corpus import build_corpus
 
         err.print(f"building the corpus: {seeds} seeds x {len(families)} families -> {corpus}", highlight=False)
         info = build_corpus(families, range(first_seed, first_seed + seeds), corpus,
@@ -269,7 +269,7 @@ def engine_train(
     out.print(f"trained {result.steps} steps in {result.wall_s:.0f} s on {result.tokens_seen / 1e6:.1f}M tokens; "
               f"final loss {result.final_loss:.4f}; weights: {weights}", highlight=False)
     if heldout_seeds > 0 and heldout is None:
-        from ..engine.training.corpus import build_corpus
+        from dsv4bench.engine.training.corpus import build_corpus
 
         heldout = corpus.with_name(f"heldout-{heldout_seeds}.npz")
         if not heldout.exists():

@@ -23,13 +23,13 @@ from typing import Optional
 
 import typer
 
-from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
-from ..history import SUMMARY_FILE
-from ..locust.plan import API_KEY_ENV, PLAN_ARG, Plan
-from ..preflight import HostLimitError, ensure_open_files
-from ..redact import redact_argv, shell_line
-from .common import REQUEST_MIX_HELP, app, err, fail, print_verdict
-from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
+from dsv4bench.harness.config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from dsv4bench.history.run_folder import SUMMARY_FILE
+from dsv4bench.locust.plan import API_KEY_ENV, PLAN_ARG, Plan
+from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
+from dsv4bench.history.redact import redact_argv, shell_line
+from dsv4bench.cli.common import REQUEST_MIX_HELP, app, err, fail, print_verdict
+from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
 LOCUST_MISSING = "Locust mode needs Locust: pip install 'dsv4bench[locust]'"
@@ -72,7 +72,7 @@ def locust(
     lists them). The web UI binds to 127.0.0.1 unless --web-host says otherwise, and answers
     only its own page: other sites' requests are refused, the run's plan comes only from this
     command line, and the API key goes only to --host (a host changed in the UI runs without it)."""
-    from ..locust.shapes import KILL_ENV, SHAPE_ENV, check_shape  # Locust's own modules load only here
+    from dsv4bench.locust.shapes import KILL_ENV, SHAPE_ENV, check_shape  # Locust's own modules load only here
 
     if importlib.util.find_spec("locust") is None:
         raise fail(LOCUST_MISSING)
@@ -146,7 +146,7 @@ def _run_folders(out_dir: Path) -> set[Path]:
 def _run_locust(args: list[str], env: dict[str, str]) -> int:
     """Locust in the foreground; Ctrl-C and SIGTERM reach it, and it ends its test first. It dies
     with this process (SIGTERM, even when this one is SIGKILLed), so no Locust outlives us."""
-    from ..engine.launcher import spawn_child
+    from dsv4bench.engine.launcher import spawn_child
 
     proc = spawn_child([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *args], env=env)
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))

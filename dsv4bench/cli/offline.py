@@ -7,15 +7,15 @@ from typing import Optional
 
 import typer
 
-from ..config import ConfigError, parse_fail_on
-from .common import app, fail, out, print_verdict
+from dsv4bench.harness.config import ConfigError, parse_fail_on
+from dsv4bench.cli.common import app, fail, out, print_verdict
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder (possibly partial, e.g. from a killed run).")) -> None:
     """Rebuild summary.json, report.md and the plots from a run's history."""
-    from ..history import HistoryError
-    from ..report import build_report
+    from dsv4bench.history.run_folder import HistoryError
+    from dsv4bench.report import build_report
 
     try:
         summary = build_report(run_dir)
@@ -44,10 +44,10 @@ def audit(
 
     Markup that is not structural is judged by the text the request gave the model: exchanges
     recorded without their requests' messages keep it as markup_unproven, evidence only."""
-    from ..audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
-    from ..reference_run import ReferenceAnswers, ReferenceRunError
+    from dsv4bench.modes.audit import AuditError, audit_file, render_audit, unreadable_summary, write_results
+    from dsv4bench.harness.reference_run import ReferenceAnswers, ReferenceRunError
 
-    from ..families import family_flag
+    from dsv4bench.families import family_flag
 
     try:
         codes = parse_fail_on(fail_on)

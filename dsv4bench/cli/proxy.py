@@ -1,5 +1,5 @@
 """`dsv4bench proxy`: a user's own agent audited live through an OpenAI-compatible pass-through
-(dsv4bench/proxy.py); Ctrl-C or --duration ends the history and writes the report."""
+(dsv4bench/modes/proxy.py); Ctrl-C or --duration ends the history and writes the report."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Optional
 
 import httpx
 import typer
-from ..terminal import markup_safe
+from dsv4bench.terminal import markup_safe
 
-from ..config import FAIL_ON_CHOICES, ConfigError, check_http_url, check_out_dir, parse_fail_on
-from ..redact import MASK, redact_argv, shell_line
-from ..verdict import exit_code
-from .common import app, err, fail, print_verdict
+from dsv4bench.harness.config import FAIL_ON_CHOICES, ConfigError, check_http_url, check_out_dir, parse_fail_on
+from dsv4bench.history.redact import MASK, redact_argv, shell_line
+from dsv4bench.history.verdict import exit_code
+from dsv4bench.cli.common import app, err, fail, print_verdict
 
 if TYPE_CHECKING:
-    from ..proxy import AuditProxy, ProxyLimits
-    from ..records import TurnRecord
+    from dsv4bench.modes.proxy import AuditProxy, ProxyLimits
+    from dsv4bench.history.records import TurnRecord
 
 
 @app.command()
@@ -62,11 +62,11 @@ def proxy(
     except ConfigError as e:
         raise fail(str(e))
     try:
-        from ..proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, ProxyRun, upstream_base
+        from dsv4bench.modes.proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, ProxyRun, upstream_base
     except ImportError as e:
         raise fail(f"dsv4bench proxy needs starlette and uvicorn ({e}): pip install 'dsv4bench[proxy]'")
-    from ..preflight import ServerError, server_facts
-    from ..report import build_report
+    from dsv4bench.servers.preflight import ServerError, server_facts
+    from dsv4bench.report import build_report
 
     _, base = upstream_base(upstream)
     try:
@@ -124,7 +124,7 @@ async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: fl
     interrupt as KeyboardInterrupt once it has shut down."""
     import uvicorn
 
-    from ..proxy import build_app, uvicorn_config
+    from dsv4bench.modes.proxy import build_app, uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(build_app(proxy), host, limits=limits))
     timed_out = False

@@ -10,8 +10,8 @@ from typing import Optional
 import anyio
 import typer
 
-from ..config import ConfigError, check_http_url
-from .common import app, err, fail
+from dsv4bench.harness.config import ConfigError, check_http_url
+from dsv4bench.cli.common import app, err, fail
 
 
 @app.command()
@@ -28,7 +28,7 @@ def probe(
     /health and /health_generate everywhere, a canary on a router or unified server; a router's
     workers are found and probed too, each with the settings it reports.
     Exit 0 healthy, 1 wedged or unhealthy, 2 unreachable or not judged."""
-    from ..probe import probe_main
+    from dsv4bench.servers.probe import probe_main
 
     _check_urls("probe", urls, "server roots")
     if not math.isfinite(timeout) or timeout <= 0:
@@ -49,7 +49,7 @@ def watch(
 ) -> None:
     """Live view per endpoint and role: its gauges with current values and sparklines, its
     state in words; marks a wedge as it forms. Exit 1 wedge, 0 healthy, 2 unreachable."""
-    from ..watch import watch_main
+    from dsv4bench.servers.watch import watch_main
 
     _check_urls("watch", metrics_url, "/metrics URLs")
     if not all(math.isfinite(x) and x > 0 for x in (duration, interval, stuck_s)):

@@ -1,6 +1,6 @@
 """`dsv4bench sweep`: `agents` at rising concurrency on the same seeds, each level run in batches
 until its corrupt-turn rate is known to the stated confidence, and the smallest concurrency at
-which corruption appears reported (the rules: dsv4bench/sweep.py). One sweep folder holds
+which corruption appears reported (the rules: dsv4bench/modes/sweep.py). One sweep folder holds
 sweep.json, sweep.md, sweep.png and, per level, its batches as ordinary run folders."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from ..terminal import markup_safe
+from dsv4bench.terminal import markup_safe
 
-from ..config import ConfigError, RunConfig, check_out_dir, parse_fail_on
-from ..preflight import HostLimitError, ensure_open_files
-from ..redact import redact_argv, shell_line
-from ..verdict import exit_code
-from .common import REQUEST_MIX_HELP, VERDICT_STYLE, app, err, fail, out
-from .target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
+from dsv4bench.harness.config import ConfigError, RunConfig, check_out_dir, parse_fail_on
+from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
+from dsv4bench.history.redact import redact_argv, shell_line
+from dsv4bench.history.verdict import exit_code
+from dsv4bench.cli.common import REQUEST_MIX_HELP, VERDICT_STYLE, app, err, fail, out
+from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # The sweep's own flags, which an `agents` reproduce line must leave out (with their values).
 _SWEEP_ONLY = ("--confidence", "--precision", "--baseline", "--level-turns")
@@ -29,7 +29,7 @@ _PER_BATCH = ("--concurrency", "--seed")  # set per batch in its reproduce line
 
 @app.command()
 def sweep(
-    concurrency: str = typer.Option(..., help="Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in dsv4bench/sweep.py."),
+    concurrency: str = typer.Option(..., help="Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in dsv4bench/modes/sweep.py."),
     url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL; with none, the bundled DSV4-mini engine is started once for the whole sweep."),
     sessions: Optional[int] = typer.Option(RunConfig.sessions, help="Sessions per batch, the same at every level (so every level plays the same tasks). With neither --sessions nor --duration: one whole session per slot."),
     duration: Optional[float] = typer.Option(RunConfig.duration, help="Seconds per batch to keep starting turns."),
@@ -64,7 +64,7 @@ def sweep(
     """Where corruption starts: agents at rising concurrency on the same seeds, each level run
     until its corrupt-turn rate is known to --confidence, and the smallest level at which
     corruption appears reported, with a table and a plot (sweep.md, sweep.png)."""
-    from .. import sweep as plan_rules
+    from dsv4bench.modes import sweep as plan_rules
 
     try:
         plan = plan_rules.SweepPlan(plan_rules.parse_levels(concurrency), confidence=confidence, precision=precision,
@@ -85,7 +85,7 @@ def sweep(
         engine = engine_args(url is not None, engine_arg, engine_fault, engine_pd, engine_router)
     except (ConfigError, HostLimitError) as e:
         raise fail(str(e))
-    from ..run import run_agents
+    from dsv4bench.harness.run import run_agents
 
     sweep_dir = out_dir / _sweep_id(base)
     target = open_target(base, url is not None, engine, engine_router, quiet)

@@ -8,13 +8,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..terminal import markup_safe
+from dsv4bench.terminal import markup_safe
 
-from ..config import ConfigError, RunConfig
-from ..discovery import Deployment, discover_sync
-from ..preflight import ServerError, root_of, server_facts
-from .common import err, fail
-from .engine import check_faults
+from dsv4bench.harness.config import ConfigError, RunConfig
+from dsv4bench.servers.discovery import Deployment, discover_sync
+from dsv4bench.servers.preflight import ServerError, root_of, server_facts
+from dsv4bench.cli.common import err, fail
+from dsv4bench.cli.engine import check_faults
 
 ENGINE_ROUTERS = ("bundled", "sglang")  # what may front the bundled engine (--engine-router)
 
@@ -107,8 +107,8 @@ def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[st
 def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
     """No --url: start DSV4-mini on a free loopback port for this run (behind SGLang's router
     with `router` "sglang")."""
-    from ..engine import sglang_router
-    from ..engine.launcher import EngineStartError, start_engine
+    from dsv4bench.engine import sglang_router
+    from dsv4bench.engine.launcher import EngineStartError, start_engine
 
     if router == "sglang" and not sglang_router.installed():  # before the engine's minute of loading
         raise fail(sglang_router.MISSING)

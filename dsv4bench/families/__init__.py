@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from . import deepseek, gemma, glm, gpt_oss, kimi, llama, mistral, qwen
-from .base import BARS, SPECIAL_TOKEN, TOOL_MARKUP, Family, Marker, Markup, resolve_overlaps
+from dsv4bench.families import deepseek, gemma, glm, gpt_oss, kimi, llama, mistral, qwen
+from dsv4bench.families.base import BARS, SPECIAL_TOKEN, TOOL_MARKUP, Family, Marker, Markup, resolve_overlaps
 
 # Order matters where model names overlap: the most specific pattern first.
 _MODULES = (deepseek, qwen, kimi, glm, gpt_oss, llama, mistral, gemma)

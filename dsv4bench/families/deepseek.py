@@ -59,7 +59,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from .base import BARS, Family, Markup, tokens_marker
+from dsv4bench.families.base import BARS, Family, Markup, tokens_marker
 
 _B = f"[{re.escape(BARS)}]"
 _WIDE_B = f"[{re.escape(BARS[1:])}]"  # the non-ASCII bars: one is enough to mark a fragment

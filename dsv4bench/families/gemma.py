@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, tokens_marker
+from dsv4bench.families.base import Family, Marker, tokens_marker
 
 _I = re.IGNORECASE
 _CALL = re.compile(r"(?:<\|tool_call>|<start_function_call>)\s*call\s*:\s*[\w.\-]+\s*\{")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, tokens_marker
+from dsv4bench.families.base import Family, Marker, tokens_marker
 
 _I = re.IGNORECASE
 _CALL = re.compile(r"<\s*tool_call\s*>\s*[\w.\-]+\s*(?:<\s*arg_key\s*>|<\s*/\s*tool_call\s*>)", _I)

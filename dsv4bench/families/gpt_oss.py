@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, json_call_at, tokens_marker
+from dsv4bench.families.base import Family, Marker, json_call_at, tokens_marker
 
 _I = re.IGNORECASE
 _TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|startoftext|>", "<|endoftext|>",

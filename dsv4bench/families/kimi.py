@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .base import BARS, Family, Marker, json_call_at, tokens_marker
+from dsv4bench.families.base import BARS, Family, Marker, json_call_at, tokens_marker
 
 _B = f"[{re.escape(BARS)}]"
 _I = re.IGNORECASE

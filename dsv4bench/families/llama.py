@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, Markup, decodes_as_object, json_call_at, named_call, tokens_marker
+from dsv4bench.families.base import Family, Marker, Markup, decodes_as_object, json_call_at, named_call, tokens_marker
 
 _I = re.IGNORECASE
 _TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",

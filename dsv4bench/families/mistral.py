@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, Markup, json_call_at, named_call
+from dsv4bench.families.base import Family, Marker, Markup, json_call_at, named_call
 
 _CALLS = re.compile(r"\[TOOL_CALLS\]")
 _COMPACT = re.compile(r"\[TOOL_CALLS\]\s*[\w.\-]+\s*(?:\[CALL_ID\]\s*\w+\s*)?\[ARGS\]\s*\{")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Family, Marker, json_call_at, named_call, tokens_marker
+from dsv4bench.families.base import Family, Marker, json_call_at, named_call, tokens_marker
 
 _I = re.IGNORECASE
 

@@ -26,13 +26,13 @@ from gevent import subprocess as gsubprocess
 from locust import stats as locust_stats
 from locust.runners import MasterRunner, WorkerRunner
 
-from ..config import ConfigError
-from ..report import build_report
-from ..report.escape import escape_text
-from ..verdict import exit_code
-from .plan import API_KEY_ENV, PLAN_ARG, Plan
-from .recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
-from .shapes import KILL_ENV, SHAPE_ENV
+from dsv4bench.harness.config import ConfigError
+from dsv4bench.report import build_report
+from dsv4bench.report.escape import escape_text
+from dsv4bench.history.verdict import exit_code
+from dsv4bench.locust.plan import API_KEY_ENV, PLAN_ARG, Plan
+from dsv4bench.locust.recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
+from dsv4bench.locust.shapes import KILL_ENV, SHAPE_ENV
 
 log = logging.getLogger("dsv4bench.locust")
 

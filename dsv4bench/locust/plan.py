@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..agents import FAMILIES, MIXED
-from ..config import ConfigError, RunConfig
-from ..session import SessionConfig
+from dsv4bench.agents import FAMILIES, MIXED
+from dsv4bench.harness.config import ConfigError, RunConfig
+from dsv4bench.harness.session import SessionConfig
 
 PLAN_ARG = "--dsv4bench-plan"
 API_KEY_ENV = "DSV4BENCH_API_KEY"

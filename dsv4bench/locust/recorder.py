@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..codes import CORRUPTION, ORACLE, code_class, meaning
-from ..history import HistoryWriter
-from ..records import TurnRecord, TurnStatus
-from ..summary import tool_call_count, turn_codes
-from .plan import Plan
+from dsv4bench.history.codes import CORRUPTION, ORACLE, code_class, meaning
+from dsv4bench.history.run_folder import HistoryWriter
+from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.report.summary import tool_call_count, turn_codes
+from dsv4bench.locust.plan import Plan
 
 log = logging.getLogger("dsv4bench.locust")
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import anyio
 
-from ..dialect import is_queue_gauge
-from ..discovery import Deployment
-from ..driver import make_client
-from ..history import RUN_FILE, HistoryWriter, write_json_atomic
-from ..observe import ServerWatch
-from ..run import judge_wedge
-from .plan import Plan
+from dsv4bench.servers.dialect import is_queue_gauge
+from dsv4bench.servers.discovery import Deployment
+from dsv4bench.harness.driver import make_client
+from dsv4bench.history.run_folder import RUN_FILE, HistoryWriter, write_json_atomic
+from dsv4bench.harness.server_watch import ServerWatch
+from dsv4bench.harness.run import judge_wedge
+from dsv4bench.locust.plan import Plan
 
 WATCH_FILE = "watch.json"
 

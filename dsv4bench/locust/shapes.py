@@ -59,8 +59,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config import ConfigError
-from ..nemesis import KillSpec, parse_duration, parse_kill_spec
+from dsv4bench.harness.config import ConfigError
+from dsv4bench.harness.nemesis import KillSpec, parse_duration, parse_kill_spec
 
 SHAPE_ENV = "DSV4BENCH_SHAPE"
 KILL_ENV = "DSV4BENCH_KILL"

@@ -15,10 +15,10 @@ from typing import Any
 import gevent
 import httpx
 
-from ..charset import Charset
-from ..records import AssembledResponse
-from ..stream_reader import DEFAULT_BOUNDS, StreamBounds
-from ..turn_answer import (
+from dsv4bench.wire.charset import Charset
+from dsv4bench.history.records import AssembledResponse
+from dsv4bench.wire.stream_reader import DEFAULT_BOUNDS, StreamBounds
+from dsv4bench.wire.turn_answer import (
     Deadlines,
     StreamedAnswer,
     TurnOutcome,

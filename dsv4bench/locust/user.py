@@ -20,16 +20,16 @@ import httpx
 from gevent import GreenletExit
 from locust import User, constant, task
 
-from ..agents import family_for_session
-from ..checks import run_checks
-from ..checks.parser_view import kept_oracles
-from ..records import TurnRecord, TurnStatus
-from ..session import AgentSession, EndReason, request_summary
-from ..summary import turn_codes
-from ..turn_answer import TurnOutcome, TurnProbe
-from ..turn_judge import turn_context, turn_headers, turn_record
-from .recorder import current
-from .turn import chat_turn
+from dsv4bench.agents import family_for_session
+from dsv4bench.checks import run_checks
+from dsv4bench.checks.parser_view import kept_oracles
+from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.harness.session import AgentSession, EndReason, request_summary
+from dsv4bench.report.summary import turn_codes
+from dsv4bench.wire.turn_answer import TurnOutcome, TurnProbe
+from dsv4bench.harness.turn_judge import turn_context, turn_headers, turn_record
+from dsv4bench.locust.recorder import current
+from dsv4bench.locust.turn import chat_turn
 
 
 class TurnFailure(Exception):

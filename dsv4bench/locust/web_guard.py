@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..report.escape import escape_text
-from .plan import UI_SETTINGS
+from dsv4bench.report.escape import escape_text
+from dsv4bench.locust.plan import UI_SETTINGS
 
 log = logging.getLogger("dsv4bench.locust")
 

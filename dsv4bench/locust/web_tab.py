@@ -47,17 +47,17 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, Response, abort, request, send_file
 from markdown_it import MarkdownIt
 
-from ..history import REPORT_FILE, RUN_FILE
-from ..report.escape import escape_text
-from ..report.markdown import fmt_rate, fmt_seconds
-from ..report.plots import PLOTS_DIR
-from ..summary import wedge_findings
-from .recorder import RunFolder, Tally
-from .server_watch import read_watch_state
+from dsv4bench.history.run_folder import REPORT_FILE, RUN_FILE
+from dsv4bench.report.escape import escape_text
+from dsv4bench.report.markdown import fmt_rate, fmt_seconds
+from dsv4bench.report.plots import PLOTS_DIR
+from dsv4bench.report.summary import wedge_findings
+from dsv4bench.locust.recorder import RunFolder, Tally
+from dsv4bench.locust.server_watch import read_watch_state
 
 if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
-    from .web_guard import Guard
+    from dsv4bench.locust.lifecycle import Lifecycle
+    from dsv4bench.locust.web_guard import Guard
 
 log = logging.getLogger("dsv4bench.locust")
 

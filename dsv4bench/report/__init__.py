@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..history import REPORT_FILE, SUMMARY_FILE, ReportError, read_history, write_atomic, write_json_atomic
-from ..summary import summarize
-from .markdown import render_report
-from .plots import render_plots
+from dsv4bench.history.run_folder import REPORT_FILE, SUMMARY_FILE, ReportError, read_history, write_atomic, write_json_atomic
+from dsv4bench.report.summary import summarize
+from dsv4bench.report.markdown import render_report
+from dsv4bench.report.plots import render_plots
 
 __all__ = ["build_report", "render_plots", "render_report"]
 

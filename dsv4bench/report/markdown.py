@@ -12,17 +12,17 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
+from dsv4bench.checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
                                   family_read_as, first_reader, sglang_like)
-from ..codes import EVIDENCE_CODES, TURN_CODES, code_class, meaning
-from ..dialect import stage
-from ..discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
-from ..families import BY_NAME
-from ..history import History
-from ..observe import NOT_OFFERED_EVENT
-from ..records import OracleReadings, TurnRecord, Verdict
-from ..summary import counts_code, run_window
-from .escape import escape_text
+from dsv4bench.history.codes import EVIDENCE_CODES, TURN_CODES, code_class, meaning
+from dsv4bench.servers.dialect import stage
+from dsv4bench.servers.discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
+from dsv4bench.families import BY_NAME
+from dsv4bench.history.run_folder import History
+from dsv4bench.checks.oracle import NOT_OFFERED_EVENT
+from dsv4bench.history.records import OracleReadings, TurnRecord, Verdict
+from dsv4bench.report.summary import counts_code, run_window
+from dsv4bench.report.escape import escape_text
 
 EXAMPLES_PER_CODE = 3
 ORACLE_EXAMPLES = 5  # turns shown whose parsers' readings disagree

@@ -18,11 +18,11 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from ..dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
-from ..history import History, open_private, private_dir
-from ..records import TurnRecord, TurnStatus
-from ..summary import outcome_counts, run_window, turn_end_wall_ns
-from .escape import plot_text
+from dsv4bench.servers.dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
+from dsv4bench.history.run_folder import History, open_private, private_dir
+from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.report.summary import outcome_counts, run_window, turn_end_wall_ns
+from dsv4bench.report.escape import plot_text
 
 log = logging.getLogger(__name__)
 

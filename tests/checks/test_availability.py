@@ -10,7 +10,7 @@ from dsv4bench.checks.availability import (
     check_timeout_total,
     check_timeout_ttft,
 )
-from dsv4bench.records import TurnStatus
+from dsv4bench.history.records import TurnStatus
 
 from .turns import failed, turn
 

@@ -261,7 +261,7 @@ _CASES = _corpus()
 def test_the_corpus_the_recall_figures_count(case, known: bool) -> None:
     """scripts/bench_verdicts.py's cases, each pinned: a failure caught with one of its codes, a
     clean look-alike with no corruption code at all."""
-    from dsv4bench.codes import CORRUPTION_CODES
+    from dsv4bench.history.codes import CORRUPTION_CODES
 
     verdicts, errors = run_checks(case.context(family_known=known))
     got = {v.code for v in verdicts} & set(CORRUPTION_CODES)

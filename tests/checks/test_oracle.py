@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dsv4bench.checks.oracle import check_parser_disagreement, json_equal, parse_raw_completion, render_prompt
-from dsv4bench.codes import ORACLE_CODE
+from dsv4bench.history.codes import ORACLE_CODE
 
 from .turns import BLOCK, TOOLS, turn
 

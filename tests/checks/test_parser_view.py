@@ -11,7 +11,7 @@ from dsv4bench.checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREA
                                           family_read_as, first_reader, kept_oracles, not_read, read_oracles,
                                           readings, sglang_like)
 from dsv4bench.checks.sglang_oracle import sglang_missing
-from dsv4bench.records import OracleReadings, ToolCall
+from dsv4bench.history.records import OracleReadings, ToolCall
 
 from .turns import BLOCK, turn
 

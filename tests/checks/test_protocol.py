@@ -8,10 +8,10 @@ import pytest
 
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.protocol import check_empty_turn, check_finish_reason_mismatch, check_stream_protocol, check_truncated
-from dsv4bench.records import ToolCall, TurnContext
-from dsv4bench.request_terms import RequestTerms
-from dsv4bench.turn_answer import TurnOutcome
-from dsv4bench.turn_judge import request_context
+from dsv4bench.history.records import ToolCall, TurnContext
+from dsv4bench.history.request_terms import RequestTerms
+from dsv4bench.wire.turn_answer import TurnOutcome
+from dsv4bench.harness.turn_judge import request_context
 
 from .turns import turn
 

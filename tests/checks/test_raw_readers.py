@@ -18,8 +18,8 @@ from dsv4bench.checks.oracle import check_parser_disagreement, oracle_reading
 from dsv4bench.checks.parser_view import NOT_READ, first_reader, kept_oracles, not_read, read_oracles
 from dsv4bench.checks.raw_readers import families_for
 from dsv4bench.checks.sglang_oracle import sglang_missing
-from dsv4bench.codes import ORACLE_CODE
-from dsv4bench.records import TurnContext
+from dsv4bench.history.codes import ORACLE_CODE
+from dsv4bench.history.records import TurnContext
 
 from .turns import BLOCK, turn
 

@@ -9,8 +9,8 @@ import pytest
 
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.reference import check_reference_mismatch
-from dsv4bench.records import ReferenceAnswer, TurnStatus
-from dsv4bench.reference_run import ReferenceAnswers, ReferenceRunError, is_greedy, request_key
+from dsv4bench.history.records import ReferenceAnswer, TurnStatus
+from dsv4bench.harness.reference_run import ReferenceAnswers, ReferenceRunError, is_greedy, request_key
 
 from .turns import turn
 

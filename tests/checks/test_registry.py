@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dsv4bench.checks import CHECKERS, checkers_for, run_checks
-from dsv4bench.codes import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE
-from dsv4bench.records import TurnStatus, Verdict
+from dsv4bench.history.codes import AVAILABILITY_CODES, CORRUPTION_CODES, ORACLE_CODE
+from dsv4bench.history.records import TurnStatus, Verdict
 
 from .test_text import JSON_ARRAY, MARKDOWN_TABLE, PYTHON_FILE
 from .turns import BLOCK, failed, turn

@@ -14,8 +14,8 @@ from dsv4bench.checks.request_terms import (
     check_stop_sequence_ignored,
     check_tool_choice_violation,
 )
-from dsv4bench.records import TurnContext
-from dsv4bench.request_terms import RequestTerms
+from dsv4bench.history.records import TurnContext
+from dsv4bench.history.request_terms import RequestTerms
 
 from .turns import BLOCK, turn
 

@@ -9,7 +9,7 @@ import pytest
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.special_tokens import (TOKENS, bundled_tokens, check_special_token_leak, find_special_tokens,
                                              recipe_tokens)
-from dsv4bench.sse import DeltaAssembler
+from dsv4bench.wire.sse import DeltaAssembler
 
 from .turns import BLOCK, turn
 

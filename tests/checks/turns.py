@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsv4bench.records import AssembledResponse, GivenText, ToolCall, TurnContext, TurnStatus
+from dsv4bench.history.records import AssembledResponse, GivenText, ToolCall, TurnContext, TurnStatus
 
 TOOLS: dict[str, dict[str, Any]] = {
     "read_file": {

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from dsv4bench.families import BY_NAME
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 
 from .conftest import ROOT, only_run_dir, run_cli
 

@@ -11,9 +11,9 @@ import sys
 import time
 from collections import Counter
 
-from dsv4bench.codes import CODES
-from dsv4bench.history import read_history
-from dsv4bench.records import CORRUPTION_CODES, REFERENCE_CODE
+from dsv4bench.history.codes import CODES
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE
 
 from .conftest import ROOT, only_run_dir, run_cli
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from dsv4bench.engine.launcher import free_port, start_engine
-from dsv4bench.exporter import HarnessExporter
-from dsv4bench.progress import LiveStats
+from dsv4bench.harness.exporter import HarnessExporter
+from dsv4bench.harness.progress import LiveStats
 from tests.fixtures.metrics import page, serving
 
 from .conftest import ROOT

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 
 from .conftest import ROOT, only_run_dir, run_cli, start_fixture_server
 

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from rich.console import Console
 
-from dsv4bench.monitor import MetricSample
+from dsv4bench.servers.monitor import MetricSample
 from dsv4bench.terminal import markup_safe, visible, visible_text
-from dsv4bench.watch import WatchState, render_watch
+from dsv4bench.servers.watch import WatchState, render_watch
 
 from .conftest import ROOT, free_port, only_run_dir, run_cli, start_fixture_server
 

@@ -76,7 +76,7 @@ def test_drain_events_with_metrics(clean_replay, tmp_path):
     drain = next(e for e in events if e["kind"] == "drain_end")
     assert drain["reason"] == "timeout" and 0.9 <= drain["drain_s"] < 3
     run = json.loads((run_dir / "run.json").read_text())
-    if (Path(__file__).resolve().parents[2] / "dsv4bench" / "wedge.py").exists():
+    if (Path(__file__).resolve().parents[2] / "dsv4bench" / "servers" / "wedge.py").exists():
         assert metrics in run["wedge"]  # the detector ran over this run's samples
 
 

@@ -16,10 +16,10 @@ import httpx
 import pytest
 from rich.console import Console
 
-from dsv4bench.canary import CanaryResult, HealthResult, check_canary, check_health
-from dsv4bench.monitor import MetricSample, scrape_once
-from dsv4bench.probe import DEFAULT_STUCK_S, probe, probe_exit_code, probe_main, render_probe
-from dsv4bench.wedge import WedgeConfig, detect_wedge
+from dsv4bench.servers.canary import CanaryResult, HealthResult, check_canary, check_health
+from dsv4bench.servers.monitor import MetricSample, scrape_once
+from dsv4bench.servers.probe import DEFAULT_STUCK_S, probe, probe_exit_code, probe_main, render_probe
+from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 
 from dsv4bench.engine.launcher import start_engine
 
@@ -340,7 +340,7 @@ def test_bootstrap_stall_after_a_killed_load_is_wedged(tmp_path):
 # --- the run's final checks, by role --------------------------------------------------------------
 
 def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
-    from dsv4bench.history import EVENTS_FILE, read_jsonl
+    from dsv4bench.history.run_folder import EVENTS_FILE, read_jsonl
 
     from .conftest import only_run_dir, run_cli
 
@@ -369,7 +369,7 @@ def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
 
 
 def test_failure_counters_that_rose_during_the_probe_are_shown_not_judged():
-    from dsv4bench.probe import EndpointProbe, ProbeResult, _classify
+    from dsv4bench.servers.probe import EndpointProbe, ProbeResult, _classify
 
     failed = 'sglang:num_bootstrap_failed_reqs_total{engine_type="prefill"}'
     ok = [HealthResult(0, f"http://p:1{path}", "ok", 0.01, 200) for path in ("/health", "/health_generate")]

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from dsv4bench.engine.launcher import start_engine
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 
 from .conftest import ROOT, free_port, only_run_dir, run_cli
 

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 
 from .conftest import only_run_dir, run_cli, start_fixture_server
 

@@ -6,7 +6,7 @@ import sys
 
 import httpx
 
-from dsv4bench.recover import run_recovery
+from dsv4bench.harness.recover import run_recovery
 
 
 def test_recovery_command_is_timed_to_healthy(wedge_server):

@@ -9,7 +9,7 @@ import json
 import shutil
 
 from dsv4bench.engine.launcher import start_engine
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 
 from .conftest import only_run_dir, run_cli
 from .test_proxy import start_proxy_cli

@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from dsv4bench.request_terms import RequestTerms
+from dsv4bench.history.request_terms import RequestTerms
 
 from .conftest import only_run_dir, run_cli, start_fixture_server
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dsv4bench.probe import probe, probe_main
+from dsv4bench.servers.probe import probe, probe_main
 
 from .conftest import ROOT, only_run_dir, run_cli
 

@@ -61,7 +61,7 @@ def still_serving(url: str) -> None:
 
 
 def test_the_harness_preflight_reads_the_context_length(url, engine):
-    from dsv4bench.preflight import server_facts
+    from dsv4bench.servers.preflight import server_facts
 
     facts = server_facts(f"{url}/v1")
     assert facts["models"] == [MODEL] and facts["context_length"] == engine.max_context

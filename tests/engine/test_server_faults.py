@@ -21,7 +21,7 @@ from dsv4bench.engine.radix_cache import RadixCache
 from dsv4bench.engine.scheduler import ScheduledBatch, Scheduler
 from dsv4bench.engine.server import ServerConfig, build_app
 from dsv4bench.engine.stream_parse_fault import BLOCK_OPEN
-from dsv4bench.sse import DeltaAssembler, assemble_completion
+from dsv4bench.wire.sse import DeltaAssembler, assemble_completion
 
 from .fake_engine import FakeEngine
 from .test_frontend import TOOLS

@@ -22,8 +22,8 @@ from dsv4bench.engine.request import FinishReason
 from dsv4bench.engine.server_loop import TokenEvent
 from dsv4bench.engine.sglang_tool_calls import sglang_missing
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.session import AgentSession, SessionConfig
-from dsv4bench.sse import DeltaAssembler
+from dsv4bench.harness.session import AgentSession, SessionConfig
+from dsv4bench.wire.sse import DeltaAssembler
 
 installed = pytest.mark.skipif(sglang_missing() is not None, reason=sglang_missing() or "")
 

@@ -20,9 +20,9 @@ from dsv4bench.engine.outputs import ChatOutput
 from dsv4bench.engine.request import FinishReason
 from dsv4bench.engine.stream_parse_fault import BLOCK_OPEN, EagerDsmlParser, EagerParseChatOutput
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.records import AssembledResponse, TurnContext
-from dsv4bench.session import AgentSession, SessionConfig
-from dsv4bench.sse import DeltaAssembler
+from dsv4bench.history.records import AssembledResponse, TurnContext
+from dsv4bench.harness.session import AgentSession, SessionConfig
+from dsv4bench.wire.sse import DeltaAssembler
 
 # The shipped model's greedy output for the first turn of the ops session of seed 0 (without
 # its EOS); the tokenizer encodes this text back to exactly the ids the model sampled.

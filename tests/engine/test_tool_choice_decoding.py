@@ -13,7 +13,7 @@ from dsv4bench.agents import family_for_session
 from dsv4bench.engine.launcher import start_engine
 from dsv4bench.engine.tokenizer import load_tokenizer
 from dsv4bench.engine.tool_choice_decoding import ToolChoiceDecoding, for_request
-from dsv4bench.session import AgentSession, SessionConfig
+from dsv4bench.harness.session import AgentSession, SessionConfig
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
          for n in ("read_file", "list_dir")]

@@ -31,7 +31,7 @@ def test_slips_are_refused_exactly_as_the_harness_refuses_them():
     """Slips of every kind occur over a few seeds, and each slipped call's result is the one a
     harness session sends back for that call: the model trains on the refusals it will read."""
     from dsv4bench.agents import FAMILIES
-    from dsv4bench.session import AgentSession, SessionConfig
+    from dsv4bench.harness.session import AgentSession, SessionConfig
 
     seen = set()
     for family in FAMILIES:

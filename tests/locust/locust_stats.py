@@ -6,9 +6,9 @@ import csv
 from collections import Counter
 from pathlib import Path
 
-from dsv4bench.history import History
-from dsv4bench.records import TurnStatus
-from dsv4bench.summary import turn_codes
+from dsv4bench.history.run_folder import History
+from dsv4bench.history.records import TurnStatus
+from dsv4bench.report.summary import turn_codes
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

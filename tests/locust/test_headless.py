@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from dsv4bench.history import read_history
-from dsv4bench.records import TurnStatus
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.history.records import TurnStatus
 
 from .conftest import only_run_dir, run_cli, start_replay
 from .locust_stats import assert_stats_match_history

@@ -40,7 +40,7 @@ def test_the_request_mix_reaches_the_users_through_the_plan():
     """Each Locust user's sessions draw from the mix `dsv4bench locust --request-mix` was given."""
     import json
 
-    from dsv4bench.config import RunConfig
+    from dsv4bench.harness.config import RunConfig
     from dsv4bench.locust.plan import Plan
 
     plan = Plan(config=RunConfig(url=DEAD, request_mix="frameworks;stop=none"), model="m", facts={}, command="")

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from dsv4bench.config import ConfigError
-from dsv4bench.history import read_history
+from dsv4bench.harness.config import ConfigError
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.locust.shapes import DROP_S, KILL_ENV, MIN_EVERY_S, SHAPE_ENV, check_shape, parse_shape
 
 from .conftest import ROOT, only_run_dir, run_cli

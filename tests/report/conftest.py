@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dsv4bench.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
+from dsv4bench.history.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
 
 T0_WALL = 1_760_000_000_000_000_000  # epoch ns of the run start
 T0_NS = 9_000_000_000  # monotonic ns of the run start

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv4bench.dialect import INFIGHT, PREFILL_PREALLOC
-from dsv4bench.discovery import Endpoint, RootAnswers, endpoint_of
-from dsv4bench.history import read_history
+from dsv4bench.servers.dialect import INFIGHT, PREFILL_PREALLOC
+from dsv4bench.servers.discovery import Endpoint, RootAnswers, endpoint_of
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.report.markdown import deployment_section, render_report
 from dsv4bench.report.plots import queue_series
-from dsv4bench.summary import summarize
+from dsv4bench.report.summary import summarize
 
 from .conftest import T0_NS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.report import build_report, plots
 from dsv4bench.report.plots import render_plots
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.report import build_report
-from dsv4bench.summary import summarize
+from dsv4bench.report.summary import summarize
 
 
 def _damage(run_dir: Path, path: tuple, value) -> None:

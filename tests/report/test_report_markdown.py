@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsv4bench.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, EVIDENCE_CODES, WEDGE_CODES
-from dsv4bench.history import read_history
-from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord, Verdict
+from dsv4bench.history.codes import AVAILABILITY_CODES, CODE_MEANINGS, CORRUPTION_CODES, EVIDENCE_CODES, WEDGE_CODES
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.history.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord, Verdict
 from dsv4bench.report.markdown import excerpt, fence, render_report
-from dsv4bench.summary import summarize
+from dsv4bench.report.summary import summarize
 
 
 def render(run_dir: Path, plots: list[str] | None = None) -> str:

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from dsv4bench.families import BY_NAME
-from dsv4bench.history import read_history
-from dsv4bench.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord
+from dsv4bench.history.run_folder import read_history
+from dsv4bench.history.records import AssembledResponse, OracleReadings, SglangReading, TurnRecord
 from dsv4bench.report.markdown import render_report
-from dsv4bench.summary import summarize
+from dsv4bench.report.summary import summarize
 
 RUN = {"run": "o", "command": "dsv4bench agents --raw",
        "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"}}

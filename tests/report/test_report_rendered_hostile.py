@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 from markdown_it import MarkdownIt
 
-from dsv4bench.records import ToolCall, Verdict
+from dsv4bench.history.records import ToolCall, Verdict
 from dsv4bench.report import build_report
 from dsv4bench.report.markdown import cell, code_span, fence, inline, table
 

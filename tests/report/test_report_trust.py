@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.report import build_report
 from dsv4bench.report.escape import escape_text
 from dsv4bench.report.markdown import cell, code_span, fence, inline, render_report, table
-from dsv4bench.summary import summarize
+from dsv4bench.report.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
@@ -146,7 +146,7 @@ def _cli_flags() -> set[str]:
     return flags
 
 
-@pytest.mark.parametrize("path", [*sorted((ROOT / "dsv4bench" / "report").glob("*.py")), ROOT / "dsv4bench" / "summary.py"],
+@pytest.mark.parametrize("path", [*sorted((ROOT / "dsv4bench" / "report").glob("*.py"))],
                          ids=lambda p: p.name)
 def test_every_flag_a_hint_names_exists(path: Path) -> None:
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", path.read_text()))

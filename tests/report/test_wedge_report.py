@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv4bench.history import read_history
+from dsv4bench.history.run_folder import read_history
 from dsv4bench.report import build_report
 from dsv4bench.report.plots import active_sessions, queue_series
 

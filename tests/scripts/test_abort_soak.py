@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.monitor import parse_metrics
+from dsv4bench.servers.monitor import parse_metrics
 from tests.fixtures.metrics import page
 
 _spec = importlib.util.spec_from_file_location("abort_soak", Path(__file__).parents[2] / "scripts" / "abort_soak.py")

@@ -28,7 +28,7 @@ from dsv4bench.engine.request import FinishReason, SamplingParams
 from dsv4bench.engine.server import ServerConfig
 from dsv4bench.engine.server_loop import TokenEvent
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.monitor import parse_metrics
+from dsv4bench.servers.monitor import parse_metrics
 
 from .in_process import PDEngine, build_pd_engine
 

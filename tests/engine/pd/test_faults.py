@@ -16,7 +16,7 @@ import pytest
 
 from dsv4bench.engine.model.kv_pools import KVPools
 from dsv4bench.engine.pd.bootstrap import UnexpectedAbort
-from dsv4bench.wedge import is_queue_gauge
+from dsv4bench.servers.wedge import is_queue_gauge
 
 from .helpers import ServedPD, tiny_cfg, wait_until
 

@@ -14,8 +14,8 @@ from dsv4bench.engine.pd.bootstrap import Room, RoomState, UnexpectedAbort
 from dsv4bench.engine.pd.transfer import KVTransfer
 from dsv4bench.engine.request import HEALTH_PROBE_PREFIX
 from dsv4bench.engine.server import ServerConfig
-from dsv4bench.monitor import QUEUE_GAUGES, parse_metrics
-from dsv4bench.wedge import is_queue_gauge
+from dsv4bench.servers.monitor import QUEUE_GAUGES, parse_metrics
+from dsv4bench.servers.wedge import is_queue_gauge
 
 from .helpers import ListSink, ServedPD, build_tiny, greedy, prompt, wait_until
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from dsv4bench.engine.launcher import start_engine
-from dsv4bench.monitor import parse_metrics
+from dsv4bench.servers.monitor import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 

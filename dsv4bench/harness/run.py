@@ -1,0 +1,115 @@
+"""The composition root of `dsv4bench agents`: run folder, history, progress, driver, report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from pathlib import Path
+from typing import Any
+
+from dsv4bench.loop import fair_loop
+from dsv4bench.servers.canary import OK, TIMEOUT
+from dsv4bench.checks.parser_view import oracle_versions
+from dsv4bench.harness.config import RunConfig
+from dsv4bench.servers.discovery import Deployment
+from dsv4bench.harness.driver import AgentRun
+from dsv4bench.harness.exporter import ExporterError, HarnessExporter
+from dsv4bench.families import chosen_family, family_of_server
+from dsv4bench.history.run_folder import HistoryWriter
+from dsv4bench.harness.server_watch import ServerWatch
+from dsv4bench.harness.progress import LiveStats, ProgressView
+from dsv4bench.harness.recover import run_recovery
+from dsv4bench.history.redact import redact_command
+from dsv4bench.harness.reference_run import ReferenceAnswers
+from dsv4bench.report import build_report
+from dsv4bench.servers.wedge import WedgeConfig, WedgeFinding, detect_wedge
+
+
+def new_run_dir(config: RunConfig) -> tuple[str, Path]:
+    """A fresh, sortable, unique run folder under config.out."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_id = f"{stamp}-{config.scenario}-c{config.concurrency}-{secrets.token_hex(2)}"
+    return run_id, config.out / run_id
+
+
+def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
+               reference: ReferenceAnswers | None = None) -> tuple[dict[str, Any], Path]:
+    """Run all sessions, then write summary.json, report.md and plots. Returns (summary, run dir).
+    `reference`: config.reference already loaded (the CLI loads it before starting anything)."""
+    if reference is None and config.reference is not None:
+        reference = ReferenceAnswers.load(config.reference)
+    run_id, run_dir = new_run_dir(config)
+    model = config.model or (facts.get("models") or ["default"])[0]
+    run_info: dict[str, Any] = {
+        "run": run_id,
+        "command": command,
+        "config": config.to_json(),
+        "model": model,
+        "server": facts,
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(),
+    }
+    if reference is not None:
+        run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
+                                 "conflicts": reference.conflicts}
+    if config.raw:
+        run_info["oracles"] = oracle_versions()
+    history = HistoryWriter(run_dir, run_info, config.redactor)
+    stats = LiveStats()
+    exporter = None
+    if config.serve_metrics is not None:
+        exporter = HarnessExporter(stats, run_id)
+        try:
+            exporter.start(config.serve_metrics)  # before any load: a taken port fails the run at once
+        except ExporterError:
+            history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
+            history.close()
+            raise
+    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference,
+                      chosen_family(config.family, family_of_server(facts)))
+    deployment = Deployment.from_dict(facts.get("deployment"))
+    if deployment is not None:
+        driver.watch.know_roles(deployment.roles())
+    reason = "complete"
+    try:
+        with ProgressView(stats, config.quiet):
+            fair_loop.run(driver.run)
+        if driver.watch.load_stopped_ns is not None:
+            wedge = judge_wedge(config, driver.watch, history)
+            if wedge is not None:
+                run_info["wedge"] = wedge
+                if config.recover_cmd and any(w["codes"] for w in wedge.values()):
+                    history.event("recover_start", cmd=redact_command(config.recover_cmd))
+                    run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model,
+                                                        api_key=config.api_key)
+                    history.event("recover_end", **run_info["recovery"])
+                history.update_run_info(run_info)
+    except KeyboardInterrupt:
+        reason = "interrupted"  # the history so far is kept and reported
+    except BaseException:
+        reason = "error"  # our own failure: the run_end says so, and the error goes on up
+        raise
+    finally:
+        history.event("run_end", run=run_id, reason=reason)
+        history.close()
+        if exporter is not None:
+            exporter.shutdown()  # kept up through the drain so dashboards see it
+    return build_report(run_dir), run_dir
+
+
+def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:
+    """Per-endpoint wedge findings at the end of the drain window (queues from the metrics
+    samples; canary and /health from the checks after it), as run.json keeps them, or None if
+    the detector failed."""
+    try:
+        wedge = detect_wedge(watch.samples, watch.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
+                             health=watch.health, canaries=watch.canaries)
+    except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
+        history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
+        return None
+    # The report's canary column: of an endpoint's canaries (not streamed, streamed), the one that
+    # shows the wedge: one that hung before one answered with an error, before one that answered;
+    # the latest among equals.
+    weight = {OK: 0, TIMEOUT: 2}
+    for c in sorted(watch.canaries, key=lambda c: (weight.get(c.result, 1), c.t_ns)):
+        wedge.setdefault(c.endpoint, WedgeFinding()).canary = c
+    return {ep: found.as_dict() for ep, found in wedge.items()}
