@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.checks.oracle import parse_raw_completion
+from dsv4bench.checks.recipe_reader import parse_raw_completion
 from dsv4bench.checks.sglang_oracle import read_with_sglang
 from dsv4bench.families import BY_NAME, FAMILIES, Family, family_of_model
 from dsv4bench.history.records import AssembledResponse, SglangReading

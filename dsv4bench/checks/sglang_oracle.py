@@ -52,7 +52,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from dsv4bench.checks.oracle import completion_text, thinking_for, thinking_of
+from dsv4bench.checks.recipe_reader import completion_text, thinking_for, thinking_of
 from dsv4bench.history.records import AssembledResponse, SglangReading, ToolCall
 
 TOOL_CALL_PARSER, REASONING_PARSER = "deepseekv4", "deepseek-v4"
@@ -195,7 +195,7 @@ def read_with_sglang(raw_text: str, body: dict[str, Any], *, default_thinking: b
                      reasoning_parser: str | None = REASONING_PARSER) -> SglangReading:
     """SGLang's readings of a raw completion, streamed and whole; never raises.
 
-    `body`, `default_thinking` and `finish_reason` as for oracle.parse_raw_completion;
+    `body`, `default_thinking` and `finish_reason` as for recipe_reader.parse_raw_completion;
     `tool_parser` and `reasoning_parser`: SGLang's names of the family's detectors (no reasoning
     parser: the whole text is the answer). Without SGLang, or where its parser raises, the
     reading has no responses and its state says why.

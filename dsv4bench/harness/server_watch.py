@@ -241,7 +241,7 @@ async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[st
     of another family on a server that cannot render is not offered the oracle: said once by
     `not_offered` (a run's says it on stderr and in its history; without one, said once a
     process on stderr), and the run goes on without it."""
-    from dsv4bench.checks.oracle import render_prompt
+    from dsv4bench.checks.recipe_reader import render_prompt
     from dsv4bench.families import family_of_model
 
     try:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dsv4bench.checks.oracle import check_parser_disagreement, json_equal, parse_raw_completion, render_prompt
+from dsv4bench.checks.oracle import check_parser_disagreement, json_equal
+from dsv4bench.checks.recipe_reader import parse_raw_completion, render_prompt
 from dsv4bench.history.codes import ORACLE_CODE
 
 from .turns import BLOCK, TOOLS, turn

@@ -11,7 +11,7 @@ import pytest
 
 from dsv4bench.checks import sglang_oracle
 from dsv4bench.checks.common import decode_json
-from dsv4bench.checks.oracle import parse_raw_completion
+from dsv4bench.checks.recipe_reader import parse_raw_completion
 from dsv4bench.checks.sglang_oracle import read_with_sglang, sglang_missing, sglang_state
 from dsv4bench.history.records import AssembledResponse
 
