@@ -15,6 +15,7 @@ PKG = ROOT / "dsv4bench"
 # room -> the rooms it may import; a room always imports itself. `terminal` is the one leaf module
 # at the top beside the rooms; `engine` and `agents` are the installed dsv4bench.engine / .agents.
 ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
     "terminal": set(),
     "families": set(),
     "history": {"families"},
@@ -63,6 +64,12 @@ def test_each_module_imports_only_the_rooms_below_its_own(path: Path) -> None:
     assert not wrong, f"{path.relative_to(ROOT)} ({room}) imports {sorted(wrong)}"
 
 
+# Leaves every room may import: the error bases and the terminal's escaping.
+for _room, _below in ALLOWED.items():
+    if _room not in ("errors", "terminal", "__init__"):
+        _below.add("errors")
+
+
 def test_the_rooms_form_floors() -> None:
     """No two rooms may import each other, even through others: ALLOWED itself has no loop."""
     def reaches(a: str, b: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -78,3 +85,40 @@ def test_the_package_metadata_lists_every_package() -> None:
         found |= {extra + "".join("." + q for q in p.parent.relative_to(folder).parts)
                   for p in folder.rglob("__init__.py")}
     assert found - listed == set(), "packages missing from pyproject's [tool.setuptools] packages"
+
+
+def test_every_error_the_harness_raises_to_its_user_is_under_one_base() -> None:
+    """dsv4bench/errors.py draws the tree; each class named there derives from Dsv4benchError, and
+    no other Exception subclass of the harness is left outside it but the control-flow signals
+    the tree's docstring names."""
+    import dsv4bench.errors as errors
+
+    signals = {"Refused", "UpstreamBroke", "BoundExceeded", "NoIterationStats", "TurnFailure"}
+    outside = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception")) or \
+                    isinstance(node, ast.ClassDef) and node.name in signals:
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if node.name in signals or path.name == "errors.py":
+                    continue
+                if not bases & {"Dsv4benchError", "UsageError", "ConfigError", "HistoryError"}:
+                    outside.append(f"{path.relative_to(ROOT)}:{node.name}")
+                assert node.name in (errors.__doc__ or ""), f"{node.name} is not drawn in dsv4bench/errors.py"
+    assert outside == [], outside
+
+
+def test_the_command_line_catches_the_base_once_as_one_line(monkeypatch, capsys) -> None:
+    """An error of the tree that no command caught itself still ends as one line and exit 2."""
+    import dsv4bench.cli as cli
+    from dsv4bench.servers.preflight import ServerError
+
+    def raising() -> None:
+        raise ServerError("http://127.0.0.1:9/v1 answered nothing")
+
+    monkeypatch.setattr(cli, "app", raising)
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 2
+    out = capsys.readouterr()
+    assert "answered nothing" in out.err + out.out and "Traceback" not in out.err + out.out

@@ -20,18 +20,19 @@ import sys
 from dsv4bench.cli import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
 from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL
 from dsv4bench.cli.common import app, err, fail
-from dsv4bench.history.run_folder import ReportError
+from dsv4bench.errors import Dsv4benchError
 
 __all__ = ["BUNDLED_PLACEHOLDER_URL", "app", "main"]
 
 
 def main() -> None:
-    """Console entry point: Ctrl-C and broken pipes end quietly, never with a traceback; a
-    report that could not be written at the end of any command is one line (exit 2)."""
+    """Console entry point: Ctrl-C and broken pipes end quietly, never with a traceback; any of the
+    harness's own errors (dsv4bench/errors.py: a report that could not be written at the end of
+    any command, a server that cannot be used, ...) is one line (exit 2), caught here once."""
     try:
         app()
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
-    except ReportError as e:
+    except Dsv4benchError as e:
         sys.exit(fail(str(e)).exit_code)

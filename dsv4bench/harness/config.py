@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from dsv4bench.agents import FAMILIES
+from dsv4bench.errors import UsageError
 from dsv4bench.wire.turn_answer import Deadlines
 from dsv4bench.history.redact import MASK, KeyScope, Redactor, redact_command
 from dsv4bench.harness.request_mix import RequestMix, RequestMixError
@@ -25,7 +26,7 @@ FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
 MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A flag value that cannot work; the CLI prints it as one line."""
 
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dsv4bench.errors import Dsv4benchError
 from dsv4bench.harness.progress import LiveStats
 
 PREFIX = "dsv4bench"
@@ -36,7 +37,7 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-class ExporterError(Exception):
+class ExporterError(Dsv4benchError):
     """The exporter could not start (one line, e.g. the port is taken)."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4bench.errors import UsageError
 from dsv4bench.history.run_folder import TURNS_FILE, find_run_folder, read_jsonl
 from dsv4bench.history.records import ReferenceAnswer
 
@@ -33,7 +34,7 @@ from dsv4bench.history.records import ReferenceAnswer
 _NOT_IN_KEY = ("model", "user", "stream", "stream_options")
 
 
-class ReferenceRunError(Exception):
+class ReferenceRunError(UsageError):
     """The --reference folder cannot serve as a reference; the CLI prints it as one line."""
 
 

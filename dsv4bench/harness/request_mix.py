@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4bench.errors import UsageError
 from dsv4bench.history.request_terms import DIMENSIONS, NAMED, RequestTerms
 
 THINKING_VALUES = ("off", "on", "low", "high", "xhigh", "max")  # on: thinking, no reasoning_effort
@@ -56,7 +57,7 @@ PRESETS: dict[str, dict[str, Weights]] = {
 DEFAULT_PRESET = "frameworks"
 
 
-class RequestMixError(ValueError):
+class RequestMixError(UsageError, ValueError):
     """A --request-mix spec that cannot be drawn from; the message says what to write."""
 
 

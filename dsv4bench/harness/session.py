@@ -15,6 +15,7 @@ from typing import Any
 from dsv4bench.agents.base import ScenarioFamily, ToolError, format_tool_error
 from dsv4bench.agents.call_gate import CallGate
 from dsv4bench.agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
+from dsv4bench.errors import UsageError
 from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 from dsv4bench.harness.reference_run import SessionKeys, request_key
 from dsv4bench.harness.request_mix import RequestMix, apply
@@ -40,7 +41,7 @@ class EndReason(str, enum.Enum):
 ON_CORRUPT_CHOICES = ("continue", "stop")
 
 
-class SessionConfigError(ValueError):
+class SessionConfigError(UsageError, ValueError):
     """A SessionConfig field that cannot work: `field` names it, so that a caller can name it
     as its user knows it (RunConfig: the flag)."""
 

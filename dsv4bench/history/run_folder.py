@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsv4bench.errors import Dsv4benchError
 from dsv4bench.history.records import TurnRecord
 from dsv4bench.history.redact import Redactor
 
@@ -320,11 +321,11 @@ def history_gaps(history: History) -> list[str]:
     return gaps
 
 
-class HistoryError(Exception):
+class HistoryError(Dsv4benchError):
     """The folder is not a dsv4bench run."""
 
 
-class ReportError(Exception):
+class ReportError(Dsv4benchError):
     """The files derived from a run's history (summary.json, report.md, plots) could not be
     written: a full disk, a read-only folder. The history itself stands and rebuilds them."""
 

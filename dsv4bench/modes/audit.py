@@ -36,6 +36,7 @@ from dsv4bench.checks import run_checks
 from dsv4bench.checks.parser_view import (Disagreement, disagreements, family_read_as, first_reader, oracle_versions,
                                  read_oracles)
 from dsv4bench.checks.reference import check_reference_mismatch
+from dsv4bench.errors import UsageError
 from dsv4bench.history.codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
 from dsv4bench.history.run_folder import TURNS_FILE
 from dsv4bench.families import AUTO, chosen_family, family_for
@@ -51,7 +52,7 @@ from dsv4bench.harness.turn_judge import token_cap
 _NEED_TOOLS = ("unknown_tool", "schema_violation")
 
 
-class AuditError(Exception):
+class AuditError(UsageError):
     """The file cannot be audited at all (missing, unreadable)."""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from dsv4bench.errors import UsageError
 from dsv4bench.loop import fair_loop
 from dsv4bench.checks import run_checks
 from dsv4bench.wire.client import chat_turn
@@ -59,7 +60,7 @@ REPLAY_SETTINGS = ("url", "concurrency", "model", "api_key", "out", "fail_on", "
 SendTurn = Callable[[dict[str, Any], dict[str, str]], Awaitable[TurnOutcome]]
 
 
-class CaptureError(Exception):
+class CaptureError(UsageError):
     """The folder cannot be replayed; the CLI prints it as one line."""
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from dsv4bench.errors import Dsv4benchError
 from dsv4bench.wire.charset import response_text
 from dsv4bench.servers.dialect import SERVER_METRIC_PREFIXES, dialect_of
 from dsv4bench.servers.monitor import parse_metrics
@@ -15,11 +16,11 @@ from dsv4bench.servers.kinds import recognise
 from dsv4bench.wire.sse import clean_value
 
 
-class ServerError(Exception):
+class ServerError(Dsv4benchError):
     """The server cannot be used; the message is one line for the user."""
 
 
-class HostLimitError(Exception):
+class HostLimitError(Dsv4benchError):
     """This machine cannot carry the run as asked; the message is one line for the user."""
 
 
