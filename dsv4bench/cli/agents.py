@@ -13,7 +13,8 @@ from dsv4bench.harness.config import ConfigError, RunConfig, check_out_dir, pars
 from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
 from dsv4bench.history.redact import redact_argv, shell_line
 from dsv4bench.history.verdict import exit_code
-from dsv4bench.cli.common import REQUEST_MIX_HELP, app, err, fail, print_verdict
+from dsv4bench.cli import options as opt
+from dsv4bench.cli.common import app, err, fail, print_verdict
 from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # Flags that shape the generated workload or watch the server around it: a replay sends the
@@ -26,59 +27,84 @@ NOT_WITH_REPLAY = ("rate", "sessions", "duration", "max_turns", "scenario", "see
 @app.command()
 def agents(
     ctx: typer.Context,
-    url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1."),
-    concurrency: int = typer.Option(RunConfig.concurrency, help="Sessions in flight at once (closed pool; with --rate, the cap)."),
-    rate: Optional[float] = typer.Option(RunConfig.rate, help="Open model: new sessions per second, Poisson arrivals."),
-    sessions: Optional[int] = typer.Option(RunConfig.sessions, help="Total sessions to run. With neither --sessions nor --duration: one whole session per --concurrency slot."),
-    duration: Optional[float] = typer.Option(RunConfig.duration, help="Seconds to keep starting turns; in-flight turns finish."),
-    max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
-    scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
-    seed: int = typer.Option(RunConfig.seed, help="Run seed; the same seed replays the same tasks."),
-    thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
-    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
-    stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
-    max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
-    context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens; a session whose next turn would not fit ends there (context_full). Default: what /v1/models or /get_model_info reports."),
-    temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
-    ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
-    total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
-    on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
-    raw: bool = typer.Option(RunConfig.raw, "--raw", help="Also ask /v1/completions for each turn's raw completion (DeepSeek-V4: deepseek-recipe's prompt; other families: the server's own /tokenize rendering, else not offered) and read it with the family's reference parsers (deepseek-recipe, SGLang's detectors), beside the server's answer."),
-    family: str = typer.Option(RunConfig.family, help="Model family whose tool-call markup and special tokens are checked: auto (what the server reports: its tool_call_parser, else the model name; every family where neither says), all (every family), or a family: deepseek-v4, deepseek-v3.2, deepseek-v3.1, deepseek-v3, qwen, qwen3-coder, kimi-k2, glm, gpt-oss, llama3, mistral, gemma (a tool-call parser name such as qwen25 works too). For a gateway that renames models."),
-    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models (with --replay: the one each recorded request names)."),
-    api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
-    key_to_workers: bool = typer.Option(RunConfig.key_to_workers, "--key-to-workers", help="Send --api-key to the servers found behind a router (its /workers) too; by default it goes only to --url's and --metrics' hosts, since a router may list any host."),
-    out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the run folder is created."),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)."),
-    quiet: bool = typer.Option(RunConfig.quiet, "--quiet", "-q", help="No live progress; print the verdict line only."),
-    metrics: list[str] = typer.Option(list(RunConfig.metrics), "--metrics", help="Prometheus /metrics URL to scrape during the run (repeatable: router, prefill, decode). Default: the server's own /metrics when it serves SGLang's or vLLM's."),
-    metrics_interval: float = typer.Option(RunConfig.metrics_interval, help="Seconds between scrapes of each --metrics URL."),
-    kill: list[str] = typer.Option(list(RunConfig.kill), "--kill", metavar="SPEC", help=(
-        "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
-        "frac=0.25/every=10s, optionally /from=20s and /until=90s (a share of the sessions periodically); "
-        "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
-        "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
-        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/harness/nemesis.py.")),
-    drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to keep scraping --metrics after the load stops, waiting for the queues to drain."),
-    serve_metrics: Optional[int] = typer.Option(RunConfig.serve_metrics, "--serve-metrics", metavar="PORT", help="Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts by code, kills)."),
-    canary_timeout: float = typer.Option(RunConfig.canary_timeout, help="Deadline of the one short completion sent after the drain window."),
-    recover_cmd: Optional[str] = typer.Option(RunConfig.recover_cmd, help="Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is measured."),
-    reference: Optional[Path] = typer.Option(RunConfig.reference, "--reference", metavar="RUN", help=(
+    url: Optional[str] = opt.URL,
+    model: Optional[str] = opt.option(RunConfig.model, "--model", panel=opt.TARGET, help=(
+        f"{opt.MODEL_HELP} (with --replay: the one each recorded request names).")),
+    api_key: Optional[str] = opt.API_KEY,
+    key_to_workers: bool = opt.option(RunConfig.key_to_workers, "--key-to-workers", panel=opt.TARGET, help=(
+        "Send --api-key to the servers found behind a router (its /workers) too; by default it goes only to "
+        "--url's and --metrics' hosts, since a router may list any host.")),
+    concurrency: int = opt.option(RunConfig.concurrency, "--concurrency", panel=opt.LOAD,
+                                  help="Sessions in flight at once (closed pool; with --rate, the cap)."),
+    rate: Optional[float] = opt.option(RunConfig.rate, "--rate", panel=opt.LOAD,
+                                       help="Open model: new sessions per second, Poisson arrivals."),
+    # sessions and duration: sweep's count per batch, so each command words its own
+    sessions: Optional[int] = opt.option(RunConfig.sessions, "--sessions", panel=opt.LOAD, help=(
+        "Total sessions to run. With neither --sessions nor --duration: one whole session per --concurrency slot.")),
+    duration: Optional[float] = opt.option(RunConfig.duration, "--duration", panel=opt.LOAD,
+                                           help="Seconds to keep starting turns; in-flight turns finish."),
+    max_turns: int = opt.MAX_TURNS,
+    scenario: str = opt.SCENARIO,
+    seed: int = opt.SEED,
+    thinking: bool = opt.THINKING,
+    request_mix: Optional[str] = opt.REQUEST_MIX,
+    stream: bool = opt.STREAM,
+    max_tokens: int = opt.MAX_TOKENS,
+    context_length: Optional[int] = opt.CONTEXT_LENGTH,
+    temperature: float = opt.TEMPERATURE,
+    replay: Optional[Path] = opt.option(None, "--replay", panel=opt.REPLAY, metavar="CAPTURE", help=(
+        "Send a capture's conversations again instead of generated sessions: the run folder of `dsv4bench proxy "
+        "--capture`. Each session's recorded requests go out as recorded, one after the other, sessions side by "
+        "side up to --concurrency, at the recorded pace (see --speed); every answer is checked, and with "
+        "--reference CAPTURE compared with the recorded one. Not with the flags that make or watch sessions.")),
+    # None, not "1": a --speed given without --replay is refused, so its absence must show
+    speed: Optional[str] = opt.option(None, "--speed", panel=opt.REPLAY, metavar="X|max", help=(
+        "With --replay: the recorded pace times X (2: twice as fast); 0 or max: each request as soon as its "
+        "turn may go. Default 1.")),
+    ttft_timeout: float = opt.TTFT_TIMEOUT,
+    total_timeout: float = opt.TOTAL_TIMEOUT,
+    on_corrupt: str = opt.ON_CORRUPT,
+    raw: bool = opt.option(RunConfig.raw, "--raw", panel=opt.CHECKS, help=(
+        "Also ask /v1/completions for each turn's raw completion (DeepSeek-V4: deepseek-recipe's prompt; other "
+        "families: the server's own /tokenize rendering, else not offered) and read it with the family's "
+        "reference parsers (deepseek-recipe, SGLang's detectors), beside the server's answer.")),
+    family: str = opt.option(RunConfig.family, "--family", panel=opt.CHECKS, help=(
+        "Model family whose tool-call markup and special tokens are checked: auto (what the server reports: its "
+        "tool_call_parser, else the model name; every family where neither says), all (every family), or a "
+        "family: deepseek-v4, deepseek-v3.2, deepseek-v3.1, deepseek-v3, qwen, qwen3-coder, kimi-k2, glm, "
+        "gpt-oss, llama3, mistral, gemma (a tool-call parser name such as qwen25 works too). For a gateway that "
+        "renames models.")),
+    reference: Optional[Path] = opt.option(RunConfig.reference, "--reference", panel=opt.CHECKS, metavar="RUN", help=(
         "A run folder (or an --out folder holding one run) whose answers this run must repeat: run the same "
         "--seed and flags against a server without the suspect change (e.g. HiCache off), then again with it "
         "and --reference. A greedy turn whose request RUN also sent and that gets a different answer is "
         "reference_mismatch: wrong state the other checks cannot see (a cache or KV race). Needs --temperature 0 "
         "and a deterministic server (the bundled engine is; SGLang: --enable-deterministic-inference).")),
-    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable, e.g. --engine-arg=--num-pages=8192."),
-    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
-    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated: router, prefill and decode servers, all three scraped (same as --engine-arg=--pd)."),
-    replay: Optional[Path] = typer.Option(None, "--replay", metavar="CAPTURE", help=(
-        "Send a capture's conversations again instead of generated sessions: the run folder of `dsv4bench proxy "
-        "--capture`. Each session's recorded requests go out as recorded, one after the other, sessions side by "
-        "side up to --concurrency, at the recorded pace (see --speed); every answer is checked, and with "
-        "--reference CAPTURE compared with the recorded one. Not with the flags that make or watch sessions.")),
-    speed: Optional[str] = typer.Option(None, "--speed", metavar="X|max", help="With --replay: the recorded pace times X (2: twice as fast); 0 or max: each request as soon as its turn may go. Default 1."),
-    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router (`sglang-router`, pip install 'dsv4bench\\[sglang]') started in front of it on loopback; with --engine-pd the prefill and decode halves then run as two processes behind it in PD mode. The run also scrapes the router's smg_* metrics."),
+    # agents' --kill picks sessions (who=, abort); locust's stops Locust users by count: two meanings
+    kill: list[str] = opt.option(list(RunConfig.kill), "--kill", panel=opt.NEMESIS, metavar="SPEC", help=(
+        "Nemesis kill schedule, repeatable: all@30s (kill every session at t=30 s; the load stops), "
+        "frac=0.25/every=10s, optionally /from=20s and /until=90s (a share of the sessions periodically); "
+        "items who=all|ttft|toolcall (only sessions waiting for their first token / streaming a tool call), "
+        "restart (relaunch killed sessions at once as <id>.r<N>), abort (also POST /abort_request). "
+        "E.g. all@30s,restart or frac=0.5/every=10s,who=ttft. Grammar: dsv4bench/harness/nemesis.py.")),
+    metrics: list[str] = opt.metrics("the run"),
+    metrics_interval: float = opt.METRICS_INTERVAL,
+    drain_timeout: float = opt.drain_timeout("the load stops"),
+    canary_timeout: float = opt.CANARY_TIMEOUT,
+    recover_cmd: Optional[str] = opt.option(RunConfig.recover_cmd, "--recover-cmd", panel=opt.WEDGE_WATCH, help=(
+        "Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is "
+        "measured.")),
+    engine_arg: list[str] = opt.ENGINE_ARG,
+    engine_fault: list[str] = opt.ENGINE_FAULT,
+    engine_pd: bool = opt.ENGINE_PD,
+    engine_router: str = opt.ENGINE_ROUTER,
+    out_dir: Path = opt.out_dir("the run folder"),
+    fail_on: Optional[str] = opt.fail_on("on these verdicts"),
+    quiet: bool = opt.quiet("No live progress; print the verdict line only."),
+    serve_metrics: Optional[int] = opt.option(RunConfig.serve_metrics, "--serve-metrics", panel=opt.OUTPUT,
+                                              metavar="PORT", help=(
+        "Serve the harness's own Prometheus metrics on 127.0.0.1:PORT during the run (sessions, turns, verdicts "
+        "by code, kills).")),
 ) -> None:
     """The main job: N multi-turn tool-calling agent sessions, every turn checked, a report written.
 

@@ -28,7 +28,8 @@ from dsv4bench.history.run_folder import SUMMARY_FILE
 from dsv4bench.locust.plan import API_KEY_ENV, PLAN_ARG, Plan
 from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
 from dsv4bench.history.redact import redact_argv, shell_line
-from dsv4bench.cli.common import REQUEST_MIX_HELP, app, err, fail, print_verdict
+from dsv4bench.cli import options as opt
+from dsv4bench.cli.common import app, err, fail, print_verdict
 from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locust" / "locustfile.py"
@@ -38,34 +39,50 @@ LOOPBACK = "127.0.0.1"
 _BIND_FLAGS = {"--web-host": LOOPBACK, "--master-bind-host": LOOPBACK}
 
 
+# The bundled engine's flags name --host, locust's server flag, as the one they do not go with.
+_ENGINE_ARG, _ENGINE_FAULT, _ENGINE_PD, _ENGINE_ROUTER = opt.engine_options("--host")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def locust(
     ctx: typer.Context,
-    host: Optional[str] = typer.Option(None, "--host", "-H", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled engine, started on loopback (not for --worker)."),
-    scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin); the web UI may change it per test."),
-    seed: int = typer.Option(RunConfig.seed, help="Run seed; the same seed replays the same tasks."),
-    max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
-    thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
-    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
-    max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
-    temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
-    ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
-    total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
-    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
-    api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar=API_KEY_ENV, help="Bearer token for the server."),
-    out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which each test's run folder is created."),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when the last test's verdict is one of: corruption,errors,wedge (and on INCOMPLETE with any)."),
-    metrics: list[str] = typer.Option(list(RunConfig.metrics), "--metrics", help="Prometheus /metrics URL to scrape during each test (repeatable). Default: the servers found from the target."),
-    metrics_interval: float = typer.Option(RunConfig.metrics_interval, help="Seconds between scrapes of each --metrics URL."),
-    drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to keep scraping after a test stops, waiting for the queues to drain."),
-    canary_timeout: float = typer.Option(RunConfig.canary_timeout, help="Deadline of the one short completion sent after the drain window."),
-    shape: Optional[str] = typer.Option(None, "--shape", metavar="SPEC", help="A load shape instead of --users/--spawn-rate: ramp:users=80,rate=10,duration=60s; step:users=80,step=10,every=10s,duration=120s; spike:users=10,peak=80,at=30s,hold=10s,duration=90s; kill-storm:users=80 (every user stopped at 20 s without --kill). Grammar: dsv4bench/locust/shapes.py."),
-    kill: list[str] = typer.Option([], "--kill", metavar="SPEC", help="Kill schedule of the kill-storm shape, as `agents --kill` reads it: all@T stops every user abruptly and ends the test; frac=F/every=S (S at least 3s; /from= and /until= if wanted) drops that share of the users and brings new ones back. who= and abort are refused: Locust stops users by count."),
-    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --host), repeatable."),
-    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --host), repeatable."),
-    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --host) prefill/decode disaggregated."),
-    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --host): its own server, or SGLang's router."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Say nothing of the engine's start or the deployment found."),
+    # Locust's own --host (and its -H), passed on to Locust; a --worker takes its master's, so it is
+    # not agents' --url under another name
+    host: Optional[str] = opt.option(None, "--host", "-H", panel=opt.TARGET, help=(
+        "OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled engine, started on "
+        "loopback (not for --worker).")),
+    model: Optional[str] = opt.MODEL,
+    api_key: Optional[str] = opt.API_KEY,
+    scenario: str = opt.option(RunConfig.scenario, "--scenario", panel=opt.LOAD,
+                               help=f"{opt.SCENARIO_HELP} The web UI may change it per test."),
+    seed: int = opt.SEED,
+    max_turns: int = opt.MAX_TURNS,
+    thinking: bool = opt.THINKING,
+    request_mix: Optional[str] = opt.REQUEST_MIX,
+    max_tokens: int = opt.MAX_TOKENS,
+    temperature: float = opt.TEMPERATURE,
+    shape: Optional[str] = opt.option(None, "--shape", panel=opt.LOAD, metavar="SPEC", help=(
+        "A load shape instead of --users/--spawn-rate: ramp:users=80,rate=10,duration=60s; "
+        "step:users=80,step=10,every=10s,duration=120s; spike:users=10,peak=80,at=30s,hold=10s,duration=90s; "
+        "kill-storm:users=80 (every user stopped at 20 s without --kill). Grammar: dsv4bench/locust/shapes.py.")),
+    ttft_timeout: float = opt.TTFT_TIMEOUT,
+    total_timeout: float = opt.TOTAL_TIMEOUT,
+    # Locust stops users by count: its --kill is the kill-storm shape's schedule, not agents' session picker
+    kill: list[str] = opt.option(list(RunConfig.kill), "--kill", panel=opt.NEMESIS, metavar="SPEC", help=(
+        "Kill schedule of the kill-storm shape, as `agents --kill` reads it: all@T stops every user abruptly and "
+        "ends the test; frac=F/every=S (S at least 3s; /from= and /until= if wanted) drops that share of the "
+        "users and brings new ones back. who= and abort are refused: Locust stops users by count.")),
+    metrics: list[str] = opt.metrics("each test"),
+    metrics_interval: float = opt.METRICS_INTERVAL,
+    drain_timeout: float = opt.drain_timeout("a test stops"),
+    canary_timeout: float = opt.CANARY_TIMEOUT,
+    engine_arg: list[str] = _ENGINE_ARG,
+    engine_fault: list[str] = _ENGINE_FAULT,
+    engine_pd: bool = _ENGINE_PD,
+    engine_router: str = _ENGINE_ROUTER,
+    out_dir: Path = opt.out_dir("each test's run folder"),
+    fail_on: Optional[str] = opt.fail_on("when the last test's verdict is one of"),
+    quiet: bool = opt.quiet("Say nothing of the engine's start or the deployment found."),
 ) -> None:
     """Agent sessions as Locust users: each user loop plays one whole multi-turn session, every
     turn checked and recorded; Locust's flags pass through (`dsv4bench locust --help-locust`

@@ -19,7 +19,8 @@ from dsv4bench.harness.config import ConfigError, RunConfig, check_out_dir, pars
 from dsv4bench.servers.preflight import HostLimitError, ensure_open_files
 from dsv4bench.history.redact import redact_argv, shell_line
 from dsv4bench.history.verdict import exit_code
-from dsv4bench.cli.common import REQUEST_MIX_HELP, VERDICT_STYLE, app, err, fail, out
+from dsv4bench.cli import options as opt
+from dsv4bench.cli.common import VERDICT_STYLE, app, err, fail, out
 from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL, engine_args, open_target
 
 # The sweep's own flags, which an `agents` reproduce line must leave out (with their values).
@@ -29,37 +30,45 @@ _PER_BATCH = ("--concurrency", "--seed")  # set per batch in its reproduce line
 
 @app.command()
 def sweep(
-    concurrency: str = typer.Option(..., help="Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in dsv4bench/modes/sweep.py."),
-    url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL; with none, the bundled DSV4-mini engine is started once for the whole sweep."),
-    sessions: Optional[int] = typer.Option(RunConfig.sessions, help="Sessions per batch, the same at every level (so every level plays the same tasks). With neither --sessions nor --duration: one whole session per slot."),
-    duration: Optional[float] = typer.Option(RunConfig.duration, help="Seconds per batch to keep starting turns."),
-    confidence: float = typer.Option(0.95, help="Confidence of each level's Wilson score interval."),
-    precision: float = typer.Option(0.05, help="A level stops once its interval is at most this wide (upper minus lower bound, as a rate: 0.05 = 5 points)."),
-    level_turns: int = typer.Option(2000, help="Turns after which a level stops whatever its interval."),
-    baseline: float = typer.Option(0.0, help="Corrupt-turn rate the server is known to have anyway; the threshold is the smallest level whose interval's lower bound is above it."),
-    max_turns: int = typer.Option(RunConfig.max_turns, help="Turns per session before it is cut off."),
-    scenario: str = typer.Option(RunConfig.scenario, help="Scenario family: coding, data, ops, or mixed (round robin)."),
-    seed: int = typer.Option(RunConfig.seed, help="Seed of batch 0 at every level; batch k is seeded seed + k."),
-    thinking: bool = typer.Option(RunConfig.thinking, "--thinking/--no-thinking", help="Ask for thinking mode (chat_template_kwargs)."),
-    request_mix: Optional[str] = typer.Option(RunConfig.request_mix, "--request-mix", metavar="MIX", help=REQUEST_MIX_HELP),
-    stream: bool = typer.Option(RunConfig.stream, "--stream/--no-stream", help="Stream responses over SSE."),
-    max_tokens: int = typer.Option(RunConfig.max_tokens, help="max_tokens of each turn."),
-    context_length: Optional[int] = typer.Option(RunConfig.context_length, help="The server's context in tokens. Default: what the server reports."),
-    temperature: float = typer.Option(RunConfig.temperature, help="Sampling temperature."),
-    ttft_timeout: float = typer.Option(RunConfig.ttft_timeout, help="Seconds to the first token before a turn is timeout_ttft."),
-    total_timeout: float = typer.Option(RunConfig.total_timeout, help="Seconds to the end of a turn before it is timeout_total."),
-    on_corrupt: str = typer.Option(RunConfig.on_corrupt, help="After a corrupt turn: continue (feed back an error) or stop."),
-    model: Optional[str] = typer.Option(RunConfig.model, help="Model name; default: the first id of /v1/models."),
-    api_key: Optional[str] = typer.Option(RunConfig.api_key, envvar="DSV4BENCH_API_KEY", help="Bearer token for the server."),
-    out_dir: Path = typer.Option(RunConfig.out, "--out", help="Folder under which the sweep folder is created."),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 when any batch of any level meets one: corruption,errors,wedge (as agents --fail-on judges one run)."),
-    quiet: bool = typer.Option(RunConfig.quiet, "--quiet", "-q", help="No progress per batch; print the result lines only."),
-    metrics: list[str] = typer.Option(list(RunConfig.metrics), "--metrics", help="Prometheus /metrics URL to scrape during each batch (repeatable). Default: the server's own, as agents finds it."),
-    drain_timeout: float = typer.Option(RunConfig.drain_timeout, help="Seconds to watch the queues drain after each batch."),
-    engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra flag for the bundled engine (no --url), repeatable."),
-    engine_fault: list[str] = typer.Option([], "--engine-fault", metavar="NAME", help="Switch on a planted fault in the bundled engine (no --url), repeatable; `dsv4bench engine faults` lists them."),
-    engine_pd: bool = typer.Option(False, "--engine-pd", help="Run the bundled engine (no --url) prefill/decode disaggregated."),
-    engine_router: str = typer.Option("bundled", "--engine-router", metavar="bundled|sglang", help="What fronts the bundled engine (no --url): its own server, or SGLang's router."),
+    # sweep's --concurrency is a list of levels, agents' one number: two flags under one name
+    concurrency: str = opt.option(..., "--concurrency", panel=opt.SWEEP, help=(
+        "Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in "
+        "dsv4bench/modes/sweep.py.")),
+    confidence: float = opt.CONFIDENCE,
+    precision: float = opt.PRECISION,
+    level_turns: int = opt.LEVEL_TURNS,
+    baseline: float = opt.BASELINE,
+    url: Optional[str] = opt.URL,
+    model: Optional[str] = opt.MODEL,
+    api_key: Optional[str] = opt.API_KEY,
+    # sessions, duration and seed are per batch here (batch k plays seed + k), so sweep words its own
+    sessions: Optional[int] = opt.option(RunConfig.sessions, "--sessions", panel=opt.LOAD, help=(
+        "Sessions per batch, the same at every level (so every level plays the same tasks). With neither "
+        "--sessions nor --duration: one whole session per slot.")),
+    duration: Optional[float] = opt.option(RunConfig.duration, "--duration", panel=opt.LOAD,
+                                           help="Seconds per batch to keep starting turns."),
+    max_turns: int = opt.MAX_TURNS,
+    scenario: str = opt.SCENARIO,
+    seed: int = opt.option(RunConfig.seed, "--seed", panel=opt.LOAD,
+                           help="Seed of batch 0 at every level; batch k is seeded seed + k."),
+    thinking: bool = opt.THINKING,
+    request_mix: Optional[str] = opt.REQUEST_MIX,
+    stream: bool = opt.STREAM,
+    max_tokens: int = opt.MAX_TOKENS,
+    context_length: Optional[int] = opt.CONTEXT_LENGTH,
+    temperature: float = opt.TEMPERATURE,
+    ttft_timeout: float = opt.TTFT_TIMEOUT,
+    total_timeout: float = opt.TOTAL_TIMEOUT,
+    on_corrupt: str = opt.ON_CORRUPT,
+    metrics: list[str] = opt.metrics("each batch"),
+    drain_timeout: float = opt.drain_timeout("each batch"),
+    engine_arg: list[str] = opt.ENGINE_ARG,
+    engine_fault: list[str] = opt.ENGINE_FAULT,
+    engine_pd: bool = opt.ENGINE_PD,
+    engine_router: str = opt.ENGINE_ROUTER,
+    out_dir: Path = opt.out_dir("the sweep folder"),
+    fail_on: Optional[str] = opt.fail_on("when any batch of any level meets one (as agents --fail-on judges one run)"),
+    quiet: bool = opt.quiet("No progress per batch; print the result lines only."),
 ) -> None:
     """Where corruption starts: agents at rising concurrency on the same seeds, each level run
     until its corrupt-turn rate is known to --confidence, and the smallest level at which
