@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
+if TYPE_CHECKING:  # matplotlib loads in ~0.4 s: the plot imports it where it draws, not every CLI start
+    from matplotlib.figure import Figure
 
 from dsv4bench.harness.config import ConfigError
 from dsv4bench.report.markdown import code_span
@@ -302,6 +303,8 @@ def sweep_figure(summary: dict[str, Any]) -> Figure | None:
     levels = [lv for lv in summary["levels"] if lv["rate"] is not None]
     if not levels:
         return None
+    from matplotlib.figure import Figure
+
     conf = f"{100 * summary['confidence']:g}%"
     fig = Figure(figsize=(12.0, 4.5), dpi=100, layout="constrained")
     by_level, by_depth = fig.subplots(1, 2)

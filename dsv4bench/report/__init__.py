@@ -13,9 +13,8 @@ from typing import Any
 from dsv4bench.history.run_folder import REPORT_FILE, SUMMARY_FILE, ReportError, read_history, write_atomic, write_json_atomic
 from dsv4bench.report.summary import summarize
 from dsv4bench.report.markdown import render_report
-from dsv4bench.report.plots import render_plots
 
-__all__ = ["build_report", "render_plots", "render_report"]
+__all__ = ["build_report", "render_report"]
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
@@ -25,6 +24,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     history = read_history(run_dir)
     summary = summarize(history)
     try:
+        # matplotlib loads in ~0.3 s: imported where a report is drawn, not on every CLI start
+        from dsv4bench.report.plots import render_plots
+
         plots = render_plots(history, run_dir)
         write_json_atomic(run_dir / SUMMARY_FILE, summary)
         report = render_report(history, summary, plots)
