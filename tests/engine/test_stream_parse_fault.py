@@ -20,7 +20,7 @@ from dsv4bench.engine.outputs import ChatOutput
 from dsv4bench.engine.request import FinishReason
 from dsv4bench.engine.stream_parse_fault import BLOCK_OPEN, EagerDsmlParser, EagerParseChatOutput
 from dsv4bench.engine.tokenizer import load_tokenizer
-from dsv4bench.history.records import AssembledResponse, TurnContext
+from dsv4bench.history.records import AssembledResponse, GivenText, TurnContext
 from dsv4bench.harness.session import AgentSession, SessionConfig
 from dsv4bench.wire.sse import DeltaAssembler
 
@@ -117,8 +117,11 @@ def test_one_token_per_event_leaks_the_opener_on_every_tool_call(fe, req, ids):
 
 
 def test_the_harness_flags_the_leak_as_dsml_leak_content(fe, req, ids, session):
+    # judged as a run judges it: with the text the session's request gave the model
+    given = GivenText.of_body(AgentSession("s", get_family("ops"), 0, SessionConfig(model="dsv4-mini")).next_request())
+
     def codes(resp: AssembledResponse) -> list[str]:
-        verdicts, errors = run_checks(TurnContext(response=resp, tools=session.schemas, max_tokens=1024))
+        verdicts, errors = run_checks(TurnContext(response=resp, tools=session.schemas, max_tokens=1024, given=given))
         assert not errors
         return sorted(v.code for v in verdicts)
 
