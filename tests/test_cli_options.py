@@ -26,6 +26,8 @@ from dsv4bench.modes.sweep import SweepPlan
 CLI = Path(__file__).resolve().parents[1] / "dsv4bench" / "cli"
 # The files of the load commands and the module that declares their shared flags.
 LOAD_FILES = ("agents.py", "sweep.py", "locust.py", "options.py")
+# every module of the command line: a help text written twice is one flag declared twice
+ALL_CLI_FILES = tuple(sorted(p.name for p in CLI.glob("*.py")))
 COMMANDS = {"agents": agents_cli.agents, "sweep": sweep_cli.sweep, "locust": locust_cli.locust}
 REQUIRED_ARGS = {"sweep": ["--concurrency", "1"]}  # what a command cannot parse without
 
@@ -118,7 +120,7 @@ def _help_strings(path: Path) -> list[tuple[str, int]]:
 
 def test_no_help_text_of_the_load_commands_is_written_twice():
     seen: dict[str, str] = {}
-    for name in LOAD_FILES:
+    for name in ALL_CLI_FILES:
         for text, line in _help_strings(CLI / name):
             assert text not in seen, f"{name}:{line} repeats the help of {seen[text]}: {text!r}"
             seen[text] = f"{name}:{line}"

@@ -2,6 +2,7 @@
 flags into one config object and its errors into one line on stderr (exit 2).
 
 - common.py: the typer app, the consoles, `fail`, the verdict line
+- options.py: the flags several commands share, each declared once with its config's default
 - agents.py: `agents`, the main job
 - locust.py: `locust`, the same sessions as Locust users (web UI, headless, distributed)
 - target.py: the server a load command drives (--url, or the bundled engine started for it)

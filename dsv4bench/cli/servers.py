@@ -12,6 +12,10 @@ import typer
 
 from dsv4bench.harness.config import ConfigError, check_http_url
 from dsv4bench.cli.common import app, err, fail
+from dsv4bench.history.redact import API_KEY_ENV
+
+# probe and watch read the same key, from the same environment variable as the load commands.
+SERVERS_API_KEY = typer.Option(None, envvar=API_KEY_ENV, help="Bearer token for the servers.")
 
 
 @app.command()
@@ -19,7 +23,7 @@ def probe(
     urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:8000 (a router: its workers are found at its /workers) or http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode)."),
     timeout: float = typer.Option(10.0, help="Seconds each check (metrics, health, canary) may take."),
     stuck_s: float = typer.Option(2.0, "--stuck-s", help="Seconds a queue holding requests is watched, when nothing hangs, for a counter to move."),
-    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
+    api_key: Optional[str] = SERVERS_API_KEY,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
     workers: bool = typer.Option(True, "--workers/--no-workers", help="Also probe every server a router lists at its /workers."),
     key_to_workers: bool = typer.Option(False, "--key-to-workers", help="Send --api-key to the servers a router lists too, not only to the URLs given (a router's /workers may name any host)."),
@@ -45,7 +49,7 @@ def watch(
     duration: float = typer.Option(60.0, help="Seconds to watch, then exit."),
     interval: float = typer.Option(1.0, help="Seconds between scrapes."),
     stuck_s: float = typer.Option(5.0, "--stuck-s", help="Seconds a queue must stay above 0 with no counter moving to be marked."),
-    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token for the servers."),
+    api_key: Optional[str] = SERVERS_API_KEY,
 ) -> None:
     """Live view per endpoint and role: its gauges with current values and sparklines, its
     state in words; marks a wedge as it forms. Exit 1 wedge, 0 healthy, 2 unreachable."""
