@@ -40,12 +40,17 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
         reference = ReferenceAnswers.load(config.reference)
     run_id, run_dir = new_run_dir(config)
     model = config.model or (facts.get("models") or ["default"])[0]
+    reported = family_of_server(facts)
+    family = chosen_family(config.family, reported)
     run_info: dict[str, Any] = {
         "run": run_id,
         "command": command,
         "config": config.to_json(),
         "model": model,
         "server": facts,
+        # whose markup the run checks, and why: the report says it (families.chosen_family)
+        "model_family": {"family": family, "from": "--family" if config.family != "auto"
+                         else "tool_call_parser" if reported else "each answer's model"},
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
     }
     if reference is not None:
@@ -64,8 +69,7 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
             history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
             history.close()
             raise
-    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference,
-                      chosen_family(config.family, family_of_server(facts)))
+    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference, family)
     deployment = Deployment.from_dict(facts.get("deployment"))
     if deployment is not None:
         driver.watch.know_roles(deployment.roles())

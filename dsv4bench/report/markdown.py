@@ -352,9 +352,24 @@ def _server_section(history: History) -> list[str]:
         rows += [[code_span(k), cell(info[k])] for k in SERVER_FACTS if k in info]
     if isinstance(server.get("metrics_dialect"), dict):
         rows.append(["metrics dialect", cell(_dialect_words(server["metrics_dialect"]))])
+    family = _family_words(history.run.get("model_family"))
+    if family:
+        rows.append(["model family checked", family])
     if not rows:
         return ["## Server", "", "No model ids or known server facts recorded."]
     return ["## Server", "", table(["fact", "value"], rows)]
+
+
+def _family_words(chosen: Any) -> str | None:
+    """Whose markup the run checked and why (run.json's model_family), or None for a run that did not say."""
+    if not isinstance(chosen, dict):
+        return None
+    family, source = chosen.get("family"), chosen.get("from")
+    if family == "all":
+        return "every family (`--family all`)"
+    if isinstance(family, str) and family:
+        return f"{code_span(family)} (from {cell(source) if isinstance(source, str) else 'the run'})"
+    return "each turn's own, from its answer's model name; every family where that names none"
 
 
 def key_hosts_lines(history: History) -> list[str]:

@@ -152,3 +152,14 @@ def test_parser_oracles_section_without_sglang_or_disagreement(run_folder, make_
     assert "SGLang's parser not installed (No module named 'sglang')" in md
     assert md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0].rstrip().endswith("No turn's readings disagreed.")
     assert "## Parser oracles" not in render(run_folder([make_turn()]))  # a run without --raw
+
+
+def test_the_server_section_says_whose_markup_the_run_checked() -> None:
+    from dsv4bench.report.markdown import _family_words
+
+    assert _family_words({"family": "qwen", "from": "tool_call_parser"}) == "`qwen` (from tool_call_parser)"
+    assert _family_words({"family": "all", "from": "--family"}) == "every family (`--family all`)"
+    assert "each turn's own" in (_family_words({"family": None, "from": "each answer's model"}) or "")
+    assert _family_words(None) is None  # a run folder written before the field: no row
+    # a family name from a hand-edited run.json is shown inert
+    assert "|" not in (_family_words({"family": "x|y", "from": "a|b"}) or "").replace("\\|", "")
