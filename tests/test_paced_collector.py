@@ -11,6 +11,11 @@ import anyio
 
 from dsv4bench.loop.paced_collector import paced_collection, rss_bytes
 
+try:  # a builtin from Python 3.11; anyio brings the backport before it
+    BaseExceptionGroup
+except NameError:  # pragma: no cover - Python 3.10
+    from exceptiongroup import BaseExceptionGroup
+
 
 class Node:
     def __init__(self) -> None:
