@@ -4,8 +4,9 @@ Per family: a whole call block left in content, in the reasoning and inside anot
 arguments; its special tokens, in the spellings seen in the wild; and the clean look-alikes: the
 same markup inside an argument string or quoted in prose when the request gave it to the model,
 text before a call, an empty-argument call, numbers and unicode keeping their types. The blocks
-are the formats' own: each is read as a call by SGLang's detector for the family where SGLang is
-installed, and Mistral's is rendered by mistral-common.
+(tests/fixtures/family_markup.py, shared with scripts/bench_verdicts.py) are the formats' own:
+each is read as a call by SGLang's detector for the family where SGLang is installed, and
+Mistral's is rendered by mistral-common.
 """
 
 from __future__ import annotations
@@ -16,43 +17,11 @@ import pytest
 
 from dsv4bench.checks import run_checks
 from dsv4bench.families import BY_NAME, FAMILIES, family_for, find_markup
+from tests.fixtures.family_markup import BLOCKS, corpus
+from tests.fixtures.family_markup import MARKUP_CODES as CORRUPTION_MARKUP
 
 from .turns import turn
 
-CORRUPTION_MARKUP = {"dsml_leak_content", "dsml_leak_reasoning", "dsml_in_arguments", "markup_leak_content",
-                     "markup_leak_reasoning", "markup_in_arguments", "special_token_leak"}
-
-# family -> (a whole call of read_file(path="src/main.py") as the model writes it, the SGLang
-# detector that reads it, a special token of the family, a variant spelling of one).
-BLOCKS: dict[str, tuple[str, str | None, str, str]] = {
-    "deepseek-v4": ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read_file">\n<｜DSML｜parameter name="path" '
-                    'string="true">src/main.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-                    "deepseekv4", "<｜end▁of▁sentence｜>", "<|end_of_sentence|>"),
-    "deepseek-v3.1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "src/main.py"}'
-                      '<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "deepseekv31", "<｜Assistant｜>", "<| Assistant |>"),
-    "deepseek-v3": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n```json\n'
-                    '{"path": "src/main.py"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "deepseekv3",
-                    "<｜begin▁of▁sentence｜>", "<||begin_of_sentence||>"),
-    "qwen": ('<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>', "qwen25",
-             "<|im_end|>", "<｜im_end｜>"),
-    "qwen3-coder": ("<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.py\n</parameter>\n</function>\n"
-                    "</tool_call>", "qwen3_coder", "<|im_start|>", "< |im_start| >"),
-    "kimi-k2": ('<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>'
-                '{"path": "src/main.py"}<|tool_call_end|><|tool_calls_section_end|>', "kimi_k2", "<|im_end|>",
-                "<｜im_assistant｜>"),
-    "kimi-k3": ('<|open|>tools<|sep|><|open|>call tool="read_file" index="1"<|sep|><|open|>argument key="path" '
-                'type="string"<|sep|>src/main.py<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
-                "kimi_k3", "<|sep|>", "<｜open｜>"),
-    "glm": ("<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>src/main.py</arg_value>\n</tool_call>", "glm45",
-            "<|observation|>", "<｜user｜>"),
-    "gpt-oss": ('<|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>'
-                '{"path": "src/main.py"}<|call|>', "gpt-oss", "<|return|>", "<｜end｜>"),
-    "llama3": ('<|python_tag|>{"name": "read_file", "parameters": {"path": "src/main.py"}}', "llama3", "<|eot_id|>",
-               "<｜eot_id｜>"),
-    "mistral": ('[TOOL_CALLS]read_file[ARGS]{"path": "src/main.py"}', "mistral", "[INST]", "[/INST]"),
-    "gemma": ('<|tool_call>call:read_file{path:<|"|>src/main.py<|"|>}<tool_call|>', "gemma4", "<end_of_turn>",
-              "<start_of_turn>"),
-}
 READ_FILE = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 
@@ -251,9 +220,7 @@ def test_all_checks_every_family_even_on_a_server_that_reports_one() -> None:
     assert codes(turn(text, family="all")) == {"special_token_leak"}
 
 
-from tests.fixtures.family_markup import corpus as _corpus  # noqa: E402 - the shared corpus, after the local tables
-
-_CASES = _corpus()
+_CASES = corpus()
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["family known", "family unknown"])
