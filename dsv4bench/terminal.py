@@ -21,13 +21,14 @@ from typing import Any
 from rich.markup import escape as _markup_escape
 from rich.text import Text
 
-# C0 controls but \t (ESC, CR and LF included: a line break in server text would forge a line of
-# ours), DEL and the C1 controls (0x9b is a one-byte CSI on some terminals), the Arabic letter
-# mark, zero-width space, LRM/RLM, line and paragraph separators, bidi embeddings, overrides and
-# isolates, the BOM, and lone surrogates.
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]"
-)
+# DEL and the C1 controls (0x9b is a one-byte CSI on some terminals), the Arabic letter mark,
+# zero-width space, LRM/RLM, line and paragraph separators, bidi embeddings, overrides and
+# isolates, the BOM, and lone surrogates: unsafe wherever server text is shown.
+_INVISIBLE = "\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff"
+# Beside them the C0 controls but \t; on a terminal \n too (a line break in server text would
+# forge a line of ours), in report.md not (escape.py keeps the text's own lines).
+_UNSAFE = re.compile(f"[\x00-\x08\x0a-\x1f{_INVISIBLE}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x08\x0b-\x1f{_INVISIBLE}]")
 
 
 def _escape_one(m: re.Match[str]) -> str:
@@ -35,9 +36,15 @@ def _escape_one(m: re.Match[str]) -> str:
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
+def escape_unsafe(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with every control, bidi or invisible character written as a visible escape
+    (`\\x1b`, `\\u202e`); \\t kept, and \\n where `keep_newlines` (the report's text)."""
+    return (_UNSAFE_BUT_NEWLINE if keep_newlines else _UNSAFE).sub(_escape_one, text)
+
+
 def visible(value: Any) -> str:
     """`value` as text whose every control, bidi or invisible character is a visible escape."""
-    return _UNSAFE.sub(_escape_one, value if isinstance(value, str) else str(value))
+    return escape_unsafe(value if isinstance(value, str) else str(value))
 
 
 def markup_safe(value: Any) -> str:

@@ -9,24 +9,13 @@ no byte that hides, reorders or cuts what is around it. The markdown helpers in 
 
 from __future__ import annotations
 
-import re
-
-# C0 controls but \t and \n, DEL and the C1 controls, the Arabic letter mark, zero-width space,
-# LRM/RLM, line and paragraph separators, bidi embeddings, overrides and isolates, the BOM,
-# and lone surrogates (which UTF-8 cannot even encode).
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]"
-)
-
-
-def _escape_one(m: re.Match[str]) -> str:
-    o = ord(m.group())
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+from dsv4bench.terminal import escape_unsafe
 
 
 def escape_text(text: str) -> str:
-    """`text` with every unsafe character written as a visible escape; \\n and \\t are kept."""
-    return _UNSAFE.sub(_escape_one, text)
+    """`text` with every unsafe character written as a visible escape; \\n and \\t are kept. The
+    characters are the terminal's (dsv4bench/terminal.py), but for the line breaks."""
+    return escape_unsafe(text, keep_newlines=True)
 
 
 def plot_text(text: str) -> str:
