@@ -68,16 +68,19 @@ def decode_object(raw: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def string_leaves(value: Any, path: str = "$") -> Iterator[tuple[str, str]]:
-    """Every string value inside a decoded JSON value, with its JSON path (`$.edits[0].new`)."""
+def string_leaves(value: Any, path: str = "$", *, keys: bool = False) -> Iterator[tuple[str, str]]:
+    """Every string value inside a decoded JSON value, with its JSON path (`$.edits[0].new`);
+    with `keys`, every object key too (path `$.edits[0].<key 'new'>`), text a model wrote as well."""
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from string_leaves(item, f"{path}.{key}")
+            if keys:
+                yield f"{path}.<key {key[:20]!r}>", key
+            yield from string_leaves(item, f"{path}.{key}", keys=keys)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from string_leaves(item, f"{path}[{i}]")
+            yield from string_leaves(item, f"{path}[{i}]", keys=keys)
 
 
 def argument_texts(raw: str, *, as_sent: bool = True) -> Iterator[tuple[str, str]]:

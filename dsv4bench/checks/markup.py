@@ -25,11 +25,10 @@ they do not.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from dsv4bench.checks.common import decode_json, excerpt, response_of
+from dsv4bench.checks.common import decode_json, excerpt, response_of, string_leaves
 from dsv4bench.families import Markup, find_markup
 from dsv4bench.families.deepseek import TOKENS
 from dsv4bench.history.records import TurnContext, Verdict
@@ -72,20 +71,7 @@ def _texts(ctx: TurnContext) -> Iterator[tuple[str, str, str]]:
         except (ValueError, TypeError):
             yield where, "raw", call.arguments
             continue
-        yield from ((where, path, text) for path, text in _leaves_and_keys(value))
-
-
-def _leaves_and_keys(value: object, path: str = "$") -> Iterator[tuple[str, str]]:
-    """Every string value and every key inside a decoded JSON value, with its JSON path."""
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield f"{path}.<key {key[:20]!r}>", key
-            yield from _leaves_and_keys(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _leaves_and_keys(item, f"{path}[{i}]")
+        yield from ((where, path, text) for path, text in string_leaves(value, keys=True))
 
 
 def _judge(ctx: TurnContext, where: str, text: str, m: Markup) -> tuple[str, str] | None:
@@ -179,8 +165,3 @@ def check_markup_in_arguments(ctx: TurnContext) -> list[Verdict]:
 def check_markup_unproven(ctx: TurnContext) -> list[Verdict]:
     """Markup the answer alone cannot judge (the request's text is not known): evidence."""
     return verdicts_of(ctx, UNPROVEN)
-
-
-def describe(findings_: list[Finding]) -> str:
-    """A one-line list of findings, for logs and tests."""
-    return json.dumps([(f.code, f.where, f.markup.kind, f.markup.text) for f in findings_], ensure_ascii=False)

@@ -33,7 +33,6 @@ from dsv4bench.families.deepseek import TOKENS, bundled_tokens, recipe_tokens, s
 from dsv4bench.history.records import TurnContext, Verdict
 
 CODE = "special_token_leak"
-THINKING_MARKERS = frozenset(s for s, name in TOKENS.items() if name in ("ThinkingStart", "ThinkingEnd") or "think" in s)
 
 
 def find_special_tokens(text: str, family: str | None = None) -> list[tuple[int, int, str]]:
@@ -48,5 +47,5 @@ def check_special_token_leak(ctx: TurnContext) -> list[Verdict]:
     return verdicts_of(ctx, CODE)
 
 
-__all__ = ["CODE", "THINKING_MARKERS", "TOKENS", "bundled_tokens", "check_special_token_leak", "find_special_tokens",
+__all__ = ["CODE", "TOKENS", "bundled_tokens", "check_special_token_leak", "find_special_tokens",
            "recipe_tokens", "special_tokens"]

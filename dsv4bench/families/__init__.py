@@ -14,22 +14,13 @@ import re
 from collections.abc import Iterable
 
 from dsv4bench.families import deepseek, gemma, glm, gpt_oss, kimi, llama, mistral, qwen
-from dsv4bench.families.base import BARS, SPECIAL_TOKEN, TOOL_MARKUP, Family, Marker, Markup, resolve_overlaps
+from dsv4bench.families.base import Family, Markup, resolve_overlaps
 
 # Order matters where model names overlap: the most specific pattern first.
 _MODULES = (deepseek, qwen, kimi, glm, gpt_oss, llama, mistral, gemma)
 FAMILIES: tuple[Family, ...] = tuple(f for module in _MODULES for f in module.FAMILIES)
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 assert len(BY_NAME) == len(FAMILIES), "each family name once"
-DEEPSEEK = tuple(f.name for f in deepseek.FAMILIES)
-
-
-def family_by_name(name: str) -> Family:
-    """The family called `name`; KeyError naming the known ones otherwise."""
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"unknown model family {name!r}; known: {', '.join(BY_NAME)}") from None
 
 
 def _parser_key(name: str) -> str:
@@ -119,5 +110,5 @@ def find_markup(text: str, family: str | None = None, offered: Iterable[str] = (
     return resolve_overlaps(found)
 
 
-__all__ = ["BARS", "BY_NAME", "DEEPSEEK", "FAMILIES", "SPECIAL_TOKEN", "TOOL_MARKUP", "Family", "Marker", "Markup",
-           "ALL", "AUTO", "chosen_family", "families_to_check", "family_by_name", "family_flag", "family_for", "family_of_server", "family_of_model", "family_of_parser", "find_markup"]
+__all__ = ["ALL", "AUTO", "BY_NAME", "FAMILIES", "Family", "Markup", "chosen_family", "families_to_check", "family_flag",
+           "family_for", "family_of_model", "family_of_parser", "family_of_server", "find_markup"]

@@ -23,7 +23,6 @@ BARS = "|\uff5c\u2223\u01c0\u2758\uffe8\u2502\u2503\u05c0\u2016\u2225\u23d0\ufe3
 _BAR = f"[{re.escape(BARS)}]"
 # Between a token's words: SentencePiece's `▁`, an underscore, a space, or nothing at all.
 _SEP = "[\u2581_ ]?"
-TOOL_MARKUP, SPECIAL_TOKEN = "tool-call markup", "special token"
 
 
 class Markup(NamedTuple):
@@ -129,7 +128,6 @@ class Family:
     reasoning_parser: str | None = None
     raw_signature: re.Pattern[str] | None = None
     renderer: str | None = None  # the vendor package that renders its prompts, where one does
-    notes: str = ""
     extra_finders: tuple[Callable[[str, frozenset[str]], list[Markup]], ...] = field(default=())
 
     def find(self, text: str, offered: frozenset[str] = frozenset(), seen: set[int] | None = None) -> list[Markup]:
