@@ -354,10 +354,11 @@ class GivenText:
 
     _ROLES = ("system", "developer", "user", "tool", "function")
 
-    def __init__(self, texts: tuple[str, ...] = (), written: tuple[tuple[bool, str], ...] | None = None) -> None:
-        # (given, text) in conversation order: given by the request (True) or written by the model
-        self.written = tuple((True, t) for t in texts) if written is None else written
-        self.texts = tuple(t for given, t in self.written if given)
+    def __init__(self, texts: tuple[str, ...] = (), messages: list[Any] | None = None) -> None:
+        # Read lazily (`written`): a turn's request is walked only where markup was found, so the
+        # whole conversation, every earlier call's arguments decoded, stays off the per-turn path.
+        self._texts = texts
+        self._messages = messages
 
     @classmethod
     def of_body(cls, body: Any) -> GivenText | None:
@@ -365,15 +366,22 @@ class GivenText:
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list):
             return None
+        return cls(messages=list(messages))  # the list as sent: a session appends to its own later
+
+    @functools.cached_property
+    def written(self) -> tuple[tuple[bool, str], ...]:
+        """(given, text) in conversation order: given by the request (True) or written by the model."""
+        if self._messages is None:
+            return tuple((True, t) for t in self._texts)
         written: list[tuple[bool, str]] = []
-        for msg in messages:
+        for msg in self._messages:
             if not isinstance(msg, dict):
                 continue
-            if msg.get("role") in cls._ROLES:
+            if msg.get("role") in self._ROLES:
                 written.extend((True, t) for t in _message_texts(msg.get("content")))
             elif msg.get("role") == "assistant":
                 written.extend((False, t) for t in _assistant_texts(msg))
-        return cls(written=tuple(written))
+        return tuple(written)
 
     @functools.cached_property
     def joined(self) -> str:

@@ -268,3 +268,34 @@ def test_markup_in_a_tool_name_is_the_calls_leak() -> None:
     ctx = turn(calls=[("read_file<|channel|>commentary", {"path": "a"})], family="gpt-oss")
     assert "special_token_leak" in codes(ctx)
     assert codes(turn(calls=[("read_file", {"path": "a"})], family="gpt-oss")) == set()
+
+
+def test_markup_the_model_wrote_first_and_a_tool_echoed_is_still_the_models() -> None:
+    """Given text counts only where the request held it before the model ever wrote it: a token the
+    model leaked into a call's arguments, echoed back by the tool, does not clear its next leak; the
+    same token first given by the user does."""
+    from dsv4bench.history.records import GivenText
+
+    eos = "<｜end▁of▁sentence｜>"
+    leaked = {"messages": [
+        {"role": "user", "content": "Sum the orders."},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function", "function": {
+            "name": "read_file", "arguments": json.dumps({"path": "orders" + eos})}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": f"no file orders{eos}"}]}
+    asked = {"messages": [{"role": "user", "content": f"What does {eos} mean?"}, *leaked["messages"][1:]]}
+    ctx = turn("Done." + eos, family="deepseek-v4")
+    ctx.given = GivenText.of_body(leaked)
+    assert codes(ctx) == {"special_token_leak"}
+    ctx.given = GivenText.of_body(asked)
+    assert codes(ctx) == set()
+
+
+def test_the_given_text_is_the_request_as_sent() -> None:
+    """A session appends its next messages to its own list after the turn: the turn's given text
+    is the request it sent."""
+    from dsv4bench.history.records import GivenText
+
+    messages = [{"role": "user", "content": "plain task"}]
+    given = GivenText.of_body({"messages": messages})
+    messages.append({"role": "user", "content": "<|im_end|>"})
+    assert given is not None and not given.holds("<|im_end|>") and given.holds("plain task")
