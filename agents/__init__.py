@@ -84,8 +84,9 @@ class ExpertSession:
         return self.steps[-1].final if self.steps and self.steps[-1].is_final else None
 
 
-def play_expert(family: ScenarioFamily | str, seed: int, max_turns: int = 16,
-                alter: Callable[[int, Step], Step] | None = None) -> ExpertSession:
+def play_expert(
+    family: ScenarioFamily | str, seed: int, max_turns: int = 16, alter: Callable[[int, Step], Step] | None = None
+) -> ExpertSession:
     """Play the expert against a fresh world for at most `max_turns` assistant turns.
 
     `alter(turn, step)` may replace the expert's step of a turn (training data uses it to
@@ -132,8 +133,10 @@ def session_messages(session: ExpertSession, upto: int | None = None) -> list[di
         if step.is_final:
             msgs.append(assistant_message(step.final or ""))
             continue
-        calls = [CallText(default_call_id(n, i), a.name, json.dumps(a.arguments, ensure_ascii=False))
-                 for i, a in enumerate(step.calls)]
+        calls = [
+            CallText(default_call_id(n, i), a.name, json.dumps(a.arguments, ensure_ascii=False))
+            for i, a in enumerate(step.calls)
+        ]
         msgs.append(assistant_message("", calls))
         msgs += [tool_message(c.id, o.result) for c, o in zip(calls, turn)]
     return msgs

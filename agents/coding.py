@@ -14,33 +14,84 @@ from .toolkit import ToolWorld, call, first_match, follow_plan, numbered, obj, s
 MAX_READ_LINES = 200
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("list_dir", "List the files under a directory of the repository, with their sizes.", obj({
-        "path": {"type": "string", "description": "Directory relative to the repository root; '.' for the root."},
-        "recursive": {"type": "boolean", "description": "Include files in subdirectories (default true)."},
-    })),
-    ToolSpec("read_file", "Read a text file with line numbers, optionally only a range of lines.", obj({
-        "path": {"type": "string", "minLength": 1},
-        "start_line": {"type": "integer", "minimum": 1, "description": "First line to show (1-based)."},
-        "end_line": {"type": "integer", "minimum": 1, "description": "Last line to show, included."},
-    }, ["path"])),
-    ToolSpec("search_code", "Search the repository for a literal text and list matching lines.", obj({
-        "pattern": {"type": "string", "minLength": 1, "description": "Literal text to look for (not a regex)."},
-        "glob": {"type": "string", "description": "Only search files whose path matches this glob, e.g. '*.py'."},
-        "max_results": {"type": "integer", "minimum": 1, "maximum": 100},
-        "case_sensitive": {"type": "boolean"},
-    }, ["pattern"])),
-    ToolSpec("edit_file", "Replace exact snippets of a file; each `old` must occur exactly once.", obj({
-        "path": {"type": "string", "minLength": 1},
-        "edits": {"type": "array", "minItems": 1, "maxItems": 10, "items": obj({
-            "old": {"type": "string", "minLength": 1, "description": "Exact text to replace."},
-            "new": {"type": "string", "description": "Replacement text."},
-        }, ["old", "new"])},
-    }, ["path", "edits"])),
-    ToolSpec("run_tests", "Run the project's test suite, or only the named tests.", obj({
-        "names": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
-                  "description": "Test function names, e.g. ['test_mean']; all tests when omitted."},
-        "verbosity": {"type": "string", "enum": ["quiet", "normal", "verbose"]},
-    })),
+    ToolSpec(
+        "list_dir",
+        "List the files under a directory of the repository, with their sizes.",
+        obj(
+            {
+                "path": {
+                    "type": "string",
+                    "description": "Directory relative to the repository root; '.' for the root.",
+                },
+                "recursive": {"type": "boolean", "description": "Include files in subdirectories (default true)."},
+            }
+        ),
+    ),
+    ToolSpec(
+        "read_file",
+        "Read a text file with line numbers, optionally only a range of lines.",
+        obj(
+            {
+                "path": {"type": "string", "minLength": 1},
+                "start_line": {"type": "integer", "minimum": 1, "description": "First line to show (1-based)."},
+                "end_line": {"type": "integer", "minimum": 1, "description": "Last line to show, included."},
+            },
+            ["path"],
+        ),
+    ),
+    ToolSpec(
+        "search_code",
+        "Search the repository for a literal text and list matching lines.",
+        obj(
+            {
+                "pattern": {"type": "string", "minLength": 1, "description": "Literal text to look for (not a regex)."},
+                "glob": {
+                    "type": "string",
+                    "description": "Only search files whose path matches this glob, e.g. '*.py'.",
+                },
+                "max_results": {"type": "integer", "minimum": 1, "maximum": 100},
+                "case_sensitive": {"type": "boolean"},
+            },
+            ["pattern"],
+        ),
+    ),
+    ToolSpec(
+        "edit_file",
+        "Replace exact snippets of a file; each `old` must occur exactly once.",
+        obj(
+            {
+                "path": {"type": "string", "minLength": 1},
+                "edits": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 10,
+                    "items": obj(
+                        {
+                            "old": {"type": "string", "minLength": 1, "description": "Exact text to replace."},
+                            "new": {"type": "string", "description": "Replacement text."},
+                        },
+                        ["old", "new"],
+                    ),
+                },
+            },
+            ["path", "edits"],
+        ),
+    ),
+    ToolSpec(
+        "run_tests",
+        "Run the project's test suite, or only the named tests.",
+        obj(
+            {
+                "names": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "string", "minLength": 1},
+                    "description": "Test function names, e.g. ['test_mean']; all tests when omitted.",
+                },
+                "verbosity": {"type": "string", "enum": ["quiet", "normal", "verbose"]},
+            }
+        ),
+    ),
 )
 
 
@@ -69,7 +120,7 @@ class CodingWorld(ToolWorld):
         entries: list[str] = []
         dirs: set[str] = set()
         for p in under:
-            rest = p[len(prefix):]
+            rest = p[len(prefix) :]
             if "/" in rest:
                 d = prefix + rest.split("/")[0] + "/"
                 if d not in dirs:
@@ -91,13 +142,15 @@ class CodingWorld(ToolWorld):
         if last < start_line:
             raise ToolError(f"end_line {end_line} is before start_line {start_line}")
         last = min(last, start_line + MAX_READ_LINES - 1)
-        more = ("" if last == len(lines)
-                else f"\n... ({len(lines) - last} more lines; read on with start_line={last + 1})")
+        more = (
+            "" if last == len(lines) else f"\n... ({len(lines) - last} more lines; read on with start_line={last + 1})"
+        )
         head = f"{path} (lines {start_line}-{last} of {len(lines)})\n"
-        return head + numbered(lines[start_line - 1:last], start_line) + more
+        return head + numbered(lines[start_line - 1 : last], start_line) + more
 
-    def tool_search_code(self, pattern: str, glob: str = "*", max_results: int = 20,
-                         case_sensitive: bool = False) -> str:
+    def tool_search_code(
+        self, pattern: str, glob: str = "*", max_results: int = 20, case_sensitive: bool = False
+    ) -> str:
         needle = pattern if case_sensitive else pattern.lower()
         hits: list[str] = []
         for p in sorted(self.files):
@@ -127,7 +180,7 @@ class CodingWorld(ToolWorld):
             text = text.replace(e["old"], e["new"])
         self.files[key] = text
         lines = text.rstrip("\n").split("\n")
-        shown = [numbered(lines[max(0, at - 4):at + 5], max(0, at - 4) + 1) for at in spots]
+        shown = [numbered(lines[max(0, at - 4) : at + 5], max(0, at - 4) + 1) for at in spots]
         return f"Edited {path}: {len(edits)} replacement(s) applied.\n" + "\n...\n".join(shown)
 
     def tool_run_tests(self, names: list[str] | None = None, verbosity: str = "normal") -> str:
@@ -140,13 +193,17 @@ class CodingWorld(ToolWorld):
         tlines = self.files.get(tpath, "").split("\n")
         results: list[tuple[str, str | None]] = []
         for n in selected:
-            fn = n[len("test_"):]
+            fn = n[len("test_") :]
             results.append((n, simulate_test(self.files.get(self.project.locations[fn], ""), BY_NAME[fn])))
         failed = [(n, why) for n, why in results if why]
-        out = ["============================= test session starts ==============================",
-               "platform linux -- Python 3.11.8, pytest-8.1.1, pluggy-1.4.0",
-               f"rootdir: /workspace/{self.project.package}", "configfile: pyproject.toml",
-               f"collected {len(selected)} items", ""]
+        out = [
+            "============================= test session starts ==============================",
+            "platform linux -- Python 3.11.8, pytest-8.1.1, pluggy-1.4.0",
+            f"rootdir: /workspace/{self.project.package}",
+            "configfile: pyproject.toml",
+            f"collected {len(selected)} items",
+            "",
+        ]
         marks = "".join("F" if why else "." for _, why in results)
         if verbosity == "verbose":
             for i, (n, why) in enumerate(results, 1):
@@ -158,20 +215,32 @@ class CodingWorld(ToolWorld):
             for n, why in failed:
                 line = next((i + 2 for i, t in enumerate(tlines) if t.startswith(f"def {n}(")), 0)
                 src = tlines[line - 1].strip() if 0 < line <= len(tlines) else "assert ..."
-                out += [f"_________________________________ {n} _________________________________", "",
-                        f"    def {n}():", f">       {src}", str(why), "", f"{tpath}:{line}: AssertionError"]
+                out += [
+                    f"_________________________________ {n} _________________________________",
+                    "",
+                    f"    def {n}():",
+                    f">       {src}",
+                    str(why),
+                    "",
+                    f"{tpath}:{line}: AssertionError",
+                ]
             out += ["=========================== short test summary info ============================"]
             out += [f"FAILED {tpath}::{n} - AssertionError" for n, _ in failed]
         passed = len(results) - len(failed)
         parts = ([f"{len(failed)} failed"] if failed else []) + ([f"{passed} passed"] if passed else [])
-        out.append(f"========================= {', '.join(parts)} in {0.05 + 0.02 * len(results):.2f}s "
-                   "=========================")
+        out.append(
+            f"========================= {', '.join(parts)} in {0.05 + 0.02 * len(results):.2f}s "
+            "========================="
+        )
         return "\n".join(out)
 
     def failing_tests(self) -> list[str]:
         """Names of the tests that fail on the current files."""
-        return [f"test_{fn}" for fn, path in self.project.locations.items()
-                if simulate_test(self.files.get(path, ""), BY_NAME[fn])]
+        return [
+            f"test_{fn}"
+            for fn, path in self.project.locations.items()
+            if simulate_test(self.files.get(path, ""), BY_NAME[fn])
+        ]
 
     def _resolve(self, path: str) -> str:
         key = path.strip()
@@ -245,9 +314,19 @@ class CodingFamily(ScenarioFamily):
         p = world.project
         t = BY_NAME[p.bug]
         kind = rng.choice(sorted(PROMPTS))
-        goal = {"kind": kind, "function": t.name, "module": p.locations[t.name], "test": f"test_{t.name}",
-                "test_path": p.test_path, "package": p.package, "bug_line": t.bug, "fix_line": t.key,
-                "call": t.call, "expected": t.expected, "actual": t.buggy_result}
+        goal = {
+            "kind": kind,
+            "function": t.name,
+            "module": p.locations[t.name],
+            "test": f"test_{t.name}",
+            "test_path": p.test_path,
+            "package": p.package,
+            "bug_line": t.bug,
+            "fix_line": t.key,
+            "call": t.call,
+            "expected": t.expected,
+            "actual": t.buggy_result,
+        }
         prompt = rng.choice(PROMPTS[kind]).format(**goal)
         return Task(self.name, seed, prompt, goal)
 
@@ -261,6 +340,7 @@ class CodingFamily(ScenarioFamily):
 
 
 # --- the expert ----------------------------------------------------------------------
+
 
 def _module(task: Task, seen: list[Observation]) -> str:
     """The module defining the function, as the search found it (the goal only as a fallback)."""
@@ -288,7 +368,8 @@ def _edit(task: Task, seen: list[Observation]) -> list[ToolAction] | None:
     for o in successes(seen, "edit_file"):
         edits = o.action.arguments.get("edits") or []
         if o.action.arguments.get("path") == module and any(
-                isinstance(e, dict) and g["fix_line"] in str(e.get("new")) for e in edits):
+            isinstance(e, dict) and g["fix_line"] in str(e.get("new")) for e in edits
+        ):
             return None  # someone already made the fix
     return [call("edit_file", path=module, edits=[{"old": g["bug_line"], "new": g["fix_line"]}])]
 
@@ -306,8 +387,9 @@ _STAGES = (
     lambda t, s: [call("list_dir", path=".", recursive=True)],
     _readme,
     lambda t, s: [call("run_tests", verbosity="verbose")],
-    lambda t, s: [call("search_code", pattern=f"def {t.goal['function']}(", glob="*.py", max_results=20,
-                       case_sensitive=True)],
+    lambda t, s: [
+        call("search_code", pattern=f"def {t.goal['function']}(", glob="*.py", max_results=20, case_sensitive=True)
+    ],
     lambda t, s: [call("read_file", path=_module(t, s))],
     lambda t, s: [call("search_code", pattern=f"{t.goal['function']}(", max_results=30)],
     _test_section,
@@ -324,8 +406,12 @@ def _finish(task: Task, seen: list[Observation]) -> str:
     summary = runs[-1].result.strip().split("\n")[-1].strip("= ") if runs else "no test run"
     fixed = any(o.action.arguments.get("path") == _module(task, seen) for o in successes(seen, "edit_file"))
     if fixed and "failed" not in summary:
-        return (f"Fixed `{g['function']}` in `{_module(task, seen)}`: the line `{g['bug_line']}` contradicted the "
-                f"docstring's rule, so I replaced it with `{g['fix_line']}`. Now `{g['call']}` returns "
-                f"{g['expected']}. Test suite: {summary}.")
-    return (f"I could not confirm a fix for `{g['function']}` (expected `{g['call']}` == {g['expected']}). "
-            f"Last test run: {summary}.")
+        return (
+            f"Fixed `{g['function']}` in `{_module(task, seen)}`: the line `{g['bug_line']}` contradicted the "
+            f"docstring's rule, so I replaced it with `{g['fix_line']}`. Now `{g['call']}` returns "
+            f"{g['expected']}. Test suite: {summary}."
+        )
+    return (
+        f"I could not confirm a fix for `{g['function']}` (expected `{g['call']}` == {g['expected']}). "
+        f"Last test run: {summary}."
+    )

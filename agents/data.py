@@ -8,50 +8,111 @@ from math import fsum
 from typing import Any
 
 from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
-from .data_world import (MONTHS, REGIONS, SEGMENTS, TEXT, Table, aggregate, build_tables, describe_conditions,
-                          fmt, select)
+from .data_world import (
+    MONTHS,
+    REGIONS,
+    SEGMENTS,
+    TEXT,
+    Table,
+    aggregate,
+    build_tables,
+    describe_conditions,
+    fmt,
+    select,
+)
 from .toolkit import ToolWorld, call, first_match, follow_plan, obj, successes
 from .toolkit import table as md_table
 
-_COND = obj({
-    "column": {"type": "string", "minLength": 1},
-    "op": {"type": "string", "enum": ["=", "!=", "<", "<=", ">", ">="]},
-    "value": {"type": ["string", "number"], "description": "Strings for text columns, numbers otherwise."},
-}, ["column", "op", "value"])
+_COND = obj(
+    {
+        "column": {"type": "string", "minLength": 1},
+        "op": {"type": "string", "enum": ["=", "!=", "<", "<=", ">", ">="]},
+        "value": {"type": ["string", "number"], "description": "Strings for text columns, numbers otherwise."},
+    },
+    ["column", "op", "value"],
+)
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("list_tables", "List the tables of the database with row counts.", obj({
-        "include_columns": {"type": "boolean", "description": "Also list each table's column names."},
-    })),
-    ToolSpec("describe_table", "Show a table's columns, types, value ranges and optionally sample rows.", obj({
-        "table": {"type": "string", "minLength": 1},
-        "include_samples": {"type": "boolean"},
-        "sample_rows": {"type": "integer", "minimum": 1, "maximum": 20},
-    }, ["table"])),
-    ToolSpec("run_query", "Select rows of one table; conditions are ANDed. Returns a table of rows.", obj({
-        "table": {"type": "string", "minLength": 1},
-        "columns": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string"},
-                    "description": "Columns to show; all when omitted."},
-        "where": {"type": "array", "maxItems": 8, "items": _COND},
-        "order_by": obj({"column": {"type": "string"}, "descending": {"type": "boolean"}}, ["column"]),
-        "limit": {"type": "integer", "minimum": 1, "maximum": 200},
-    }, ["table"])),
-    ToolSpec("compute_aggregate", "Aggregate one column over the rows meeting a filter, optionally per group.", obj({
-        "table": {"type": "string", "minLength": 1},
-        "column": {"type": "string", "minLength": 1},
-        "function": {"type": "string", "enum": ["sum", "avg", "min", "max", "count"]},
-        "filter": {"type": "array", "maxItems": 8, "items": _COND},
-        "group_by": {"type": "string", "description": "A text column to break the result down by."},
-    }, ["table", "column", "function"])),
-    ToolSpec("write_report", "File the analysis as a report with numeric findings.", obj({
-        "title": {"type": "string", "minLength": 3},
-        "findings": {"type": "array", "minItems": 1, "maxItems": 10, "items": obj({
-            "metric": {"type": "string", "minLength": 1}, "value": {"type": "number"},
-            "unit": {"type": "string"},
-        }, ["metric", "value"])},
-        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "notes": {"type": "string"},
-    }, ["title", "findings", "confidence"])),
+    ToolSpec(
+        "list_tables",
+        "List the tables of the database with row counts.",
+        obj(
+            {
+                "include_columns": {"type": "boolean", "description": "Also list each table's column names."},
+            }
+        ),
+    ),
+    ToolSpec(
+        "describe_table",
+        "Show a table's columns, types, value ranges and optionally sample rows.",
+        obj(
+            {
+                "table": {"type": "string", "minLength": 1},
+                "include_samples": {"type": "boolean"},
+                "sample_rows": {"type": "integer", "minimum": 1, "maximum": 20},
+            },
+            ["table"],
+        ),
+    ),
+    ToolSpec(
+        "run_query",
+        "Select rows of one table; conditions are ANDed. Returns a table of rows.",
+        obj(
+            {
+                "table": {"type": "string", "minLength": 1},
+                "columns": {
+                    "type": "array",
+                    "minItems": 1,
+                    "uniqueItems": True,
+                    "items": {"type": "string"},
+                    "description": "Columns to show; all when omitted.",
+                },
+                "where": {"type": "array", "maxItems": 8, "items": _COND},
+                "order_by": obj({"column": {"type": "string"}, "descending": {"type": "boolean"}}, ["column"]),
+                "limit": {"type": "integer", "minimum": 1, "maximum": 200},
+            },
+            ["table"],
+        ),
+    ),
+    ToolSpec(
+        "compute_aggregate",
+        "Aggregate one column over the rows meeting a filter, optionally per group.",
+        obj(
+            {
+                "table": {"type": "string", "minLength": 1},
+                "column": {"type": "string", "minLength": 1},
+                "function": {"type": "string", "enum": ["sum", "avg", "min", "max", "count"]},
+                "filter": {"type": "array", "maxItems": 8, "items": _COND},
+                "group_by": {"type": "string", "description": "A text column to break the result down by."},
+            },
+            ["table", "column", "function"],
+        ),
+    ),
+    ToolSpec(
+        "write_report",
+        "File the analysis as a report with numeric findings.",
+        obj(
+            {
+                "title": {"type": "string", "minLength": 3},
+                "findings": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 10,
+                    "items": obj(
+                        {
+                            "metric": {"type": "string", "minLength": 1},
+                            "value": {"type": "number"},
+                            "unit": {"type": "string"},
+                        },
+                        ["metric", "value"],
+                    ),
+                },
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                "notes": {"type": "string"},
+            },
+            ["title", "findings", "confidence"],
+        ),
+    ),
 )
 
 
@@ -93,16 +154,29 @@ class DataWorld(ToolWorld):
             else:
                 summary = f"{len(distinct)} distinct, e.g. " + ", ".join(distinct[:3])
             rows.append((c.name, c.type, c.description, summary))
-        out = [f"Table {t.name}: {t.description}", f"Rows: {len(t.rows)}", "",
-               md_table(("column", "type", "description", "values"), rows)]
+        out = [
+            f"Table {t.name}: {t.description}",
+            f"Rows: {len(t.rows)}",
+            "",
+            md_table(("column", "type", "description", "values"), rows),
+        ]
         if include_samples:
             names = [c.name for c in t.columns]
-            out += ["", f"Sample rows (first {sample_rows}):",
-                    md_table(names, [[r[n] for n in names] for r in t.rows[:sample_rows]])]
+            out += [
+                "",
+                f"Sample rows (first {sample_rows}):",
+                md_table(names, [[r[n] for n in names] for r in t.rows[:sample_rows]]),
+            ]
         return "\n".join(out)
 
-    def tool_run_query(self, table: str, columns: list[str] | None = None, where: list[dict[str, Any]] | None = None,
-                       order_by: dict[str, Any] | None = None, limit: int = 50) -> str:
+    def tool_run_query(
+        self,
+        table: str,
+        columns: list[str] | None = None,
+        where: list[dict[str, Any]] | None = None,
+        order_by: dict[str, Any] | None = None,
+        limit: int = 50,
+    ) -> str:
         t = self.table(table)
         names = columns or [c.name for c in t.columns]
         for n in names:
@@ -119,8 +193,14 @@ class DataWorld(ToolWorld):
             return head + "\n(no rows)"
         return head + "\n" + md_table(names, [[fmt(r[n]) for n in names] for r in shown])
 
-    def tool_compute_aggregate(self, table: str, column: str, function: str,
-                               filter: list[dict[str, Any]] | None = None, group_by: str | None = None) -> str:
+    def tool_compute_aggregate(
+        self,
+        table: str,
+        column: str,
+        function: str,
+        filter: list[dict[str, Any]] | None = None,
+        group_by: str | None = None,
+    ) -> str:
         t = self.table(table)
         col = t.column(column)
         if function != "count" and col.type == TEXT:
@@ -133,13 +213,24 @@ class DataWorld(ToolWorld):
             if g.type != TEXT:
                 raise ToolError(f"group_by needs a text column; {group_by!r} is {g.type}")
             groups = sorted({r[g.name] for r in rows})
-            out += ["", f"by {g.name}:", md_table((g.name, f"{function}({column})", "rows"), [
-                (k, fmt(aggregate([r for r in rows if r[g.name] == k], column, function)),
-                 sum(1 for r in rows if r[g.name] == k)) for k in groups])]
+            out += [
+                "",
+                f"by {g.name}:",
+                md_table(
+                    (g.name, f"{function}({column})", "rows"),
+                    [
+                        (
+                            k,
+                            fmt(aggregate([r for r in rows if r[g.name] == k], column, function)),
+                            sum(1 for r in rows if r[g.name] == k),
+                        )
+                        for k in groups
+                    ],
+                ),
+            ]
         return "\n".join(out)
 
-    def tool_write_report(self, title: str, findings: list[dict[str, Any]], confidence: float,
-                          notes: str = "") -> str:
+    def tool_write_report(self, title: str, findings: list[dict[str, Any]], confidence: float, notes: str = "") -> str:
         report = {"title": title, "findings": findings, "confidence": confidence, "notes": notes}
         self.reports.append(report)
         lines = [f"Report #{len(self.reports)} filed: {title!r} (confidence {confidence:.2f})"]
@@ -163,8 +254,7 @@ PROMPTS: dict[str, tuple[str, ...]] = {
     ),
     "average": (
         "What is the average value of a completed order in the {category} category? Report it.",
-        "Compute the mean order amount for completed {category} orders across all months and write it up in a "
-        "report.",
+        "Compute the mean order amount for completed {category} orders across all months and write it up in a report.",
     ),
     "refunds": (
         "How many orders were refunded in the {region} region so far this year? Write a report with the count.",
@@ -173,8 +263,7 @@ PROMPTS: dict[str, tuple[str, ...]] = {
     "largest": (
         "What was the largest single completed order placed by {segment} customers in {quarter} 2024? Report "
         "the amount.",
-        "Find the biggest completed {segment} order of {quarter} 2024 (by amount) and write a report with its "
-        "value.",
+        "Find the biggest completed {segment} order of {quarter} 2024 (by amount) and write a report with its value.",
     ),
     "units": (
         "How many units of {product} were sold in completed orders? Write a report with the total.",
@@ -193,31 +282,69 @@ def _spec(kind: str, rng: random.Random, tables: dict[str, Table]) -> dict[str, 
     done = _eq("status", "completed")
     if kind == "revenue":
         region, month = rng.choice(REGIONS), rng.choice(MONTHS)
-        return {"region": region, "month_name": MONTH_NAMES[month], "column": "amount", "function": "sum",
-                "filters": [_eq("region", region), _eq("month", month), done], "group_by": "region",
-                "context": "customers", "metric": f"revenue {region} {month}", "unit": "USD"}
+        return {
+            "region": region,
+            "month_name": MONTH_NAMES[month],
+            "column": "amount",
+            "function": "sum",
+            "filters": [_eq("region", region), _eq("month", month), done],
+            "group_by": "region",
+            "context": "customers",
+            "metric": f"revenue {region} {month}",
+            "unit": "USD",
+        }
     if kind == "average":
         category = rng.choice(sorted({r["category"] for r in tables["orders"].rows}))
-        return {"category": category, "column": "amount", "function": "avg", "filters": [_eq("category", category),
-                done], "group_by": "category", "context": "products", "metric": f"average {category} order",
-                "unit": "USD"}
+        return {
+            "category": category,
+            "column": "amount",
+            "function": "avg",
+            "filters": [_eq("category", category), done],
+            "group_by": "category",
+            "context": "products",
+            "metric": f"average {category} order",
+            "unit": "USD",
+        }
     if kind == "refunds":
         region = rng.choice(REGIONS)
-        return {"region": region, "column": "order_id", "function": "count", "group_by": "region",
-                "filters": [_eq("region", region), _eq("status", "refunded")], "context": "customers",
-                "metric": f"refunded orders {region}", "unit": "orders"}
+        return {
+            "region": region,
+            "column": "order_id",
+            "function": "count",
+            "group_by": "region",
+            "filters": [_eq("region", region), _eq("status", "refunded")],
+            "context": "customers",
+            "metric": f"refunded orders {region}",
+            "unit": "orders",
+        }
     if kind == "largest":
         segment, quarter = rng.choice(SEGMENTS), rng.choice(sorted(QUARTERS))
         lo, hi = QUARTERS[quarter]
         span = [{"column": "month", "op": ">=", "value": lo}, {"column": "month", "op": "<=", "value": hi}]
-        return {"segment": segment, "quarter": quarter, "column": "amount", "function": "max", "group_by": "segment",
-                "filters": [_eq("segment", segment), *span, done], "context": "customers",
-                "metric": f"largest {segment} order {quarter}", "unit": "USD"}
+        return {
+            "segment": segment,
+            "quarter": quarter,
+            "column": "amount",
+            "function": "max",
+            "group_by": "segment",
+            "filters": [_eq("segment", segment), *span, done],
+            "context": "customers",
+            "metric": f"largest {segment} order {quarter}",
+            "unit": "USD",
+        }
     product = rng.choice(tables["products"].rows)
-    return {"product": product["name"], "product_id": product["product_id"], "category": product["category"],
-            "column": "quantity", "function": "sum", "filters": [_eq("product_id", product["product_id"]), done],
-            "group_by": "category", "context": "products", "metric": f"units sold {product['name']}",
-            "unit": "units"}
+    return {
+        "product": product["name"],
+        "product_id": product["product_id"],
+        "category": product["category"],
+        "column": "quantity",
+        "function": "sum",
+        "filters": [_eq("product_id", product["product_id"]), done],
+        "group_by": "category",
+        "context": "products",
+        "metric": f"units sold {product['name']}",
+        "unit": "units",
+    }
 
 
 SYSTEM_PROMPT = (
@@ -264,6 +391,7 @@ class DataFamily(ScenarioFamily):
 
 # --- the expert ----------------------------------------------------------------------
 
+
 def _filters(task: Task, seen: list[Observation]) -> list[dict[str, Any]]:
     """The goal's filters, with a product id read off the products query when there is one."""
     g = task.goal
@@ -274,8 +402,9 @@ def _filters(task: Task, seen: list[Observation]) -> list[dict[str, Any]]:
 
 
 def _main(t: Task, s: list[Observation]) -> ToolAction:
-    return call("compute_aggregate", table="orders", column=t.goal["column"], function=t.goal["function"],
-                filter=_filters(t, s))
+    return call(
+        "compute_aggregate", table="orders", column=t.goal["column"], function=t.goal["function"], filter=_filters(t, s)
+    )
 
 
 def _support(t: Task, s: list[Observation]) -> ToolAction:
@@ -289,8 +418,14 @@ def _baseline(t: Task, s: list[Observation]) -> ToolAction:
     keep = [f for f in _filters(t, s) if f["column"] not in (g["group_by"], "product_id")]
     if g["kind"] == "units":
         keep = [_eq("category", g["category"]), *keep]
-    return call("compute_aggregate", table="orders", column=g["column"], function=g["function"], filter=keep,
-                group_by="product_id" if g["kind"] == "units" else g["group_by"])
+    return call(
+        "compute_aggregate",
+        table="orders",
+        column=g["column"],
+        function=g["function"],
+        filter=keep,
+        group_by="product_id" if g["kind"] == "units" else g["group_by"],
+    )
 
 
 def _value(seen: list[Observation], action: ToolAction) -> float | int | None:
@@ -311,8 +446,15 @@ def _report(t: Task, s: list[Observation]) -> list[ToolAction] | None:
     if support is not None:
         label = "refunded amount" if g["function"] == "count" else "orders counted"
         findings.append({"metric": label, "value": support, "unit": "USD" if g["function"] == "count" else "orders"})
-    return [call("write_report", title=_sentence(g["metric"]), findings=findings, confidence=0.9,
-                 notes=f"{g['function']}({g['column']}) over orders{describe_conditions(_filters(t, s))}.")]
+    return [
+        call(
+            "write_report",
+            title=_sentence(g["metric"]),
+            findings=findings,
+            confidence=0.9,
+            notes=f"{g['function']}({g['column']}) over orders{describe_conditions(_filters(t, s))}.",
+        )
+    ]
 
 
 def _overview(t: Task, s: list[Observation]) -> list[ToolAction] | None:
@@ -321,22 +463,50 @@ def _overview(t: Task, s: list[Observation]) -> list[ToolAction] | None:
     wider = _filters(t, s)[1:]
     if g["kind"] == "units":
         wider = [_eq("category", g["category"]), *wider]
-    return [call("run_query", table="orders", where=wider, order_by={"column": "month", "descending": False},
-                 limit=80)]
+    return [call("run_query", table="orders", where=wider, order_by={"column": "month", "descending": False}, limit=80)]
 
 
-_ORDER_COLUMNS = ["order_id", "month", "customer_id", "region", "segment", "product_id", "category", "quantity",
-                  "amount", "status"]
+_ORDER_COLUMNS = [
+    "order_id",
+    "month",
+    "customer_id",
+    "region",
+    "segment",
+    "product_id",
+    "category",
+    "quantity",
+    "amount",
+    "status",
+]
 
 _STAGES = (
     lambda t, s: [call("list_tables", include_columns=True)],
     lambda t, s: [call("describe_table", table="orders", include_samples=True, sample_rows=8)],
     lambda t, s: [call("describe_table", table=t.goal["context"], include_samples=True, sample_rows=10)],
-    lambda t, s: [call("run_query", table="products", columns=["product_id", "name", "category", "unit_price"],
-                       where=[_eq("name", t.goal["product"])], limit=5)] if t.goal["kind"] == "units" else None,
+    lambda t, s: (
+        [
+            call(
+                "run_query",
+                table="products",
+                columns=["product_id", "name", "category", "unit_price"],
+                where=[_eq("name", t.goal["product"])],
+                limit=5,
+            )
+        ]
+        if t.goal["kind"] == "units"
+        else None
+    ),
     _overview,
-    lambda t, s: [call("run_query", table="orders", columns=_ORDER_COLUMNS, where=_filters(t, s),
-                       order_by={"column": "amount", "descending": True}, limit=60)],
+    lambda t, s: [
+        call(
+            "run_query",
+            table="orders",
+            columns=_ORDER_COLUMNS,
+            where=_filters(t, s),
+            order_by={"column": "amount", "descending": True},
+            limit=60,
+        )
+    ],
     lambda t, s: [_main(t, s)],
     lambda t, s: [_support(t, s)],
     lambda t, s: [_baseline(t, s)],
@@ -355,5 +525,7 @@ def _finish(task: Task, seen: list[Observation]) -> str:
         return f"I could not compute {g['metric']}: the aggregate query did not succeed."
     filed = first_match(seen, "write_report", r"^Report #(\d+) filed")
     note = f" Filed as report #{filed.group(1)}." if filed else " (The report could not be filed.)"
-    return (f"{_sentence(g['metric'])}: {fmt(main)} {g['unit']}, computed as {g['function']}({g['column']}) over "
-            f"orders{describe_conditions(_filters(task, seen))}.{note}")
+    return (
+        f"{_sentence(g['metric'])}: {fmt(main)} {g['unit']}, computed as {g['function']}({g['column']}) over "
+        f"orders{describe_conditions(_filters(task, seen))}.{note}"
+    )

@@ -25,10 +25,38 @@ PRODUCTS = {
     "accessories": ("Patch Cable Kit", "Rack Rail Set", "USB-C Dock", "Surge Protector Pro"),
     "training": ("Admin Bootcamp", "Security Workshop", "Analyst Course"),
 }
-_ADJ = ("Blue", "Granite", "Silver", "Northern", "Bright", "Quiet", "Rapid", "Golden", "Cedar", "Harbor", "Summit",
-        "Prairie", "Coastal", "Iron", "Maple", "Orchid")
-_NOUN = ("Harbor", "Peak", "Field", "River", "Forge", "Lantern", "Meadow", "Anchor", "Falcon", "Willow", "Stone",
-         "Beacon")
+_ADJ = (
+    "Blue",
+    "Granite",
+    "Silver",
+    "Northern",
+    "Bright",
+    "Quiet",
+    "Rapid",
+    "Golden",
+    "Cedar",
+    "Harbor",
+    "Summit",
+    "Prairie",
+    "Coastal",
+    "Iron",
+    "Maple",
+    "Orchid",
+)
+_NOUN = (
+    "Harbor",
+    "Peak",
+    "Field",
+    "River",
+    "Forge",
+    "Lantern",
+    "Meadow",
+    "Anchor",
+    "Falcon",
+    "Willow",
+    "Stone",
+    "Beacon",
+)
 _SUFFIX = ("Foods", "Logistics", "Labs", "Clinic", "Studios", "Partners", "Outfitters", "Energy", "Hotels", "Media")
 _MANAGERS = ("Avery", "Jordan", "Priya", "Mateo", "Lena", "Kofi", "Sofia", "Hiro")
 
@@ -55,8 +83,9 @@ class Table:
         for c in self.columns:
             if c.name == name:
                 return c
-        raise ToolError(f"table {self.name!r} has no column {name!r}; columns: "
-                        + ", ".join(c.name for c in self.columns))
+        raise ToolError(
+            f"table {self.name!r} has no column {name!r}; columns: " + ", ".join(c.name for c in self.columns)
+        )
 
 
 def build_tables(rng: random.Random) -> dict[str, Table]:
@@ -67,54 +96,118 @@ def build_tables(rng: random.Random) -> dict[str, Table]:
         n = f"{rng.choice(_ADJ)} {rng.choice(_NOUN)} {rng.choice(_SUFFIX)}"
         if n not in names:
             names.append(n)
-    customers = [{"customer_id": f"C-{1001 + i}", "name": n, "region": rng.choice(REGIONS),
-                  "segment": rng.choices(SEGMENTS, (5, 3, 2))[0],
-                  "signup_month": f"{rng.choice((2022, 2023))}-{rng.randint(1, 12):02d}",
-                  "account_manager": rng.choice(_MANAGERS)} for i, n in enumerate(names)]
+    customers = [
+        {
+            "customer_id": f"C-{1001 + i}",
+            "name": n,
+            "region": rng.choice(REGIONS),
+            "segment": rng.choices(SEGMENTS, (5, 3, 2))[0],
+            "signup_month": f"{rng.choice((2022, 2023))}-{rng.randint(1, 12):02d}",
+            "account_manager": rng.choice(_MANAGERS),
+        }
+        for i, n in enumerate(names)
+    ]
     products = []
     for cat in sorted(PRODUCTS):
         for pname in rng.sample(PRODUCTS[cat], rng.randint(2, len(PRODUCTS[cat]))):
-            products.append({"product_id": f"P-{201 + len(products)}", "name": pname, "category": cat,
-                             "unit_price": round(rng.uniform(15, 900) / 5) * 5 - 0.01})
+            products.append(
+                {
+                    "product_id": f"P-{201 + len(products)}",
+                    "name": pname,
+                    "category": cat,
+                    "unit_price": round(rng.uniform(15, 900) / 5) * 5 - 0.01,
+                }
+            )
     orders = []
     for i in range(rng.randint(220, 300)):
         c, p = rng.choice(customers), rng.choice(products)
         qty = rng.choices((1, 2, 3, 4, 5, 8), (6, 4, 3, 2, 1, 1))[0]
         discount = rng.choice((0.0, 0.0, 0.05, 0.1, 0.15))
-        orders.append({"order_id": f"O-{50001 + i}", "month": rng.choice(MONTHS), "customer_id": c["customer_id"],
-                       "region": c["region"], "segment": c["segment"], "product_id": p["product_id"],
-                       "category": p["category"], "quantity": qty, "unit_price": p["unit_price"],
-                       "discount": discount, "amount": round(qty * p["unit_price"] * (1 - discount), 2),
-                       "status": rng.choices(STATUSES, (80, 12, 8))[0], "channel": rng.choice(CHANNELS)})
-    targets = [{"region": r, "quarter": q, "revenue_target": float(rng.randint(40, 120) * 500)}
-               for r in REGIONS for q in ("2024-Q1", "2024-Q2")]
+        orders.append(
+            {
+                "order_id": f"O-{50001 + i}",
+                "month": rng.choice(MONTHS),
+                "customer_id": c["customer_id"],
+                "region": c["region"],
+                "segment": c["segment"],
+                "product_id": p["product_id"],
+                "category": p["category"],
+                "quantity": qty,
+                "unit_price": p["unit_price"],
+                "discount": discount,
+                "amount": round(qty * p["unit_price"] * (1 - discount), 2),
+                "status": rng.choices(STATUSES, (80, 12, 8))[0],
+                "channel": rng.choice(CHANNELS),
+            }
+        )
+    targets = [
+        {"region": r, "quarter": q, "revenue_target": float(rng.randint(40, 120) * 500)}
+        for r in REGIONS
+        for q in ("2024-Q1", "2024-Q2")
+    ]
     t = Column
     return {
-        "customers": Table("customers", "One row per customer account.", (
-            t("customer_id", TEXT, "primary key, e.g. C-1001"), t("name", TEXT, "company name"),
-            t("region", TEXT, "sales region"), t("segment", TEXT, "customer segment"),
-            t("signup_month", TEXT, "YYYY-MM of the first contract"),
-            t("account_manager", TEXT, "first name of the owner")), customers),
-        "products": Table("products", "Catalog of products and services with list prices.", (
-            t("product_id", TEXT, "primary key, e.g. P-201"), t("name", TEXT, "product name"),
-            t("category", TEXT, "product category"), t("unit_price", NUMBER, "list price in USD")), products),
-        "orders": Table("orders", "One row per order line in 2024, with customer and product attributes copied in.", (
-            t("order_id", TEXT, "primary key"), t("month", TEXT, "YYYY-MM the order was placed"),
-            t("customer_id", TEXT, "references customers"), t("region", TEXT, "customer's region"),
-            t("segment", TEXT, "customer's segment"), t("product_id", TEXT, "references products"),
-            t("category", TEXT, "product's category"), t("quantity", INTEGER, "units ordered"),
-            t("unit_price", NUMBER, "price per unit in USD"), t("discount", NUMBER, "fraction off the list price"),
-            t("amount", NUMBER, "quantity * unit_price * (1 - discount), USD; the order's revenue"),
-            t("status", TEXT, "completed, refunded or cancelled; revenue counts completed orders only"),
-            t("channel", TEXT, "sales channel")), orders),
-        "region_targets": Table("region_targets", "Quarterly revenue targets per region.", (
-            t("region", TEXT, "sales region"), t("quarter", TEXT, "YYYY-Qn"),
-            t("revenue_target", NUMBER, "USD")), targets),
+        "customers": Table(
+            "customers",
+            "One row per customer account.",
+            (
+                t("customer_id", TEXT, "primary key, e.g. C-1001"),
+                t("name", TEXT, "company name"),
+                t("region", TEXT, "sales region"),
+                t("segment", TEXT, "customer segment"),
+                t("signup_month", TEXT, "YYYY-MM of the first contract"),
+                t("account_manager", TEXT, "first name of the owner"),
+            ),
+            customers,
+        ),
+        "products": Table(
+            "products",
+            "Catalog of products and services with list prices.",
+            (
+                t("product_id", TEXT, "primary key, e.g. P-201"),
+                t("name", TEXT, "product name"),
+                t("category", TEXT, "product category"),
+                t("unit_price", NUMBER, "list price in USD"),
+            ),
+            products,
+        ),
+        "orders": Table(
+            "orders",
+            "One row per order line in 2024, with customer and product attributes copied in.",
+            (
+                t("order_id", TEXT, "primary key"),
+                t("month", TEXT, "YYYY-MM the order was placed"),
+                t("customer_id", TEXT, "references customers"),
+                t("region", TEXT, "customer's region"),
+                t("segment", TEXT, "customer's segment"),
+                t("product_id", TEXT, "references products"),
+                t("category", TEXT, "product's category"),
+                t("quantity", INTEGER, "units ordered"),
+                t("unit_price", NUMBER, "price per unit in USD"),
+                t("discount", NUMBER, "fraction off the list price"),
+                t("amount", NUMBER, "quantity * unit_price * (1 - discount), USD; the order's revenue"),
+                t("status", TEXT, "completed, refunded or cancelled; revenue counts completed orders only"),
+                t("channel", TEXT, "sales channel"),
+            ),
+            orders,
+        ),
+        "region_targets": Table(
+            "region_targets",
+            "Quarterly revenue targets per region.",
+            (t("region", TEXT, "sales region"), t("quarter", TEXT, "YYYY-Qn"), t("revenue_target", NUMBER, "USD")),
+            targets,
+        ),
     }
 
 
-_OPS = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+_OPS = {
+    "=": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
 
 def select(table: Table, conditions: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -15,46 +15,102 @@ from .toolkit import ToolWorld, call, first_match, follow_plan, is_error, obj, s
 _SERVICE = {"type": "string", "minLength": 1, "description": "Service name as list_services shows it."}
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("list_services", "List the services with status, version, replicas and current health numbers.", obj({
-        "status": {"type": "string", "enum": ["any", "healthy", "degraded"]},
-        "include_dependencies": {"type": "boolean"},
-    })),
-    ToolSpec("get_logs", "Read a service's recent log lines at or above a level, oldest first.", obj({
-        "service": _SERVICE,
-        "level": {"type": "string", "enum": list(LEVELS), "description": "Minimum level to include."},
-        "since_minutes": {"type": "integer", "minimum": 1, "maximum": 240},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 200, "description": "Most recent lines to return."},
-        "contains": {"type": "string", "description": "Only lines containing this text (case-insensitive)."},
-    }, ["service", "level"])),
-    ToolSpec("get_metrics", "Per-minute samples of one metric of a service, with a summary.", obj({
-        "service": _SERVICE,
-        "metric": {"type": "string", "enum": list(METRICS)},
-        "window_minutes": {"type": "integer", "minimum": 5, "maximum": 120},
-    }, ["service", "metric"])),
-    ToolSpec("restart_service", "Rolling-restart all pods of a service.", obj({
-        "service": _SERVICE,
-        "reason": {"type": "string", "minLength": 3},
-        "force": {"type": "boolean", "description": "Kill pods that do not drain within 30 s."},
-    }, ["service", "reason"])),
-    ToolSpec("scale_service", "Set the number of replicas of a service.", obj({
-        "service": _SERVICE,
-        "replicas": {"type": "integer", "minimum": 1, "maximum": 20},
-        "reason": {"type": "string"},
-    }, ["service", "replicas"])),
-    ToolSpec("rollback_service", "Redeploy a previous version of a service.", obj({
-        "service": _SERVICE,
-        "version": {"type": "string", "pattern": r"^v\d+\.\d+\.\d+$"},
-    }, ["service", "version"])),
-    ToolSpec("open_incident", "Open an incident record for the on-call channel.", obj({
-        "title": {"type": "string", "minLength": 5},
-        "severity": {"type": "string", "enum": ["sev1", "sev2", "sev3"]},
-        "affected_services": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _SERVICE},
-        "summary": {"type": "string", "minLength": 10},
-        "remediation": obj({
-            "action": {"type": "string", "enum": ["restart", "scale", "rollback", "none"]},
-            "service": _SERVICE,
-        }, ["action"]),
-    }, ["title", "severity", "affected_services", "summary"])),
+    ToolSpec(
+        "list_services",
+        "List the services with status, version, replicas and current health numbers.",
+        obj(
+            {
+                "status": {"type": "string", "enum": ["any", "healthy", "degraded"]},
+                "include_dependencies": {"type": "boolean"},
+            }
+        ),
+    ),
+    ToolSpec(
+        "get_logs",
+        "Read a service's recent log lines at or above a level, oldest first.",
+        obj(
+            {
+                "service": _SERVICE,
+                "level": {"type": "string", "enum": list(LEVELS), "description": "Minimum level to include."},
+                "since_minutes": {"type": "integer", "minimum": 1, "maximum": 240},
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 200,
+                    "description": "Most recent lines to return.",
+                },
+                "contains": {"type": "string", "description": "Only lines containing this text (case-insensitive)."},
+            },
+            ["service", "level"],
+        ),
+    ),
+    ToolSpec(
+        "get_metrics",
+        "Per-minute samples of one metric of a service, with a summary.",
+        obj(
+            {
+                "service": _SERVICE,
+                "metric": {"type": "string", "enum": list(METRICS)},
+                "window_minutes": {"type": "integer", "minimum": 5, "maximum": 120},
+            },
+            ["service", "metric"],
+        ),
+    ),
+    ToolSpec(
+        "restart_service",
+        "Rolling-restart all pods of a service.",
+        obj(
+            {
+                "service": _SERVICE,
+                "reason": {"type": "string", "minLength": 3},
+                "force": {"type": "boolean", "description": "Kill pods that do not drain within 30 s."},
+            },
+            ["service", "reason"],
+        ),
+    ),
+    ToolSpec(
+        "scale_service",
+        "Set the number of replicas of a service.",
+        obj(
+            {
+                "service": _SERVICE,
+                "replicas": {"type": "integer", "minimum": 1, "maximum": 20},
+                "reason": {"type": "string"},
+            },
+            ["service", "replicas"],
+        ),
+    ),
+    ToolSpec(
+        "rollback_service",
+        "Redeploy a previous version of a service.",
+        obj(
+            {
+                "service": _SERVICE,
+                "version": {"type": "string", "pattern": r"^v\d+\.\d+\.\d+$"},
+            },
+            ["service", "version"],
+        ),
+    ),
+    ToolSpec(
+        "open_incident",
+        "Open an incident record for the on-call channel.",
+        obj(
+            {
+                "title": {"type": "string", "minLength": 5},
+                "severity": {"type": "string", "enum": ["sev1", "sev2", "sev3"]},
+                "affected_services": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _SERVICE},
+                "summary": {"type": "string", "minLength": 10},
+                "remediation": obj(
+                    {
+                        "action": {"type": "string", "enum": ["restart", "scale", "rollback", "none"]},
+                        "service": _SERVICE,
+                    },
+                    ["action"],
+                ),
+            },
+            ["title", "severity", "affected_services", "summary"],
+        ),
+    ),
 )
 
 
@@ -89,18 +145,26 @@ class OpsWorld(ToolWorld):
         head += ["last deploy", "errors %", "p99 ms"]
         return f"{len(rows)} services (status {status}) at {stamp(f.now)}:\n" + table(head, rows)
 
-    def tool_get_logs(self, service: str, level: str, since_minutes: int = 30, limit: int = 50,
-                      contains: str = "") -> str:
+    def tool_get_logs(
+        self, service: str, level: str, since_minutes: int = 30, limit: int = 50, contains: str = ""
+    ) -> str:
         self.service(service)
         f, floor = self.fleet, LEVELS.index(level)
-        lines = [ln for ln in f.logs[service] if ln[0] >= f.elapsed - since_minutes
-                 and LEVELS.index(ln[2]) >= floor and contains.lower() in ln[4].lower()]
+        lines = [
+            ln
+            for ln in f.logs[service]
+            if ln[0] >= f.elapsed - since_minutes and LEVELS.index(ln[2]) >= floor and contains.lower() in ln[4].lower()
+        ]
         shown = lines[-limit:]
         cond = f", containing {contains!r}" if contains else ""
-        head = (f"Logs of {service}, level >= {level}, last {since_minutes} min{cond}: {len(lines)} lines, "
-                f"showing the last {len(shown)}")
-        body = [f"{stamp(f.start + timedelta(minutes=ln[0], seconds=ln[1]))} {ln[2].upper():<5} {ln[3]}  {ln[4]}"
-                for ln in shown]
+        head = (
+            f"Logs of {service}, level >= {level}, last {since_minutes} min{cond}: {len(lines)} lines, "
+            f"showing the last {len(shown)}"
+        )
+        body = [
+            f"{stamp(f.start + timedelta(minutes=ln[0], seconds=ln[1]))} {ln[2].upper():<5} {ln[3]}  {ln[4]}"
+            for ln in shown
+        ]
         return "\n".join([head, *body]) if body else head + "\n(no lines)"
 
     def tool_get_metrics(self, service: str, metric: str, window_minutes: int = 30) -> str:
@@ -109,10 +173,13 @@ class OpsWorld(ToolWorld):
         values = f.metrics[service][metric][-window_minutes:]
         first = f.now - timedelta(minutes=len(values) - 1)
         body = [f"{(first + timedelta(minutes=i)).strftime('%H:%M')}  {v:>9.2f}" for i, v in enumerate(values)]
-        summary = (f"summary: min {min(values):.2f}, max {max(values):.2f}, mean {fsum(values) / len(values):.2f}, "
-                   f"last {values[-1]:.2f}")
-        return "\n".join([f"{metric} ({METRICS[metric]}) of {service}, last {len(values)} min, 1-min samples:",
-                          *body, summary])
+        summary = (
+            f"summary: min {min(values):.2f}, max {max(values):.2f}, mean {fsum(values) / len(values):.2f}, "
+            f"last {values[-1]:.2f}"
+        )
+        return "\n".join(
+            [f"{metric} ({METRICS[metric]}) of {service}, last {len(values)} min, 1-min samples:", *body, summary]
+        )
 
     def tool_restart_service(self, service: str, reason: str, force: bool = False) -> str:
         s, f = self.service(service), self.fleet
@@ -121,27 +188,36 @@ class OpsWorld(ToolWorld):
         if fault and fault["kind"] == "dependency" and not force:
             f.log(service, f.elapsed, "warn", "graceful shutdown timed out: workers blocked on lock 'conn-pool'")
             f.advance(1, set())
-            return (f"Restart of {service} aborted: graceful drain timed out after 30s with 14 requests stuck on "
-                    "blocked workers; no pod was replaced. Retry with force=true to kill the workers.")
+            return (
+                f"Restart of {service} aborted: graceful drain timed out after 30s with 14 requests stuck on "
+                "blocked workers; no pod was replaced. Retry with force=true to kill the workers."
+            )
         s["restarts"] += 1
         healed = f.clear_fault(service) if fault and fault["kind"] in ("memory_leak", "dependency") else set()
         f.advance(2, healed)
         after = f.metrics[service]["error_rate"][-1]
         verdict = "the fault cleared" if healed else "the error rate did not change"
-        return (f"Restarted {service}: {s['replicas']} of {s['replicas']} pods replaced (force={force}). "
-                f"Readiness probes passing. Error rate now {after:.2f}%: {verdict}.")
+        return (
+            f"Restarted {service}: {s['replicas']} of {s['replicas']} pods replaced (force={force}). "
+            f"Readiness probes passing. Error rate now {after:.2f}%: {verdict}."
+        )
 
     def tool_scale_service(self, service: str, replicas: int, reason: str = "") -> str:
         s, f = self.service(service), self.fleet
         before, s["replicas"] = s["replicas"], replicas
         fault = s["fault"]
-        healed = (f.clear_fault(service) if fault and fault["kind"] == "traffic_spike" and replicas >= fault["needed"]
-                  else set())
+        healed = (
+            f.clear_fault(service)
+            if fault and fault["kind"] == "traffic_spike" and replicas >= fault["needed"]
+            else set()
+        )
         f.log(service, f.elapsed, "info", f"scaled from {before} to {replicas} replicas: {reason or 'manual'}")
         f.advance(2, healed)
         tail = "queue drained, latency back to normal" if healed else "no change in error rate"
-        return (f"Scaled {service} from {before} to {replicas} replicas; {replicas} ready. "
-                f"Error rate now {f.metrics[service]['error_rate'][-1]:.2f}%: {tail}.")
+        return (
+            f"Scaled {service} from {before} to {replicas} replicas; {replicas} ready. "
+            f"Error rate now {f.metrics[service]['error_rate'][-1]:.2f}%: {tail}."
+        )
 
     def tool_rollback_service(self, service: str, version: str) -> str:
         s, f = self.service(service), self.fleet
@@ -154,22 +230,38 @@ class OpsWorld(ToolWorld):
         healed = f.clear_fault(service) if fault and fault["kind"] == "bad_deploy" else set()
         f.log(service, f.elapsed, "info", f"deploy: rolled back {bad} -> {version}")
         f.advance(2, healed)
-        return (f"Rolled back {service} from {bad} to {version}; {s['replicas']} pods updated. "
-                f"Error rate now {f.metrics[service]['error_rate'][-1]:.2f}%.")
+        return (
+            f"Rolled back {service} from {bad} to {version}; {s['replicas']} pods updated. "
+            f"Error rate now {f.metrics[service]['error_rate'][-1]:.2f}%."
+        )
 
-    def tool_open_incident(self, title: str, severity: str, affected_services: list[str], summary: str,
-                           remediation: dict[str, str] | None = None) -> str:
+    def tool_open_incident(
+        self,
+        title: str,
+        severity: str,
+        affected_services: list[str],
+        summary: str,
+        remediation: dict[str, str] | None = None,
+    ) -> str:
         for name in affected_services:
             self.service(name)
         if remediation and "service" in remediation:
             self.service(remediation["service"])
         f = self.fleet
-        inc = {"id": f"INC-{4100 + len(f.incidents) + 1}", "title": title, "severity": severity,
-               "affected_services": affected_services, "summary": summary, "remediation": remediation,
-               "opened_at": stamp(f.now)}
+        inc = {
+            "id": f"INC-{4100 + len(f.incidents) + 1}",
+            "title": title,
+            "severity": severity,
+            "affected_services": affected_services,
+            "summary": summary,
+            "remediation": remediation,
+            "opened_at": stamp(f.now),
+        }
         f.incidents.append(inc)
-        return (f"Incident {inc['id']} opened at {inc['opened_at']} ({severity}): {title}\n"
-                f"affected: {', '.join(affected_services)}\nsummary: {summary}")
+        return (
+            f"Incident {inc['id']} opened at {inc['opened_at']} ({severity}): {title}\n"
+            f"affected: {', '.join(affected_services)}\nsummary: {summary}"
+        )
 
 
 # --- tasks -------------------------------------------------------------------------
@@ -184,17 +276,20 @@ GENERIC = (
 )
 SPECIFIC = {
     "memory_leak": "Users see intermittent 503s from {symptom} since about {onset} minutes ago. Figure out what is "
-                   "going on, remediate it and open an incident.",
+    "going on, remediate it and open an incident.",
     "traffic_spike": "{symptom} is slow and timing out for ~{onset} minutes; its error rate is climbing. Find the "
-                     "cause, mitigate, and open an incident.",
+    "cause, mitigate, and open an incident.",
     "bad_deploy": "{symptom} has been returning 500s for the last ~{onset} minutes. Find out why, restore service, "
-                  "and open an incident.",
+    "and open an incident.",
     "dependency": "Requests through {symptom} have been failing with timeouts for ~{onset} minutes. Find the root "
-                  "cause (it may not be {symptom} itself), remediate, and open an incident.",
+    "cause (it may not be {symptom} itself), remediate, and open an incident.",
 }
-CAUSES = {"memory_leak": "memory leak: workers OOM-killed", "traffic_spike": "traffic spike: request queue full, "
-          "autoscaler capped", "bad_deploy": "bad deploy: KeyError 'currency_code' in the new version",
-          "dependency": "deadlock: worker threads blocked on lock 'conn-pool'"}
+CAUSES = {
+    "memory_leak": "memory leak: workers OOM-killed",
+    "traffic_spike": "traffic spike: request queue full, autoscaler capped",
+    "bad_deploy": "bad deploy: KeyError 'currency_code' in the new version",
+    "dependency": "deadlock: worker threads blocked on lock 'conn-pool'",
+}
 
 SYSTEM_PROMPT = (
     "You are the on-call site reliability engineer. Use the tools to inspect services, logs and metrics. "
@@ -220,8 +315,14 @@ class OpsFamily(ScenarioFamily):
         rng = random.Random(f"ops-task:{seed}")
         f = world.fleet
         fault = f.services[f.root]["fault"]
-        goal = {"kind": fault["kind"], "symptom": f.symptom, "root": f.root, "onset": fault["onset_minutes"],
-                "severity": "sev1" if fault["peak_error_rate"] >= 20 else "sev2", "cause": CAUSES[fault["kind"]]}
+        goal = {
+            "kind": fault["kind"],
+            "symptom": f.symptom,
+            "root": f.root,
+            "onset": fault["onset_minutes"],
+            "severity": "sev1" if fault["peak_error_rate"] >= 20 else "sev2",
+            "cause": CAUSES[fault["kind"]],
+        }
         prompt = rng.choice((*GENERIC, SPECIFIC[fault["kind"]])).format(**goal)
         return Task(self.name, seed, prompt, goal)
 
@@ -236,6 +337,7 @@ class OpsFamily(ScenarioFamily):
 
 
 # --- the expert ----------------------------------------------------------------------
+
 
 def _root(t: Task, s: list[Observation]) -> str:
     """The service at fault: the upstream the victim's logs blame, or the victim itself."""
@@ -268,8 +370,11 @@ def _remediate(t: Task, s: list[Observation]) -> list[ToolAction] | None:
 
 
 def _action(t: Task, s: list[Observation]) -> dict[str, str]:
-    done = [o for o in s if o.action.name in ("restart_service", "scale_service", "rollback_service")
-            and not is_error(o.result)]
+    done = [
+        o
+        for o in s
+        if o.action.name in ("restart_service", "scale_service", "rollback_service") and not is_error(o.result)
+    ]
     names = {"restart_service": "restart", "scale_service": "scale", "rollback_service": "rollback"}
     if not done:
         return {"action": "none"}
@@ -290,10 +395,20 @@ def _incident(t: Task, s: list[Observation]) -> list[ToolAction] | None:
     g, root = t.goal, _root(t, s)
     affected = [g["symptom"]] + ([root] if root != g["symptom"] else [])
     act = _action(t, s)
-    summary = (f"{g['symptom']} error rate peaked at {_peak(t, s)}% starting ~{g['onset']} min before the alert. "
-               f"Root cause in {root}: {g['cause']}. Remediation: {act['action']} of {act.get('service', '-')}.")
-    return [call("open_incident", title=f"{g['symptom']} errors: {g['cause'].split(':')[0]} in {root}",
-                 severity=g["severity"], affected_services=affected, summary=summary, remediation=act)]
+    summary = (
+        f"{g['symptom']} error rate peaked at {_peak(t, s)}% starting ~{g['onset']} min before the alert. "
+        f"Root cause in {root}: {g['cause']}. Remediation: {act['action']} of {act.get('service', '-')}."
+    )
+    return [
+        call(
+            "open_incident",
+            title=f"{g['symptom']} errors: {g['cause'].split(':')[0]} in {root}",
+            severity=g["severity"],
+            affected_services=affected,
+            summary=summary,
+            remediation=act,
+        )
+    ]
 
 
 _STAGES = (
@@ -315,5 +430,7 @@ def _finish(task: Task, seen: list[Observation]) -> str:
     where = f"Opened {inc.group(1)} ({g['severity']})." if inc else "The incident could not be opened."
     if act["action"] == "none":
         return f"I could not remediate {g['symptom']}; suspected cause: {g['cause']}. {where}"
-    return (f"Root cause: {g['cause']} in {_root(task, seen)}. Remediation: {act['action']} of {act['service']}; "
-            f"{g['symptom']} is recovering. {where}")
+    return (
+        f"Root cause: {g['cause']} in {_root(task, seen)}. Remediation: {act['action']} of {act['service']}; "
+        f"{g['symptom']} is recovering. {where}"
+    )

@@ -11,19 +11,43 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-SERVICES = ("api-gateway", "auth", "checkout", "payments", "inventory", "search", "catalog", "notifications", "cart",
-            "user-profile", "recommendations", "shipping")
+SERVICES = (
+    "api-gateway",
+    "auth",
+    "checkout",
+    "payments",
+    "inventory",
+    "search",
+    "catalog",
+    "notifications",
+    "cart",
+    "user-profile",
+    "recommendations",
+    "shipping",
+)
 TEAMS = ("platform", "commerce", "identity", "growth", "fulfilment")
-METRICS = {"error_rate": "%", "latency_p99_ms": "ms", "cpu_percent": "%", "memory_mb": "MB",
-           "requests_per_second": "req/s"}
+METRICS = {
+    "error_rate": "%",
+    "latency_p99_ms": "ms",
+    "cpu_percent": "%",
+    "memory_mb": "MB",
+    "requests_per_second": "req/s",
+}
 LEVELS = ("debug", "info", "warn", "error")
 FAULTS = ("memory_leak", "traffic_spike", "bad_deploy", "dependency")
 HISTORY = 120  # minutes of logs and metrics before "now"
 LogLine = tuple[int, int, str, str, str]  # (minute, second, level, pod, message)
 
-_ROUTINE = ("GET /v1/{r} 200 {ms}ms", "POST /v1/{r} 201 {ms}ms", "health check ok ({ms}ms)",
-            "cache refresh completed in {ms}ms", "processed batch of {n} events", "connection pool: {n}/64 in use",
-            "GET /v1/{r}/{n} 200 {ms}ms", "config watch: no changes")
+_ROUTINE = (
+    "GET /v1/{r} 200 {ms}ms",
+    "POST /v1/{r} 201 {ms}ms",
+    "health check ok ({ms}ms)",
+    "cache refresh completed in {ms}ms",
+    "processed batch of {n} events",
+    "connection pool: {n}/64 in use",
+    "GET /v1/{r}/{n} 200 {ms}ms",
+    "config watch: no changes",
+)
 _ROUTES = ("items", "orders", "sessions", "users", "quotes", "carts", "charges", "events")
 
 
@@ -47,13 +71,20 @@ class Fleet:
         self.services: dict[str, dict[str, Any]] = {}
         for i, name in enumerate(names):
             version, previous = _version(rng)
-            later = names[i + 1:]
+            later = names[i + 1 :]
             self.services[name] = {
-                "name": name, "status": "healthy", "version": version, "history": [previous],
-                "replicas": rng.randint(2, 6), "team": rng.choice(TEAMS),
+                "name": name,
+                "status": "healthy",
+                "version": version,
+                "history": [previous],
+                "replicas": rng.randint(2, 6),
+                "team": rng.choice(TEAMS),
                 "depends_on": sorted(rng.sample(later, min(len(later), rng.randint(1, 2)))) if later else [],
-                "deployed_minutes_ago": rng.randint(HISTORY + 60, 60 * 24 * 9), "restarts": 0, "fault": None,
-                "pod": f"{name}-{rng.randrange(16 ** 4):04x}"}
+                "deployed_minutes_ago": rng.randint(HISTORY + 60, 60 * 24 * 9),
+                "restarts": 0,
+                "fault": None,
+                "pod": f"{name}-{rng.randrange(16**4):04x}",
+            }
         # NOTE: a log line is a tuple, not a list: the collector stops tracking a tuple of plain
         # values, so a fleet's ~500 lines cost a full collection nothing (at 2,000 sessions
         # those lists were over a million objects a full collection walked while the loop waited)
@@ -67,8 +98,13 @@ class Fleet:
         return self.start + timedelta(minutes=self.elapsed)
 
     def state(self) -> Any:
-        return {"services": self.services, "logs": self.logs, "metrics": self.metrics,
-                "incidents": self.incidents, "elapsed": self.elapsed}
+        return {
+            "services": self.services,
+            "logs": self.logs,
+            "metrics": self.metrics,
+            "incidents": self.incidents,
+            "elapsed": self.elapsed,
+        }
 
     # --- generation --------------------------------------------------------------------
 
@@ -90,9 +126,13 @@ class Fleet:
 
     def _baseline(self, name: str) -> dict[str, list[float]]:
         rng = self.rng
-        base = {"error_rate": rng.uniform(0.1, 0.8), "latency_p99_ms": rng.uniform(80, 320),
-                "cpu_percent": rng.uniform(18, 45), "memory_mb": rng.uniform(400, 900),
-                "requests_per_second": rng.uniform(40, 400)}
+        base = {
+            "error_rate": rng.uniform(0.1, 0.8),
+            "latency_p99_ms": rng.uniform(80, 320),
+            "cpu_percent": rng.uniform(18, 45),
+            "memory_mb": rng.uniform(400, 900),
+            "requests_per_second": rng.uniform(40, 400),
+        }
         self.services[name]["baseline"] = {k: round(v, 2) for k, v in base.items()}
         return {k: [round(v * rng.uniform(0.9, 1.1), 2) for _ in range(HISTORY)] for k, v in base.items()}
 
@@ -135,29 +175,49 @@ class Fleet:
         route = rng.choice(_ROUTES)
         if kind == "memory_leak":
             pct = min(99, 80 + int(20 * (minute + fault["onset_minutes"]) / fault["onset_minutes"]))
-            options = (("error", f"POST /v1/{route} failed: 503 Service Unavailable (worker OOM-killed, restarting)"),
-                       ("warn", f"heap usage at {pct}% of container limit (RSS {int(20.48 * pct)} MB / 2048 MB)"),
-                       ("error", f"OutOfMemoryError: cannot allocate {rng.randint(2, 64)} MiB for session cache"))
+            options = (
+                ("error", f"POST /v1/{route} failed: 503 Service Unavailable (worker OOM-killed, restarting)"),
+                ("warn", f"heap usage at {pct}% of container limit (RSS {int(20.48 * pct)} MB / 2048 MB)"),
+                ("error", f"OutOfMemoryError: cannot allocate {rng.randint(2, 64)} MiB for session cache"),
+            )
         elif kind == "traffic_spike":
-            options = (("warn", f"autoscaler: desired replicas {fault['needed']} exceeds max_replicas "
-                                f"{svc['replicas']} (HPA capped)"),
-                       ("warn", f"request queue at {rng.randint(430, 512)}/512, p99 latency "
-                                f"{rng.randint(1800, 4200)}ms"),
-                       ("error", f"rejecting GET /v1/{route}: queue full (512/512)"))
+            options = (
+                (
+                    "warn",
+                    f"autoscaler: desired replicas {fault['needed']} exceeds max_replicas "
+                    f"{svc['replicas']} (HPA capped)",
+                ),
+                ("warn", f"request queue at {rng.randint(430, 512)}/512, p99 latency {rng.randint(1800, 4200)}ms"),
+                ("error", f"rejecting GET /v1/{route}: queue full (512/512)"),
+            )
         elif kind == "bad_deploy":
-            options = (("error", f"unhandled KeyError: 'currency_code' in handler POST /v1/{route} "
-                                 f"(version {fault['bad_version']})"),
-                       ("error", f"POST /v1/{route} 500 Internal Server Error ({rng.randint(5, 40)}ms)"),
-                       ("warn", "schema mismatch: field 'currency_code' missing in upstream payload"))
+            options = (
+                (
+                    "error",
+                    f"unhandled KeyError: 'currency_code' in handler POST /v1/{route} (version {fault['bad_version']})",
+                ),
+                ("error", f"POST /v1/{route} 500 Internal Server Error ({rng.randint(5, 40)}ms)"),
+                ("warn", "schema mismatch: field 'currency_code' missing in upstream payload"),
+            )
         else:
-            self.log(root, minute, *(
-                ("warn", f"watchdog: {rng.randint(12, 16)}/16 worker threads blocked on lock 'conn-pool' for "
-                         f"{rng.randint(30, 600)}s"),
-                ("error", "deadlock detected: workers waiting on lock 'conn-pool' held by worker-7"),
-                ("warn", f"health probe slow: {rng.uniform(3, 9):.1f}s"))[variant])
-            options = (("error", f"upstream {root} timed out after 2000ms (POST /v1/{route})"),
-                       ("warn", f"circuit breaker for {root} is half-open ({rng.randint(3, 9)} failures in 30s)"),
-                       ("error", f"GET /v1/{route} 502 Bad Gateway: upstream {root} unavailable"))
+            self.log(
+                root,
+                minute,
+                *(
+                    (
+                        "warn",
+                        f"watchdog: {rng.randint(12, 16)}/16 worker threads blocked on lock 'conn-pool' for "
+                        f"{rng.randint(30, 600)}s",
+                    ),
+                    ("error", "deadlock detected: workers waiting on lock 'conn-pool' held by worker-7"),
+                    ("warn", f"health probe slow: {rng.uniform(3, 9):.1f}s"),
+                )[variant],
+            )
+            options = (
+                ("error", f"upstream {root} timed out after 2000ms (POST /v1/{route})"),
+                ("warn", f"circuit breaker for {root} is half-open ({rng.randint(3, 9)} failures in 30s)"),
+                ("error", f"GET /v1/{route} 502 Bad Gateway: upstream {root} unavailable"),
+            )
         self.log(symptom, minute, *options[variant])
 
     def _fault_metrics(self, symptom: str, root: str, fault: dict[str, Any], i: int, progress: float) -> None:
@@ -185,10 +245,15 @@ class Fleet:
             for name, series in self.metrics.items():
                 base = self.services[name]["baseline"]
                 for k, values in series.items():
-                    values.append(round(base[k] * self.rng.uniform(0.9, 1.1), 2) if name in recovered
-                                  else values[-1])
-                self.log(name, self.elapsed, "info", "health check ok" if name in recovered
-                          else f"GET /v1/{self.rng.choice(_ROUTES)} 200 {self.rng.randint(3, 180)}ms")
+                    values.append(round(base[k] * self.rng.uniform(0.9, 1.1), 2) if name in recovered else values[-1])
+                self.log(
+                    name,
+                    self.elapsed,
+                    "info",
+                    "health check ok"
+                    if name in recovered
+                    else f"GET /v1/{self.rng.choice(_ROUTES)} 200 {self.rng.randint(3, 180)}ms",
+                )
 
     def clear_fault(self, root: str) -> set[str]:
         """Mark the fault fixed; the symptom service recovers with its root cause."""

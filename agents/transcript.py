@@ -29,14 +29,16 @@ def opening_messages(system_prompt: str, task_prompt: str) -> list[dict[str, Any
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": task_prompt}]
 
 
-def assistant_message(content: str | None, calls: Iterable[CallText] = (), *,
-                      reasoning: str | None = None, with_reasoning: bool = False) -> dict[str, Any]:
+def assistant_message(
+    content: str | None, calls: Iterable[CallText] = (), *, reasoning: str | None = None, with_reasoning: bool = False
+) -> dict[str, Any]:
     """An assistant turn: its text, its reasoning when `with_reasoning`, and its tool calls if any."""
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if with_reasoning:
         msg["reasoning_content"] = reasoning
-    tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                  for c in calls]
+    tool_calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+    ]
     if tool_calls:
         msg["tool_calls"] = tool_calls
     return msg

@@ -60,8 +60,7 @@ def visible_text(text: Text) -> Text:
     if not _UNSAFE.search(text.plain):
         return text
     cuts = sorted({i for s in text.spans for i in (s.start, s.end) if 0 < i < len(text.plain)})
-    out = Text(style=text.style, justify=text.justify, overflow=text.overflow, no_wrap=text.no_wrap,
-               end=text.end)
+    out = Text(style=text.style, justify=text.justify, overflow=text.overflow, no_wrap=text.no_wrap, end=text.end)
     for piece in text.divide(cuts):
         safe = Text(visible(piece.plain))
         for span in piece.spans:

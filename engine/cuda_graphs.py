@@ -40,8 +40,40 @@ from .model.fused_projections import fuse_projections
 from .model.kv_pools import KVPools
 from .model.model import DSV4Mini
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320,
-                 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 4096)
+BATCH_BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+    640,
+    768,
+    896,
+    1024,
+    1280,
+    1536,
+    1792,
+    2048,
+    2560,
+    3072,
+    4096,
+)
 MIN_PAGES = 8
 
 log = logging.getLogger("dsv4bench.engine")
@@ -77,8 +109,9 @@ def pages_bucket(n: int, max_pages: int) -> int:
 
 def pages_needed(entries, page_size: int) -> np.ndarray:
     """Pages each entry's rows read: those up to its last new position."""
-    return np.fromiter(((e.start_pos + len(e.token_ids) - 1) // page_size + 1 for e in entries),
-                       dtype=np.int64, count=len(entries))
+    return np.fromiter(
+        ((e.start_pos + len(e.token_ids) - 1) // page_size + 1 for e in entries), dtype=np.int64, count=len(entries)
+    )
 
 
 def pack_rows(entries, need: np.ndarray, buf: np.ndarray, scratch_page: int) -> None:
@@ -119,8 +152,7 @@ class _Graph:
 class DecodeGraphs:
     """Captured steps of one model over one set of pools."""
 
-    def __init__(self, model: DSV4Mini, pools: KVPools, max_rows: int,
-                 decode_only: bool = False) -> None:
+    def __init__(self, model: DSV4Mini, pools: KVPools, max_rows: int, decode_only: bool = False) -> None:
         assert pools.scratch_page is not None, "graphs need pools with a scratch page"
         self.model, self.pools = model, pools
         self.page_size = pools.page_size
@@ -144,9 +176,11 @@ class DecodeGraphs:
     def supports(self, batch) -> bool:  # batch: scheduler.ScheduledBatch
         """Whether the step can replay a graph: its rows (one per new token) fit a bucket,
         and the pools' reads need no gate."""
-        return (0 < batch.num_tokens <= self.max_rows
-                and not (self.decode_only and batch.num_prefill_tokens)
-                and self.pools.gate is self._default_gate)
+        return (
+            0 < batch.num_tokens <= self.max_rows
+            and not (self.decode_only and batch.num_prefill_tokens)
+            and self.pools.gate is self._default_gate
+        )
 
     def captured(self) -> list[tuple[int, int]]:
         return sorted(self._graphs)
@@ -196,15 +230,20 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool,
-                                                      capture_error_mode="thread_local"):
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits, greedy = step()
         t2 = time.perf_counter()
         self.capture_s += t2 - t0
         self.compiled[(B, NP)] = [name for name, _ in compiles.compiled]
         # NOTE: the engine loop runs no step while it captures: a capture in the middle of a
         # run is a stall of every stream, and this line says what it cost
-        log.info("step graph (%d rows, page-table width %d) captured in %.2f s: warm-up %.2f s"
-                 "%s, capture %.2f s", B, NP, t2 - t0, t1 - t0,
-                 f" (Triton compiles: {compiles.summary()})" if compiles.compiled else "", t2 - t1)
+        log.info(
+            "step graph (%d rows, page-table width %d) captured in %.2f s: warm-up %.2f s%s, capture %.2f s",
+            B,
+            NP,
+            t2 - t0,
+            t1 - t0,
+            f" (Triton compiles: {compiles.summary()})" if compiles.compiled else "",
+            t2 - t1,
+        )
         return _Graph(graph, host, host.numpy(), dev, logits, greedy)

@@ -32,6 +32,7 @@ from .server import ServerConfig
 
 log = logging.getLogger("dsv4bench.engine")
 
+
 @dataclass
 class Part:
     """One worker process of the deployment."""
@@ -51,9 +52,23 @@ def parts_of(cfg: EngineConfig, dcfg: DeploymentConfig, host: str, engine_args: 
     if not cfg.pd:
         return [Part("engine", dcfg.worker_port, [*base, "--port", str(dcfg.worker_port)])]
     link = ["--pd-link-gbps", repr(dcfg.link_gbps)]
-    return [Part("prefill", dcfg.prefill_port, [*base, "--port", str(dcfg.prefill_port), "--pd-role", "prefill",
-                                                 "--bootstrap-port", str(dcfg.bootstrap_port), *link]),
-            Part("decode", dcfg.decode_port, [*base, "--port", str(dcfg.decode_port), "--pd-role", "decode", *link])]
+    return [
+        Part(
+            "prefill",
+            dcfg.prefill_port,
+            [
+                *base,
+                "--port",
+                str(dcfg.prefill_port),
+                "--pd-role",
+                "prefill",
+                "--bootstrap-port",
+                str(dcfg.bootstrap_port),
+                *link,
+            ],
+        ),
+        Part("decode", dcfg.decode_port, [*base, "--port", str(dcfg.decode_port), "--pd-role", "decode", *link]),
+    ]
 
 
 def ports_of(cfg: EngineConfig, dcfg: DeploymentConfig, router_port: int) -> dict[str, int]:
@@ -80,8 +95,13 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
         sock.close()
 
 
-def serve_deployment(cfg: EngineConfig, server_cfg: ServerConfig, dcfg: DeploymentConfig,
-                     engine_args: Sequence[str], log_level: str = "warning") -> None:
+def serve_deployment(
+    cfg: EngineConfig,
+    server_cfg: ServerConfig,
+    dcfg: DeploymentConfig,
+    engine_args: Sequence[str],
+    log_level: str = "warning",
+) -> None:
     """Run the deployment in the foreground until interrupted or until a part dies (then
     EngineSetupError naming it). ServeError when a port is taken."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -160,8 +180,15 @@ def _context_length(root: str) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
-def _serve_our_router(cfg: EngineConfig, server_cfg: ServerConfig, dcfg: DeploymentConfig, parts: list[Part],
-                      sock, stopping: _Stopping, log_level: str) -> None:
+def _serve_our_router(
+    cfg: EngineConfig,
+    server_cfg: ServerConfig,
+    dcfg: DeploymentConfig,
+    parts: list[Part],
+    sock,
+    stopping: _Stopping,
+    log_level: str,
+) -> None:
     from .pd.http_router import Halves, build_router_app
     from .tokenizer import load_tokenizer
 
@@ -172,10 +199,22 @@ def _serve_our_router(cfg: EngineConfig, server_cfg: ServerConfig, dcfg: Deploym
     # learns it from its workers).
     contexts = [c for c in (_context_length(prefill), _context_length(decode)) if c is not None]
     max_context = min(contexts) if contexts else cfg.model.max_context
-    app = build_router_app(Halves(prefill, decode, dcfg.bootstrap_port), cfg, load_tokenizer(), max_context,
-                           dataclasses.replace(server_cfg, engine_type="router"), dcfg.health_timeout_s)
-    log.warning("DSV4-mini PD serving: router http://%s:%d, prefill :%d (bootstrap :%d), decode :%d, each its own "
-                "process", server_cfg.host, server_cfg.port, dcfg.prefill_port, dcfg.bootstrap_port, dcfg.decode_port)
+    app = build_router_app(
+        Halves(prefill, decode, dcfg.bootstrap_port),
+        cfg,
+        load_tokenizer(),
+        max_context,
+        dataclasses.replace(server_cfg, engine_type="router"),
+        dcfg.health_timeout_s,
+    )
+    log.warning(
+        "DSV4-mini PD serving: router http://%s:%d, prefill :%d (bootstrap :%d), decode :%d, each its own process",
+        server_cfg.host,
+        server_cfg.port,
+        dcfg.prefill_port,
+        dcfg.bootstrap_port,
+        dcfg.decode_port,
+    )
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -195,8 +234,9 @@ def _serve_our_router(cfg: EngineConfig, server_cfg: ServerConfig, dcfg: Deploym
     asyncio.run(run())
 
 
-def _run_sglang_router(server_cfg: ServerConfig, dcfg: DeploymentConfig, parts: list[Part], stopping: _Stopping,
-                       log_level: str) -> None:
+def _run_sglang_router(
+    server_cfg: ServerConfig, dcfg: DeploymentConfig, parts: list[Part], stopping: _Stopping, log_level: str
+) -> None:
     from . import sglang_router
 
     if stopping.event.is_set():
@@ -206,11 +246,17 @@ def _run_sglang_router(server_cfg: ServerConfig, dcfg: DeploymentConfig, parts: 
         kinds = {"prefill": [(parts[0].root(host), dcfg.bootstrap_port)], "decode": [parts[1].root(host)]}
     else:
         kinds = {"workers": [parts[0].root(host)]}
-    router = sglang_router.start_sglang_router(**kinds, port=server_cfg.port, prometheus_port=dcfg.router_metrics_port,
-                                               log_to_stdout=True, log_level=log_level)
+    router = sglang_router.start_sglang_router(
+        **kinds, port=server_cfg.port, prometheus_port=dcfg.router_metrics_port, log_to_stdout=True, log_level=log_level
+    )
     try:
-        log.warning("DSV4-mini behind SGLang's router: http://%s:%d (its metrics :%d), %s", host, server_cfg.port,
-                    dcfg.router_metrics_port, ", ".join(f"{p.name} :{p.port}" for p in parts))
+        log.warning(
+            "DSV4-mini behind SGLang's router: http://%s:%d (its metrics :%d), %s",
+            host,
+            server_cfg.port,
+            dcfg.router_metrics_port,
+            ", ".join(f"{p.name} :{p.port}" for p in parts),
+        )
         while not stopping.watch({**_procs(parts), "SGLang router": router.proc}):
             stopping.event.wait(0.25)
     finally:

@@ -42,29 +42,50 @@ class FaultInfo:
         return self.fault.value
 
 
-FAULTS: dict[str, FaultInfo] = {f.name: f for f in (
-    FaultInfo(Fault.HICACHE_INDEX_RACE,
-          "HiCache's layer-wise KV load races the sparse-attention indexer: the index-K read path skips "
-          "the per-layer load gate (wait_layer_transfer), so the indexer scores stale keys; a bf16 index-K "
-          "buffer (--index-k-dtype bf16) is twice the size and widens the window", "hicache"),
-    FaultInfo(Fault.ABORT_LEAK,
-          "requests aborted while their KV is in flight never leave the decode transfer queue and the "
-          "prefill inflight queue: the queues stick and their pages leak", "pd"),
-    FaultInfo(Fault.BOOTSTRAP_STALL,
-          "the prefill bootstrap worker meets an ABORT it does not expect and stops: every later request "
-          "waits in the bootstrap queue for ever", "pd"),
-    FaultInfo(Fault.GHOST_DECODE,
-          "a client disconnect does not abort the request: the server's read of the engine is shielded from "
-          "the handler's cancellation and its cleanup skips the run whose client left, while the server (not "
-          "the engine) ends turns at EOS; the orphan keeps its running slot and decodes to max_tokens for nobody", ""),
-    FaultInfo(Fault.HEALTH_LIES,
-          "/health answers 200 from the engine's liveness flag instead of a one-token generation, so an "
-          "engine that is alive but cannot generate (a stuck loop, no free slot) looks healthy", ""),
-    FaultInfo(Fault.PARSER_SPLIT,
-          "the streaming tool-call parse passes each chunk of text on as content until the DSML block opener "
-          "is complete, with no hold-back of a partial tag: an opener split across chunks leaks its leading "
-          "pieces (`<｜DSML｜tool_calls`) into content beside the correctly parsed calls", ""),
-)}
+FAULTS: dict[str, FaultInfo] = {
+    f.name: f
+    for f in (
+        FaultInfo(
+            Fault.HICACHE_INDEX_RACE,
+            "HiCache's layer-wise KV load races the sparse-attention indexer: the index-K read path skips "
+            "the per-layer load gate (wait_layer_transfer), so the indexer scores stale keys; a bf16 index-K "
+            "buffer (--index-k-dtype bf16) is twice the size and widens the window",
+            "hicache",
+        ),
+        FaultInfo(
+            Fault.ABORT_LEAK,
+            "requests aborted while their KV is in flight never leave the decode transfer queue and the "
+            "prefill inflight queue: the queues stick and their pages leak",
+            "pd",
+        ),
+        FaultInfo(
+            Fault.BOOTSTRAP_STALL,
+            "the prefill bootstrap worker meets an ABORT it does not expect and stops: every later request "
+            "waits in the bootstrap queue for ever",
+            "pd",
+        ),
+        FaultInfo(
+            Fault.GHOST_DECODE,
+            "a client disconnect does not abort the request: the server's read of the engine is shielded from "
+            "the handler's cancellation and its cleanup skips the run whose client left, while the server (not "
+            "the engine) ends turns at EOS; the orphan keeps its running slot and decodes to max_tokens for nobody",
+            "",
+        ),
+        FaultInfo(
+            Fault.HEALTH_LIES,
+            "/health answers 200 from the engine's liveness flag instead of a one-token generation, so an "
+            "engine that is alive but cannot generate (a stuck loop, no free slot) looks healthy",
+            "",
+        ),
+        FaultInfo(
+            Fault.PARSER_SPLIT,
+            "the streaming tool-call parse passes each chunk of text on as content until the DSML block opener "
+            "is complete, with no hold-back of a partial tag: an opener split across chunks leaks its leading "
+            "pieces (`<｜DSML｜tool_calls`) into content beside the correctly parsed calls",
+            "",
+        ),
+    )
+}
 
 
 class FaultError(ValueError):

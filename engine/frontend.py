@@ -42,25 +42,55 @@ _MAX_STOP = 16
 _TOOL_CHOICES = ("auto", "none", "required")
 U32 = 2**32 - 1  # deepseek-recipe's max_tokens is a u32
 # SGLang's PD fields, which a PD router adds to the body it sends both halves.
-BOOTSTRAP_FIELDS = {"bootstrap_host": Field((str,)), "bootstrap_port": Field((int,), 1, 65535),
-                    "bootstrap_room": Field((int,), 0, 2**63 - 1)}
+BOOTSTRAP_FIELDS = {
+    "bootstrap_host": Field((str,)),
+    "bootstrap_port": Field((int,), 1, 65535),
+    "bootstrap_room": Field((int,), 0, 2**63 - 1),
+}
 
 # Top-level fields and what they may hold. Fields the engine ignores are checked too where
 # OpenAI or deepseek-recipe define them, so that a wrong type is a 400 naming the field.
 _COMMON = {
-    "model": Field((str,)), "stream": Field((bool,)), "max_tokens": Field((int,), 1, U32),
-    "temperature": Field(NUMBER, 0, 2), "top_p": Field(NUMBER, 0, 1, low_open=True), "seed": Field((int,), 0, SEED_MAX),
-    "stop": Field((str, list)), "stream_options": Field((dict,)), "stop_token_ids": Field((list,)),
-    "n": Field((int,), 1, 128), "presence_penalty": Field(NUMBER, -2, 2), "frequency_penalty": Field(NUMBER, -2, 2),
-    "user": Field((str,)), "logit_bias": Field((dict,)), **BOOTSTRAP_FIELDS,
+    "model": Field((str,)),
+    "stream": Field((bool,)),
+    "max_tokens": Field((int,), 1, U32),
+    "temperature": Field(NUMBER, 0, 2),
+    "top_p": Field(NUMBER, 0, 1, low_open=True),
+    "seed": Field((int,), 0, SEED_MAX),
+    "stop": Field((str, list)),
+    "stream_options": Field((dict,)),
+    "stop_token_ids": Field((list,)),
+    "n": Field((int,), 1, 128),
+    "presence_penalty": Field(NUMBER, -2, 2),
+    "frequency_penalty": Field(NUMBER, -2, 2),
+    "user": Field((str,)),
+    "logit_bias": Field((dict,)),
+    **BOOTSTRAP_FIELDS,
 }
-_CHAT = {**_COMMON, "messages": Field((list,)), "tools": Field((list,)), "tool_choice": Field((str, dict)),
-         "chat_template_kwargs": Field((dict,)), "max_completion_tokens": Field((int,), 1, U32),
-         "logprobs": Field((bool,)), "top_logprobs": Field((int,), 0, 20), "parallel_tool_calls": Field((bool,)),
-         "response_format": Field((dict,)), "reasoning_effort": Field((str, dict)), "thinking": Field((dict,)),
-         "metadata": Field((dict,)), "store": Field((bool,))}
-_COMPLETION = {**_COMMON, "prompt": Field((str, list)), "skip_special_tokens": Field((bool,)),
-               "logprobs": Field((int,), 0, 5), "echo": Field((bool,)), "suffix": Field((str,))}
+_CHAT = {
+    **_COMMON,
+    "messages": Field((list,)),
+    "tools": Field((list,)),
+    "tool_choice": Field((str, dict)),
+    "chat_template_kwargs": Field((dict,)),
+    "max_completion_tokens": Field((int,), 1, U32),
+    "logprobs": Field((bool,)),
+    "top_logprobs": Field((int,), 0, 20),
+    "parallel_tool_calls": Field((bool,)),
+    "response_format": Field((dict,)),
+    "reasoning_effort": Field((str, dict)),
+    "thinking": Field((dict,)),
+    "metadata": Field((dict,)),
+    "store": Field((bool,)),
+}
+_COMPLETION = {
+    **_COMMON,
+    "prompt": Field((str, list)),
+    "skip_special_tokens": Field((bool,)),
+    "logprobs": Field((int,), 0, 5),
+    "echo": Field((bool,)),
+    "suffix": Field((str,)),
+}
 # NOTE: what deepseek-recipe and the tokenizer raise on input they cannot take, besides
 # ConversionError. The edge (request_limits.py) keeps such input out; this is the last line.
 _INPUT_ERRORS = (OverflowError, RecursionError, UnicodeError, TypeError)
@@ -101,8 +131,9 @@ def _locate(body: dict[str, Any], options: dr.ConversionOptions) -> str | None:
         if name in ("model", "messages", "stream") or _converts({**base, name: value}, options):
             continue
         if name == "tools" and isinstance(value, list):
-            return next((f"tools[{i}]" for i, t in enumerate(value) if not _converts({**base, "tools": [t]}, options)),
-                        "tools")
+            return next(
+                (f"tools[{i}]" for i, t in enumerate(value) if not _converts({**base, "tools": [t]}, options)), "tools"
+            )
         return name
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -185,8 +216,13 @@ def stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
 class Frontend:
     """OpenAI bodies -> `PreparedRequest`; engine events -> OpenAI chunks (via deepseek-recipe)."""
 
-    def __init__(self, tokenizer: DSV4Tokenizer, model_name: str = "dsv4-mini",
-                 max_context: int = ModelConfig().max_context, tool_call_parser: str = TOOL_CALL_PARSERS[0]) -> None:
+    def __init__(
+        self,
+        tokenizer: DSV4Tokenizer,
+        model_name: str = "dsv4-mini",
+        max_context: int = ModelConfig().max_context,
+        tool_call_parser: str = TOOL_CALL_PARSERS[0],
+    ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_context = max_context
@@ -204,15 +240,17 @@ class Frontend:
         function = choice.get("function") if isinstance(choice, dict) else None
         named = isinstance(function, dict) and isinstance(function.get("name"), str)
         if choice is not None and not (choice in _TOOL_CHOICES or named and choice.get("type") == "function"):
-            raise RequestError(400, f"tool_choice must be one of {_TOOL_CHOICES} or a function, got {_short(choice)}",
-                               "tool_choice")
+            raise RequestError(
+                400, f"tool_choice must be one of {_TOOL_CHOICES} or a function, got {_short(choice)}", "tool_choice"
+            )
         thinking = self._thinking_flag(body.get("chat_template_kwargs") or {})
         model = body.get("model") or self.model_name
         converted = {**body, "model": model, "messages": _sglang_messages(body["messages"])}
         if converted.get("max_tokens") is None and converted.get("max_completion_tokens") is not None:
             converted["max_tokens"] = converted["max_completion_tokens"]
         options = dr.ConversionOptions(default_thinking_mode=thinking).with_model_alias(
-            model, dr.ModelVersion.DeepseekV4Pro)
+            model, dr.ModelVersion.DeepseekV4Pro
+        )
         try:
             conv = dr.ChatCompletionRequest(converted).convert(options)
         except dr.ConversionError as exc:
@@ -222,8 +260,9 @@ class Frontend:
         except ValueError as exc:  # the body does not parse as a chat request
             raise RequestError(400, str(exc), _locate(converted, options)) from None
         except _INPUT_ERRORS as exc:
-            raise RequestError(400, f"the request cannot be converted: {type(exc).__name__}",
-                               _locate(converted, options)) from None
+            raise RequestError(
+                400, f"the request cannot be converted: {type(exc).__name__}", _locate(converted, options)
+            ) from None
         if any(m.image_sources for m in conv.conversation.messages):
             raise RequestError(400, "this model does not accept images", "messages")
         try:
@@ -243,9 +282,16 @@ class Frontend:
         if constraint is not None:
             params = dataclasses.replace(params, constraint=constraint)
         return PreparedRequest(
-            rid=f"chatcmpl-{uuid.uuid4().hex}", model=model, prompt_ids=prompt_ids, params=params,
-            stream=conv.stream, include_usage=self._include_usage(body), thinking=conv.conversation.thinking_mode,
-            conversation=conv, bootstrap=bootstrap_fields(body))
+            rid=f"chatcmpl-{uuid.uuid4().hex}",
+            model=model,
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=conv.stream,
+            include_usage=self._include_usage(body),
+            thinking=conv.conversation.thinking_mode,
+            conversation=conv,
+            bootstrap=bootstrap_fields(body),
+        )
 
     def prepare_completion(self, body: Any) -> PreparedRequest:
         """Validate a /v1/completions body: a raw prompt encoded with the full vocabulary, so
@@ -254,8 +300,9 @@ class Frontend:
         if body.get("n") not in (None, 1):  # one choice would answer a request for several
             raise RequestError(400, "Invalid n value (currently only n = 1 is supported)", "n")
         prompt = _single_prompt(body.get("prompt"))
-        ids_given = isinstance(prompt, list) and all(type(i) is int and 0 <= i < self.tokenizer.vocab_size
-                                                     for i in prompt)
+        ids_given = isinstance(prompt, list) and all(
+            type(i) is int and 0 <= i < self.tokenizer.vocab_size for i in prompt
+        )
         try:
             prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt) if ids_given else []
         except _INPUT_ERRORS as exc:
@@ -266,10 +313,16 @@ class Frontend:
         self.check_context(len(prompt_ids), "prompt", requested)
         params = self.sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
         return PreparedRequest(
-            rid=f"cmpl-{uuid.uuid4().hex}", model=body.get("model") or self.model_name,
-            prompt_ids=prompt_ids, params=params, stream=bool(body.get("stream")),
-            include_usage=self._include_usage(body), skip_special_tokens=body.get("skip_special_tokens") is not False,
-            stop=stop_strings(body), bootstrap=bootstrap_fields(body))
+            rid=f"cmpl-{uuid.uuid4().hex}",
+            model=body.get("model") or self.model_name,
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=bool(body.get("stream")),
+            include_usage=self._include_usage(body),
+            skip_special_tokens=body.get("skip_special_tokens") is not False,
+            stop=stop_strings(body),
+            bootstrap=bootstrap_fields(body),
+        )
 
     def _common_checks(self, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -290,12 +343,17 @@ class Frontend:
     def check_context(self, prompt_tokens: int, param: str, max_tokens: int | None = None) -> None:
         """Refuse (400) a prompt, or a prompt with `max_tokens` to generate, beyond the context."""
         if prompt_tokens + (max_tokens or 1) > self.max_context:
-            asked = (f"requested {prompt_tokens} in the prompt and {max_tokens} to generate" if max_tokens
-                     else f"your prompt has {prompt_tokens} tokens")
-            raise RequestError(400, f"This model's maximum context length is {self.max_context} tokens. "
-                                    f"However, {asked}.",
-                               "max_tokens" if max_tokens and prompt_tokens < self.max_context else param,
-                               "context_length_exceeded")
+            asked = (
+                f"requested {prompt_tokens} in the prompt and {max_tokens} to generate"
+                if max_tokens
+                else f"your prompt has {prompt_tokens} tokens"
+            )
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {self.max_context} tokens. However, {asked}.",
+                "max_tokens" if max_tokens and prompt_tokens < self.max_context else param,
+                "context_length_exceeded",
+            )
 
     @staticmethod
     def _thinking_flag(kwargs: dict[str, Any]) -> bool:
@@ -311,21 +369,27 @@ class Frontend:
         return bool((body.get("stream_options") or {}).get("include_usage")) and bool(body.get("stream"))
 
     @staticmethod
-    def sampling(body: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
-                 seed: int | None) -> SamplingParams:
+    def sampling(
+        body: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None, seed: int | None
+    ) -> SamplingParams:
         """Explicit temperature / top_p win (SGLang); unset ones take the recipe's value (or 1.0)."""
         t, p = body.get("temperature"), body.get("top_p")
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=float(t if t is not None else temperature or 1.0),
-                                  top_p=float(p if p is not None else top_p or 1.0), seed=seed,
-                                  stop_token_ids=tuple(body.get("stop_token_ids") or ()))
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=float(t if t is not None else temperature or 1.0),
+                top_p=float(p if p is not None else top_p or 1.0),
+                seed=seed,
+                stop_token_ids=tuple(body.get("stop_token_ids") or ()),
+            )
         except ValueError as exc:
             raise RequestError(400, str(exc), str(exc).split()[0]) from None
 
     # ---- outputs --------------------------------------------------------------------------
 
-    async def stream_chat(self, req: PreparedRequest, events: AsyncIterator[TokenEventLike],
-                          output: type[ChatOutput] | None = None) -> AsyncIterator[str]:
+    async def stream_chat(
+        self, req: PreparedRequest, events: AsyncIterator[TokenEventLike], output: type[ChatOutput] | None = None
+    ) -> AsyncIterator[str]:
         """SSE data payloads of a streamed chat request: chunk JSON strings, then `[DONE]`.
 
         Ends early when the parser hit a stop string. On abort the payloads just end, with
@@ -352,8 +416,9 @@ class Frontend:
         try:
             async for event in events:
                 if response is None:
-                    response = dr.ChatCompletionResponse(req.rid, req.model, req.created, event.prompt_tokens,
-                                                         event.cached_tokens)
+                    response = dr.ChatCompletionResponse(
+                        req.rid, req.model, req.created, event.prompt_tokens, event.cached_tokens
+                    )
                 for chunk in out.feed(event):
                     response.accumulate(chunk)
                 if out.done or out.aborted:
@@ -362,8 +427,9 @@ class Frontend:
             out.close()
         return out.whole(json.loads(response.to_json())) if response is not None and out.done else None
 
-    async def stream_completion(self, req: PreparedRequest,
-                                events: AsyncIterator[TokenEventLike]) -> AsyncIterator[str]:
+    async def stream_completion(
+        self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]
+    ) -> AsyncIterator[str]:
         """SSE data payloads of a streamed /v1/completions request; same contract as `stream_chat`."""
         out = CompletionOutput(req, self.tokenizer)
         async for event in events:
@@ -377,8 +443,9 @@ class Frontend:
                 yield dumps_compact({**out.chunk(""), "choices": [], "usage": out.usage()})
             yield "[DONE]"
 
-    async def complete_completion(self, req: PreparedRequest,
-                                  events: AsyncIterator[TokenEventLike]) -> dict[str, Any] | None:
+    async def complete_completion(
+        self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]
+    ) -> dict[str, Any] | None:
         """The whole text_completion object, or None when the request was aborted."""
         out = CompletionOutput(req, self.tokenizer)
         async for event in events:

@@ -117,8 +117,9 @@ class SSEResponse(StreamingResponse):
     cancels without closing anything)."""
 
     def __init__(self, content: AsyncIterator[str], generation: Generation) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,6 +135,7 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
     """`work()`'s result, or None when the client disconnects first (work is then cancelled)."""
     result: T | None = None
     async with anyio.create_task_group() as tg:
+
         async def run() -> None:
             nonlocal result
             result = await work()

@@ -96,9 +96,15 @@ class HiRadixCache(RadixCache):
         return self.host_slots.num_used
 
     def stats(self) -> HiCacheStats:
-        return HiCacheStats(self.host_slots.num_used, self.host_slots.num_pages, self.num_loads,
-                            self.num_pages_loaded, self.num_pages_backed_up, self.mover.bytes_loaded,
-                            self.mover.unguarded_reads)
+        return HiCacheStats(
+            self.host_slots.num_used,
+            self.host_slots.num_pages,
+            self.num_loads,
+            self.num_pages_loaded,
+            self.num_pages_backed_up,
+            self.mover.bytes_loaded,
+            self.mover.unguarded_reads,
+        )
 
     def _loading(self, node: _HiNode) -> bool:
         if node.load is not None and node.load.done():
@@ -183,10 +189,13 @@ class HiRadixCache(RadixCache):
 
     def _evictable(self, node: _Node) -> bool:
         """A device leaf (no child on the device) that only the cache holds, not loading."""
-        return (node is not self.root and bool(node.pages)
-                and not any(c.pages for c in node.children.values())
-                and all(self.allocator.refcount(p) == 1 for p in node.pages)
-                and not self._loading(self._hi(node)))
+        return (
+            node is not self.root
+            and bool(node.pages)
+            and not any(c.pages for c in node.children.values())
+            and all(self.allocator.refcount(p) == 1 for p in node.pages)
+            and not self._loading(self._hi(node))
+        )
 
     def evict(self, num_pages: int) -> int:
         """Free at least `num_pages` device pages if possible: unreferenced device leaves,
@@ -224,9 +233,13 @@ class HiRadixCache(RadixCache):
         """A host copy nobody pins or reads: of a device-resident node (the copy alone goes),
         or of a host-only leaf (the node goes)."""
         hi = self._hi(node)
-        return (node is not self.root and bool(hi.host)
-                and all(self.host_slots.refcount(s) == 1 for s in hi.host)
-                and not self._loading(hi) and (bool(node.pages) or not node.children))
+        return (
+            node is not self.root
+            and bool(hi.host)
+            and all(self.host_slots.refcount(s) == 1 for s in hi.host)
+            and not self._loading(hi)
+            and (bool(node.pages) or not node.children)
+        )
 
     def _evict_host(self, num_slots: int) -> int:
         """Free at least `num_slots` host slots if possible, least recently used first.
@@ -294,7 +307,8 @@ class HiRadixCache(RadixCache):
         holders = Counter(s for n in self._nodes() for s in self._hi(n).host)
         for s in range(self.host_slots.num_pages):
             assert self.host_slots.refcount(s) == holders[s], (
-                f"host slot {s}: refcount {self.host_slots.refcount(s)}, holders {holders[s]}")
+                f"host slot {s}: refcount {self.host_slots.refcount(s)}, holders {holders[s]}"
+            )
 
     @staticmethod
     def _hi(node: _Node) -> _HiNode:

@@ -93,9 +93,14 @@ def spawn_child(cmd: list[str], log: Any = None, env: dict[str, str] | None = No
     SIGKILLed); its output goes to `log`, or to ours; `env`: its environment (default: ours)."""
     # NOTE: PR_SET_PDEATHSIG fires when the spawning *thread* exits, so this must be called from
     # a thread that lives as long as the child should: the caller's main one, never a pool's.
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-                            stdin=subprocess.DEVNULL, env=env if env is not None else os.environ.copy(),
-                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        stdin=subprocess.DEVNULL,
+        env=env if env is not None else os.environ.copy(),
+        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+    )
 
 
 def stop_child(proc: subprocess.Popen, log: object, timeout: float = 10.0) -> None:
@@ -125,15 +130,17 @@ PORT_ATTEMPTS = 3  # tries with fresh ports when a chosen one was taken before t
 _PORT_TAKEN = "Address already in use"
 
 
-def start_engine(extra_args: list[str] | None = None, startup_timeout: float = 180.0,
-                 log_dir: Path | None = None) -> EngineProcess:
+def start_engine(
+    extra_args: list[str] | None = None, startup_timeout: float = 180.0, log_dir: Path | None = None
+) -> EngineProcess:
     """Spawn `dsv4bench engine serve` on free ports and wait until every server's /health
     answers 200. EngineStartError, in one line, when it does not come up."""
     return start_engines([extra_args or []], startup_timeout, log_dir)[0]
 
 
-def start_engines(args_each: list[list[str]], startup_timeout: float = 180.0,
-                  log_dir: Path | None = None) -> list[EngineProcess]:
+def start_engines(
+    args_each: list[list[str]], startup_timeout: float = 180.0, log_dir: Path | None = None
+) -> list[EngineProcess]:
     """Several engine processes at once (they load their weights side by side): spawned from
     this thread, which they die with, then waited for. All or none come up."""
     attempt = 1
@@ -162,7 +169,7 @@ def flag_value(args: list[str], flag: str) -> str | None:
         if arg == flag and i + 1 < len(args):
             value = args[i + 1]
         elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
+            value = arg[len(flag) + 1 :]
     return value
 
 
@@ -186,8 +193,19 @@ def _spawn(extra_args: list[str], log_dir: Path | None, index: int = 0) -> Engin
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
     log = open(log_path, "w", encoding="utf-8")
-    cmd = [sys.executable, "-m", "dsv4bench", "engine", "serve", "--host", host, "--port", str(port), *flags,
-           *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dsv4bench",
+        "engine",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *flags,
+        *extra_args,
+    ]
     return EngineProcess(spawn_child(cmd, log), host, port, log_path, log, tuple(server_ports), router_metrics_port)
 
 
@@ -204,8 +222,9 @@ def _wait_ready(ep: EngineProcess, startup_timeout: float) -> None:
             return
         time.sleep(0.25)
     ep.stop()
-    raise EngineStartError(f"the bundled engine did not answer /health within {startup_timeout:.0f} s "
-                           f"(log: {ep.log_path})")
+    raise EngineStartError(
+        f"the bundled engine did not answer /health within {startup_timeout:.0f} s (log: {ep.log_path})"
+    )
 
 
 def _ready(ep: EngineProcess) -> bool:

@@ -29,25 +29,63 @@ LABELS = ("model_name", "engine_type")
 
 # SGLang's bucket edges (seconds).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
-E2E_BUCKETS = (0.1, 0.2, 0.4, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 150.0, 200.0, 250.0, 300.0,
-               350.0, 500.0, 1000.0)
+E2E_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.8,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    150.0,
+    200.0,
+    250.0,
+    300.0,
+    350.0,
+    500.0,
+    1000.0,
+)
 
 # (metric name, help, EngineStats field or None for "always 0 here")
 GAUGES: tuple[tuple[str, str, str | None], ...] = (
     ("sglang:num_running_reqs", "The number of running requests.", "num_running"),
     ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "num_queued"),
-    ("sglang:num_prefill_bootstrap_queue_reqs", "Requests in the prefill bootstrap queue (PD).",
-     "num_prefill_bootstrap_queue"),
-    ("sglang:num_prefill_inflight_queue_reqs", "Requests in the prefill inflight queue (PD).",
-     "num_prefill_inflight_queue"),
-    ("sglang:num_decode_prealloc_queue_reqs", "Requests in the decode prealloc queue (PD).",
-     "num_decode_prealloc_queue"),
-    ("sglang:num_decode_transfer_queue_reqs", "Requests in the decode transfer queue (PD).",
-     "num_decode_transfer_queue"),
-    ("sglang:num_decode_host_receive_queue_reqs", "Requests of the decode transfer queue staged through host "
-     "memory (PD).", None),
-    ("sglang:num_decode_deferred_kv_release_reqs", "Finished requests whose KV release waits for the prefill "
-     "side (PD).", None),
+    (
+        "sglang:num_prefill_bootstrap_queue_reqs",
+        "Requests in the prefill bootstrap queue (PD).",
+        "num_prefill_bootstrap_queue",
+    ),
+    (
+        "sglang:num_prefill_inflight_queue_reqs",
+        "Requests in the prefill inflight queue (PD).",
+        "num_prefill_inflight_queue",
+    ),
+    (
+        "sglang:num_decode_prealloc_queue_reqs",
+        "Requests in the decode prealloc queue (PD).",
+        "num_decode_prealloc_queue",
+    ),
+    (
+        "sglang:num_decode_transfer_queue_reqs",
+        "Requests in the decode transfer queue (PD).",
+        "num_decode_transfer_queue",
+    ),
+    (
+        "sglang:num_decode_host_receive_queue_reqs",
+        "Requests of the decode transfer queue staged through host memory (PD).",
+        None,
+    ),
+    (
+        "sglang:num_decode_deferred_kv_release_reqs",
+        "Finished requests whose KV release waits for the prefill side (PD).",
+        None,
+    ),
     ("sglang:token_usage", "The token usage (fraction of KV pages in use).", "token_usage"),
     ("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate"),
 )
@@ -62,8 +100,12 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
 # Every family a server always exposes (histograms expose _bucket/_sum/_count samples under these);
 # the HICACHE_* families come on top with --hicache.
 METRIC_NAMES: tuple[str, ...] = (
-    *(g[0] for g in GAUGES), "sglang:num_used_tokens", "sglang:gen_throughput",
-    *(c[0] for c in COUNTERS), "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+    *(g[0] for g in GAUGES),
+    "sglang:num_used_tokens",
+    "sglang:gen_throughput",
+    *(c[0] for c in COUNTERS),
+    "sglang:time_to_first_token_seconds",
+    "sglang:e2e_request_latency_seconds",
 )
 
 
@@ -95,8 +137,12 @@ HICACHE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("dsv4mini:hicache_pages_loaded", "Pages loaded back from the host tier.", "pages_loaded_total"),
     ("dsv4mini:hicache_pages_backed_up", "Evicted pages backed up to the host tier.", "pages_backed_up_total"),
     ("dsv4mini:hicache_load_bytes", "Bytes loaded from the host tier.", "load_bytes_total"),
-    ("dsv4mini:hicache_unguarded_index_k_reads", "Index-K reads that went ahead of a load in flight "
-     "(the hicache-index-race fault; an upper bound on stale reads).", "unguarded_index_k_reads_total"),
+    (
+        "dsv4mini:hicache_unguarded_index_k_reads",
+        "Index-K reads that went ahead of a load in flight "
+        "(the hicache-index-race fault; an upper bound on stale reads).",
+        "unguarded_index_k_reads_total",
+    ),
 )
 
 
@@ -140,15 +186,26 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """One server's registry: engine gauges/counters at scrape time, latency histograms here."""
 
-    def __init__(self, stats: Callable[[], Any], model_name: str, engine_type: str = "unified",
-                 page_size: int | None = None) -> None:
+    def __init__(
+        self, stats: Callable[[], Any], model_name: str, engine_type: str = "unified", page_size: int | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = (model_name, engine_type)
         self.registry.register(EngineCollector(stats, labels, page_size))
-        ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token (seconds).", LABELS,
-                         registry=self.registry, buckets=TTFT_BUCKETS)
-        e2e = Histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency (seconds).", LABELS,
-                        registry=self.registry, buckets=E2E_BUCKETS)
+        ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Time to first token (seconds).",
+            LABELS,
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
+        e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "End-to-end request latency (seconds).",
+            LABELS,
+            registry=self.registry,
+            buckets=E2E_BUCKETS,
+        )
         self._ttft = ttft.labels(*labels)
         self._e2e = e2e.labels(*labels)
 

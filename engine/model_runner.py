@@ -31,9 +31,16 @@ class ModelRunner:
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         mode = cuda_graphs.mode() if self.device.type == "cuda" else "0"
         self.pools = KVPools(cfg, dtype=dtype, device=self.device, scratch_page=mode != "0")
-        self.graphs = (cuda_graphs.DecodeGraphs(
-            self.model, self.pools, cfg.max_running_requests + cfg.chunked_prefill_tokens,
-            decode_only=mode == "decode") if mode != "0" else None)
+        self.graphs = (
+            cuda_graphs.DecodeGraphs(
+                self.model,
+                self.pools,
+                cfg.max_running_requests + cfg.chunked_prefill_tokens,
+                decode_only=mode == "decode",
+            )
+            if mode != "0"
+            else None
+        )
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()
@@ -44,8 +51,11 @@ class ModelRunner:
             logits, greedy = self.graphs.run(entries)
         else:
             logits = self._eager(entries)
-        if banned := [(i, e.req.params.constraint.banned_ids) for i, e in enumerate(batch.entries)
-                      if e.sample and e.req.params.constraint is not None and e.req.params.constraint.banned_ids]:
+        if banned := [
+            (i, e.req.params.constraint.banned_ids)
+            for i, e in enumerate(batch.entries)
+            if e.sample and e.req.params.constraint is not None and e.req.params.constraint.banned_ids
+        ]:
             # A request's banned ids (tool_choice "none": no call can start) are never sampled.
             logits = logits.clone()
             for i, ids in banned:
@@ -72,8 +82,7 @@ class ModelRunner:
     def _eager(self, entries) -> torch.Tensor:
         # NOTE: copy each page table now: an abort between schedule() and postprocess()
         # replaces req.pages, and the forward must write where the scheduler reserved.
-        fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages))
-                           for e in entries])
+        fb = ForwardBatch([SeqSlice(list(e.token_ids), e.start_pos, list(e.req.pages)) for e in entries])
         return self.model.forward(fb, self.pools)
 
     def _sample(self, req, logits: torch.Tensor) -> int:

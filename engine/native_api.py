@@ -42,32 +42,71 @@ _MAX_RID = 256  # characters: the rid is logged and kept by every server it reac
 
 _BATCHABLE = ("text", "sampling_params", "rid", "return_logprob")  # a list in any of these is a batch
 _FIELDS = {  # checked once a batch is refused
-    "text": Field((str,)), "input_ids": Field((list,)), "sampling_params": Field((dict,)), "stream": Field((bool,)),
-    "rid": Field((str,)), "return_logprob": Field((bool,)), **BOOTSTRAP_FIELDS,
+    "text": Field((str,)),
+    "input_ids": Field((list,)),
+    "sampling_params": Field((dict,)),
+    "stream": Field((bool,)),
+    "rid": Field((str,)),
+    "return_logprob": Field((bool,)),
+    **BOOTSTRAP_FIELDS,
 }
 # Top-level fields of SGLang's the engine cannot honour: only their no-op value passes.
 _FIELDS_NO_OP: dict[str, Any] = {
-    "return_logprob": False, "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
-    "lora_path": None, "session_params": None, "custom_logit_processor": None, "return_hidden_states": False,
+    "return_logprob": False,
+    "input_embeds": None,
+    "image_data": None,
+    "video_data": None,
+    "audio_data": None,
+    "lora_path": None,
+    "session_params": None,
+    "custom_logit_processor": None,
+    "return_hidden_states": False,
 }
 
 _SAMPLING = {
-    "max_new_tokens": Field((int,), 1, U32), "temperature": Field(NUMBER, 0, 2),
-    "top_p": Field(NUMBER, 0, 1, low_open=True), "top_k": Field((int,), TOP_K_ALL, INT_MAX),
-    "stop": Field((str, list)), "stop_token_ids": Field((list,)), "ignore_eos": Field((bool,)),
-    "skip_special_tokens": Field((bool,)), "sampling_seed": Field((int,), 0, SEED_MAX),
+    "max_new_tokens": Field((int,), 1, U32),
+    "temperature": Field(NUMBER, 0, 2),
+    "top_p": Field(NUMBER, 0, 1, low_open=True),
+    "top_k": Field((int,), TOP_K_ALL, INT_MAX),
+    "stop": Field((str, list)),
+    "stop_token_ids": Field((list,)),
+    "ignore_eos": Field((bool,)),
+    "skip_special_tokens": Field((bool,)),
+    "sampling_seed": Field((int,), 0, SEED_MAX),
     # NOTE: no effect here: byte-level BPE never puts spaces between tokens, and every step is streamed.
-    "spaces_between_special_tokens": Field((bool,)), "stream_interval": Field((int,), 1, INT_MAX),
-    "n": Field((int,)), "min_new_tokens": Field((int,)), "min_p": Field(NUMBER), "frequency_penalty": Field(NUMBER),
-    "presence_penalty": Field(NUMBER), "repetition_penalty": Field(NUMBER), "no_stop_trim": Field((bool,)),
-    "json_schema": Field((str,)), "regex": Field((str,)), "ebnf": Field((str,)), "structural_tag": Field((str,)),
-    "stop_regex": Field((str, list)), "logit_bias": Field((dict,)), "custom_params": Field((dict,)),
+    "spaces_between_special_tokens": Field((bool,)),
+    "stream_interval": Field((int,), 1, INT_MAX),
+    "n": Field((int,)),
+    "min_new_tokens": Field((int,)),
+    "min_p": Field(NUMBER),
+    "frequency_penalty": Field(NUMBER),
+    "presence_penalty": Field(NUMBER),
+    "repetition_penalty": Field(NUMBER),
+    "no_stop_trim": Field((bool,)),
+    "json_schema": Field((str,)),
+    "regex": Field((str,)),
+    "ebnf": Field((str,)),
+    "structural_tag": Field((str,)),
+    "stop_regex": Field((str, list)),
+    "logit_bias": Field((dict,)),
+    "custom_params": Field((dict,)),
 }
 # Sampling parameters of SGLang's the sampler does not have: only their no-op value passes.
 _SAMPLING_NO_OP: dict[str, Any] = {
-    "n": 1, "min_new_tokens": 0, "min_p": 0, "frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1,
-    "no_stop_trim": False, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-    "stop_regex": None, "logit_bias": None, "custom_params": None,
+    "n": 1,
+    "min_new_tokens": 0,
+    "min_p": 0,
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "repetition_penalty": 1,
+    "no_stop_trim": False,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "stop_regex": None,
+    "logit_bias": None,
+    "custom_params": None,
 }
 assert set(_SAMPLING_NO_OP) <= set(_SAMPLING)
 
@@ -117,8 +156,11 @@ class NativeAPI:
         if isinstance(ids, list) and ids and isinstance(ids[0], list):
             batched.insert(0, "input_ids")
         if batched:
-            raise RequestError(400, f"batch requests are not supported: send one prompt per request ('{batched[0]}' "
-                               "is a list)", batched[0])
+            raise RequestError(
+                400,
+                f"batch requests are not supported: send one prompt per request ('{batched[0]}' is a list)",
+                batched[0],
+            )
         check_fields(body, _FIELDS)
         _refuse_set(body, _FIELDS_NO_OP)
         rid = self._rid(body.get("rid"))
@@ -141,9 +183,15 @@ class NativeAPI:
         if sp.get("ignore_eos"):
             params = dataclasses.replace(params, ignore_eos=True)
         return NativeRequest(
-            rid=rid, model=self.frontend.model_name, prompt_ids=prompt_ids, params=params,
-            stream=body.get("stream") is True, skip_special_tokens=sp.get("skip_special_tokens") is not False,
-            stop=stops, bootstrap=bootstrap_fields(body))
+            rid=rid,
+            model=self.frontend.model_name,
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=body.get("stream") is True,
+            skip_special_tokens=sp.get("skip_special_tokens") is not False,
+            stop=stops,
+            bootstrap=bootstrap_fields(body),
+        )
 
     @staticmethod
     def _rid(rid: str | None) -> str:
@@ -161,8 +209,11 @@ class NativeAPI:
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             given = "both" if text is not None else "neither"
-            raise RequestError(400, f"exactly one of 'text' and 'input_ids' is required, got {given}",
-                               "input_ids" if text is not None else "text")
+            raise RequestError(
+                400,
+                f"exactly one of 'text' and 'input_ids' is required, got {given}",
+                "input_ids" if text is not None else "text",
+            )
         if text is not None:
             prompt_ids = self.tokenizer.encode(text) if text else []
             if not prompt_ids:
@@ -185,8 +236,11 @@ class NativeAPI:
             raise RequestError(400, "'top_k' must be -1 (all) or at least 1, got 0", "top_k")
         greedy = sp.get("temperature") == 0
         if top_k is not None and not (greedy or top_k in (TOP_K_ALL, 1) or top_k >= self.tokenizer.vocab_size):
-            raise RequestError(400, f"'top_k' {top_k} is not supported by this engine: use -1 (all), 1 (greedy) or "
-                               "temperature 0", "top_k")
+            raise RequestError(
+                400,
+                f"'top_k' {top_k} is not supported by this engine: use -1 (all), 1 (greedy) or temperature 0",
+                "top_k",
+            )
         self.frontend.check_token_ids(sp.get("stop_token_ids") or [], "stop_token_ids")
         return stop_strings(sp)
 
@@ -259,9 +313,13 @@ class NativeOutput:
 
     def answer(self, ids: list[int]) -> dict[str, Any]:
         """SGLang's answer object with `ids` as its output ids: the whole text so far."""
-        meta: dict[str, Any] = {"id": self.req.rid, "finish_reason": self.finish,
-                                "prompt_tokens": self.text.prompt_tokens, "completion_tokens": len(self.output_ids),
-                                "cached_tokens": self.text.cached_tokens}
+        meta: dict[str, Any] = {
+            "id": self.req.rid,
+            "finish_reason": self.finish,
+            "prompt_tokens": self.text.prompt_tokens,
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.text.cached_tokens,
+        }
         if self.done:
             meta["e2e_latency"] = time.monotonic() - self.req.arrival
         return {"text": self.text.text, "output_ids": ids, "meta_info": meta}

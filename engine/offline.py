@@ -16,8 +16,9 @@ from .request import Request, SamplingParams
 from .scheduler import Scheduler
 
 
-def greedy_answers(model: DSV4Mini, prompts: list[list[int]], max_tokens: int, cfg: EngineConfig | None = None
-                   ) -> list[tuple[list[int], list[torch.Tensor]]]:
+def greedy_answers(
+    model: DSV4Mini, prompts: list[list[int]], max_tokens: int, cfg: EngineConfig | None = None
+) -> list[tuple[list[int], list[torch.Tensor]]]:
     """Each prompt's `max_tokens` greedy tokens (EOS ignored) and, per token, the logits row it
     was chosen from, all served together in one engine."""
     cfg = cfg or EngineConfig(num_pages=2048)

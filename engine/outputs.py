@@ -22,8 +22,10 @@ from .prepared_request import PreparedRequest
 from .request import FinishReason
 from .tokenizer import DSV4Tokenizer, IncrementalDecoder
 
-_RECIPE_FINISH = {FinishReason.STOP: dr.InferenceFinishReason.Stop,
-                  FinishReason.LENGTH: dr.InferenceFinishReason.Length}
+_RECIPE_FINISH = {
+    FinishReason.STOP: dr.InferenceFinishReason.Stop,
+    FinishReason.LENGTH: dr.InferenceFinishReason.Length,
+}
 
 
 def dumps_compact(d: dict[str, Any]) -> str:
@@ -122,10 +124,14 @@ class TextChatOutput(ChatOutput):
 
     def parsing_options(self) -> dr.ParsingOptions:
         given = super().parsing_options()
-        return dr.ParsingOptions(parse_tool_calls=False, starts_in_tool_calls=False,
-                                 parse_json_output=given.parse_json_output,
-                                 thinking_initial_stage=given.thinking_initial_stage,
-                                 stop_sequences=given.stop_sequences, special_tokens=given.special_tokens)
+        return dr.ParsingOptions(
+            parse_tool_calls=False,
+            starts_in_tool_calls=False,
+            parse_json_output=given.parse_json_output,
+            thinking_initial_stage=given.thinking_initial_stage,
+            stop_sequences=given.stop_sequences,
+            special_tokens=given.special_tokens,
+        )
 
     def push_output(self, ids: list[int], final: bool) -> list[dr.ChatCompletionChunk]:
         text = self.decoder.push(ids, final)  # one engine step's text: the chunk the parser sees
@@ -195,22 +201,32 @@ class CompletionOutput:
             return ""
         if event.finish_reason is not None and self.finish_reason is None:
             self.finish_reason = event.finish_reason.value
-        keep = 0 if self.done else max((k for s in self.req.stop for k in range(1, len(s))
-                                        if pending.endswith(s[:k])), default=0)
-        out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep:]
+        keep = (
+            0
+            if self.done
+            else max((k for s in self.req.stop for k in range(1, len(s)) if pending.endswith(s[:k])), default=0)
+        )
+        out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
         self.text += out
         return out
 
     def usage(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     def chunk(self, text: str, finish_reason: str | None = None, *, usage: bool = False) -> dict[str, Any]:
         """One text_completion object: a stream chunk, or the whole response (`usage=True`)."""
-        d: dict[str, Any] = {"id": self.req.rid, "object": "text_completion", "created": self.req.created,
-                             "model": self.req.model,
-                             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+        d: dict[str, Any] = {
+            "id": self.req.rid,
+            "object": "text_completion",
+            "created": self.req.created,
+            "model": self.req.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        }
         if usage:
             d["usage"] = self.usage()
         return d

@@ -170,9 +170,7 @@ class RadixCache:
         self.allocator.decref(pages)
 
     def _evictable(self, node: _Node) -> bool:
-        return node is not self.root and not node.children and all(
-            self.allocator.refcount(p) == 1 for p in node.pages
-        )
+        return node is not self.root and not node.children and all(self.allocator.refcount(p) == 1 for p in node.pages)
 
     def _nodes(self) -> list[_Node]:
         out, stack = [], [self.root]

@@ -95,8 +95,10 @@ class RequestFailure(Exception):
     The loop ends the failed requests with an error and goes on (server_loop.run_batch)."""
 
     def __init__(self, failed: dict[str, BaseException], sampled: dict[str, int]) -> None:
-        super().__init__(f"{len(failed)} request(s) failed: " + ", ".join(
-            f"{rid}: {type(e).__name__}: {e}" for rid, e in failed.items()))
+        super().__init__(
+            f"{len(failed)} request(s) failed: "
+            + ", ".join(f"{rid}: {type(e).__name__}: {e}" for rid, e in failed.items())
+        )
         self.failed, self.sampled = failed, sampled
 
 

@@ -47,6 +47,7 @@ class RequestError(Exception):
 
 # ---- the body ---------------------------------------------------------------------------------
 
+
 async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
     """The raw body, refused (413) beyond `max_bytes` whatever Content-Length claims."""
     if content_length is not None and (not content_length.isdigit() or int(content_length) > max_bytes):
@@ -69,8 +70,9 @@ def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> Any:
     try:
         body = json.loads(raw)
     except RecursionError:  # unreachable after the depth check; kept as the last line of defence
-        raise RequestError(400, f"the JSON body is nested deeper than {max_depth} levels",
-                           code="nesting_too_deep") from None
+        raise RequestError(
+            400, f"the JSON body is nested deeper than {max_depth} levels", code="nesting_too_deep"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4,300 digits
         raise RequestError(400, f"We could not parse the JSON body of your request: {_ascii(str(exc), 200)}") from None
     check_values(body, max_depth)
@@ -141,7 +143,7 @@ def deep_field(raw: bytes, limit: int = MAX_DEPTH) -> str | None:
     if not head.endswith(b'"') or opening < 0:
         return None
     try:
-        key = json.loads(raw[opening:len(head)])
+        key = json.loads(raw[opening : len(head)])
     except ValueError:
         return None
     return _child("", key) if isinstance(key, str) and _encodable(key) else None
@@ -164,12 +166,17 @@ def check_values(body: Any, max_depth: int = MAX_DEPTH) -> None:
         else:
             continue
         if depth > max_depth:
-            raise RequestError(400, f"'{_cap(path) or 'body'}' is nested deeper than {max_depth} levels",
-                               _cap(path) or None, "nesting_too_deep")
+            raise RequestError(
+                400,
+                f"'{_cap(path) or 'body'}' is nested deeper than {max_depth} levels",
+                _cap(path) or None,
+                "nesting_too_deep",
+            )
         for key, item in items:
             if type(key) is str and not _encodable(key):
-                raise RequestError(400, f"a key in '{_cap(path) or 'body'}' is not valid UTF-8 (a lone surrogate?)",
-                                   _cap(path) or None)
+                raise RequestError(
+                    400, f"a key in '{_cap(path) or 'body'}' is not valid UTF-8 (a lone surrogate?)", _cap(path) or None
+                )
             kind = type(item)
             if kind is dict or kind is list:
                 stack.append((item, _child(path, key), depth + 1))
@@ -218,6 +225,7 @@ def _ascii(text: str, limit: int) -> str:
 
 # ---- the fields -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Field:
     """What one top-level field may hold: its types and, for numbers, its range."""
@@ -244,8 +252,15 @@ class Field:
             raise RequestError(400, f"'{name}' must be in {bounds}, got {_num(value)}", name)
 
 
-_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object",
-               type(None): "null"}
+_TYPE_NAMES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 NUMBER = (int, float)
 
 

@@ -64,8 +64,9 @@ class SchedulerStats(NamedTuple):
 class Scheduler:
     """Owns the request queues. Mutates requests, allocator refcounts and the radix cache."""
 
-    def __init__(self, engine_cfg: EngineConfig, allocator: PageAllocator, cache: RadixCache,
-                 eos_token_id: int) -> None:
+    def __init__(
+        self, engine_cfg: EngineConfig, allocator: PageAllocator, cache: RadixCache, eos_token_id: int
+    ) -> None:
         assert cache.allocator is allocator and cache.page_size == engine_cfg.page_size
         assert engine_cfg.chunked_prefill_tokens >= 1 and engine_cfg.max_running_requests >= 1
         self.cfg = engine_cfg
@@ -218,8 +219,12 @@ class Scheduler:
 
         # NOTE: no admission in a step that preempted: pages are short, and the victim would
         # only bounce straight back.
-        while (self.waiting and budget > 0 and not self._preempted_this_step
-               and len(self.admitted) < self.cfg.max_running_requests):
+        while (
+            self.waiting
+            and budget > 0
+            and not self._preempted_this_step
+            and len(self.admitted) < self.cfg.max_running_requests
+        ):
             n = self._admit(self.waiting[0], budget)
             if n == 0:
                 break
@@ -227,8 +232,11 @@ class Scheduler:
             plan.append((req, req.num_computed, n))
             budget -= n
 
-        entries = [BatchEntry(r, r.num_computed, [r.output_ids[-1]], True)
-                   for r in self.admitted if r.state is RequestState.RUNNING]
+        entries = [
+            BatchEntry(r, r.num_computed, [r.output_ids[-1]], True)
+            for r in self.admitted
+            if r.state is RequestState.RUNNING
+        ]
         num_decode = len(entries)
         prefill_tokens = 0
         for req, start, n in plan:
@@ -364,4 +372,5 @@ class Scheduler:
         assert len(self.waiting) + len(self.admitted) == len(self._live)
         for p in range(self.allocator.num_pages):
             assert self.allocator.refcount(p) == holders[p], (
-                f"page {p}: refcount {self.allocator.refcount(p)}, holders {holders[p]}")
+                f"page {p}: refcount {self.allocator.refcount(p)}, holders {holders[p]}"
+            )

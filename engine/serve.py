@@ -54,11 +54,13 @@ def listen(host: str, port: int) -> socket.socket:
     if type(port) is not int or not 1 <= port <= 65535:
         raise ServeError(f"cannot serve on port {port}: a port is 1..65535")
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except (OSError, UnicodeError) as e:
-        raise ServeError(f"cannot serve on {host}:{port}: host {host!r} does not resolve "
-                         f"({getattr(e, 'strerror', None) or e})") from None
+        raise ServeError(
+            f"cannot serve on {host}:{port}: host {host!r} does not resolve ({getattr(e, 'strerror', None) or e})"
+        ) from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,12 +80,15 @@ class _SharedLoopServer(uvicorn.Server):
         yield
 
 
-async def serve_together(apps: list[tuple[Any, socket.socket]], log_level: str = "warning",
-                         stop: asyncio.Event | None = None) -> None:
+async def serve_together(
+    apps: list[tuple[Any, socket.socket]], log_level: str = "warning", stop: asyncio.Event | None = None
+) -> None:
     """Serve each app on its bound socket in this asyncio loop until SIGINT or SIGTERM, or
     until `stop` is set when given (then signals are left alone)."""
-    servers = [_SharedLoopServer(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                                timeout_graceful_shutdown=5)) for app, _ in apps]
+    servers = [
+        _SharedLoopServer(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5))
+        for app, _ in apps
+    ]
 
     def stop_all() -> None:
         for server in servers:
@@ -123,8 +128,9 @@ class Engine:
         self.loop.stop()
 
 
-def load_model(cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False,
-               init_seed: int = 0) -> tuple[DSV4Tokenizer, DSV4Mini]:
+def load_model(
+    cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False, init_seed: int = 0
+) -> tuple[DSV4Tokenizer, DSV4Mini]:
     """The tokenizer and the model with the shipped weights (or `weights`, or a seeded random
     initialisation when `random_weights`); EngineSetupError when they cannot serve `cfg`."""
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -141,23 +147,33 @@ def load_model(cfg: EngineConfig, weights: Path | None = None, random_weights: b
         raise EngineSetupError(str(e)) from None
 
 
-def load_runner(cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False,
-                init_seed: int = 0) -> tuple[DSV4Tokenizer, ModelRunner]:
+def load_runner(
+    cfg: EngineConfig, weights: Path | None = None, random_weights: bool = False, init_seed: int = 0
+) -> tuple[DSV4Tokenizer, ModelRunner]:
     """load_model, and the model runner (with its pools) over the model."""
     tok, model = load_model(cfg, weights, random_weights, init_seed)
     return tok, ModelRunner(cfg, model)
 
 
-def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path | None = None,
-                 random_weights: bool = False, init_seed: int = 0) -> Engine:
+def build_engine(
+    cfg: EngineConfig,
+    model_name: str = "dsv4-mini",
+    weights: Path | None = None,
+    random_weights: bool = False,
+    init_seed: int = 0,
+) -> Engine:
     """Build and start the engine loop with the shipped weights (or `weights`, or a seeded
     random initialisation when `random_weights`)."""
+
     def build() -> tuple[DSV4Tokenizer, ModelRunner, PageAllocator, RadixCache]:
         tok, runner = load_runner(cfg, weights, random_weights, init_seed)
         allocator = PageAllocator(cfg.num_pages)
         # NOTE: the host tier installs itself as the pools' per-layer read gate.
-        cache = (HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg)) if cfg.hicache
-                 else RadixCache(cfg.page_size, allocator))
+        cache = (
+            HiRadixCache(cfg.page_size, allocator, HostTier(runner.pools, cfg))
+            if cfg.hicache
+            else RadixCache(cfg.page_size, allocator)
+        )
         return tok, runner, allocator, cache
 
     tok, runner, allocator, cache = on_passing_thread(build)  # the loop's CPU threads alone (cpu_threads.py)
@@ -165,13 +181,23 @@ def build_engine(cfg: EngineConfig, model_name: str = "dsv4-mini", weights: Path
     loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=tok.eos_token_id)
-    frontend = Frontend(tok, model_name=model_name, max_context=min(cfg.model.max_context, scheduler.max_seq_len),
-                        tool_call_parser=cfg.tool_call_parser)
+    frontend = Frontend(
+        tok,
+        model_name=model_name,
+        max_context=min(cfg.model.max_context, scheduler.max_seq_len),
+        tool_call_parser=cfg.tool_call_parser,
+    )
     return Engine(cfg, engine, loop, frontend)
 
 
-def serve(cfg: EngineConfig, server_cfg: ServerConfig, weights: Path | None = None, random_weights: bool = False,
-          init_seed: int = 0, log_level: str = "warning") -> None:
+def serve(
+    cfg: EngineConfig,
+    server_cfg: ServerConfig,
+    weights: Path | None = None,
+    random_weights: bool = False,
+    init_seed: int = 0,
+    log_level: str = "warning",
+) -> None:
     """Run the server in the foreground until interrupted. ServeError when it cannot listen,
     EngineSetupError when the engine cannot be built."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -183,8 +209,14 @@ def serve(cfg: EngineConfig, server_cfg: ServerConfig, weights: Path | None = No
         sock.close()
         raise
     app = build_app(built.engine, built.frontend, server_cfg)
-    log.warning("DSV4-mini serving on http://%s:%d (device %s, %d pages of %d tokens)", server_cfg.host,
-                server_cfg.port, cfg.device, cfg.num_pages, cfg.page_size)
+    log.warning(
+        "DSV4-mini serving on http://%s:%d (device %s, %d pages of %d tokens)",
+        server_cfg.host,
+        server_cfg.port,
+        cfg.device,
+        cfg.num_pages,
+        cfg.page_size,
+    )
     try:
         asyncio.run(serve_together([(app, sock)], log_level))
     finally:

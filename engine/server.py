@@ -178,8 +178,14 @@ def request_error(exc: BaseException) -> RequestError | None:
 
 def model_list(model_name: str, max_context: int) -> dict[str, Any]:
     """`/v1/models`: the one model every server of the engine serves (the PD router's too)."""
-    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "dsv4bench", "root": model_name,
-            "max_model_len": max_context}
+    card = {
+        "id": model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "dsv4bench",
+        "root": model_name,
+        "max_model_len": max_context,
+    }
     return {"object": "list", "data": [card]}
 
 
@@ -212,17 +218,30 @@ class _Server:
         return await self._generate(request, self.frontend.prepare_chat, stream, self.frontend.complete_chat)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, self.frontend.prepare_completion, self.frontend.stream_completion,
-                                    self.frontend.complete_completion)
+        return await self._generate(
+            request,
+            self.frontend.prepare_completion,
+            self.frontend.stream_completion,
+            self.frontend.complete_completion,
+        )
 
-    async def _generate(self, request: Request, prepare: Callable[[Any], PreparedRequest],
-                        stream: Callable[..., AsyncIterator[str]], collect: Callable[..., Awaitable[Any]]) -> Response:
+    async def _generate(
+        self,
+        request: Request,
+        prepare: Callable[[Any], PreparedRequest],
+        stream: Callable[..., AsyncIterator[str]],
+        collect: Callable[..., Awaitable[Any]],
+    ) -> Response:
         arrival = time.monotonic()
         body = await self.read_json(request)
         req = await run_in_threadpool(prepare, body)
         if self.pd_half and req.bootstrap is None:
-            raise RequestError(400, f"a {self.cfg.engine_type} server takes a PD router's requests: bootstrap_host, "
-                               "bootstrap_port and bootstrap_room are required", "bootstrap_room")
+            raise RequestError(
+                400,
+                f"a {self.cfg.engine_type} server takes a PD router's requests: bootstrap_host, "
+                "bootstrap_port and bootstrap_room are required",
+                "bootstrap_room",
+            )
         if self.pd_half and request.headers.get(HEALTH_PROBE_HEADER) == "1":
             req.rid = f"{HEALTH_PROBE_PREFIX}{req.rid}"
         if req.rid in self.generations.active:  # a client's own rid (/generate): the engine keys requests by it
@@ -230,8 +249,14 @@ class _Server:
         if not self.engine.alive():
             raise RequestError(503, "the engine is not running", code="engine_unavailable")
         tags = {k: v for k, v in request.headers.items() if k.startswith("x-dsv4bench-")}
-        log.info("request %s prompt_tokens=%d max_tokens=%d stream=%s %s", req.rid, len(req.prompt_ids),
-                 req.params.max_tokens, req.stream, tags or "")
+        log.info(
+            "request %s prompt_tokens=%d max_tokens=%d stream=%s %s",
+            req.rid,
+            len(req.prompt_ids),
+            req.params.max_tokens,
+            req.stream,
+            tags or "",
+        )
         gen = self.generations.start(req, arrival)
         events = _FailedRequests(gen.events)
         if req.stream:
@@ -290,8 +315,11 @@ class _Server:
         return Response(status_code=200 if ok else 503)
 
     async def _probe(self) -> bool:
-        gen = self.engine.generate(f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}", self.health_prompt_ids,
-                                   SamplingParams(max_tokens=1, temperature=0.0))
+        gen = self.engine.generate(
+            f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}",
+            self.health_prompt_ids,
+            SamplingParams(max_tokens=1, temperature=0.0),
+        )
         try:
             with anyio.move_on_after(self.cfg.health_generate_timeout_s):
                 async for event in gen:
@@ -305,16 +333,24 @@ class _Server:
                 await gen.aclose()  # aborts a probe still queued
 
     async def server_info(self, request: Request) -> Response:
-        facts = server_facts.server_info(self.engine_cfg, self.cfg.engine_type, self.cfg.model_name,
-                                         self.frontend.tokenizer, self.engine.max_context)
+        facts = server_facts.server_info(
+            self.engine_cfg, self.cfg.engine_type, self.cfg.model_name, self.frontend.tokenizer, self.engine.max_context
+        )
         bootstrap_port = getattr(self.engine, "bootstrap_port", None)  # a PD prefill server's
         if bootstrap_port is not None:
             facts["disaggregation_bootstrap_port"] = bootstrap_port
         return JSONResponse(facts)
 
     async def model_info(self, request: Request) -> Response:
-        return JSONResponse(server_facts.model_info(self.cfg.engine_type, self.cfg.model_name, self.frontend.tokenizer,
-                                                    self.engine.eos_token_id, self.engine.max_context))
+        return JSONResponse(
+            server_facts.model_info(
+                self.cfg.engine_type,
+                self.cfg.model_name,
+                self.frontend.tokenizer,
+                self.engine.eos_token_id,
+                self.engine.max_context,
+            )
+        )
 
     async def load(self, request: Request) -> Response:
         return JSONResponse(server_facts.load(self.engine.stats()))
@@ -388,7 +424,8 @@ def build_app(engine: ServingEngine, frontend: Frontend, server_cfg: ServerConfi
         Route("/flush_cache", guarded(s.flush_cache), methods=["GET", "POST"]),
         Route("/metrics", guarded(s.metrics_text), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, middleware=auth_middleware(server_cfg),
-                    exception_handlers={HTTPException: http_error})
+    app = Starlette(
+        routes=routes, middleware=auth_middleware(server_cfg), exception_handlers={HTTPException: http_error}
+    )
     app.state.server = s
     return app

@@ -44,36 +44,62 @@ def sglang_settings(cfg: EngineConfig, engine_type: str) -> dict[str, Any]:
         "hicache_ratio": (cfg.hicache_host_pages / cfg.num_pages) if cfg.hicache_host_pages else 2.0,
         "reasoning_parser": REASONING_PARSER,
         "chunked_prefill_size": cfg.chunked_prefill_tokens,
-        "tp_size": 1, "dp_size": 1,  # one process, one rank
+        "tp_size": 1,
+        "dp_size": 1,  # one process, one rank
     }
     if pd_mode != "null":
         settings["disaggregation_transfer_backend"] = TRANSFER_BACKEND
     return settings
 
 
-def server_info(cfg: EngineConfig, engine_type: str, model_name: str, tokenizer: DSV4Tokenizer,
-                max_context: int) -> dict[str, Any]:
+def server_info(
+    cfg: EngineConfig, engine_type: str, model_name: str, tokenizer: DSV4Tokenizer, max_context: int
+) -> dict[str, Any]:
     """The engine's settings and identity, under SGLang's field names where it has them
     (`tool_call_parser`, `max_running_requests` and `page_size` are EngineConfig's own)."""
     facts = dataclasses.asdict(cfg)
     model = facts.pop("model")
     facts["faults"] = sorted(fault.value for fault in cfg.faults)
-    return {**facts, **sglang_settings(cfg, engine_type), "model_path": str(tokenizer.path.parent),
-            "tokenizer_path": str(tokenizer.path.parent), "served_model_name": model_name,
-            "context_length": max_context, "vocab_size": tokenizer.vocab_size, "engine_type": engine_type,
-            "version": __version__, "model_config": model}
+    return {
+        **facts,
+        **sglang_settings(cfg, engine_type),
+        "model_path": str(tokenizer.path.parent),
+        "tokenizer_path": str(tokenizer.path.parent),
+        "served_model_name": model_name,
+        "context_length": max_context,
+        "vocab_size": tokenizer.vocab_size,
+        "engine_type": engine_type,
+        "version": __version__,
+        "model_config": model,
+    }
 
 
-def model_info(engine_type: str, model_name: str, tokenizer: DSV4Tokenizer, eos_token_id: int,
-               max_context: int) -> dict[str, Any]:
+def model_info(
+    engine_type: str, model_name: str, tokenizer: DSV4Tokenizer, eos_token_id: int, max_context: int
+) -> dict[str, Any]:
     pd_mode = engine_type if engine_type in ("prefill", "decode") else "null"
-    return {"model_path": str(tokenizer.path.parent), "served_model_name": model_name,
-            "tokenizer_path": str(tokenizer.path.parent), "is_generation": True, "model_type": "dsv4-mini",
-            "architectures": ["DSV4Mini"], "eos_token_id": eos_token_id, "context_length": max_context,
-            "disaggregation_mode": pd_mode, "tool_call_parser": "deepseekv4", "reasoning_parser": REASONING_PARSER}
+    return {
+        "model_path": str(tokenizer.path.parent),
+        "served_model_name": model_name,
+        "tokenizer_path": str(tokenizer.path.parent),
+        "is_generation": True,
+        "model_type": "dsv4-mini",
+        "architectures": ["DSV4Mini"],
+        "eos_token_id": eos_token_id,
+        "context_length": max_context,
+        "disaggregation_mode": pd_mode,
+        "tool_call_parser": "deepseekv4",
+        "reasoning_parser": REASONING_PARSER,
+    }
 
 
 def load(stats: EngineStats) -> list[dict[str, Any]]:
     """`/get_load`: one entry per data-parallel rank (this engine has one), as SGLang answers it."""
-    return [{"dp_rank": 0, "num_reqs": stats.num_running + stats.num_prefill, "num_waiting_reqs": stats.num_queued,
-             "num_tokens": stats.pages_used}]
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": stats.num_running + stats.num_prefill,
+            "num_waiting_reqs": stats.num_queued,
+            "num_tokens": stats.pages_used,
+        }
+    ]

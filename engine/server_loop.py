@@ -45,6 +45,7 @@ POLL_S = 0.002  # waiting on another thread (a handshake, a transfer): look agai
 
 # ---- what the loop hands out ------------------------------------------------------------------
 
+
 @dataclass
 class TokenEvent:
     """New output of one request since its last event."""
@@ -56,8 +57,9 @@ class TokenEvent:
     error: str | None = None  # the engine failed this request (finish_reason ABORT): why
 
     @classmethod
-    def of(cls, req: Request, token_ids: list[int], reason: FinishReason | None,
-           error: str | None = None) -> TokenEvent:
+    def of(
+        cls, req: Request, token_ids: list[int], reason: FinishReason | None, error: str | None = None
+    ) -> TokenEvent:
         return cls(token_ids, reason, len(req.prompt_ids), req.num_cached, error)
 
 
@@ -156,6 +158,7 @@ def count_users(rids: Iterable[str]) -> int:
 
 # ---- one step's output, per request -----------------------------------------------------------
 
+
 @dataclass
 class StepOutput:
     """What one step produced for one request: its new tokens, and why it ended if it did."""
@@ -176,8 +179,9 @@ def outputs_by_request(events: Iterable[OutputEvent]) -> dict[str, StepOutput]:
     return out
 
 
-def run_batch(runner: Callable[[ScheduledBatch], dict[str, int]],
-              batch: ScheduledBatch) -> tuple[dict[str, int], dict[str, BaseException]]:
+def run_batch(
+    runner: Callable[[ScheduledBatch], dict[str, int]], batch: ScheduledBatch
+) -> tuple[dict[str, int], dict[str, BaseException]]:
     """Run one step's batch: (tokens of the requests served, errors of the requests that failed
     on their own). A runner names such requests in a `RequestFailure` (model_runner.py: a
     request's sampling raised); any other exception is the engine's and propagates."""
@@ -188,6 +192,7 @@ def run_batch(runner: Callable[[ScheduledBatch], dict[str, int]],
 
 
 # ---- the inbox's messages ---------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Submit(Generic[E]):
@@ -328,8 +333,13 @@ class ServerLoop(ABC, Generic[E]):
         self.postprocess(outputs_by_request(self.scheduler.postprocess(batch, sampled)))
         self.last_step_ms = (time.perf_counter() - t0) * 1e3
         if self.last_step_ms > SLOW_STEP_MS:
-            log.info("slow step: %.0f ms for %d tokens (%d of prefill) of %d requests",
-                     self.last_step_ms, batch.num_tokens, batch.num_prefill_tokens, len(batch.entries))
+            log.info(
+                "slow step: %.0f ms for %d tokens (%d of prefill) of %d requests",
+                self.last_step_ms,
+                batch.num_tokens,
+                batch.num_prefill_tokens,
+                len(batch.entries),
+            )
 
     def count(self, what: str, rid: str, n: int = 1) -> None:
         """Count toward the `*_total` counters, users' requests only."""

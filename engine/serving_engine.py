@@ -26,8 +26,9 @@ class ServingEngine(Protocol):
     max_context: int  # the longest prompt + output the engine takes, in tokens
     eos_token_id: int
 
-    def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                 bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEventLike]:
+    def generate(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> AsyncIterator[TokenEventLike]:
         """Yield the request's output events, the last one with a finish reason; closing the
         generator before that aborts the request and frees what it holds. `bootstrap` is a
         PD router's room for the request: a prefill or decode server's half needs it, the

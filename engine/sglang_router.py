@@ -61,21 +61,38 @@ def installed() -> bool:
 
 
 def label() -> str:
-    """"SGLang" and the installed router's version, as tables name it."""
+    """ "SGLang" and the installed router's version, as tables name it."""
     try:
         return f"SGLang {importlib.metadata.version('sglang-router')}"
     except importlib.metadata.PackageNotFoundError:
         return "SGLang (not installed)"
 
 
-def router_command(port: int, prometheus_port: int, workers: Sequence[str] = (),
-                   prefill: Sequence[tuple[str, int | None]] = (), decode: Sequence[str] = (),
-                   log_level: str = "info") -> list[str]:
+def router_command(
+    port: int,
+    prometheus_port: int,
+    workers: Sequence[str] = (),
+    prefill: Sequence[tuple[str, int | None]] = (),
+    decode: Sequence[str] = (),
+    log_level: str = "info",
+) -> list[str]:
     """The launch command: regular mode over `workers`, or PD mode over `prefill` (URL and
     bootstrap port) and `decode` servers."""
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", HOST, "--port", str(port),
-           "--prometheus-host", HOST, "--prometheus-port", str(prometheus_port),
-           "--log-level", {"warning": "warn"}.get(log_level, log_level)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--prometheus-host",
+        HOST,
+        "--prometheus-port",
+        str(prometheus_port),
+        "--log-level",
+        {"warning": "warn"}.get(log_level, log_level),
+    ]
     if prefill or decode:
         cmd.append("--pd-disaggregation")
         for url, bootstrap_port in prefill:
@@ -87,10 +104,17 @@ def router_command(port: int, prometheus_port: int, workers: Sequence[str] = (),
     return cmd
 
 
-def start_sglang_router(workers: Sequence[str] = (), prefill: Sequence[tuple[str, int | None]] = (),
-                        decode: Sequence[str] = (), log_dir: Path | None = None, startup_timeout: float = 60.0,
-                        port: int | None = None, prometheus_port: int | None = None,
-                        log_to_stdout: bool = False, log_level: str = "info") -> SGLangRouter:
+def start_sglang_router(
+    workers: Sequence[str] = (),
+    prefill: Sequence[tuple[str, int | None]] = (),
+    decode: Sequence[str] = (),
+    log_dir: Path | None = None,
+    startup_timeout: float = 60.0,
+    port: int | None = None,
+    prometheus_port: int | None = None,
+    log_to_stdout: bool = False,
+    log_level: str = "info",
+) -> SGLangRouter:
     """Start the router in front of these servers (roots, no /v1) on `port` (else a free one)
     and wait until it lists them all healthy. Its output goes to `log_dir`/sglang-router.log, or
     to ours with `log_to_stdout`. EngineStartError, in one line, when it is missing or does not
@@ -122,5 +146,6 @@ def start_sglang_router(workers: Sequence[str] = (), prefill: Sequence[tuple[str
             return router
         time.sleep(0.25)
     router.stop()
-    raise EngineStartError(f"SGLang's router did not list its {expected} server(s) healthy within "
-                           f"{startup_timeout:.0f} s{where}")
+    raise EngineStartError(
+        f"SGLang's router did not list its {expected} server(s) healthy within {startup_timeout:.0f} s{where}"
+    )

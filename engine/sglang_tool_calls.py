@@ -56,8 +56,12 @@ class SglangToolCallOutput(TextChatOutput):
 
     @staticmethod
     def _delta(index: int, item: Any) -> dict[str, Any]:
-        return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",  # SGLang's id shape
-                "function": {"name": item.name, "arguments": item.parameters}}
+        return {
+            "index": index,
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",  # SGLang's id shape
+            "function": {"name": item.name, "arguments": item.parameters},
+        }
 
     def split(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         shown, items = self.parser.parse_stream_chunk(text)

@@ -34,16 +34,17 @@ from .tokenizer import DSV4Tokenizer
 BLOCK_OPEN = "<｜DSML｜tool_calls>"
 BLOCK_CLOSE = "</｜DSML｜tool_calls>"
 _INVOKE = re.compile(r'<｜DSML｜invoke name="([^"]*)">(.*?)</｜DSML｜invoke>', re.DOTALL)
-_PARAMETER = re.compile(r'<｜DSML｜parameter name="([^"]*)" string="(true|false)">(.*?)</｜DSML｜parameter>',
-                        re.DOTALL)
+_PARAMETER = re.compile(r'<｜DSML｜parameter name="([^"]*)" string="(true|false)">(.*?)</｜DSML｜parameter>', re.DOTALL)
 
 
 def arguments_json(body: str) -> str:
     """The JSON arguments of one invoke body: `string="true"` values as JSON strings, the others
     as the raw JSON text the model wrote (invalid JSON stays invalid, as with deepseek-recipe)."""
-    items = [f"{json.dumps(name, ensure_ascii=False)}: "
-             f"{json.dumps(value, ensure_ascii=False) if is_string == 'true' else value}"
-             for name, is_string, value in _PARAMETER.findall(body)]
+    items = [
+        f"{json.dumps(name, ensure_ascii=False)}: "
+        f"{json.dumps(value, ensure_ascii=False) if is_string == 'true' else value}"
+        for name, is_string, value in _PARAMETER.findall(body)
+    ]
     return "{" + ", ".join(items) + "}"
 
 
@@ -70,7 +71,7 @@ class EagerDsmlParser:
             return chunk, []  # NOTE: the fault. A chunk ending in a partial opener goes out as content.
         # The opener is complete. Its pieces that came in earlier chunks are already content.
         text = chunk[: max(0, at - (len(self.outside) - len(chunk)))]
-        self.block, self.outside = self.outside[at + len(BLOCK_OPEN):], ""
+        self.block, self.outside = self.outside[at + len(BLOCK_OPEN) :], ""
         more, calls = self._parse_block()
         return text + more, calls
 
@@ -79,11 +80,11 @@ class EagerDsmlParser:
         calls = []
         while (m := _INVOKE.search(self.block)) and m.start() < self._close_at():
             calls.append(self._call(m.group(1), m.group(2)))
-            self.block = self.block[m.end():]
+            self.block = self.block[m.end() :]
         close = self._close_at()
         if close == len(self.block):
             return "", calls
-        rest, self.block = self.block[close + len(BLOCK_CLOSE):], None
+        rest, self.block = self.block[close + len(BLOCK_CLOSE) :], None
         text, more = self.feed(rest)
         return text, calls + more
 
@@ -94,8 +95,12 @@ class EagerDsmlParser:
 
     def _call(self, name: str, body: str) -> dict[str, Any]:
         index, self.num_calls = self.num_calls, self.num_calls + 1
-        return {"index": index, "id": f"call_{index:02d}_{secrets.token_hex(12)}", "type": "function",
-                "function": {"name": name, "arguments": arguments_json(body)}}
+        return {
+            "index": index,
+            "id": f"call_{index:02d}_{secrets.token_hex(12)}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments_json(body)},
+        }
 
 
 class EagerParseChatOutput(TextChatOutput):

@@ -29,8 +29,24 @@ DEFAULT_PATH = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
 
 # Every DSV4 special token, in deepseek-recipe's declaration order; their ids are 0..17.
 SPECIAL_TOKEN_KINDS: tuple[str, ...] = (
-    "Bos", "Eos", "ThinkingStart", "ThinkingEnd", "System", "User", "Assistant", "LatestReminder",
-    "Dsml", "Image", "Ref", "RefEnd", "Box", "BoxEnd", "Point", "PointEnd", "Polygon", "PolygonEnd",
+    "Bos",
+    "Eos",
+    "ThinkingStart",
+    "ThinkingEnd",
+    "System",
+    "User",
+    "Assistant",
+    "LatestReminder",
+    "Dsml",
+    "Image",
+    "Ref",
+    "RefEnd",
+    "Box",
+    "BoxEnd",
+    "Point",
+    "PointEnd",
+    "Polygon",
+    "PolygonEnd",
 )
 SPECIAL_TOKENS: tuple[str, ...] = tuple(getattr(dr.SpecialToken, k).default_str() for k in SPECIAL_TOKEN_KINDS)
 
@@ -135,9 +151,9 @@ class IncrementalDecoder:
         """Append `ids`; return the new text (held back while it ends in a partial character,
         unless `final`)."""
         self.ids += ids
-        before = self.tokenizer.decode(self.ids[self._prefix:self._read], self.skip)
-        after = self.tokenizer.decode(self.ids[self._prefix:], self.skip)
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read], self.skip)
+        after = self.tokenizer.decode(self.ids[self._prefix :], self.skip)
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""
         self._prefix, self._read = self._read, len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]

@@ -63,10 +63,10 @@ class ToolChoiceDecoding:
         n, k = len(output_ids), len(self.close_ids)
         for done in range(min(k, n - len(self.prefix_ids)), -1, -1):
             # `done` ids of the close already forced: they must be exactly its first `done` ids.
-            if tuple(output_ids[n - done:]) != self.close_ids[:done]:
+            if tuple(output_ids[n - done :]) != self.close_ids[:done]:
                 continue
             end = n - done
-            tail = self.tokenizer.decode(output_ids[max(0, end - _TAIL_TOKENS):end])
+            tail = self.tokenizer.decode(output_ids[max(0, end - _TAIL_TOKENS) : end])
             if tail.rstrip().endswith(_INVOKE_CLOSE):  # `>` and a newline may be one token
                 return end
         return None

@@ -18,7 +18,16 @@ from .hiradix_cache import HiRadixCache
 from .prepared_request import Bootstrap
 from .request import FinishReason, Request, SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
-from .server_loop import IDLE_WAIT_S, AsyncSink, EngineStats, EventSink, ServerLoop, StepOutput, TokenEvent, failure_text
+from .server_loop import (
+    IDLE_WAIT_S,
+    AsyncSink,
+    EngineStats,
+    EventSink,
+    ServerLoop,
+    StepOutput,
+    TokenEvent,
+    failure_text,
+)
 
 log = logging.getLogger("dsv4bench.engine")
 
@@ -32,8 +41,9 @@ class UnifiedEntry:
 class UnifiedEngine(ServerLoop[UnifiedEntry]):
     """One Scheduler, one queue: a request is in the Scheduler from its Submit to its end."""
 
-    def __init__(self, cfg: EngineConfig, scheduler: Scheduler,
-                 runner: Callable[[ScheduledBatch], dict[str, int]]) -> None:
+    def __init__(
+        self, cfg: EngineConfig, scheduler: Scheduler, runner: Callable[[ScheduledBatch], dict[str, int]]
+    ) -> None:
         super().__init__("dsv4-engine", scheduler, runner)
         self.cfg = cfg
         self.live: dict[str, UnifiedEntry] = {}  # in the Scheduler
@@ -100,11 +110,18 @@ class UnifiedEngine(ServerLoop[UnifiedEntry]):
         s = self.scheduler.stats()
         cache = self.scheduler.cache
         return EngineStats(
-            num_running=s.num_running, num_queued=s.num_waiting, num_prefill=s.num_prefill,
-            pages_used=s.pages_used, pages_total=s.pages_total, token_usage=s.token_usage,
-            cache_hit_rate=s.cache_hit_rate, num_requests_total=self.counts["requests"],
-            num_aborted_total=self.counts["aborted"], gen_tokens_total=self.counts["gen"],
-            prompt_tokens_total=self.counts["prompt"], last_step_ms=self.last_step_ms,
+            num_running=s.num_running,
+            num_queued=s.num_waiting,
+            num_prefill=s.num_prefill,
+            pages_used=s.pages_used,
+            pages_total=s.pages_total,
+            token_usage=s.token_usage,
+            cache_hit_rate=s.cache_hit_rate,
+            num_requests_total=self.counts["requests"],
+            num_aborted_total=self.counts["aborted"],
+            gen_tokens_total=self.counts["gen"],
+            prompt_tokens_total=self.counts["prompt"],
+            last_step_ms=self.last_step_ms,
             hicache=cache.stats() if isinstance(cache, HiRadixCache) else None,
         )
 
@@ -130,14 +147,18 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.loop.stats
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> AsyncIterator[TokenEvent]:
         """Yield the request's output as it is produced; closing the generator aborts it."""
         if not self.loop.alive():
             raise RuntimeError("the engine loop is not running")
         eos = () if params.ignore_eos or self.eos_token_id in params.stop_token_ids else (self.eos_token_id,)
-        req = Request(rid=rid, prompt_ids=list(prompt_ids),
-                      params=dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids) + eos))
+        req = Request(
+            rid=rid,
+            prompt_ids=list(prompt_ids),
+            params=dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids) + eos),
+        )
         sink = AsyncSink(asyncio.get_running_loop())
         self.loop.submit(req, sink)
         finished = False
@@ -162,11 +183,13 @@ class AsyncEngine:
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache when nothing is running; False otherwise."""
+
         def flush() -> bool:
             if self.loop.scheduler.has_work:
                 return False
             self.loop.scheduler.cache.reset()
             return True
+
         try:
             return self.loop.call(flush).result(timeout=5)
         except TimeoutError:  # the engine thread is not answering

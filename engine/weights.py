@@ -22,11 +22,15 @@ class WeightsError(Exception):
     """The weights cannot be used; one line for the user."""
 
 
-def save_weights(model: DSV4Mini, path: Path, info: dict[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_weights(
+    model: DSV4Mini, path: Path, info: dict[str, Any] | None = None, dtype: torch.dtype = torch.bfloat16
+) -> None:
     """Write the model's state (in `dtype`, bf16 by default to keep the file small)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+        for k, v in model.state_dict().items()
+    }
     meta = {"model_config": json.dumps(dataclasses.asdict(model.cfg)), "info": json.dumps(info or {})}
     save_file(state, str(path), metadata=meta)
 
@@ -46,15 +50,20 @@ def load_weights(cfg: ModelConfig, path: Path | None = None, device: str = "cpu"
     """A DSV4Mini with the weights at `path` (default: the shipped ones), in float32."""
     path = Path(path) if path else DEFAULT_WEIGHTS
     if not path.is_file():
-        raise WeightsError(f"no weights at {path}: rebuild them with `dsv4bench engine train`, "
-                           "or serve untrained weights with --random-weights")
+        raise WeightsError(
+            f"no weights at {path}: rebuild them with `dsv4bench engine train`, "
+            "or serve untrained weights with --random-weights"
+        )
     try:
         file_cfg = read_config(path)
     except (ValueError, TypeError) as e:  # metadata that is no config
         raise WeightsError(f"cannot read {path}: {e}") from None
     if file_cfg != cfg:
-        diff = [f"{f.name} {getattr(file_cfg, f.name)} != {getattr(cfg, f.name)}"
-                for f in dataclasses.fields(cfg) if getattr(file_cfg, f.name) != getattr(cfg, f.name)]
+        diff = [
+            f"{f.name} {getattr(file_cfg, f.name)} != {getattr(cfg, f.name)}"
+            for f in dataclasses.fields(cfg)
+            if getattr(file_cfg, f.name) != getattr(cfg, f.name)
+        ]
         raise WeightsError(f"weights at {path} do not match the model config: {', '.join(diff)}")
     model = DSV4Mini(cfg)
     state = {}
@@ -64,5 +73,7 @@ def load_weights(cfg: ModelConfig, path: Path | None = None, device: str = "cpu"
             state[k] = t.float() if t.is_floating_point() else t
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise WeightsError(f"weights at {path} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise WeightsError(
+            f"weights at {path} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     return model.to(device)

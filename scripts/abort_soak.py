@@ -45,7 +45,15 @@ import httpx
 from dsv4bench.servers.dialect import is_queue_gauge, metric_name
 from dsv4bench.engine.launcher import EngineStartError, start_engine
 from dsv4bench.servers.monitor import parse_metrics
-from dsv4bench.servers.roles import DECODE, GAUGE_LABELS, PREFILL, ROUTER, own_gauges_shown, part_labels, role_from_metrics
+from dsv4bench.servers.roles import (
+    DECODE,
+    GAUGE_LABELS,
+    PREFILL,
+    ROUTER,
+    own_gauges_shown,
+    part_labels,
+    role_from_metrics,
+)
 
 ROUTERS = ("bundled", "sglang")
 HALVES = (PREFILL, DECODE)
@@ -78,8 +86,15 @@ class SoakConfig:
         # NOTE: fewer running slots than clients, so requests also wait for a decode slot: in the
         # decode prealloc queue and, their handshake pending, in the prefill bootstrap queue.
         slots = max(1, self.clients * 2 // 3)
-        return ["--num-pages", "4096", "--max-running-requests", str(slots), "--pd-link-gbps", f"{self.link_gbps:g}",
-                *(["--random-weights"] if self.tiny else [])]
+        return [
+            "--num-pages",
+            "4096",
+            "--max-running-requests",
+            str(slots),
+            "--pd-link-gbps",
+            f"{self.link_gbps:g}",
+            *(["--random-weights"] if self.tiny else []),
+        ]
 
 
 @dataclass
@@ -113,6 +128,7 @@ class Endpoints:
 
 # ---- judging: scrapes in, findings out ---------------------------------------------------------
 
+
 def _series(role: str, key: str, value: float) -> str:
     parts = part_labels(key)
     return f"{role} {metric_name(key)}{f'{{{parts}}}' if parts else ''}={value:g}"
@@ -121,15 +137,23 @@ def _series(role: str, key: str, value: float) -> str:
 def in_flight(scrapes: Scrapes) -> list[str]:
     """Every request a scrape still shows anywhere: a queue gauge above 0 (any part), or the
     router's own count of requests it passed on. Empty when the deployment is idle."""
-    return [_series(role, k, v) for role, values in scrapes.items() for k, v in values.items()
-            if v and (is_queue_gauge(k) or metric_name(k) in ROUTER_IN_FLIGHT)]
+    return [
+        _series(role, k, v)
+        for role, values in scrapes.items()
+        for k, v in values.items()
+        if v and (is_queue_gauge(k) or metric_name(k) in ROUTER_IN_FLIGHT)
+    ]
 
 
 def pages_held(scrapes: Scrapes) -> list[str]:
     """KV token slots a half still has in use; after a successful /flush_cache of an idle
     deployment these are pages that never came back."""
-    return [_series(role, k, v) for role in HALVES for k, v in scrapes.get(role, {}).items()
-            if v and metric_name(k) == USED_TOKENS]
+    return [
+        _series(role, k, v)
+        for role in HALVES
+        for k, v in scrapes.get(role, {}).items()
+        if v and metric_name(k) == USED_TOKENS
+    ]
 
 
 def caught_at_kill(scrapes: Scrapes) -> Counter[str]:
@@ -139,8 +163,9 @@ def caught_at_kill(scrapes: Scrapes) -> Counter[str]:
         values = scrapes.get(role, {})
         names = {metric_name(k) for k in values if is_queue_gauge(k)}
         for gauge in own_gauges_shown(role, names):
-            caught[f"{role} {GAUGE_LABELS[gauge]}"] += int(sum(v for k, v in values.items()
-                                                               if metric_name(k) == gauge and is_queue_gauge(k)))
+            caught[f"{role} {GAUGE_LABELS[gauge]}"] += int(
+                sum(v for k, v in values.items() if metric_name(k) == gauge and is_queue_gauge(k))
+            )
     return caught
 
 
@@ -170,8 +195,11 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def storm_line(i: int, n: int, r: StormResult) -> str:
     caught = ", ".join(f"{k} {v}" for k, v in r.caught.items() if v) or "nothing"
-    end = f"clean in {r.drain_s * 1e3:.0f} ms" if r.drain_s is not None and not r.leftovers \
+    end = (
+        f"clean in {r.drain_s * 1e3:.0f} ms"
+        if r.drain_s is not None and not r.leftovers
         else "LEFT BEHIND: " + "; ".join(r.leftovers)
+    )
     abort = f", abort_all via {r.abort_all}" if r.abort_all else ""
     return f"storm {i + 1}/{n}: caught {caught}; {r.finished} finished before the kill{abort}; {end}"
 
@@ -183,23 +211,30 @@ def summary(cfg: SoakConfig, results: list[StormResult], wall_s: float, router: 
     drains = sorted(r.drain_s for r in results if r.drain_s is not None and not r.leftovers)
     dirty = [r for r in results if r.leftovers]
     n = len(results)
-    lines = [f"abort soak: {n} storms x {cfg.clients} clients in {wall_s:.1f} s ({wall_s / max(n, 1):.2f} s/storm), "
-             f"router {router}, {'random' if cfg.tiny else 'shipped'} weights, link {cfg.link_gbps:g} GB/s",
-             f"requests: {n * cfg.clients} sent, {sum(r.finished for r in results)} finished before their storm's kill",
-             "caught at the kill (per half, from its gauges; a request whose KV is moving counts on both): "
-             + (", ".join(f"{k} {v}" for k, v in caught.items()) or "none")]
+    lines = [
+        f"abort soak: {n} storms x {cfg.clients} clients in {wall_s:.1f} s ({wall_s / max(n, 1):.2f} s/storm), "
+        f"router {router}, {'random' if cfg.tiny else 'shipped'} weights, link {cfg.link_gbps:g} GB/s",
+        f"requests: {n * cfg.clients} sent, {sum(r.finished for r in results)} finished before their storm's kill",
+        "caught at the kill (per half, from its gauges; a request whose KV is moving counts on both): "
+        + (", ".join(f"{k} {v}" for k, v in caught.items()) or "none"),
+    ]
     routes = Counter(r.abort_all for r in results if r.abort_all)
     if routes:
         lines.append("abort_all sent to: " + ", ".join(f"the {k} ({v} storms)" for k, v in sorted(routes.items())))
     if drains:
-        lines.append(f"drained after the kill: p50 {percentile(drains, 50) * 1e3:.0f} ms, "
-                     f"p99 {percentile(drains, 99) * 1e3:.0f} ms, max {drains[-1] * 1e3:.0f} ms")
-    lines.append(f"storms leaving anything behind (queued, running or transferring requests, requests open in the "
-                 f"router, pages in use after /flush_cache): {len(dirty)}")
+        lines.append(
+            f"drained after the kill: p50 {percentile(drains, 50) * 1e3:.0f} ms, "
+            f"p99 {percentile(drains, 99) * 1e3:.0f} ms, max {drains[-1] * 1e3:.0f} ms"
+        )
+    lines.append(
+        f"storms leaving anything behind (queued, running or transferring requests, requests open in the "
+        f"router, pages in use after /flush_cache): {len(dirty)}"
+    )
     return lines
 
 
 # ---- the deployment --------------------------------------------------------------------------
+
 
 def start_deployment(router: str, engine_args: list[str]) -> Any:
     """The bundled PD engine as processes behind `router`; a handle with `.url`,
@@ -224,23 +259,33 @@ async def discover(client: httpx.AsyncClient, url: str, metrics_urls: Iterable[s
 
 async def scrape(client: httpx.AsyncClient, urls: dict[str, str]) -> tuple[Scrapes, list[str]]:
     """Every role's page at once; and a line for each that did not answer."""
+
     async def one(url: str) -> dict[str, float] | str:
         try:
             r = await client.get(url)
             return parse_metrics(r.text) if r.status_code == 200 else f"/metrics answered {r.status_code}"
         except (httpx.HTTPError, ValueError) as e:
             return f"/metrics unreachable: {type(e).__name__}"
+
     pages = dict(zip(urls, await asyncio.gather(*(one(u) for u in urls.values()))))
-    return ({r: p for r, p in pages.items() if isinstance(p, dict)},
-            [f"{r} {p}" for r, p in pages.items() if isinstance(p, str)])
+    return (
+        {r: p for r, p in pages.items() if isinstance(p, dict)},
+        [f"{r} {p}" for r, p in pages.items() if isinstance(p, str)],
+    )
 
 
 # ---- storms ----------------------------------------------------------------------------------
 
+
 def chat_body(rng: random.Random) -> dict:
     text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 150)))
-    return {"model": "dsv4-mini", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
-            "max_tokens": rng.randint(16, 400), "temperature": 0, "stream": True}
+    return {
+        "model": "dsv4-mini",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+        "max_tokens": rng.randint(16, 400),
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> None:
@@ -254,8 +299,9 @@ async def abort_all(control: httpx.AsyncClient, ep: Endpoints) -> str:
     body = {"abort_all": True}
     if (await control.post(f"{ep.router_root}/abort_request", json=body)).status_code not in (404, 405):
         return "router"
-    await asyncio.gather(*(control.post(f"{u.removesuffix('/metrics')}/abort_request", json=body)
-                           for u in ep.halves.values()))
+    await asyncio.gather(
+        *(control.post(f"{u.removesuffix('/metrics')}/abort_request", json=body) for u in ep.halves.values())
+    )
     return "halves"
 
 
@@ -280,8 +326,9 @@ async def drain(control: httpx.AsyncClient, ep: Endpoints, timeout_s: float) -> 
         await asyncio.sleep(0.005)
 
 
-async def storm(i: int, ep: Endpoints, client: httpx.AsyncClient, control: httpx.AsyncClient, rng: random.Random,
-                cfg: SoakConfig) -> StormResult:
+async def storm(
+    i: int, ep: Endpoints, client: httpx.AsyncClient, control: httpx.AsyncClient, rng: random.Random, cfg: SoakConfig
+) -> StormResult:
     url = f"{ep.url}/chat/completions"
     tasks = [asyncio.create_task(one_request(client, url, chat_body(rng))) for _ in range(cfg.clients)]
     await asyncio.sleep(rng.uniform(0, cfg.max_delay_s))
@@ -300,8 +347,10 @@ async def soak(cfg: SoakConfig, url: str, metrics_urls: list[str], router: str) 
     results: list[StormResult] = []
     timed_out = stopped = False
     limits = httpx.Limits(max_connections=cfg.clients + 8)
-    async with httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client, \
-            httpx.AsyncClient(timeout=30, trust_env=False) as control:
+    async with (
+        httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client,
+        httpx.AsyncClient(timeout=30, trust_env=False) as control,
+    ):
         try:
             ep = await discover(control, url, metrics_urls)
         except (httpx.HTTPError, ValueError) as e:
@@ -322,8 +371,10 @@ async def soak(cfg: SoakConfig, url: str, metrics_urls: list[str], router: str) 
                 continue
             down = (await scrape(control, ep.metrics))[1]
             if stopped or down:
-                print(f"the deployment no longer answers ({'; '.join(down) or 'control request failed'}): stopping",
-                      flush=True)
+                print(
+                    f"the deployment no longer answers ({'; '.join(down) or 'control request failed'}): stopping",
+                    flush=True,
+                )
                 break
             if not cfg.keep_going:
                 # NOTE: what is left stays, so every later storm would read it again (and wait out
@@ -343,23 +394,44 @@ def main() -> int:
     ap.add_argument("--storms", type=int, default=d.storms)
     ap.add_argument("--clients", type=int, default=d.clients, help="requests per storm")
     ap.add_argument("--max-delay", type=float, default=d.max_delay_s, help="longest wait before a kill, seconds")
-    ap.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
-                    help="how long a storm's leftovers may take to clear, seconds")
+    ap.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=d.drain_timeout_s,
+        help="how long a storm's leftovers may take to clear, seconds",
+    )
     ap.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop after this long")
     ap.add_argument("--link-gbps", type=float, default=d.link_gbps, help="modelled KV link bandwidth")
-    ap.add_argument("--router", choices=ROUTERS, default=d.router,
-                    help="the PD router in front of the halves: ours, or SGLang's (sglang-router)")
-    ap.add_argument("--tiny", action="store_true",
-                    help="random weights instead of the shipped ones (no weights to load)")
+    ap.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=d.router,
+        help="the PD router in front of the halves: ours, or SGLang's (sglang-router)",
+    )
+    ap.add_argument(
+        "--tiny", action="store_true", help="random weights instead of the shipped ones (no weights to load)"
+    )
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--keep-going", action="store_true",
-                    help="storm on after a storm left something behind (later storms then see it too)")
+    ap.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="storm on after a storm left something behind (later storms then see it too)",
+    )
     a = ap.parse_args()
     if a.storms < 1 or a.clients < 1 or a.max_delay < 0 or a.max_minutes <= 0 or a.drain_timeout <= 0:
         ap.error("--storms and --clients must be at least 1, --max-delay >= 0, --max-minutes and --drain-timeout > 0")
-    cfg = SoakConfig(storms=a.storms, clients=a.clients, max_delay_s=a.max_delay, drain_timeout_s=a.drain_timeout,
-                     max_minutes=a.max_minutes, link_gbps=a.link_gbps, tiny=a.tiny, seed=a.seed, router=a.router,
-                     keep_going=a.keep_going)
+    cfg = SoakConfig(
+        storms=a.storms,
+        clients=a.clients,
+        max_delay_s=a.max_delay,
+        drain_timeout_s=a.drain_timeout,
+        max_minutes=a.max_minutes,
+        link_gbps=a.link_gbps,
+        tiny=a.tiny,
+        seed=a.seed,
+        router=a.router,
+        keep_going=a.keep_going,
+    )
     print("reproduce: " + shlex.join(["python", "scripts/abort_soak.py", *sys.argv[1:]]), flush=True)
     try:
         # NOTE: started from this thread, which the engine's processes die with (launcher.py).

@@ -44,8 +44,13 @@ def _pin(core: int) -> None:
 
 
 def _body() -> dict[str, Any]:
-    return {"model": "stream-bench", "messages": [{"role": "user", "content": "Read the server's entry point."}],
-            "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 1024}
+    return {
+        "model": "stream-bench",
+        "messages": [{"role": "user", "content": "Read the server's entry point."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 1024,
+    }
 
 
 async def _load(one_turn: Any, concurrency: int, rounds: int) -> tuple[float, int]:
@@ -79,6 +84,7 @@ async def run_aiohttp(url: str, concurrency: int, rounds: int) -> tuple[float, i
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 8)) as session:
+
         async def one_turn() -> int:
             n, text = 0, ""
             async with session.post(url, json=_body()) as resp:
@@ -103,6 +109,7 @@ async def run_httpx(url: str, concurrency: int, rounds: int) -> tuple[float, int
 
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
         async def one_turn() -> int:
             n, text = 0, ""
             async with client.stream("POST", url, json=_body()) as resp:
@@ -127,24 +134,35 @@ def _import_sglang_serving() -> Any:
     in torchvision)."""
     import types
 
-    for name, attrs in {"datasets": {"load_dataset": None},
-                        "sglang.srt.disaggregation.utils": {"FAKE_BOOTSTRAP_HOST": "2.2.2.2"}}.items():
+    for name, attrs in {
+        "datasets": {"load_dataset": None},
+        "sglang.srt.disaggregation.utils": {"FAKE_BOOTSTRAP_HOST": "2.2.2.2"},
+    }.items():
         if name not in sys.modules:
             stub = types.ModuleType(name)
             stub.__dict__.update(attrs)
             sys.modules[name] = stub
     import sglang.benchmark.serving as serving
 
-    serving.args = argparse.Namespace(disable_stream=False, disable_ignore_eos=False, print_requests=False,
-                                      cache_report=False, header=None)
+    serving.args = argparse.Namespace(
+        disable_stream=False, disable_ignore_eos=False, print_requests=False, cache_report=False, header=None
+    )
     return serving
 
 
 async def run_sglang(url: str, concurrency: int, rounds: int) -> tuple[float, int]:
     serving = _import_sglang_serving()
     body = _body()
-    req = serving.RequestFuncInput(prompt=body["messages"], api_url=url, prompt_len=10, output_len=1024,
-                                   model="stream-bench", lora_name="", image_data=None, extra_request_body={})
+    req = serving.RequestFuncInput(
+        prompt=body["messages"],
+        api_url=url,
+        prompt_len=10,
+        output_len=1024,
+        model="stream-bench",
+        lora_name="",
+        image_data=None,
+        extra_request_body={},
+    )
 
     async def one_turn() -> int:
         out = await serving.async_request_openai_chat_completions(req)
@@ -169,6 +187,7 @@ async def run_ours(url: str, concurrency: int, rounds: int) -> tuple[float, int]
     sess = AgentSession("s00000", get_family("coding"), 0, SessionConfig(model="stream-bench"))  # its tools judge
     deadlines = Deadlines()
     async with make_client(config) as client:
+
         async def one_turn() -> int:
             body = _body()
             out = await chat_turn(client, url, body, deadlines)
@@ -191,8 +210,14 @@ async def run_fallback(url: str, concurrency: int, rounds: int) -> tuple[float, 
     return await run_ours(url, concurrency, rounds)
 
 
-VARIANTS = {"aiohttp": run_aiohttp, "httpx": run_httpx, "sglang": run_sglang, "ours": run_ours, "before": run_ours,
-            "fallback": run_fallback}
+VARIANTS = {
+    "aiohttp": run_aiohttp,
+    "httpx": run_httpx,
+    "sglang": run_sglang,
+    "ours": run_ours,
+    "before": run_ours,
+    "fallback": run_fallback,
+}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -206,8 +231,9 @@ def child(args: argparse.Namespace) -> None:
 
 def export_before(rev: str, into: Path) -> Path:
     """The dsv4bench package of `rev`, laid out as the installed one (agents/ as dsv4bench.agents)."""
-    data = subprocess.run(["git", "archive", rev, "dsv4bench", "agents"], cwd=ROOT, check=True,
-                          capture_output=True).stdout
+    data = subprocess.run(
+        ["git", "archive", rev, "dsv4bench", "agents"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=BytesIO(data)) as tar:
         tar.extractall(into, filter="data")
     (into / "agents").rename(into / "dsv4bench" / "agents")
@@ -223,9 +249,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--before-rev", default="HEAD")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--interval-ms", type=float, default=0.0,
-                   help="the server's pause between two events of a stream (0: as fast as it can; more: one "
-                        "event a read, as from a paced server, where each read's own cost shows)")
+    p.add_argument(
+        "--interval-ms",
+        type=float,
+        default=0.0,
+        help="the server's pause between two events of a stream (0: as fast as it can; more: one "
+        "event a read, as from a paced server, where each read's own cost shows)",
+    )
     p.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -235,24 +265,50 @@ def main() -> None:
 
     port = args.port or free_port()
     variants = args.variants.split(",")
-    server = subprocess.Popen([sys.executable, "tests/fixtures/stream_server.py", "--port", str(port),
-                               "--chunks", str(args.chunks), "--interval-ms", str(args.interval_ms)],
-                              cwd=ROOT, preexec_fn=lambda: _pin(SERVER_CORE))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "tests/fixtures/stream_server.py",
+            "--port",
+            str(port),
+            "--chunks",
+            str(args.chunks),
+            "--interval-ms",
+            str(args.interval_ms),
+        ],
+        cwd=ROOT,
+        preexec_fn=lambda: _pin(SERVER_CORE),
+    )
     results: dict[str, list[float]] = {v: [] for v in variants}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             before = export_before(args.before_rev, Path(tmp)) if "before" in variants else None
             time.sleep(1.0)
-            print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
-                  f"clients on core {CLIENT_CORE}; {args.concurrency} streams x {args.chunks} events, "
-                  f"{args.rounds} counted turns per stream, {args.interval_ms:g} ms between events", flush=True)
+            print(
+                f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
+                f"clients on core {CLIENT_CORE}; {args.concurrency} streams x {args.chunks} events, "
+                f"{args.rounds} counted turns per stream, {args.interval_ms:g} ms between events",
+                flush=True,
+            )
             for rep in range(args.repeats):
                 for v in variants:
                     env = {**os.environ}
                     if v == "before":
                         env["PYTHONPATH"] = str(before)
-                    cmd = [sys.executable, __file__, "--child", v, "--port", str(port), "--chunks", str(args.chunks),
-                           "--concurrency", str(args.concurrency), "--rounds", str(args.rounds)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        v,
+                        "--port",
+                        str(port),
+                        "--chunks",
+                        str(args.chunks),
+                        "--concurrency",
+                        str(args.concurrency),
+                        "--rounds",
+                        str(args.rounds),
+                    ]
                     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
                     if out.returncode != 0:
                         raise SystemExit(f"{v} failed:\n{out.stdout}\n{out.stderr[-3000:]}")

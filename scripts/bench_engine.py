@@ -77,10 +77,12 @@ def check_sizes(batches: list[int], prompt_tokens: int, max_tokens: int, cfg: En
     for b in batches:
         tokens = prompt_tokens + output_tokens(b, prompt_tokens, max_tokens, cfg.chunked_prefill_tokens)
         if tokens > context:
-            raise SystemExit(f"batch {b} cannot be formed: each request needs {prompt_tokens} prompt tokens and "
-                             f"{tokens - prompt_tokens} output tokens (it decodes through every later prefill step, "
-                             f"then --max-tokens with the whole batch), {tokens} in all, over the model's context "
-                             f"of {context}; use a smaller batch or --prompt-tokens")
+            raise SystemExit(
+                f"batch {b} cannot be formed: each request needs {prompt_tokens} prompt tokens and "
+                f"{tokens - prompt_tokens} output tokens (it decodes through every later prefill step, "
+                f"then --max-tokens with the whole batch), {tokens} in all, over the model's context "
+                f"of {context}; use a smaller batch or --prompt-tokens"
+            )
 
 
 def check_device(device: str) -> None:
@@ -92,17 +94,29 @@ def engine_config(device: str, batches: list[int], prompt_tokens: int, max_token
     """A config that can hold the largest batch whole: a running slot for each request and the
     pages of all of them at once (else no step could decode the whole batch)."""
     base = EngineConfig(device=device, enable_prefix_cache=False)
-    pages = max(b * -(-(prompt_tokens + output_tokens(b, prompt_tokens, max_tokens, base.chunked_prefill_tokens))
-                      // base.page_size) for b in batches)
-    return EngineConfig(device=device, enable_prefix_cache=False, max_running_requests=max(batches),
-                        num_pages=max(16384, pages + max(batches)))
+    pages = max(
+        b
+        * -(
+            -(prompt_tokens + output_tokens(b, prompt_tokens, max_tokens, base.chunked_prefill_tokens))
+            // base.page_size
+        )
+        for b in batches
+    )
+    return EngineConfig(
+        device=device,
+        enable_prefix_cache=False,
+        max_running_requests=max(batches),
+        num_pages=max(16384, pages + max(batches)),
+    )
 
 
-async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tokens: int, vocab: int,
-                    chunk: int) -> float:
+async def run_batch(
+    engine: AsyncEngine, batch: int, prompt_tokens: int, max_tokens: int, vocab: int, chunk: int
+) -> float:
     """Run one batch; returns seconds until every request had its first token."""
-    params = SamplingParams(max_tokens=output_tokens(batch, prompt_tokens, max_tokens, chunk), temperature=0.0,
-                            stop_token_ids=())
+    params = SamplingParams(
+        max_tokens=output_tokens(batch, prompt_tokens, max_tokens, chunk), temperature=0.0, stop_token_ids=()
+    )
     start = time.perf_counter()
     first_at: dict[int, float] = {}
     errors: list[str] = []
@@ -118,8 +132,9 @@ async def run_batch(engine: AsyncEngine, batch: int, prompt_tokens: int, max_tok
 
     await asyncio.gather(*(one(i) for i in range(batch)))
     if errors:  # the engine failed requests: a figure over the rest would be no batch's
-        raise SystemExit(f"batch {batch}: the engine failed {len(errors)} of {batch} requests, "
-                         f"the first with: {errors[0]}")
+        raise SystemExit(
+            f"batch {batch}: the engine failed {len(errors)} of {batch} requests, the first with: {errors[0]}"
+        )
     return max(first_at.values()) - start
 
 
@@ -138,39 +153,55 @@ def main() -> None:
     # built as the engine builds it: off the loop's thread, on one that ends (engine/cpu_threads.py)
     runner = TimedRunner(on_passing_thread(lambda: ModelRunner(cfg, DSV4Mini(cfg.model))))
     alloc = PageAllocator(cfg.num_pages)
-    scheduler = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)  # never sampled: every request runs its full length
+    scheduler = Scheduler(
+        cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1
+    )  # never sampled: every request runs its full length
     loop = UnifiedEngine(cfg, scheduler, runner)
     loop.start()
     engine = AsyncEngine(cfg, loop, eos_token_id=-1)  # never sampled: every request runs its full length
     gpu = f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"device {args.device}{gpu}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request; "
-          f"{cfg.num_pages} pages of {cfg.page_size} tokens, {cfg.max_running_requests} running slots")
-    print(f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} "
-          f"{'all first tokens':>17}")
+    print(
+        f"machine: {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"device {args.device}{gpu}; prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per request; "
+        f"{cfg.num_pages} pages of {cfg.page_size} tokens, {cfg.max_running_requests} running slots"
+    )
+    print(
+        f"{'batch':>5} {'out tok/s':>10} {'decode step p50':>16} {'p90':>8} {'prefill step p50':>17} "
+        f"{'all first tokens':>17}"
+    )
     try:
         for b in batches:
             runner.steps.clear()
-            ttft_all = asyncio.run(run_batch(engine, b, args.prompt_tokens, args.max_tokens, cfg.model.vocab_size,
-                                             cfg.chunked_prefill_tokens))
+            ttft_all = asyncio.run(
+                run_batch(
+                    engine, b, args.prompt_tokens, args.max_tokens, cfg.model.vocab_size, cfg.chunked_prefill_tokens
+                )
+            )
             d = sorted(ms for n, pf, ms in runner.steps if n == b and pf == 0)
             pf = sorted(ms for _, p, ms in runner.steps if p)
             if not d:  # say why rather than fail on an empty median
                 widest = max((n for n, _, _ in runner.steps), default=0)
-                print(f"{b:>5} no step decoded all {b} requests at once (at most {widest}): the scheduler did not "
-                      f"hold the batch whole ({cfg.max_running_requests} running slots, {cfg.num_pages} pages)",
-                      flush=True)
+                print(
+                    f"{b:>5} no step decoded all {b} requests at once (at most {widest}): the scheduler did not "
+                    f"hold the batch whole ({cfg.max_running_requests} running slots, {cfg.num_pages} pages)",
+                    flush=True,
+                )
                 continue
             p50 = statistics.median(d)
             p90 = d[int(0.9 * (len(d) - 1))]
-            print(f"{b:>5} {b / p50 * 1e3:>10.1f} {p50:>13.1f} ms {p90:>5.1f} ms {statistics.median(pf) if pf else float('nan'):>14.1f} ms "
-                  f"{ttft_all:>15.1f} s   ({len(d)} full-batch decode steps)", flush=True)
+            print(
+                f"{b:>5} {b / p50 * 1e3:>10.1f} {p50:>13.1f} ms {p90:>5.1f} ms {statistics.median(pf) if pf else float('nan'):>14.1f} ms "
+                f"{ttft_all:>15.1f} s   ({len(d)} full-batch decode steps)",
+                flush=True,
+            )
     finally:
         loop.stop()
     graphs = runner.runner.graphs
     if graphs is not None:
-        print(f"CUDA graphs: {graphs.replays} replays of {len(graphs.captured())} captured "
-              f"(rows, page-table width) buckets, captured in {graphs.capture_s:.1f} s: {graphs.captured()}")
+        print(
+            f"CUDA graphs: {graphs.replays} replays of {len(graphs.captured())} captured "
+            f"(rows, page-table width) buckets, captured in {graphs.capture_s:.1f} s: {graphs.captured()}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,12 @@ def child_cpu(cmd: list[str]) -> tuple[float, float]:
 
 def end_to_end(args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "tests/fixtures/replay_server.py", "--port", str(port), "--fault-rate", "0"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "tests/fixtures/replay_server.py", "--port", str(port), "--fault-rate", "0"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(300):
@@ -58,9 +62,23 @@ def end_to_end(args: argparse.Namespace) -> dict[str, float]:
         per_turn, per_chunk, rows = [], [], []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                cpu, wall = child_cpu([sys.executable, "-m", "dsv4bench", "agents", "--url", url, "--quiet",
-                                       "--concurrency", str(args.concurrency), "--sessions", str(args.sessions),
-                                       "--out", tmp])
+                cpu, wall = child_cpu(
+                    [
+                        sys.executable,
+                        "-m",
+                        "dsv4bench",
+                        "agents",
+                        "--url",
+                        url,
+                        "--quiet",
+                        "--concurrency",
+                        str(args.concurrency),
+                        "--sessions",
+                        str(args.sessions),
+                        "--out",
+                        tmp,
+                    ]
+                )
                 turns_file = next(Path(tmp).glob("*/turns.jsonl"))
                 turns = [json.loads(x) for x in turns_file.read_text().splitlines()]
                 chunks = sum((t.get("response") or {}).get("chunks", 0) for t in turns)
@@ -69,9 +87,14 @@ def end_to_end(args: argparse.Namespace) -> dict[str, float]:
             per_chunk.append(work / chunks * 1e6)
             rows.append((cpu, wall, len(turns), chunks))
             print(f"  run: cpu {cpu:.2f} s, wall {wall:.2f} s, {len(turns)} turns, {chunks} chunks", flush=True)
-        return {"startup_cpu_s": startup, "cpu_ms_per_turn": statistics.median(per_turn),
-                "cpu_us_per_chunk": statistics.median(per_chunk), "turns": statistics.median(r[2] for r in rows),
-                "chunks": statistics.median(r[3] for r in rows), "wall_s": statistics.median(r[1] for r in rows)}
+        return {
+            "startup_cpu_s": startup,
+            "cpu_ms_per_turn": statistics.median(per_turn),
+            "cpu_us_per_chunk": statistics.median(per_chunk),
+            "turns": statistics.median(r[2] for r in rows),
+            "chunks": statistics.median(r[3] for r in rows),
+            "wall_s": statistics.median(r[1] for r in rows),
+        }
     finally:
         server.terminate()
         server.wait(10)
@@ -82,6 +105,7 @@ def in_process(repeats: int) -> dict[str, float]:
     from dsv4bench.checks import run_checks
     from dsv4bench.history.records import TurnContext
     from dsv4bench.wire.sse import DeltaAssembler
+
     plan_chunks = load_fixture("replay_server").plan_chunks
 
     # Realistic streams: every step of expert sessions across the families, as the replay server sends them.
@@ -108,8 +132,12 @@ def in_process(repeats: int) -> dict[str, float]:
         for ctx in contexts:
             run_checks(ctx)
         chk_us.append((time.process_time() - t0) / len(contexts) * 1e6)
-    return {"streams": len(streams), "chunks": n_chunks, "assembler_us_per_chunk": statistics.median(asm_us),
-            "checkers_us_per_turn": statistics.median(chk_us)}
+    return {
+        "streams": len(streams),
+        "chunks": n_chunks,
+        "assembler_us_per_chunk": statistics.median(asm_us),
+        "checkers_us_per_turn": statistics.median(chk_us),
+    }
 
 
 def turn_overhead(repeats: int) -> dict[str, float]:
@@ -127,6 +155,7 @@ def turn_overhead(repeats: int) -> dict[str, float]:
     from dsv4bench.wire.sse import DeltaAssembler
     from dsv4bench.wire.turn_answer import TurnOutcome, encode_body, finish
     from dsv4bench.harness.turn_judge import turn_context, turn_headers, turn_record
+
     plan_chunks = load_fixture("replay_server").plan_chunks
 
     fam = get_family("coding")
@@ -170,8 +199,9 @@ def turn_overhead(repeats: int) -> dict[str, float]:
                     sess.observe(TurnStatus.OK, outcome.response, verdicts)
                     lap("observe")
                     if n == len(steps) - 1:
-                        stages["total"].append(sum(stages[k][-1] for k in ("request", "encode", "checks", "record",
-                                                                           "observe")))
+                        stages["total"].append(
+                            sum(stages[k][-1] for k in ("request", "encode", "checks", "record", "observe"))
+                        )
                     assert not verdicts and not errors, (verdicts, errors)
         history.close()
     return {k: statistics.median(v) for k, v in stages.items()} | {"turns": len(steps), "samples": len(stages["total"])}
@@ -186,18 +216,24 @@ def main() -> None:
     args = p.parse_args()
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
     to = turn_overhead(args.repeats)
-    print(f"per turn outside the stream, turn {to['turns']:.0f} of {to['turns']:.0f} (median of {to['samples']:.0f}): "
-          + ", ".join(f"{k} {to[k]:.0f} us" for k in ("request", "encode", "checks", "record", "observe", "total")),
-          flush=True)
+    print(
+        f"per turn outside the stream, turn {to['turns']:.0f} of {to['turns']:.0f} (median of {to['samples']:.0f}): "
+        + ", ".join(f"{k} {to[k]:.0f} us" for k in ("request", "encode", "checks", "record", "observe", "total")),
+        flush=True,
+    )
     if args.turn_only:
         return
     ip = in_process(args.repeats)
-    print(f"in-process: assembler {ip['assembler_us_per_chunk']:.1f} us/chunk, checkers {ip['checkers_us_per_turn']:.0f} us/turn "
-          f"({ip['streams']} turns, {ip['chunks']} chunks)")
+    print(
+        f"in-process: assembler {ip['assembler_us_per_chunk']:.1f} us/chunk, checkers {ip['checkers_us_per_turn']:.0f} us/turn "
+        f"({ip['streams']} turns, {ip['chunks']} chunks)"
+    )
     e2e = end_to_end(args)
-    print(f"end-to-end: {e2e['cpu_ms_per_turn']:.2f} ms CPU/turn, {e2e['cpu_us_per_chunk']:.1f} us CPU/chunk "
-          f"(median of {args.repeats}; {e2e['turns']:.0f} turns, {e2e['chunks']:.0f} chunks, wall {e2e['wall_s']:.1f} s, "
-          f"CLI start-up {e2e['startup_cpu_s']:.2f} s CPU subtracted)")
+    print(
+        f"end-to-end: {e2e['cpu_ms_per_turn']:.2f} ms CPU/turn, {e2e['cpu_us_per_chunk']:.1f} us CPU/chunk "
+        f"(median of {args.repeats}; {e2e['turns']:.0f} turns, {e2e['chunks']:.0f} chunks, wall {e2e['wall_s']:.1f} s, "
+        f"CLI start-up {e2e['startup_cpu_s']:.2f} s CPU subtracted)"
+    )
 
 
 if __name__ == "__main__":

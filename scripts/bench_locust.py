@@ -61,8 +61,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "tests/fixtures/replay_server.py", "--port", str(port), "--fault-rate", "0"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "tests/fixtures/replay_server.py", "--port", str(port), "--fault-rate", "0"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(100):
@@ -78,35 +82,98 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     out = Path(tmp) / "runs"
                     if mode == "agents":
-                        cmds = [[*CLI, "agents", "--url", url, "--concurrency", u, "--duration", s, "--quiet",
-                                 "--out", str(out)]]
+                        cmds = [
+                            [
+                                *CLI,
+                                "agents",
+                                "--url",
+                                url,
+                                "--concurrency",
+                                u,
+                                "--duration",
+                                s,
+                                "--quiet",
+                                "--out",
+                                str(out),
+                            ]
+                        ]
                     elif mode == "locust":
-                        cmds = [[*CLI, "locust", "--host", url, "--headless", "-u", u, "-r", u, "-t", f"{s}s",
-                                 "--out", str(out), "-q"]]
+                        cmds = [
+                            [
+                                *CLI,
+                                "locust",
+                                "--host",
+                                url,
+                                "--headless",
+                                "-u",
+                                u,
+                                "-r",
+                                u,
+                                "-t",
+                                f"{s}s",
+                                "--out",
+                                str(out),
+                                "-q",
+                            ]
+                        ]
                     else:
                         master_port = str(free_port())
-                        cmds = [[*CLI, "locust", "--host", url, "--headless", "-u", u, "-r", u, "-t", f"{s}s",
-                                 "--out", str(out), "-q", "--master", "--expect-workers", "2",
-                                 "--master-bind-port", master_port]]
-                        cmds += [[*CLI, "locust", "--worker", "--master-host", "127.0.0.1", "--master-port",
-                                  master_port] for _ in range(2)]
+                        cmds = [
+                            [
+                                *CLI,
+                                "locust",
+                                "--host",
+                                url,
+                                "--headless",
+                                "-u",
+                                u,
+                                "-r",
+                                u,
+                                "-t",
+                                f"{s}s",
+                                "--out",
+                                str(out),
+                                "-q",
+                                "--master",
+                                "--expect-workers",
+                                "2",
+                                "--master-bind-port",
+                                master_port,
+                            ]
+                        ]
+                        cmds += [
+                            [*CLI, "locust", "--worker", "--master-host", "127.0.0.1", "--master-port", master_port]
+                            for _ in range(2)
+                        ]
                     cpu, wall = run_mode(cmds)
                     r = read_run(out)
-                    r.update(cpu_s=cpu, wall_s=wall, turns_per_s=r["turns"] / r["duration_s"],
-                             turns_per_cpu_s=r["turns"] / cpu, sessions_per_cpu_s=r["sessions"] / cpu)
+                    r.update(
+                        cpu_s=cpu,
+                        wall_s=wall,
+                        turns_per_s=r["turns"] / r["duration_s"],
+                        turns_per_cpu_s=r["turns"] / cpu,
+                        sessions_per_cpu_s=r["sessions"] / cpu,
+                    )
                     figures[mode].append(r)
-                    print(f"{mode}: {r['turns']} turns, {r['sessions']} sessions, {cpu:.1f} CPU s, "
-                          f"{r['turns_per_s']:.1f} turns/s, {r['turns_per_cpu_s']:.1f} turns per CPU s", flush=True)
+                    print(
+                        f"{mode}: {r['turns']} turns, {r['sessions']} sessions, {cpu:.1f} CPU s, "
+                        f"{r['turns_per_s']:.1f} turns/s, {r['turns_per_cpu_s']:.1f} turns per CPU s",
+                        flush=True,
+                    )
         print(f"\nmedians of {args.repeats} ({args.users} users, {args.seconds} s, replay server on loopback):")
         print("| mode | turns/s | sessions/s | turns per harness CPU s | sessions per harness CPU s |")
         print("|---|---|---|---|---|")
         med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in figures.items()}
         for mode, m in med.items():
-            print(f"| {mode} | {m['turns_per_s']:.1f} | {m['sessions'] / m['duration_s']:.2f} | "
-                  f"{m['turns_per_cpu_s']:.1f} | {m['sessions_per_cpu_s']:.2f} |")
+            print(
+                f"| {mode} | {m['turns_per_s']:.1f} | {m['sessions'] / m['duration_s']:.2f} | "
+                f"{m['turns_per_cpu_s']:.1f} | {m['sessions_per_cpu_s']:.2f} |"
+            )
         ratios = [lo["turns_per_cpu_s"] / ag["turns_per_cpu_s"] for lo, ag in zip(figures["locust"], figures["agents"])]
-        print(f"\nturns per CPU s, locust / agents, pair by pair: median {statistics.median(ratios):.2f} "
-              f"({', '.join(f'{x:.2f}' for x in ratios)})")
+        print(
+            f"\nturns per CPU s, locust / agents, pair by pair: median {statistics.median(ratios):.2f} "
+            f"({', '.join(f'{x:.2f}' for x in ratios)})"
+        )
     finally:
         server.terminate()
         server.wait(10)

@@ -38,8 +38,14 @@ def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
     from starlette.routing import Route
 
     def event(delta: dict, finish: str | None = None) -> bytes:
-        body = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-                "sent_ns": time.time_ns(), "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        body = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench",
+            "sent_ns": time.time_ns(),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         return f"data: {json.dumps(body)}\n\n".encode()
 
     async def chat(_: Request) -> Response:
@@ -119,17 +125,45 @@ def main() -> None:
         return serve_upstream(a.serve_upstream, a.chunks, a.interval_ms / 1e3)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     up_port, proxy_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port), "--chunks", str(a.chunks),
-                                 "--interval-ms", str(a.interval_ms)], env=env)
+    upstream = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--serve-upstream",
+            str(up_port),
+            "--chunks",
+            str(a.chunks),
+            "--interval-ms",
+            str(a.interval_ms),
+        ],
+        env=env,
+    )
     out = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     direct_url = f"http://127.0.0.1:{up_port}/v1"
     proxy = None
     stdout = ""
     try:
         wait_ready(direct_url, upstream, "the upstream")
-        proxy = subprocess.Popen([sys.executable, "-m", "dsv4bench", "proxy", "--upstream", direct_url, "--port",
-                                  str(proxy_port), "--out", str(out), "--quiet"], env=env, cwd=ROOT,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proxy = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dsv4bench",
+                "proxy",
+                "--upstream",
+                direct_url,
+                "--port",
+                str(proxy_port),
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         proxied_url = f"http://127.0.0.1:{proxy_port}/v1"
         wait_ready(proxied_url, proxy, "the proxy")
         asyncio.run(one_round(direct_url, 8))  # warm both paths' connections and code
@@ -146,8 +180,10 @@ def main() -> None:
         upstream.terminate()
         upstream.wait(10)
     med = {name: [statistics.median(xs) for xs in got[name]] for name in got}
-    print(f"{a.streams} concurrent streams x {a.rounds} rounds each, {a.chunks} chunks {a.interval_ms:g} ms apart, "
-          f"{os.cpu_count()} CPUs (client, upstream and proxy share them)")
+    print(
+        f"{a.streams} concurrent streams x {a.rounds} rounds each, {a.chunks} chunks {a.interval_ms:g} ms apart, "
+        f"{os.cpu_count()} CPUs (client, upstream and proxy share them)"
+    )
     print(f"{'median, ms':<28}{'direct':>10}{'proxy':>10}{'added':>10}")
     for i, what in enumerate(("per chunk (write to read)", "per request: first chunk", "per request: whole stream")):
         print(f"{what:<28}{med['direct'][i]:>10.2f}{med['proxy'][i]:>10.2f}{med['proxy'][i] - med['direct'][i]:>10.2f}")

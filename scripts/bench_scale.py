@@ -71,18 +71,39 @@ async def lag_monitor(t0: float, warmup: float, lags: list[float], ran: list[flo
             ran.append((time.process_time() - cpu_before) / (now - before))
 
 
-def figures(sessions: int, turns: int, statuses: dict[str, int], errors_seen: list[str], wall: float,
-            lags: list[float], ran: list[float], errors: list[float], chunks: int, cpu_s: float) -> dict[str, Any]:
-    return {"sessions": sessions, "turns": turns, "statuses": statuses, "errors": errors_seen, "wall_s": wall,
-            "lag_p50_ms": pct(lags, 0.5), "lag_p99_ms": pct(lags, 0.99), "lag_max_ms": max(lags, default=float("nan")),
-            # Ticks more than 5 ms late, and of them those where this process ran less than half
-            # the tick: the core was taken by another process (a shared machine), not by the harness.
-            "late_ticks": sum(1 for x in lags if x > BOUND_MS),
-            "late_ticks_descheduled": sum(1 for x, r in zip(lags, ran) if x > BOUND_MS and r < 0.5),
-            "ticks": len(lags),
-            "ttft_err_p50_ms": pct(errors, 0.5), "ttft_err_p99_ms": pct(errors, 0.99),
-            "chunks_per_s": chunks / wall, "chunks_per_cpu_s": chunks / max(1e-9, cpu_s),
-            "cpu_share": cpu_s / wall, "turns_per_s": turns / wall}
+def figures(
+    sessions: int,
+    turns: int,
+    statuses: dict[str, int],
+    errors_seen: list[str],
+    wall: float,
+    lags: list[float],
+    ran: list[float],
+    errors: list[float],
+    chunks: int,
+    cpu_s: float,
+) -> dict[str, Any]:
+    return {
+        "sessions": sessions,
+        "turns": turns,
+        "statuses": statuses,
+        "errors": errors_seen,
+        "wall_s": wall,
+        "lag_p50_ms": pct(lags, 0.5),
+        "lag_p99_ms": pct(lags, 0.99),
+        "lag_max_ms": max(lags, default=float("nan")),
+        # Ticks more than 5 ms late, and of them those where this process ran less than half
+        # the tick: the core was taken by another process (a shared machine), not by the harness.
+        "late_ticks": sum(1 for x in lags if x > BOUND_MS),
+        "late_ticks_descheduled": sum(1 for x, r in zip(lags, ran) if x > BOUND_MS and r < 0.5),
+        "ticks": len(lags),
+        "ttft_err_p50_ms": pct(errors, 0.5),
+        "ttft_err_p99_ms": pct(errors, 0.99),
+        "chunks_per_s": chunks / wall,
+        "chunks_per_cpu_s": chunks / max(1e-9, cpu_s),
+        "cpu_share": cpu_s / wall,
+        "turns_per_s": turns / wall,
+    }
 
 
 async def drive_aiohttp(url: str, sessions: int, duration: float, warmup: float) -> dict[str, Any]:
@@ -97,10 +118,15 @@ async def drive_aiohttp(url: str, sessions: int, duration: float, warmup: float)
     counted_from_ns = int((t0 + warmup) * 1e9)
     firsts: list[tuple[int, str]] = []  # (first-token stamp, response id) of counted turns
     tally = {"turns": 0, "chunks": 0}
-    body = {"model": "stream-bench", "messages": [{"role": "user", "content": "Read the server's entry point."}],
-            "stream": True, "max_tokens": 1024}
+    body = {
+        "model": "stream-bench",
+        "messages": [{"role": "user", "content": "Read the server's entry point."}],
+        "stream": True,
+        "max_tokens": 1024,
+    }
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=sessions + 8)) as session:
+
         async def one_stream() -> None:
             while time.monotonic() < stop:
                 start, first, rid, n = time.monotonic_ns(), None, None, 0
@@ -131,8 +157,18 @@ async def drive_aiohttp(url: str, sessions: int, duration: float, warmup: float)
             tg.cancel_scope.cancel()
         stamps = await (await session.get(url.removesuffix("/v1") + "/stamps")).json()
     errors = [(ns - stamps[rid]) / 1e6 for ns, rid in firsts if rid in stamps]
-    return figures(sessions, tally["turns"], {"ok": tally["turns"]}, [], load_end - (t0 + warmup), lags, ran, errors,
-                   tally["chunks"], cpu_end - cpu[0] if cpu else 0.0)
+    return figures(
+        sessions,
+        tally["turns"],
+        {"ok": tally["turns"]},
+        [],
+        load_end - (t0 + warmup),
+        lags,
+        ran,
+        errors,
+        tally["chunks"],
+        cpu_end - cpu[0] if cpu else 0.0,
+    )
 
 
 async def drive(url: str, sessions: int, duration: float, warmup: float, out: Path) -> dict[str, Any]:
@@ -174,14 +210,27 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
     turns = [t for t in read_history(run_dir).turns if t.timings.start_ns >= counted_from_ns]
     async with httpx.AsyncClient() as client:
         stamps = (await client.get(url.removesuffix("/v1") + "/stamps")).json()
-    errors = [(t.timings.first_token_ns - stamps[t.response_id]) / 1e6 for t in turns
-              if t.timings.first_token_ns and t.response_id in stamps]
+    errors = [
+        (t.timings.first_token_ns - stamps[t.response_id]) / 1e6
+        for t in turns
+        if t.timings.first_token_ns and t.response_id in stamps
+    ]
     chunks = sum(t.response.chunks for t in turns if t.response is not None)
     statuses = {s: sum(1 for t in turns if t.status.value == s) for s in {t.status.value for t in turns}}
     errors_seen = sorted({(t.error or "")[:120] for t in turns if t.error})[:3]
     clock = driver.clock.as_event()
-    r = figures(sessions, len(turns), statuses, errors_seen, load_end - (t0 + warmup), lags, ran, errors, chunks,
-                cpu_end - cpu[0] if cpu else 0.0)
+    r = figures(
+        sessions,
+        len(turns),
+        statuses,
+        errors_seen,
+        load_end - (t0 + warmup),
+        lags,
+        ran,
+        errors,
+        chunks,
+        cpu_end - cpu[0] if cpu else 0.0,
+    )
     r["harness_stalls"], r["harness_longest_stall_s"] = clock["stalls"], clock["longest_stall_s"]
     full = [ms for gen, ms in collections if gen == 2]
     r["gc_full"], r["gc_full_max_ms"] = len(full), max(full, default=0.0)
@@ -216,17 +265,24 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=100, help="SSE events of a tool-call answer")
     p.add_argument("--agent-turns", type=int, default=12, help="the server answers text only at this turn")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--clients", default="ours", help="ours (the harness), ours-default-loop (the harness on asyncio's "
-                   "default loop: fair_loop.py), aiohttp (the floor: a bare loop), comma-separated")
+    p.add_argument(
+        "--clients",
+        default="ours",
+        help="ours (the harness), ours-default-loop (the harness on asyncio's "
+        "default loop: fair_loop.py), aiohttp (the floor: a bare loop), comma-separated",
+    )
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--client", default="ours", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
-    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
-          f"harness on core {HARNESS_CORE}; server: TTFT {args.ttft_ms:g} ms, a chunk every {args.interval_ms:g} ms, "
-          f"{args.chunks} chunks per tool-call answer, text at turn {args.agent_turns}; {args.duration:g} s per count, "
-          f"the first {args.warmup:g} s not counted", flush=True)
+    print(
+        f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}; server on core {SERVER_CORE}, "
+        f"harness on core {HARNESS_CORE}; server: TTFT {args.ttft_ms:g} ms, a chunk every {args.interval_ms:g} ms, "
+        f"{args.chunks} chunks per tool-call answer, text at turn {args.agent_turns}; {args.duration:g} s per count, "
+        f"the first {args.warmup:g} s not counted",
+        flush=True,
+    )
     clients = args.clients.split(",")
     if not set(clients) <= {"ours", "ours-default-loop", "aiohttp"}:
         p.error("--clients: a list of ours, ours-default-loop and aiohttp")
@@ -237,19 +293,28 @@ def main() -> None:
             r["client"], r["holds"] = client, r["lag_p99_ms"] < BOUND_MS and r["ttft_err_p99_ms"] < BOUND_MS
             rows.append(r)
             print(json.dumps(r), flush=True)
-    print("\n| client | sessions | turns/s | chunks/s | chunks per CPU-s | CPU share | loop lag p50 / p99 / max "
-          "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | GC young / full (longest) | holds |")
+    print(
+        "\n| client | sessions | turns/s | chunks/s | chunks per CPU-s | CPU share | loop lag p50 / p99 / max "
+        "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | GC young / full (longest) | holds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        stalls = f"{r['harness_stalls']} ({r['harness_longest_stall_s'] * 1e3:.0f} ms)" if "harness_stalls" in r else "-"
-        collections = (f"{r['gc_young']} ({r['gc_young_max_ms']:.0f} ms) / {r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)"
-                       if "gc_young" in r else "-")
-        print(f"| {r['client']} | {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | "
-              f"{r['chunks_per_cpu_s']:,.0f} | {r['cpu_share']:.0%} | "
-              f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
-              f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
-              f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {collections} | "
-              f"{'yes' if r['holds'] else 'no'} |")
+        stalls = (
+            f"{r['harness_stalls']} ({r['harness_longest_stall_s'] * 1e3:.0f} ms)" if "harness_stalls" in r else "-"
+        )
+        collections = (
+            f"{r['gc_young']} ({r['gc_young_max_ms']:.0f} ms) / {r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)"
+            if "gc_young" in r
+            else "-"
+        )
+        print(
+            f"| {r['client']} | {r['sessions']:,} | {r['turns_per_s']:.0f} | {r['chunks_per_s']:,.0f} | "
+            f"{r['chunks_per_cpu_s']:,.0f} | {r['cpu_share']:.0%} | "
+            f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
+            f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
+            f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {collections} | "
+            f"{'yes' if r['holds'] else 'no'} |"
+        )
     for client in clients:
         held = [r["sessions"] for r in rows if r["holds"] and r["client"] == client]
         print(f"{client}: largest count that holds: {max(held) if held else 'none'}")
@@ -261,14 +326,44 @@ def measure(args: argparse.Namespace, n: int, client: str) -> dict[str, Any]:
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "tests/fixtures/stream_server.py", "--port", str(port), "--chunks", str(args.chunks),
-         "--interval-ms", str(args.interval_ms), "--ttft-ms", str(args.ttft_ms), "--agent-turns", str(args.agent_turns)],
-        cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}) if hasattr(os, "sched_setaffinity") else None)
+        [
+            sys.executable,
+            "tests/fixtures/stream_server.py",
+            "--port",
+            str(port),
+            "--chunks",
+            str(args.chunks),
+            "--interval-ms",
+            str(args.interval_ms),
+            "--ttft-ms",
+            str(args.ttft_ms),
+            "--agent-turns",
+            str(args.agent_turns),
+        ],
+        cwd=ROOT,
+        preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}) if hasattr(os, "sched_setaffinity") else None,
+    )
     try:
         time.sleep(1.0)
-        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--client", client, "--port", str(port),
-                              "--duration", str(args.duration), "--warmup", str(args.warmup)],
-                             cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(n),
+                "--client",
+                client,
+                "--port",
+                str(port),
+                "--duration",
+                str(args.duration),
+                "--warmup",
+                str(args.warmup),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
             raise SystemExit(f"{client}, {n} sessions failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -40,7 +40,9 @@ def main() -> None:
             hit = bool(got & case.codes)
             row["caught"] += hit
             if not hit:
-                wrong.append(f"missed   {case.family}: {case.name} (got {sorted(got) or 'nothing'}{', errors' if errors else ''})")
+                wrong.append(
+                    f"missed   {case.family}: {case.name} (got {sorted(got) or 'nothing'}{', errors' if errors else ''})"
+                )
         else:
             row["clean"] += 1
             row["flagged"] += bool(got)
@@ -52,8 +54,10 @@ def main() -> None:
     else:
         print(f"{'family':14} {'recall':>12} {'false alarms':>14}")
         for fam, r in [*rows.items(), ("all", total)]:
-            print(f"{fam:14} {r['caught']:>5}/{r['leaks']:<3} {r['caught'] / r['leaks']:>4.0%}"
-                  f" {r['flagged']:>6}/{r['clean']:<3} {r['flagged'] / r['clean']:>4.0%}")
+            print(
+                f"{fam:14} {r['caught']:>5}/{r['leaks']:<3} {r['caught'] / r['leaks']:>4.0%}"
+                f" {r['flagged']:>6}/{r['clean']:<3} {r['flagged'] / r['clean']:>4.0%}"
+            )
     if args.misses:
         print("\n".join(wrong))
 

@@ -29,8 +29,7 @@ from dsv4bench.engine.server import ServerConfig
 
 
 _hostile = load_fixture("hostile_requests")
-CHAT, all_cases, base, dumps, send = (_hostile.CHAT, _hostile.all_cases, _hostile.base, _hostile.dumps,
-                                       _hostile.send)
+CHAT, all_cases, base, dumps, send = (_hostile.CHAT, _hostile.all_cases, _hostile.base, _hostile.dumps, _hostile.send)
 
 
 def fuzz(roots: dict[str, str], pd: bool, max_body_bytes: int, seed: int, mutants: int, label: str) -> int:
@@ -49,8 +48,10 @@ def fuzz(roots: dict[str, str], pd: bool, max_body_bytes: int, seed: int, mutant
     health = {port: httpx.get(f"{root}/health", timeout=30).status_code for port, root in roots.items()}
     after = httpx.post(f"{roots['api']}{CHAT}", content=dumps(base(CHAT)), timeout=60).status_code
     statuses = sorted({s for _, s in counts})
-    print(f"\n{label}: {len(cases)} requests in {elapsed:.0f} s; wrong answers: {len(wrong)}; "
-          f"/health after: {health}; a normal chat after: {after}")
+    print(
+        f"\n{label}: {len(cases)} requests in {elapsed:.0f} s; wrong answers: {len(wrong)}; "
+        f"/health after: {health}; a normal chat after: {after}"
+    )
     print("| class | " + " | ".join(str(s) for s in statuses) + " |")
     print("|---|" + "---:|" * len(statuses))
     for cls in sorted({c for c, _ in counts}):
@@ -69,10 +70,18 @@ def main() -> int:
     ap.add_argument("--url", help="fuzz this server root instead of starting one (with --prefill/--decode: PD)")
     ap.add_argument("--prefill", help="the PD prefill server's root (with --url)")
     ap.add_argument("--decode", help="the PD decode server's root (with --url)")
-    ap.add_argument("--max-body-bytes", type=int, default=ServerConfig().max_body_bytes,
-                    help="the server's body limit (the size cases sit at it)")
-    ap.add_argument("--engine-arg", action="append", default=["--num-pages", "4096"],
-                    help="extra flag for `engine serve`, repeatable")
+    ap.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=ServerConfig().max_body_bytes,
+        help="the server's body limit (the size cases sit at it)",
+    )
+    ap.add_argument(
+        "--engine-arg",
+        action="append",
+        default=["--num-pages", "4096"],
+        help="extra flag for `engine serve`, repeatable",
+    )
     args = ap.parse_args()
     if args.url:
         roots = {"api": args.url.rstrip("/")}
@@ -85,8 +94,14 @@ def main() -> int:
         flags = [*args.engine_arg, *(["--pd"] if mode == "pd" else [])]
         with start_engine(flags) as ep:
             roots = dict(zip(("api", "prefill", "decode"), ep.roots))
-            failures += fuzz(roots, mode == "pd", args.max_body_bytes, args.seed, args.mutants,
-                             f"dsv4bench engine serve {' '.join(flags)}")
+            failures += fuzz(
+                roots,
+                mode == "pd",
+                args.max_body_bytes,
+                args.seed,
+                args.mutants,
+                f"dsv4bench engine serve {' '.join(flags)}",
+            )
     return 1 if failures else 0
 
 

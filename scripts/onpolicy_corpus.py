@@ -37,22 +37,31 @@ from dsv4bench.harness.session import AgentSession, SessionConfig
 ONPOLICY_SEED_BASE = 500_000
 
 
-async def play(url: str, jobs: list[tuple[str, int, float]], concurrency: int, max_turns: int,
-               context: int | None, out: Path, minutes: float | None) -> None:
+async def play(
+    url: str,
+    jobs: list[tuple[str, int, float]],
+    concurrency: int,
+    max_turns: int,
+    context: int | None,
+    out: Path,
+    minutes: float | None,
+) -> None:
     """Play every (family, seed, temperature) job, `concurrency` at a time, appending each
     finished session to `out` at once; after `minutes`, sessions still in play are dropped."""
     done = 0
     t0 = time.monotonic()
     lock = anyio.Lock()
-    async with httpx.AsyncClient(timeout=600, trust_env=False,
-                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        timeout=600, trust_env=False, limits=httpx.Limits(max_connections=concurrency + 4)
+    ) as client:
         sem = anyio.Semaphore(concurrency)
 
         async def one(family: str, seed: int, temperature: float) -> None:
             nonlocal done
             async with sem:
-                config = SessionConfig(model="dsv4-mini", max_turns=max_turns, context_tokens=context,
-                                       temperature=temperature)
+                config = SessionConfig(
+                    model="dsv4-mini", max_turns=max_turns, context_tokens=context, temperature=temperature
+                )
                 sess = AgentSession(f"onpolicy-{family}-{seed}", FAMILIES[family], seed, config)
                 await play_session(client, url, sess, Deadlines(300, 600))
             line = json.dumps(Rollout(family, seed, temperature, sess.messages).to_json(), ensure_ascii=False)
@@ -101,8 +110,11 @@ def build(rollouts: list[Rollout], out: Path, mix: Path | None, mix_sessions: in
                 encoded.append(encode_messages(frontend, x.family, x.seed, x.messages, set(x.no_loss)))
             except RequestError:  # past the model's context
                 why["too long"] += 1
-    print(f"{len(rollouts)} rollouts: " + ", ".join(f"{k} {v}" for k, v in why.most_common())
-          + f"; {len(encoded)} relabelled sessions")
+    print(
+        f"{len(rollouts)} rollouts: "
+        + ", ".join(f"{k} {v}" for k, v in why.most_common())
+        + f"; {len(encoded)} relabelled sessions"
+    )
     if mix is not None:
         base = read_corpus(mix)
         encoded += rng.sample(base, min(mix_sessions, len(base)))
@@ -125,31 +137,45 @@ def stats(rollouts: list[Rollout]) -> list[str]:
             c["bad_sessions"] += sc.bad_turns > 0
             c["final"] += sc.final_answer
             c["solved"] += sc.solved
-    lines = [f"{'T':>4} {'family':<7} {'sessions':>8} {'turns':>6} {'valid tool-call turns':>24} "
-             f"{'with a refused call':>19} {'final':>6} {'solved':>6}"]
+    lines = [
+        f"{'T':>4} {'family':<7} {'sessions':>8} {'turns':>6} {'valid tool-call turns':>24} "
+        f"{'with a refused call':>19} {'final':>6} {'solved':>6}"
+    ]
     for (t, fam), c in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "all", kv[0][1])):
         ok = c["call_turns"] - c["bad_turns"]
         share = f"{ok / c['call_turns']:.2%}" if c["call_turns"] else "-"
         valid = f"{ok}/{c['call_turns']} = {share}"
-        lines.append(f"{t:>4g} {fam:<7} {c['sessions']:>8} {c['turns']:>6} {valid:>24} "
-                     f"{c['bad_sessions']:>19} {c['final']:>6} {c['solved']:>6}")
+        lines.append(
+            f"{t:>4g} {fam:<7} {c['sessions']:>8} {c['turns']:>6} {valid:>24} "
+            f"{c['bad_sessions']:>19} {c['final']:>6} {c['solved']:>6}"
+        )
     return lines
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rollouts", type=Path, required=True, help="JSONL file of rollouts, appended to.")
-    p.add_argument("--sessions", type=int, default=0, help="Sessions per family and temperature to play (0: play none).")
-    p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="Family to play (repeatable; default all).")
+    p.add_argument(
+        "--sessions", type=int, default=0, help="Sessions per family and temperature to play (0: play none)."
+    )
+    p.add_argument(
+        "--family", action="append", choices=sorted(FAMILIES), help="Family to play (repeatable; default all)."
+    )
     p.add_argument("--temperature", type=float, action="append", help="Sampling temperature (repeatable; default 0).")
     p.add_argument("--first-seed", type=int, default=ONPOLICY_SEED_BASE)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-turns", type=int, default=16)
     p.add_argument("--url", default=None, help="A running server; default: start the bundled engine.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for the started engine.")
-    p.add_argument("--engine-arg", action="append", default=[],
-                   help="Extra flag for the started engine, repeatable, e.g. --engine-arg=--device=cuda.")
-    p.add_argument("--minutes", type=float, default=None, help="Stop playing after this long (finished sessions are kept).")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="Extra flag for the started engine, repeatable, e.g. --engine-arg=--device=cuda.",
+    )
+    p.add_argument(
+        "--minutes", type=float, default=None, help="Stop playing after this long (finished sessions are kept)."
+    )
     p.add_argument("--out", type=Path, default=None, help="Write the relabelled corpus here.")
     p.add_argument("--mix", type=Path, default=None, help="Add sessions drawn from this corpus.")
     p.add_argument("--mix-sessions", type=int, default=3000)
@@ -164,8 +190,12 @@ def main() -> None:
     have = {(r.family, r.seed, r.temperature) for r in read_rollouts(a.rollouts)}
     # Each temperature gets its own seeds (T=0.7 from first seed + 700000), so greedy and
     # sampled sessions never replay the same task.
-    jobs = [(f, a.first_seed + round(t * 1000) * 1000 + i, t)
-            for t in temps for i in range(a.sessions) for f in (a.family or FAMILIES)]
+    jobs = [
+        (f, a.first_seed + round(t * 1000) * 1000 + i, t)
+        for t in temps
+        for i in range(a.sessions)
+        for f in (a.family or FAMILIES)
+    ]
     jobs = [j for j in jobs if j not in have]
     if jobs:
         from dsv4bench.engine.launcher import EngineStartError, start_engine
@@ -181,8 +211,16 @@ def main() -> None:
         url = (a.url or engine.url).rstrip("/")
         print(f"playing {len(jobs)} sessions ({len(have)} already in {a.rollouts})", flush=True)
         try:
-            anyio.run(play, url, jobs, a.concurrency, a.max_turns, server_facts(url).get("context_length"), a.rollouts,
-                      a.minutes)
+            anyio.run(
+                play,
+                url,
+                jobs,
+                a.concurrency,
+                a.max_turns,
+                server_facts(url).get("context_length"),
+                a.rollouts,
+                a.minutes,
+            )
         finally:
             if engine:
                 engine.stop()

@@ -65,8 +65,15 @@ def probe(model, frontend: Frontend, seed: int) -> dict | None:
     [(_, [row])] = greedy_answers(model, [ids[:p]], 1)
     probs = torch.softmax(row.float(), -1)
     greedy = int(probs.argmax())
-    return {"seed": seed, "symptom": goal["symptom"], "root": goal["root"], "expert": tok.decode([ids[p]]),
-            "greedy": tok.decode([greedy]), "right": greedy == ids[p], "p_expert": float(probs[ids[p]])}
+    return {
+        "seed": seed,
+        "symptom": goal["symptom"],
+        "root": goal["root"],
+        "expert": tok.decode([ids[p]]),
+        "greedy": tok.decode([greedy]),
+        "right": greedy == ids[p],
+        "p_expert": float(probs[ids[p]]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     for seed in dependency_seeds(a.sessions):  # each line as it comes: a session takes seconds on CPU
         if r := probe(model, frontend, seed):
             results.append(r)
-            print(f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, "
-                  f"greedy {r['greedy']!r}, p(expert) {r['p_expert']:.2f}", flush=True)
+            print(
+                f"seed {r['seed']:>3}  {r['symptom']} <- {r['root']}: expert {r['expert']!r}, "
+                f"greedy {r['greedy']!r}, p(expert) {r['p_expert']:.2f}",
+                flush=True,
+            )
     right = sum(r["right"] for r in results)
     print(f"greedy writes the root in {right} of {len(results)}")
     return 0

@@ -66,24 +66,56 @@ class Recipe:
 
 KILL = ("--duration", "30", "--kill", "all@20s", "--drain-timeout", "10", "--canary-timeout", "5")
 RECIPES: tuple[Recipe, ...] = (
-    Recipe("hicache-index-race", frozenset({REFERENCE_CODE}),
-           engine=("--hicache", "--num-pages=1024", "--hicache-host-pages=16384", "--hicache-load-gbps=0.02",
-                   "--index-k-dtype=bf16"),
-           load=("--duration", "90", "--drain-timeout", "10"), reference=True,
-           why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
-               "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
-               "every session several turns for them to change"),
-    Recipe("parser-split", frozenset({"dsml_leak_content"}), load=("--duration", "40", "--drain-timeout", "10"),
-           why="every turn streams a DSML tool call; some tags arrive split across chunks"),
-    Recipe("ghost-decode", frozenset({"ghost_requests"}), load=KILL,
-           why="a kill-all storm disconnects 80 streams mid-decode"),
-    Recipe("abort-leak", frozenset({"queue_stuck"}), engine=("--pd",),
-           load=("--duration", "35", "--kill", "frac=0.5/every=5s/from=10s,abort", *KILL[4:]),
-           why="kill storms every 5 s, with /abort_request, catch transfers in flight"),
-    Recipe("bootstrap-stall", frozenset({"queue_stuck", "canary_timeout"}), engine=("--pd",), load=KILL,
-           why="a kill-all storm sends the bootstrap worker ABORTs for requests it is handshaking"),
-    Recipe("health-lies", frozenset({"health_lies"}), engine=("--pd",), load=KILL, extra_faults=("bootstrap-stall",),
-           why="the bootstrap stall wedges the engine; /health must say so"),
+    Recipe(
+        "hicache-index-race",
+        frozenset({REFERENCE_CODE}),
+        engine=(
+            "--hicache",
+            "--num-pages=1024",
+            "--hicache-host-pages=16384",
+            "--hicache-load-gbps=0.02",
+            "--index-k-dtype=bf16",
+        ),
+        load=("--duration", "90", "--drain-timeout", "10"),
+        reference=True,
+        why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
+        "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
+        "every session several turns for them to change",
+    ),
+    Recipe(
+        "parser-split",
+        frozenset({"dsml_leak_content"}),
+        load=("--duration", "40", "--drain-timeout", "10"),
+        why="every turn streams a DSML tool call; some tags arrive split across chunks",
+    ),
+    Recipe(
+        "ghost-decode",
+        frozenset({"ghost_requests"}),
+        load=KILL,
+        why="a kill-all storm disconnects 80 streams mid-decode",
+    ),
+    Recipe(
+        "abort-leak",
+        frozenset({"queue_stuck"}),
+        engine=("--pd",),
+        load=("--duration", "35", "--kill", "frac=0.5/every=5s/from=10s,abort", *KILL[4:]),
+        why="kill storms every 5 s, with /abort_request, catch transfers in flight",
+    ),
+    Recipe(
+        "bootstrap-stall",
+        frozenset({"queue_stuck", "canary_timeout"}),
+        engine=("--pd",),
+        load=KILL,
+        why="a kill-all storm sends the bootstrap worker ABORTs for requests it is handshaking",
+    ),
+    Recipe(
+        "health-lies",
+        frozenset({"health_lies"}),
+        engine=("--pd",),
+        load=KILL,
+        extra_faults=("bootstrap-stall",),
+        why="the bootstrap stall wedges the engine; /health must say so",
+    ),
 )
 
 
@@ -109,18 +141,46 @@ def router_label(router: str) -> str:
     return "bundled" if router == "bundled" else sglang_router.label()
 
 
-def agents_command(recipe: Recipe, clean: bool, seed: int, out: Path, weights: Path | None = None,
-                   reference: Path | None = None, router: str = "bundled") -> list[str]:
+def agents_command(
+    recipe: Recipe,
+    clean: bool,
+    seed: int,
+    out: Path,
+    weights: Path | None = None,
+    reference: Path | None = None,
+    router: str = "bundled",
+) -> list[str]:
     """The `dsv4bench agents` run of one recipe, fault on or (`clean`) off."""
     engine_args = [f"--engine-arg={a}" for a in (*recipe.engine, *([f"--weights={weights}"] if weights else []))]
     faults = [] if clean else [f"--engine-fault={f}" for f in recipe.faults]
-    return [sys.executable, "-m", "dsv4bench", "agents", *BASE, *recipe.load, "--seed", str(seed), "--out", str(out),
-            *engine_args, *faults, *(["--reference", str(reference)] if reference else []),
-            *(["--engine-router", router] if router != "bundled" else [])]
+    return [
+        sys.executable,
+        "-m",
+        "dsv4bench",
+        "agents",
+        *BASE,
+        *recipe.load,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        *engine_args,
+        *faults,
+        *(["--reference", str(reference)] if reference else []),
+        *(["--engine-router", router] if router != "bundled" else []),
+    ]
 
 
-def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float,
-             weights: Path | None = None, reference: Path | None = None, router: str = "bundled") -> RunResult:
+def run_once(
+    recipe: Recipe,
+    clean: bool,
+    seed: int,
+    out: Path,
+    timeout_s: float,
+    weights: Path | None = None,
+    reference: Path | None = None,
+    router: str = "bundled",
+) -> RunResult:
     cmd = agents_command(recipe, clean, seed, out, weights, reference, router)
     t0 = time.monotonic()
     try:
@@ -138,16 +198,29 @@ def run_once(recipe: Recipe, clean: bool, seed: int, out: Path, timeout_s: float
     corrupt_turns = read_turns(run_dir, events)
     routers = router_roots(events) if router == "sglang" else set()
     codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events, routers)
-    return RunResult(recipe.fault, clean, summary["verdict"], codes, first, wall, run_dir, corrupt_turns=corrupt_turns,
-                     unguarded_reads=read_unguarded_reads(run_dir), reference=summary.get("reference"))
+    return RunResult(
+        recipe.fault,
+        clean,
+        summary["verdict"],
+        codes,
+        first,
+        wall,
+        run_dir,
+        corrupt_turns=corrupt_turns,
+        unguarded_reads=read_unguarded_reads(run_dir),
+        reference=summary.get("reference"),
+    )
 
 
 def read_unguarded_reads(run_dir: Path) -> int | None:
     """The engine's last `dsv4mini:hicache_unguarded_index_k_reads_total` scraped in the run
     (None without HiCache): how often the index-K read went ahead of a load in flight."""
     for scrape in reversed(read_jsonl(run_dir / METRICS_FILE)[0]):
-        found = [v for k, v in (scrape.get("values") or {}).items()
-                 if k.startswith("dsv4mini:hicache_unguarded_index_k_reads_total")]
+        found = [
+            v
+            for k, v in (scrape.get("values") or {}).items()
+            if k.startswith("dsv4mini:hicache_unguarded_index_k_reads_total")
+        ]
         if found:
             return int(sum(found))
     return None
@@ -160,8 +233,11 @@ def read_turns(run_dir: Path, events: list[dict]) -> dict[tuple[str, int, str], 
     corrupt = {}
     for turn in read_jsonl(run_dir / TURNS_FILE)[0]:
         end = turn["timings"].get("end_ns")
-        corrupt |= {(turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
-                    for v in turn.get("verdicts") or [] if v["code"] in CORRUPTION_CODES}
+        corrupt |= {
+            (turn["session"], turn["turn"], v["code"]): (end - start) / 1e9 if end else None
+            for v in turn.get("verdicts") or []
+            if v["code"] in CORRUPTION_CODES
+        }
     return corrupt
 
 
@@ -173,19 +249,30 @@ def origin(url: str) -> str:
 
 def router_roots(events: list[dict]) -> set[str]:
     """Origins of the servers that said they are a router (the role on the run's /health events)."""
-    return {origin(e["endpoint"]) for e in events
-            if e.get("kind") == "health" and e.get("role") == "router" and isinstance(e.get("endpoint"), str)}
+    return {
+        origin(e["endpoint"])
+        for e in events
+        if e.get("kind") == "health" and e.get("role") == "router" and isinstance(e.get("endpoint"), str)
+    }
 
 
-def read_findings(summary: dict, expect: set[str], corrupt_turns: dict[tuple[str, int, str], float | None],
-                  events: list[dict], router_origins: set[str] | None = None) -> tuple[dict[str, int], float | None]:
+def read_findings(
+    summary: dict,
+    expect: set[str],
+    corrupt_turns: dict[tuple[str, int, str], float | None],
+    events: list[dict],
+    router_origins: set[str] | None = None,
+) -> tuple[dict[str, int], float | None]:
     """(count per corruption or wedge code found, seconds from run start to the first expected one).
     A ROUTER_OWN code on an endpoint in `router_origins` (SGLang's router's) is the router's
     own and is counted as `<code>@router`, never as the code."""
     codes = {c: n for c, n in summary["counts"].items() if n and c in CORRUPTION_CODES}
     own = router_origins or set()
-    wedge_codes = {f"{c}{ROUTER_MARK}" if c in ROUTER_OWN and origin(ep) in own else c
-                   for ep, found in (summary.get("wedge") or {}).items() for c in found.get("codes", [])}
+    wedge_codes = {
+        f"{c}{ROUTER_MARK}" if c in ROUTER_OWN and origin(ep) in own else c
+        for ep, found in (summary.get("wedge") or {}).items()
+        for c in found.get("codes", [])
+    }
     for c in wedge_codes:
         codes[c] = codes.get(c, 0) + 1
     times = [t for (_, _, code), t in corrupt_turns.items() if code in expect and t is not None]
@@ -213,9 +300,10 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
     """The markdown table of a proof whose every run had `router` in front (ROUTERS)."""
     label = router_label(router)
     via = ["--engine-router", router] if router != "bundled" else []
-    rows = ["| fault | router | expected code | found | codes seen (runs) | first detection, median (min-max) "
-            "| recipe |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| fault | router | expected code | found | codes seen (runs) | first detection, median (min-max) | recipe |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in recipes:
         mine = [x for x in results if x.recipe == r.fault and not x.clean]
         found = [x for x in mine if set(x.codes) & r.expect]
@@ -226,27 +314,37 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
         times = [x.first_detection_s for x in found if x.first_detection_s is not None]
         when = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
         expect = ", ".join(sorted(r.expect))
-        recipe = " ".join([*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine),
-                           *r.load, *via])
+        recipe = " ".join(
+            [*(f"--engine-fault {f}" for f in r.faults), *(f"--engine-arg={a}" for a in r.engine), *r.load, *via]
+        )
         if r.reference:
             compared = sum((x.reference or {}).get("compared", 0) for x in mine)
             mismatched = sum((x.reference or {}).get("mismatched", 0) for x in mine)
             reads = [x.unguarded_reads for x in mine if x.unguarded_reads is not None]
-            expect += (f" against a clean reference run (same seed and settings, fault off): {mismatched} of "
-                       f"{compared} compared turns answered differently"
-                       + (f"; {min(reads)}-{max(reads)} unguarded index-K reads per run" if reads else ""))
+            expect += (
+                f" against a clean reference run (same seed and settings, fault off): {mismatched} of "
+                f"{compared} compared turns answered differently"
+                + (f"; {min(reads)}-{max(reads)} unguarded index-K reads per run" if reads else "")
+            )
             recipe += " --reference CLEAN_RUN"
-        rows.append(f"| `{r.fault}` | {label} | {expect} | {len(found)}/{len(mine)} | "
-                    f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |")
+        rows.append(
+            f"| `{r.fault}` | {label} | {expect} | {len(found)}/{len(mine)} | "
+            f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |"
+        )
     clean = [x for x in results if x.clean]
     bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
     seen_clean = sorted({c for x in clean for c in x.codes})
-    rows.append(f"| clean (recipes' settings, no fault) | {label} | none | {len(clean) - len(bad)}/{len(clean)} "
-                f"clean | {', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |")
+    rows.append(
+        f"| clean (recipes' settings, no fault) | {label} | none | {len(clean) - len(bad)}/{len(clean)} "
+        f"clean | {', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |"
+    )
     if any(c.endswith(ROUTER_MARK) for x in results for c in x.codes):
         marked = ", ".join(f"`{c}{ROUTER_MARK}`" for c in sorted(ROUTER_OWN))
-        rows += ["", f"{marked}: SGLang's router answered its own /health 200 while the deployment behind it hung; "
-                 "it does so with or without a fault, so it finds none."]
+        rows += [
+            "",
+            f"{marked}: SGLang's router answered its own /health 200 while the deployment behind it hung; "
+            "it does so with or without a fault, so it finds none.",
+        ]
     return "\n".join(rows)
 
 
@@ -257,13 +355,19 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="Seed of the first run; run i uses seed + i.")
     p.add_argument("--timeout", type=float, default=300.0, help="Seconds one run may take before it is stopped.")
     p.add_argument("--table", type=Path, default=None, help="Also write the markdown table here.")
-    p.add_argument("--reports", type=Path, default=None, help="Keep the first run of each fault as <dir>/fault-<name>/.")
+    p.add_argument(
+        "--reports", type=Path, default=None, help="Keep the first run of each fault as <dir>/fault-<name>/."
+    )
     p.add_argument("--no-clean", action="store_true", help="Skip the clean runs.")
     p.add_argument("--clean-all", action="store_true", help="Clean runs cycle through every recipe, not only --only's.")
     p.add_argument("--weights", type=Path, default=None, help="Weights for every engine; default: the shipped ones.")
-    p.add_argument("--router", choices=ROUTERS, default="bundled",
-                   help="What fronts every engine: its own server or router, or SGLang's real router "
-                        "(agents --engine-router sglang; pip install 'dsv4bench[sglang]').")
+    p.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default="bundled",
+        help="What fronts every engine: its own server or router, or SGLang's real router "
+        "(agents --engine-router sglang; pip install 'dsv4bench[sglang]').",
+    )
     a = p.parse_args()
     recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
     if not recipes or a.runs < 1:
@@ -275,18 +379,25 @@ def main() -> int:
         plan += [(pool[i % len(pool)], True, i) for i in range(a.runs)]
     references: dict[tuple[str, int], RunResult] = {}  # (recipe, seed) -> its clean reference run
     with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:
+
         def one(recipe: Recipe, clean: bool, i: int, label: str, reference: Path | None = None) -> RunResult:
             out = Path(tmp) / f"{recipe.fault}-{label}-{i}"
             out.mkdir()
             res = run_once(recipe, clean, a.seed + i, out, a.timeout, a.weights, reference, a.router)
             results.append(res)
             found = sorted(set(res.codes) & recipe.expect) if not clean else []
-            ref = "" if res.reference is None else (f" reference: {res.reference['mismatched']} of "
-                                                     f"{res.reference['compared']} compared turns differ")
-            print(f"{recipe.fault} {label} run {i + 1}: {res.verdict} codes={res.codes or {}} found={found or '-'} "
-                  f"first={res.first_detection_s} wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}"
-                  f"{'' if res.unguarded_reads is None else f' unguarded index-K reads={res.unguarded_reads}'}{ref}",
-                  file=sys.stderr, flush=True)
+            ref = (
+                ""
+                if res.reference is None
+                else (f" reference: {res.reference['mismatched']} of {res.reference['compared']} compared turns differ")
+            )
+            print(
+                f"{recipe.fault} {label} run {i + 1}: {res.verdict} codes={res.codes or {}} found={found or '-'} "
+                f"first={res.first_detection_s} wall={res.wall_s:.0f}s{' error: ' + res.error if res.error else ''}"
+                f"{'' if res.unguarded_reads is None else f' unguarded index-K reads={res.unguarded_reads}'}{ref}",
+                file=sys.stderr,
+                flush=True,
+            )
             return res
 
         for n, (recipe, clean, i) in enumerate(plan, 1):
@@ -305,8 +416,10 @@ def main() -> int:
     print(text)
     if a.table:
         a.table.write_text(text + "\n", encoding="utf-8")
-    found = {r.fault: sum(1 for x in results if x.recipe == r.fault and not x.clean and set(x.codes) & r.expect)
-             for r in recipes}
+    found = {
+        r.fault: sum(1 for x in results if x.recipe == r.fault and not x.clean and set(x.codes) & r.expect)
+        for r in recipes
+    }
     missed = [r for r in recipes if found[r.fault] < a.runs]
     dirty = [x for x in results if x.clean and (x.codes or x.verdict not in ("CLEAN", "ERRORS"))]
     return 1 if missed or dirty else 0

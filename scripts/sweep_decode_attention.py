@@ -46,8 +46,7 @@ def inputs(rows: int = ROWS, compressed: int = COMPRESSED) -> tuple:
 
 def compare_split() -> None:
     in_use = triton_ops._DECODE_SPLIT_ROWS
-    print(f"rows compressed  one program a row  split by tile  ratio  difference (in use: split "
-          f"up to {in_use} rows)")
+    print(f"rows compressed  one program a row  split by tile  ratio  difference (in use: split up to {in_use} rows)")
     for rows in (80, 256, 1024):
         for compressed in (32, 64, 128):
             args = inputs(rows, compressed)
@@ -55,11 +54,15 @@ def compare_split() -> None:
             for split_rows in (0, 1 << 30):
                 triton_ops._DECODE_SPLIT_ROWS = split_rows
                 outs.append(triton_ops._decode_attention(*args).float())
-                times.append(triton.testing.do_bench_cudagraph(
-                    lambda: triton_ops._decode_attention(*args), rep=50) * 1e3)
+                times.append(
+                    triton.testing.do_bench_cudagraph(lambda: triton_ops._decode_attention(*args), rep=50) * 1e3
+                )
             err = ((outs[1] - outs[0]).norm() / outs[0].norm()).item()
-            print(f"{rows:>4} {compressed:>10}  {times[0]:>14.2f} us  {times[1]:>10.2f} us  "
-                  f"{times[1] / times[0]:>5.2f}  {err:.1e}", flush=True)
+            print(
+                f"{rows:>4} {compressed:>10}  {times[0]:>14.2f} us  {times[1]:>10.2f} us  "
+                f"{times[1] / times[0]:>5.2f}  {err:.1e}",
+                flush=True,
+            )
     triton_ops._DECODE_SPLIT_ROWS = in_use
 
 
@@ -74,8 +77,7 @@ def main() -> None:
     in_use = triton_ops._DECODE_DOT_LAUNCH
 
     def attend() -> torch.Tensor:
-        return triton_ops._decode_attention(q, kv, win, win_pos, ckv, c_ids, c_pos, sink, cos, sin,
-                                            HEAD_DIM**-0.5)
+        return triton_ops._decode_attention(q, kv, win, win_pos, ckv, c_ids, c_pos, sink, cos, sin, HEAD_DIM**-0.5)
 
     def launch(block_k: int, warps: int, stages: int) -> None:
         triton_ops._DECODE_DOT_LAUNCH = dict(BLOCK_K=block_k, num_warps=warps, num_stages=stages)
@@ -97,8 +99,12 @@ def main() -> None:
     triton_ops._DECODE_DOT_LAUNCH = in_use
     for us, (block_k, warps, stages), err in sorted(results)[:12]:
         print(f"{us:.2f} us  BLOCK_K {block_k} warps {warps} stages {stages} err {err:.1e}")
-    print("in use:", in_use, "; tiles of 32, 4 warps, 3 stages:",
-          [f"{us:.2f} us" for us, s, _ in results if s == (32, 4, 3)])
+    print(
+        "in use:",
+        in_use,
+        "; tiles of 32, 4 warps, 3 stages:",
+        [f"{us:.2f} us" for us, s, _ in results if s == (32, 4, 3)],
+    )
 
 
 if __name__ == "__main__":

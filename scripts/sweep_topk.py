@@ -23,8 +23,10 @@ TOPK = 32
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    data = {(rows, nb): (torch.randn(rows, nb, device="cuda", generator=gen),
-                         torch.full((rows,), nb, device="cuda")) for rows, nb in SHAPES}
+    data = {
+        (rows, nb): (torch.randn(rows, nb, device="cuda", generator=gen), torch.full((rows,), nb, device="cuda"))
+        for rows, nb in SHAPES
+    }
     print("tile warps  " + "  ".join(f"{r}x{nb}" for r, nb in SHAPES))
     for tile in (128, 256, 512):
         for warps in (1, 2, 4, 8):
@@ -32,8 +34,13 @@ def main() -> None:
             cells = []
             for scores, n in data.values():
                 ok = torch.equal(triton_ops._topk_blocks(scores, n, TOPK), reference.topk_blocks(scores, n, TOPK))
-                us = statistics.median(triton.testing.do_bench(
-                    lambda: triton_ops._topk_blocks(scores, n, TOPK), warmup=10, rep=60) for _ in range(3)) * 1e3
+                us = (
+                    statistics.median(
+                        triton.testing.do_bench(lambda: triton_ops._topk_blocks(scores, n, TOPK), warmup=10, rep=60)
+                        for _ in range(3)
+                    )
+                    * 1e3
+                )
                 cells.append(f"{us:.1f}" if ok else f"{us:.1f} WRONG")
             print(f"{tile:>4} {warps:>5}  " + "  ".join(cells), flush=True)
 

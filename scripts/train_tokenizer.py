@@ -20,15 +20,22 @@ from dsv4bench.engine.tokenizer import DEFAULT_PATH, load_tokenizer, train_bpe
 from dsv4bench.engine.training.tokenizer_corpus import EXTRA_TEXT, rendered_prompts
 
 
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=300, help="expert sessions per scenario family")
     p.add_argument("--vocab-size", type=int, default=ModelConfig().vocab_size)
-    p.add_argument("--first-seed", type=int, default=0,
-                   help="first expert-session seed (the engine's training seeds start at 100000; 0-99999 are held out)")
-    p.add_argument("--digit-groups", type=int, default=0,
-                   help="cut digit runs into pieces of at most N digits before the merges (DeepSeek: 3); 0: whole numbers")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first expert-session seed (the engine's training seeds start at 100000; 0-99999 are held out)",
+    )
+    p.add_argument(
+        "--digit-groups",
+        type=int,
+        default=0,
+        help="cut digit runs into pieces of at most N digits before the merges (DeepSeek: 3); 0: whole numbers",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_PATH)
     a = p.parse_args(argv)
     if a.digit_groups < 0 or a.seeds < 1 or a.first_seed < 0:
@@ -46,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     sample = corpus[0]
     ratio = len(sample) / len(loaded.encode(sample))
     chars = sum(map(len, corpus))
-    print(f"{len(corpus)} texts, {chars / 1e6:.1f}M chars rendered in {t1 - t0:.1f}s; "
-          f"trained {loaded.vocab_size} tokens in {t2 - t1:.1f}s; {ratio:.2f} chars/token; wrote {a.out}")
+    print(
+        f"{len(corpus)} texts, {chars / 1e6:.1f}M chars rendered in {t1 - t0:.1f}s; "
+        f"trained {loaded.vocab_size} tokens in {t2 - t1:.1f}s; {ratio:.2f} chars/token; wrote {a.out}"
+    )
     return 0
 
 

@@ -17,14 +17,38 @@ from tests.cli_output import assert_one_line_exit_2, invoke
 from tests.e2e.conftest import only_run_dir, run_cli, start_replay
 from tests.e2e.test_proxy import start_proxy_cli
 
-RUN = ("--sessions", "8", "--concurrency", "4", "--max-turns", "8", "--seed", "11", "--temperature", "0",
-       "--ttft-timeout", "3", "--total-timeout", "8", "--quiet")
+RUN = (
+    "--sessions",
+    "8",
+    "--concurrency",
+    "4",
+    "--max-turns",
+    "8",
+    "--seed",
+    "11",
+    "--temperature",
+    "0",
+    "--ttft-timeout",
+    "3",
+    "--total-timeout",
+    "8",
+    "--quiet",
+)
 
 
 def turn(session: str, n: int, key: str, content: str, temperature: float = 0, status: str = "ok") -> dict:
-    return {"run": "r", "session": session, "turn": n, "scenario": "coding", "seed": 1, "status": status,
-            "request": {"key": key, "temperature": temperature, "stream": True},
-            "response": {"content": content, "finish_reason": "stop"}, "verdicts": [], "raw_sse": None}
+    return {
+        "run": "r",
+        "session": session,
+        "turn": n,
+        "scenario": "coding",
+        "seed": 1,
+        "status": status,
+        "request": {"key": key, "temperature": temperature, "stream": True},
+        "response": {"content": content, "finish_reason": "stop"},
+        "verdicts": [],
+        "raw_sse": None,
+    }
 
 
 def run_folder(path: Path, records: list[dict]) -> Path:
@@ -38,12 +62,29 @@ def found(results) -> list[tuple[str, int]]:
 
 
 def test_each_session_is_judged_up_to_its_first_parting_only(tmp_path):
-    ref = run_folder(tmp_path / "ref", [turn("a", 0, "a0", "x"), turn("a", 1, "a1", "x"), turn("a", 2, "a2", "x"),
-                                        turn("b", 0, "b0", "x"), turn("b", 1, "b1", "x")])
+    ref = run_folder(
+        tmp_path / "ref",
+        [
+            turn("a", 0, "a0", "x"),
+            turn("a", 1, "a1", "x"),
+            turn("a", 2, "a2", "x"),
+            turn("b", 0, "b0", "x"),
+            turn("b", 1, "b1", "x"),
+        ],
+    )
     # Out of turn order, as concurrent sessions write them; a's turns 1 and 2 both differ, b's agree.
-    run = run_folder(tmp_path / "run", [turn("a", 2, "a2", "z"), turn("b", 0, "b0", "x"), turn("a", 0, "a0", "x"),
-                                        turn("a", 1, "a1", "y"), turn("b", 1, "b1", "x"), turn("c", 0, "c0", "x"),
-                                        turn("b", 2, "b1", "x", status="error")])
+    run = run_folder(
+        tmp_path / "run",
+        [
+            turn("a", 2, "a2", "z"),
+            turn("b", 0, "b0", "x"),
+            turn("a", 0, "a0", "x"),
+            turn("a", 1, "a1", "y"),
+            turn("b", 1, "b1", "x"),
+            turn("c", 0, "c0", "x"),
+            turn("b", 2, "b1", "x", status="error"),
+        ],
+    )
     results = audit_file(run, ReferenceAnswers.load(ref))
     assert found(results) == [("a", 1)]  # a's turn 2 came after a had parted: not compared
     assert [(r.session, r.turn) for r in results if r.reference_parted] == [("a", 2)]
@@ -63,15 +104,19 @@ def test_a_bad_reference_or_a_run_at_temperature_is_one_line_exit_2(tmp_path):
     ref = run_folder(tmp_path / "ref", [turn("a", 0, "a0", "x")])
     hot = run_folder(tmp_path / "hot", [turn("a", 0, "a0", "x", temperature=0.7)])
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path / "nowhere")), "no such folder")
-    assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(ref / "turns.jsonl")), "a file, not a run folder")
+    assert_one_line_exit_2(
+        invoke("audit", str(ref), "--reference", str(ref / "turns.jsonl")), "a file, not a run folder"
+    )
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path)), "holds 2 runs")
     (tmp_path / "empty").mkdir()
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(tmp_path / "empty")), "not a dsv4bench run")
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(hot)), "no completed greedy turn")
     assert_one_line_exit_2(invoke("audit", str(hot), "--reference", str(ref)), "no greedy turn to compare")
     assert_one_line_exit_2(invoke("audit", str(tmp_path / "empty")), "is a folder with no turns.jsonl")
-    odd = run_folder(tmp_path / "odd", [{**turn("a", 0, "a0", "x"), "request": "body"},
-                                        {**turn("a", 1, "a1", "y"), "response": {"tool_calls": 5}}])
+    odd = run_folder(
+        tmp_path / "odd",
+        [{**turn("a", 0, "a0", "x"), "request": "body"}, {**turn("a", 1, "a1", "y"), "response": {"tool_calls": 5}}],
+    )
     assert_one_line_exit_2(invoke("audit", str(ref), "--reference", str(odd)), "no completed greedy turn")
 
 
@@ -93,8 +138,9 @@ def test_offline_judging_gives_the_verdicts_the_live_reference_gave(clean_refere
     # clean reference's, and their sessions part ways from it there.
     srv = start_replay(tmp_path, fault_rate=25, stall=1.0)
     try:
-        r = run_cli("agents", "--url", srv.url, *RUN, "--out", str(tmp_path / "runs"), "--reference",
-                    str(clean_reference))
+        r = run_cli(
+            "agents", "--url", srv.url, *RUN, "--out", str(tmp_path / "runs"), "--reference", str(clean_reference)
+        )
         assert "Traceback" not in r.stderr, r.stderr
     finally:
         srv.stop()
@@ -102,8 +148,9 @@ def test_offline_judging_gives_the_verdicts_the_live_reference_gave(clean_refere
     live = read_history(run_dir)
     live_found = [(t.session, t.turn) for t in live.turns if any(v.code == "reference_mismatch" for v in t.verdicts)]
     assert live_found, "no answer differed from the reference: nothing was judged"
-    assert any(t.session == s and t.turn > n for s, n in live_found for t in live.turns), \
+    assert any(t.session == s and t.turn > n for s, n in live_found for t in live.turns), (
         "no session went on past its parting: the rule was not exercised"
+    )
     live_compared = json.loads((run_dir / "summary.json").read_text())["reference"]["compared"]
 
     results = audit_file(run_dir, ReferenceAnswers.load(clean_reference))
@@ -112,14 +159,16 @@ def test_offline_judging_gives_the_verdicts_the_live_reference_gave(clean_refere
     assert not any(r.reference_parted for r in results)  # parted sessions sent requests the reference never saw
 
     out = tmp_path / "audit.jsonl"
-    a = run_cli("audit", str(run_dir), "--reference", str(clean_reference), "--out", str(out),
-                "--fail-on", "corruption")
+    a = run_cli(
+        "audit", str(run_dir), "--reference", str(clean_reference), "--out", str(out), "--fail-on", "corruption"
+    )
     assert a.returncode == 1, a.stderr
     assert f"{live_compared} completed greedy turns sent a request" in a.stdout
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(x["reference_compared"] for x in lines) == live_compared
-    assert [(x["session"], x["turn"]) for x in lines if any(v["code"] == "reference_mismatch" for v in x["verdicts"])] \
-        == live_found
+    assert [
+        (x["session"], x["turn"]) for x in lines if any(v["code"] == "reference_mismatch" for v in x["verdicts"])
+    ] == live_found
 
 
 def test_a_mismatch_planted_in_the_reference_is_found_at_that_turn(clean_reference, tmp_path):
@@ -134,10 +183,17 @@ def test_a_mismatch_planted_in_the_reference_is_found_at_that_turn(clean_referen
     results = audit_file(clean_reference, ReferenceAnswers.load(changed))
     assert found(results) == [(target["session"], 1)]
     later = [(r.session, r.turn) for r in results if r.reference_parted]
-    assert later == [(x["session"], x["turn"]) for x in records
-                     if x["session"] == target["session"] and x["turn"] > 1 and x["status"] == "ok"]
-    assert run_cli("audit", str(clean_reference), "--reference", str(clean_reference),
-                   "--fail-on", "corruption").returncode == 0
+    assert later == [
+        (x["session"], x["turn"])
+        for x in records
+        if x["session"] == target["session"] and x["turn"] > 1 and x["status"] == "ok"
+    ]
+    assert (
+        run_cli(
+            "audit", str(clean_reference), "--reference", str(clean_reference), "--fail-on", "corruption"
+        ).returncode
+        == 0
+    )
 
 
 def test_a_proxy_capture_is_re_judged_and_its_unkept_turns_counted(tmp_path):

@@ -11,15 +11,27 @@ import anyio
 import httpx
 import pytest
 
-from dsv4bench.servers.canary import (ERROR, FAILING, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult, check_canary,
-                              check_health)
+from dsv4bench.servers.canary import (
+    ERROR,
+    FAILING,
+    OK,
+    TIMEOUT,
+    UNREACHABLE,
+    CanaryResult,
+    HealthResult,
+    check_canary,
+    check_health,
+)
 from dsv4bench.history.codes import WEDGE_CODES
 from dsv4bench.servers.probe import probe, probe_exit_code
 from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 from tests.fixtures.wedge_server import WedgeState, serve_in_thread
 
-COMPLETION = {"id": "c1", "object": "chat.completion",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}]}
+COMPLETION = {
+    "id": "c1",
+    "object": "chat.completion",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}],
+}
 
 
 def _run(handler, fn=check_canary, timeout: float = 1.0):
@@ -32,16 +44,23 @@ def _run(handler, fn=check_canary, timeout: float = 1.0):
     return anyio.run(main)
 
 
-@pytest.mark.parametrize("response,status,needle", [
-    (lambda: httpx.Response(200, html="<!DOCTYPE html><html><body>hi</body></html>"), 200, "HTML"),
-    (lambda: httpx.Response(200, text="OK"), 200, "not JSON"),
-    (lambda: httpx.Response(200, json=[1, 2]), 200, "no choices"),
-    (lambda: httpx.Response(200, json={"choices": []}), 200, "no choices"),
-    (lambda: httpx.Response(404, text="Not Found"), 404, "HTTP 404: Not Found"),
-    (lambda: httpx.Response(401, json={"error": {"message": "Invalid API key"}}), 401, "HTTP 401: Invalid API key"),
-    (lambda: httpx.Response(500, html="<html><body>Internal Server Error</body></html>"), 500,
-     "HTTP 500: an HTML page"),
-], ids=["html", "text", "json-list", "no-choices", "404", "401", "500-html"])
+@pytest.mark.parametrize(
+    "response,status,needle",
+    [
+        (lambda: httpx.Response(200, html="<!DOCTYPE html><html><body>hi</body></html>"), 200, "HTML"),
+        (lambda: httpx.Response(200, text="OK"), 200, "not JSON"),
+        (lambda: httpx.Response(200, json=[1, 2]), 200, "no choices"),
+        (lambda: httpx.Response(200, json={"choices": []}), 200, "no choices"),
+        (lambda: httpx.Response(404, text="Not Found"), 404, "HTTP 404: Not Found"),
+        (lambda: httpx.Response(401, json={"error": {"message": "Invalid API key"}}), 401, "HTTP 401: Invalid API key"),
+        (
+            lambda: httpx.Response(500, html="<html><body>Internal Server Error</body></html>"),
+            500,
+            "HTTP 500: an HTML page",
+        ),
+    ],
+    ids=["html", "text", "json-list", "no-choices", "404", "401", "500-html"],
+)
 def test_an_answer_that_is_no_completion_is_an_error_not_a_timeout(response, status, needle):
     c = _run(lambda request: response())
     assert c.result == ERROR and not c.ok and c.http_status == status
@@ -115,6 +134,7 @@ def test_health_generate_hanging_on_a_server_without_a_canary_is_health_lies():
 
 # --- a real server answering 200 with HTML ---------------------------------------------------------
 
+
 @pytest.fixture
 def html_server() -> Iterator[str]:
     with serve_in_thread(WedgeState(chat_answer="html")) as root:
@@ -124,8 +144,10 @@ def html_server() -> Iterator[str]:
 def test_a_server_answering_html_is_never_canary_timeout(html_server):
     async def checks():
         async with httpx.AsyncClient(trust_env=False) as client:
-            return (await check_health(client, html_server, timeout=2),
-                    await check_canary(client, f"{html_server}/v1", "wedge-test", timeout=2))
+            return (
+                await check_health(client, html_server, timeout=2),
+                await check_canary(client, f"{html_server}/v1", "wedge-test", timeout=2),
+            )
 
     h, c = anyio.run(checks)
     assert h.status == 200 and c.result == ERROR and not c.ok and "HTML" in c.error

@@ -12,31 +12,44 @@ def run_cli(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["agents", "--sessions", "1", "--metrics", "ftp://x"], "--metrics must be an http(s) URL"),
-    (["agents", "--sessions", "1", "--quiet", "--engine-arg=--index-k-dtype=fp4"], "bundled engine exited"),
-    (["engine", "serve", "--index-k-dtype", "fp4"], "--index-k-dtype must be fp8 or bf16"),
-    (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
-    (["engine", "serve", "--fault", "nope"], "unknown fault 'nope'"),
-    (["engine", "serve", "--fault", "hicache-index-race"], "fault hicache-index-race needs HiCache (--hicache)"),
-    (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"], "not with --url"),
-    (["agents", "--url", "ftp://x", "--sessions", "1"], "--url must be an http(s) URL"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--concurrency", "0"], "--concurrency"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--scenario", "poetry"], "--scenario must be one of"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--fail-on", "sadness"], "--fail-on takes"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--reference", "/nonexistent/run"],
-     "--reference /nonexistent/run: no such folder"),
-    (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--reference", ".", "--temperature", "0.7"],
-     "--reference compares greedy answers"),
-    (["engine", "train", "--device", "cpu", "--first-seed", "5"], "held out for evaluation"),
-    (["engine", "train", "--device", "cpu", "--rename-share", "2"], "--rename-share must be between 0 and 1"),
-    (["engine", "train", "--device", "cpu", "--corpus", "/dev/null"], "/dev/null is not a training corpus"),
-    (["report", "/nonexistent/run"], "is not a directory"),
-    (["probe", "ftp://x"], "probe takes http(s) server roots"),
-    (["audit", "/nonexistent/file.jsonl"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["agents", "--sessions", "1", "--metrics", "ftp://x"], "--metrics must be an http(s) URL"),
+        (["agents", "--sessions", "1", "--quiet", "--engine-arg=--index-k-dtype=fp4"], "bundled engine exited"),
+        (["engine", "serve", "--index-k-dtype", "fp4"], "--index-k-dtype must be fp8 or bf16"),
+        (["engine", "serve", "--page-size", "20"], "multiple of the HCA rate"),
+        (["engine", "serve", "--fault", "nope"], "unknown fault 'nope'"),
+        (["engine", "serve", "--fault", "hicache-index-race"], "fault hicache-index-race needs HiCache (--hicache)"),
+        (["agents", "--duration", "5", "--engine-fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
+        (
+            ["agents", "--url", "http://127.0.0.1:1/v1", "--duration", "5", "--engine-fault", "ghost-decode"],
+            "not with --url",
+        ),
+        (["agents", "--url", "ftp://x", "--sessions", "1"], "--url must be an http(s) URL"),
+        (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
+        (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--concurrency", "0"], "--concurrency"),
+        (
+            ["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--scenario", "poetry"],
+            "--scenario must be one of",
+        ),
+        (["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--fail-on", "sadness"], "--fail-on takes"),
+        (
+            ["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--reference", "/nonexistent/run"],
+            "--reference /nonexistent/run: no such folder",
+        ),
+        (
+            ["agents", "--url", "http://127.0.0.1:1/v1", "--sessions", "1", "--reference", ".", "--temperature", "0.7"],
+            "--reference compares greedy answers",
+        ),
+        (["engine", "train", "--device", "cpu", "--first-seed", "5"], "held out for evaluation"),
+        (["engine", "train", "--device", "cpu", "--rename-share", "2"], "--rename-share must be between 0 and 1"),
+        (["engine", "train", "--device", "cpu", "--corpus", "/dev/null"], "/dev/null is not a training corpus"),
+        (["report", "/nonexistent/run"], "is not a directory"),
+        (["probe", "ftp://x"], "probe takes http(s) server roots"),
+        (["audit", "/nonexistent/file.jsonl"], "no such file"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run_cli(*args)
     assert r.returncode == 2, r.stderr
@@ -72,9 +85,24 @@ def test_engine_faults_lists_every_fault_with_its_bug_class():
         assert name in r.stdout
 
 
-@pytest.mark.parametrize("command", [[], ["agents"], ["locust"], ["sweep"], ["proxy"], ["probe"], ["watch"], ["report"],
-                                     ["audit"], ["engine"], ["engine", "serve"], ["engine", "train"],
-                                     ["engine", "faults"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["agents"],
+        ["locust"],
+        ["sweep"],
+        ["proxy"],
+        ["probe"],
+        ["watch"],
+        ["report"],
+        ["audit"],
+        ["engine"],
+        ["engine", "serve"],
+        ["engine", "train"],
+        ["engine", "faults"],
+    ],
+)
 def test_every_help_renders(command):
     r = run_cli(*command, "--help")
     assert r.returncode == 0, r.stderr

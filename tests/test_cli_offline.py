@@ -17,13 +17,22 @@ def _run_folder(path):
     return path
 
 
-@pytest.mark.parametrize("damage,why", [
-    (lambda run: (run / "turns.jsonl").mkdir(), "turns.jsonl could not be read (Is a directory)"),
-    (lambda run: (run / "turns.jsonl").symlink_to(run / "turns.jsonl"), "turns.jsonl could not be read (missing)"),
-    (lambda run: None, "turns.jsonl could not be read (missing)"),
-    (lambda run: (run / "turns.jsonl").write_text("") or (run / "events.jsonl").unlink()
-     or (run / "events.jsonl").mkdir(), "events.jsonl could not be read (Is a directory)"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda run: (run / "turns.jsonl").mkdir(), "turns.jsonl could not be read (Is a directory)"),
+        (lambda run: (run / "turns.jsonl").symlink_to(run / "turns.jsonl"), "turns.jsonl could not be read (missing)"),
+        (lambda run: None, "turns.jsonl could not be read (missing)"),
+        (
+            lambda run: (
+                (run / "turns.jsonl").write_text("")
+                or (run / "events.jsonl").unlink()
+                or (run / "events.jsonl").mkdir()
+            ),
+            "events.jsonl could not be read (Is a directory)",
+        ),
+    ],
+)
 def test_a_history_file_that_cannot_be_opened_makes_the_rebuilt_verdict_incomplete(tmp_path, damage, why):
     run = _run_folder(tmp_path / "run")
     damage(run)
@@ -50,20 +59,31 @@ def test_a_report_that_cannot_be_written_is_one_line_and_the_history_stands(tmp_
         main()
     assert stop.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: cannot write the report in") and \
-        "(No space left on device); the history is kept" in lines[0], lines
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error: cannot write the report in")
+        and "(No space left on device); the history is kept" in lines[0]
+    ), lines
     assert "Traceback" not in lines[0]
     assert {name: (run / name).read_bytes() for name in history} == history
 
 
 def _turn_record(**response):
-    return {"run": "r", "session": "s0", "turn": 0, "scenario": "coding", "seed": 0, "status": "ok",
-            "request": {"body": {"messages": [], "tools": [{"type": "function", "function": {"name": ["x"]}}]}},
-            "response": {"content": "fine", "finish_reason": "stop", "stream": False, **response}}
+    return {
+        "run": "r",
+        "session": "s0",
+        "turn": 0,
+        "scenario": "coding",
+        "seed": 0,
+        "status": "ok",
+        "request": {"body": {"messages": [], "tools": [{"type": "function", "function": {"name": ["x"]}}]}},
+        "response": {"content": "fine", "finish_reason": "stop", "stream": False, **response},
+    }
 
 
-@pytest.mark.parametrize("bad", [{"tool_calls": [{"name": "f", "arguments": "{}"}]}, {"tool_calls": [{}]},
-                                 {"content": 5}])
+@pytest.mark.parametrize(
+    "bad", [{"tool_calls": [{"name": "f", "arguments": "{}"}]}, {"tool_calls": [{}]}, {"content": 5}]
+)
 def test_audit_of_a_turn_record_of_the_wrong_shape_says_which_line(tmp_path, bad):
     f = tmp_path / "turns.jsonl"
     f.write_text(json.dumps(_turn_record()) + "\n" + json.dumps(_turn_record(**bad)) + "\n")
@@ -80,9 +100,16 @@ def test_audit_family_flag_decides_what_is_checked_and_refuses_an_unknown_one(tm
 
     from dsv4bench.cli import app
 
-    rec = {"request": {"model": "gateway-model", "messages": [{"role": "user", "content": "hi"}]},
-           "response": {"id": "r1", "model": "gateway-model", "choices": [{"index": 0, "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": "Done.[INST]"}}]}}
+    rec = {
+        "request": {"model": "gateway-model", "messages": [{"role": "user", "content": "hi"}]},
+        "response": {
+            "id": "r1",
+            "model": "gateway-model",
+            "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Done.[INST]"}}
+            ],
+        },
+    }
     capture = tmp_path / "cap.jsonl"
     capture.write_text(_json.dumps(rec) + "\n")
     runner = CliRunner()

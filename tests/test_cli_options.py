@@ -68,8 +68,9 @@ def _parse(command: str, args: list[str]) -> dict:
 def _help(*command: str) -> str:
     """The command's --help, on a terminal wide enough that no help text wraps or is cut."""
     env = {**os.environ, "COLUMNS": "2000", "TERMINAL_WIDTH": "2000"}
-    r = subprocess.run([sys.executable, "-m", "dsv4bench", *command, "--help"], capture_output=True, text=True,
-                       timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "dsv4bench", *command, "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -81,8 +82,9 @@ def test_one_option_object_serves_every_command_and_each_parses_it(name, option,
         assert inspect.signature(COMMANDS[command]).parameters[name].default is option, command
         assert _parse(command, args)[name] == value, command
         # and typer left it as declared: the next command reads the same default and help
-        assert _parse(command, [])[name] == (list(option.default) if isinstance(option.default, list)
-                                             else option.default), command
+        assert _parse(command, [])[name] == (
+            list(option.default) if isinstance(option.default, list) else option.default
+        ), command
 
 
 @pytest.mark.parametrize("command", ["agents", "sweep", "locust"])
@@ -109,13 +111,17 @@ def test_help_is_grouped_into_panels_in_order(command):
     # every flag but --help sits in a named panel; the generic one holds --help alone
     assert [t for t in titles if t != "Options"] == list(PANELS[command])
     click_command = typer.main.get_command(app).commands[command]
-    assert all(getattr(p, "rich_help_panel", None) for p in click_command.params), \
-        [p.name for p in click_command.params if not getattr(p, "rich_help_panel", None)]
+    assert all(getattr(p, "rich_help_panel", None) for p in click_command.params), [
+        p.name for p in click_command.params if not getattr(p, "rich_help_panel", None)
+    ]
 
 
 def _help_strings(path: Path) -> list[tuple[str, int]]:
-    return [(node.value.value, node.lineno) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-            if isinstance(node, ast.keyword) and node.arg == "help" and isinstance(node.value, ast.Constant)]
+    return [
+        (node.value.value, node.lineno)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.keyword) and node.arg == "help" and isinstance(node.value, ast.Constant)
+    ]
 
 
 def test_no_help_text_of_the_load_commands_is_written_twice():

@@ -6,8 +6,18 @@ import re
 from pathlib import Path
 
 from dsv4bench.checks import CHECKERS, ORACLE_CHECKER
-from dsv4bench.history.codes import (AVAILABILITY, CODES, CORRUPTION, FAMILIES, ORACLE, ORACLE_CODE, WEDGE, WEDGE_CODES,
-                             code_class, meaning)
+from dsv4bench.history.codes import (
+    AVAILABILITY,
+    CODES,
+    CORRUPTION,
+    FAMILIES,
+    ORACLE,
+    ORACLE_CODE,
+    WEDGE,
+    WEDGE_CODES,
+    code_class,
+    meaning,
+)
 
 VERDICTS = Path(__file__).resolve().parents[1] / "docs" / "verdicts.md"
 # How docs/verdicts.md names each family: `Corruption: ...`, `Wedge (per endpoint): ...`.
@@ -20,8 +30,9 @@ def listed_codes() -> dict[str, list[str]]:
     text = VERDICTS.read_text(encoding="utf-8")
     section = text.split("\n## Verdict codes\n", 1)[1].split("\n## ", 1)[0]
     out: dict[str, list[str]] = {}
-    for label, body in re.findall(r"\b(Corruption|Availability|Wedge|Oracle)\b[^:.]*:(.*?)\.(?=\s|$)", section,
-                                  flags=re.DOTALL):
+    for label, body in re.findall(
+        r"\b(Corruption|Availability|Wedge|Oracle)\b[^:.]*:(.*?)\.(?=\s|$)", section, flags=re.DOTALL
+    ):
         out[_PAGE_FAMILY[label]] = re.findall(r"`([a-z][a-z_]*)`", body)
     return out
 

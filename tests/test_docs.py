@@ -63,8 +63,11 @@ def test_every_relative_link_reaches_a_file_and_heading(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_source_path_named_in_backticks_exists(page: Path) -> None:
-    named = {m for span in _CODE_SPAN.findall(_without_fences(page.read_text(encoding="utf-8")))
-             for m in _SOURCE_PATH.findall(span)}
+    named = {
+        m
+        for span in _CODE_SPAN.findall(_without_fences(page.read_text(encoding="utf-8")))
+        for m in _SOURCE_PATH.findall(span)
+    }
     missing = sorted(p for p in named if "*" not in p and not (ROOT / p.rstrip(".")).exists())
     assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
 
@@ -72,8 +75,9 @@ def test_every_source_path_named_in_backticks_exists(page: Path) -> None:
 def test_the_layout_page_names_only_modules_that_exist() -> None:
     """docs/layout.md's tree: every top-level folder exists, and every module it lists under
     `dsv4bench/` is a file somewhere in that package."""
-    block = re.search(r"^```\n(.*?)^```", (ROOT / "docs" / "layout.md").read_text(encoding="utf-8"),
-                      re.DOTALL | re.MULTILINE)
+    block = re.search(
+        r"^```\n(.*?)^```", (ROOT / "docs" / "layout.md").read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE
+    )
     assert block, "docs/layout.md has no tree"
     top = re.findall(r"^([\w-]+)/", block[1], re.M)
     assert {"agents", "dsv4bench", "engine", "tests"} <= set(top)

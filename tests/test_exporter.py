@@ -77,6 +77,7 @@ def test_shutdown_is_idempotent() -> None:
 
 # --- the dashboard ---------------------------------------------------------------------------
 
+
 def _panels(dash: dict) -> list[dict]:
     out = []
     for p in dash["panels"]:
@@ -126,8 +127,13 @@ def test_dashboard_is_valid_grafana_json_naming_known_metrics() -> None:
                 assert _family(m) in known, f"{p['title']}: {m} is exported by neither the engine nor dsv4bench"
             seen |= {_family(m) for m in metrics}
     # The incident's gauges and the corruption signal are both on it.
-    assert {"sglang:num_decode_transfer_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs",
-            "dsv4bench_turns_corrupt", "dsv4bench_verdicts", "dsv4bench_kills"} <= seen
+    assert {
+        "sglang:num_decode_transfer_queue_reqs",
+        "sglang:num_prefill_bootstrap_queue_reqs",
+        "dsv4bench_turns_corrupt",
+        "dsv4bench_verdicts",
+        "dsv4bench_kills",
+    } <= seen
 
 
 def test_agents_serve_metrics_port_taken_is_one_line(tmp_path):
@@ -144,9 +150,26 @@ def test_agents_serve_metrics_port_taken_is_one_line(tmp_path):
 
         srv = start_replay(tmp_path, fault_rate=0)
         try:
-            r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--url", srv.url, "--sessions", "1",
-                                "--quiet", "--out", str(tmp_path / "runs"), "--serve-metrics", str(port)],
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "dsv4bench",
+                    "agents",
+                    "--url",
+                    srv.url,
+                    "--sessions",
+                    "1",
+                    "--quiet",
+                    "--out",
+                    str(tmp_path / "runs"),
+                    "--serve-metrics",
+                    str(port),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         finally:
             srv.stop()
     assert r.returncode == 2 and "already in use" in r.stderr and "Traceback" not in r.stderr

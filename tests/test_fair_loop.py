@@ -161,9 +161,11 @@ def test_the_harness_runs_on_the_fair_loop():
 @pytest.mark.skipif(importlib.util.find_spec("gevent") is None, reason="gevent comes with the locust extra")
 def test_the_harness_imports_under_gevents_patched_selectors():
     # Locust's processes patch `selectors` (it has no EpollSelector then) and import run.py.
-    code = ("from gevent import monkey; monkey.patch_all()\n"
-            "import dsv4bench.locust.server_watch\n"
-            "from dsv4bench.loop import fair_loop\n"
-            "print(type(fair_loop.new_event_loop()).__name__)")
+    code = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import dsv4bench.locust.server_watch\n"
+        "from dsv4bench.loop import fair_loop\n"
+        "print(type(fair_loop.new_event_loop()).__name__)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("EventLoop"), r.stderr

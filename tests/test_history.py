@@ -12,11 +12,19 @@ from dsv4bench.servers.wedge import WedgeFinding
 
 
 def record(i, status=TurnStatus.OK, verdicts=()):
-    return TurnRecord(run="r", session=f"s{i}", turn=0, scenario="coding", seed=i, status=status,
-                      timings=Timings(start_wall_ns=1, start_ns=2, first_token_ns=5, end_ns=9, token_gaps_ms=[1.5]),
-                      response=AssembledResponse(response_id=f"id{i}", content="c",
-                                                 tool_calls=[ToolCall(0, "c0", "f", "{}")], finish_reason="tool_calls"),
-                      verdicts=list(verdicts))
+    return TurnRecord(
+        run="r",
+        session=f"s{i}",
+        turn=0,
+        scenario="coding",
+        seed=i,
+        status=status,
+        timings=Timings(start_wall_ns=1, start_ns=2, first_token_ns=5, end_ns=9, token_gaps_ms=[1.5]),
+        response=AssembledResponse(
+            response_id=f"id{i}", content="c", tool_calls=[ToolCall(0, "c0", "f", "{}")], finish_reason="tool_calls"
+        ),
+        verdicts=list(verdicts),
+    )
 
 
 def test_round_trip_and_flush_per_record(tmp_path):
@@ -105,7 +113,10 @@ def test_gaps_fewer_turns_than_run_end_or_session_end_counted(tmp_path):
     lines = (tmp_path / "turns.jsonl").read_text().splitlines()
     (tmp_path / "turns.jsonl").write_text("\n".join(lines[:2]) + "\n")
     gaps = history_gaps(read_history(tmp_path))
-    assert gaps == ["the run wrote 3 turn records; 2 can be read back", "session s9 ended after 2 turns but 0 are recorded"]
+    assert gaps == [
+        "the run wrote 3 turn records; 2 can be read back",
+        "session s9 ended after 2 turns but 0 are recorded",
+    ]
 
 
 def test_torn_tail_of_a_killed_run_is_partial_not_a_gap_but_a_torn_middle_is(tmp_path):
@@ -128,25 +139,53 @@ def test_torn_tail_of_a_killed_run_is_partial_not_a_gap_but_a_torn_middle_is(tmp
 
 def test_the_server_checks_keep_their_record_keys_and_order():
     """metrics.jsonl, the health / canary events and run.json's wedge hold these very records."""
+
     def same(record: dict, literal: dict) -> bool:
         return list(record.items()) == list(literal.items())
 
-    assert same(MetricSample(1, 2, "http://s/metrics", True, values={"g": 3.0}).as_dict(),
-                {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "values": {"g": 3.0}, "ok": True})
-    assert same(MetricSample(1, 2, "http://s/metrics", False, error="ConnectError: refused").as_dict(),
-                {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "ok": False,
-                 "error": "ConnectError: refused"})
-    assert same(HealthResult(2, "http://s/health", "failing", 0.1, status=503).as_dict(),
-                {"t_ns": 2, "endpoint": "http://s/health", "result": "failing", "latency_s": 0.1, "status": 503,
-                 "error": None})
+    assert same(
+        MetricSample(1, 2, "http://s/metrics", True, values={"g": 3.0}).as_dict(),
+        {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "values": {"g": 3.0}, "ok": True},
+    )
+    assert same(
+        MetricSample(1, 2, "http://s/metrics", False, error="ConnectError: refused").as_dict(),
+        {"t_wall_ns": 1, "t_ns": 2, "endpoint": "http://s/metrics", "ok": False, "error": "ConnectError: refused"},
+    )
+    assert same(
+        HealthResult(2, "http://s/health", "failing", 0.1, status=503).as_dict(),
+        {"t_ns": 2, "endpoint": "http://s/health", "result": "failing", "latency_s": 0.1, "status": 503, "error": None},
+    )
     canary = CanaryResult(2, "http://s/v1", "timeout", 1.0, "timeout after 1 s")
-    assert same(canary.as_dict(),
-                {"ok": False, "t_ns": 2, "endpoint": "http://s/v1", "result": "timeout", "latency_s": 1.0,
-                 "error": "timeout after 1 s", "http_status": None, "stream": False, "first_chunk_s": None})
+    assert same(
+        canary.as_dict(),
+        {
+            "ok": False,
+            "t_ns": 2,
+            "endpoint": "http://s/v1",
+            "result": "timeout",
+            "latency_s": 1.0,
+            "error": "timeout after 1 s",
+            "http_status": None,
+            "stream": False,
+            "first_chunk_s": None,
+        },
+    )
     assert same(WedgeFinding().as_dict(), {"codes": [], "gauges": {}, "drain_s": None, "details": []})
     found = WedgeFinding(["canary_timeout"], {"g": 0.0}, 1.5, ["d", "e"], ["e"], canary)
-    assert same(found.as_dict(),
-                {"codes": ["canary_timeout"], "gauges": {"g": 0.0}, "drain_s": 1.5, "details": ["d", "e"],
-                 "check_errors": ["e"],
-                 "canary": {"ok": False, "result": "timeout", "http_status": None, "latency_s": 1.0,
-                            "error": "timeout after 1 s"}})
+    assert same(
+        found.as_dict(),
+        {
+            "codes": ["canary_timeout"],
+            "gauges": {"g": 0.0},
+            "drain_s": 1.5,
+            "details": ["d", "e"],
+            "check_errors": ["e"],
+            "canary": {
+                "ok": False,
+                "result": "timeout",
+                "http_status": None,
+                "latency_s": 1.0,
+                "error": "timeout after 1 s",
+            },
+        },
+    )

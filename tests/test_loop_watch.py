@@ -57,6 +57,7 @@ def test_a_deadline_runs_on_the_listening_clock_and_fires_on_a_tick():
                 await anyio.sleep(5)  # cancelled long before this, by the watch
         assert scope.cancelled_caught
         return w
+
     w = anyio.run(main)
     assert w.stall_count == 1
 
@@ -66,13 +67,18 @@ async def _slow_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = int(next((x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), b"0"))
+            length = int(
+                next((x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), b"0")
+            )
             await reader.readexactly(length)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             await asyncio.sleep(0.3)
             for data in ({"role": "assistant", "content": "Done."}, {}):
-                chunk = {"id": "r", "model": "m", "choices": [{"index": 0, "delta": data,
-                                                               "finish_reason": None if data else "stop"}]}
+                chunk = {
+                    "id": "r",
+                    "model": "m",
+                    "choices": [{"index": 0, "delta": data, "finish_reason": None if data else "stop"}],
+                }
                 line = f"data: {json.dumps(chunk)}\n\n".encode()
                 writer.write(b"%x\r\n%s\r\n" % (len(line), line))
             writer.write(b"%x\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" % len(b"data: [DONE]\n\n"))
@@ -87,6 +93,7 @@ def test_a_harness_stall_longer_than_the_ttft_deadline_is_no_timeout_of_the_serv
     """The server answers in 0.3 s against a 0.6 s TTFT deadline, while the harness's loop
     stands still for 1 s mid-turn: on wall time that is a `timeout_ttft` of a healthy
     server (the turn without the clock says so); on the listening clock the turn completes."""
+
     async def turn(clock: LoopWatch | None):
         srv = await asyncio.start_server(_slow_answer, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
@@ -125,6 +132,7 @@ def test_a_server_that_never_answers_still_times_out_on_the_listening_clock():
                 await asyncio.sleep(30)
             finally:
                 writer.close()
+
         srv = await asyncio.start_server(never, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
         clock = LoopWatch()
@@ -139,6 +147,7 @@ def test_a_server_that_never_answers_still_times_out_on_the_listening_clock():
         finally:
             srv.close()
         return out, took
+
     out, took = anyio.run(main)
     assert out.status is TurnStatus.TIMEOUT and out.error_kind is ErrorKind.TIMEOUT_TTFT
     assert 0.3 <= took < 1.0

@@ -11,39 +11,62 @@ from dsv4bench.harness.nemesis import KillSchedule, KillSpec, parse_duration, pa
 from dsv4bench.servers.preflight import root_of
 
 
-@pytest.mark.parametrize("text, want", [
-    ("all@30s", KillSpec("all@30s", at=30.0)),
-    ("all@500ms", KillSpec("all@500ms", at=0.5)),
-    ("all@2m,restart", KillSpec("all@2m,restart", at=120.0, restart=True)),
-    ("all@20s,abort", KillSpec("all@20s,abort", at=20.0, abort=True)),
-    ("all@4,who=ttft", KillSpec("all@4,who=ttft", at=4.0, who="ttft")),
-    ("frac=0.5/every=10s,who=ttft", KillSpec("frac=0.5/every=10s,who=ttft", frac=0.5, every=10.0, who="ttft")),
-    ("frac=0.25/every=10s/from=20s/until=90s",
-     KillSpec("frac=0.25/every=10s/from=20s/until=90s", frac=0.25, every=10.0, start=20.0, until=90.0)),
-    ("frac=1,every=1s,who=toolcall,restart,abort",
-     KillSpec("frac=1,every=1s,who=toolcall,restart,abort", frac=1.0, every=1.0, who="toolcall", restart=True, abort=True)),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("all@30s", KillSpec("all@30s", at=30.0)),
+        ("all@500ms", KillSpec("all@500ms", at=0.5)),
+        ("all@2m,restart", KillSpec("all@2m,restart", at=120.0, restart=True)),
+        ("all@20s,abort", KillSpec("all@20s,abort", at=20.0, abort=True)),
+        ("all@4,who=ttft", KillSpec("all@4,who=ttft", at=4.0, who="ttft")),
+        ("frac=0.5/every=10s,who=ttft", KillSpec("frac=0.5/every=10s,who=ttft", frac=0.5, every=10.0, who="ttft")),
+        (
+            "frac=0.25/every=10s/from=20s/until=90s",
+            KillSpec("frac=0.25/every=10s/from=20s/until=90s", frac=0.25, every=10.0, start=20.0, until=90.0),
+        ),
+        (
+            "frac=1,every=1s,who=toolcall,restart,abort",
+            KillSpec(
+                "frac=1,every=1s,who=toolcall,restart,abort",
+                frac=1.0,
+                every=1.0,
+                who="toolcall",
+                restart=True,
+                abort=True,
+            ),
+        ),
+    ],
+)
 def test_good_specs(text: str, want: KillSpec) -> None:
     assert parse_kill_spec(text) == want
 
 
-@pytest.mark.parametrize("text, msg", [
-    ("", "bad --kill spec '': empty spec (use e.g. all@30s or frac=0.25/every=10s)"),
-    ("kill@3s", "bad --kill spec 'kill@3s': must start with all@TIME or frac=F, got 'kill@3s'"),
-    ("all@soon", "bad --kill spec 'all@soon': bad duration 'soon' (use e.g. 30s, 500ms, 2m)"),
-    ("all@-1s", "bad --kill spec 'all@-1s': bad duration '-1s' (use e.g. 30s, 500ms, 2m)"),
-    ("frac=0/every=1s", "bad --kill spec 'frac=0/every=1s': frac must be a number in (0, 1], got '0'"),
-    ("frac=x/every=1s", "bad --kill spec 'frac=x/every=1s': frac must be a number in (0, 1], got 'x'"),
-    ("frac=0.5", "bad --kill spec 'frac=0.5': frac= needs every=DURATION"),
-    ("frac=0.5/every=0s", "bad --kill spec 'frac=0.5/every=0s': every= must be positive"),
-    ("frac=0.5/every=5s/from=20s/until=10s", "bad --kill spec 'frac=0.5/every=5s/from=20s/until=10s': until= is before the first kill"),
-    ("all@3s,every=1s", "bad --kill spec 'all@3s,every=1s': every= belongs to frac= kills, not all@"),
-    ("all@3s,who=idle", "bad --kill spec 'all@3s,who=idle': who must be one of all, ttft, toolcall, got 'idle'"),
-    ("all@3s,restart=yes", "bad --kill spec 'all@3s,restart=yes': restart takes no value"),
-    ("all@3s,who=ttft,who=all", "bad --kill spec 'all@3s,who=ttft,who=all': who given twice"),
-    ("all@3s,,abort", "bad --kill spec 'all@3s,,abort': empty item"),
-    ("all@3s,nuke", "bad --kill spec 'all@3s,nuke': unknown item 'nuke' (known: every=, from=, until=, who=, restart, abort)"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("", "bad --kill spec '': empty spec (use e.g. all@30s or frac=0.25/every=10s)"),
+        ("kill@3s", "bad --kill spec 'kill@3s': must start with all@TIME or frac=F, got 'kill@3s'"),
+        ("all@soon", "bad --kill spec 'all@soon': bad duration 'soon' (use e.g. 30s, 500ms, 2m)"),
+        ("all@-1s", "bad --kill spec 'all@-1s': bad duration '-1s' (use e.g. 30s, 500ms, 2m)"),
+        ("frac=0/every=1s", "bad --kill spec 'frac=0/every=1s': frac must be a number in (0, 1], got '0'"),
+        ("frac=x/every=1s", "bad --kill spec 'frac=x/every=1s': frac must be a number in (0, 1], got 'x'"),
+        ("frac=0.5", "bad --kill spec 'frac=0.5': frac= needs every=DURATION"),
+        ("frac=0.5/every=0s", "bad --kill spec 'frac=0.5/every=0s': every= must be positive"),
+        (
+            "frac=0.5/every=5s/from=20s/until=10s",
+            "bad --kill spec 'frac=0.5/every=5s/from=20s/until=10s': until= is before the first kill",
+        ),
+        ("all@3s,every=1s", "bad --kill spec 'all@3s,every=1s': every= belongs to frac= kills, not all@"),
+        ("all@3s,who=idle", "bad --kill spec 'all@3s,who=idle': who must be one of all, ttft, toolcall, got 'idle'"),
+        ("all@3s,restart=yes", "bad --kill spec 'all@3s,restart=yes': restart takes no value"),
+        ("all@3s,who=ttft,who=all", "bad --kill spec 'all@3s,who=ttft,who=all': who given twice"),
+        ("all@3s,,abort", "bad --kill spec 'all@3s,,abort': empty item"),
+        (
+            "all@3s,nuke",
+            "bad --kill spec 'all@3s,nuke': unknown item 'nuke' (known: every=, from=, until=, who=, restart, abort)",
+        ),
+    ],
+)
 def test_bad_specs(text: str, msg: str) -> None:
     with pytest.raises(ValueError) as e:
         parse_kill_spec(text)
@@ -126,8 +149,11 @@ def test_a_kill_landing_after_the_last_byte_still_kills_the_turn() -> None:
     from dsv4bench.harness.nemesis import Slot
     from dsv4bench.history.records import AssembledResponse, Timings, TurnStatus
 
-    done = TurnOutcome(status=TurnStatus.OK, timings=Timings(start_wall_ns=1, start_ns=10, end_ns=99),
-                       response=AssembledResponse(content="all done"))
+    done = TurnOutcome(
+        status=TurnStatus.OK,
+        timings=Timings(start_wall_ns=1, start_ns=10, end_ns=99),
+        response=AssembledResponse(content="all done"),
+    )
     slot = Slot("s00001", killed_by=parse_kill_spec("all@4s"))
     out = _killed_outcome(done, TurnProbe(), slot)
     assert out.status is TurnStatus.KILLED and "all@4s" in (out.error or "")

@@ -13,12 +13,18 @@ import httpx
 from dsv4bench.harness import server_watch as observe
 from dsv4bench.history.run_folder import HistoryWriter, read_history
 
-BODY = {"messages": [{"role": "user", "content": "Read src/main.py"}], "max_tokens": 64,
-        "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]}
+BODY = {
+    "messages": [{"role": "user", "content": "Read src/main.py"}],
+    "max_tokens": 64,
+    "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}],
+}
 
 
-def ask(model: str, tokenize: bool, not_offered: observe.RawNotOffered | None = None,
-        ) -> tuple[list[str | None], list[tuple[str, dict[str, Any]]]]:
+def ask(
+    model: str,
+    tokenize: bool,
+    not_offered: observe.RawNotOffered | None = None,
+) -> tuple[list[str | None], list[tuple[str, dict[str, Any]]]]:
     """Two turns' raw completions from a fake server, and every request it got (path, body)."""
     seen: list[tuple[str, dict[str, Any]]] = []
 
@@ -31,9 +37,12 @@ def ask(model: str, tokenize: bool, not_offered: observe.RawNotOffered | None = 
 
     async def main() -> list[str | None]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
-            return [await observe.raw_completion(client, f"http://{model.replace('/', '-')}.test/v1",
-                                                 {**BODY, "model": model}, {}, 5.0, not_offered)
-                    for _ in range(2)]
+            return [
+                await observe.raw_completion(
+                    client, f"http://{model.replace('/', '-')}.test/v1", {**BODY, "model": model}, {}, 5.0, not_offered
+                )
+                for _ in range(2)
+            ]
 
     return anyio.run(main), seen
 
@@ -78,7 +87,8 @@ def test_a_runs_history_records_the_oracle_not_offered_once_per_run(tmp_path, ca
         events.append([e for e in read_history(tmp_path / run).events if e.get("kind") == observe.NOT_OFFERED_EVENT])
     for said in events:
         assert [(e["family"], e["server"], e["reason"]) for e in said] == [
-            ("qwen", "http://Qwen-Qwen3-32B-history.test/v1", "no /tokenize")]
+            ("qwen", "http://Qwen-Qwen3-32B-history.test/v1", "no /tokenize")
+        ]
     assert capsys.readouterr().err.count("--raw: the raw oracle is not offered for qwen models") == 2
 
 

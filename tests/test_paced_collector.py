@@ -77,6 +77,7 @@ def test_the_memory_weighed_is_this_processs_own():
 def test_the_collector_is_restored_when_the_load_fails():
     gc.disable()
     try:
+
         async def main() -> None:
             async with anyio.create_task_group() as tg:
                 with paced_collection(tg):

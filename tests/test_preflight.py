@@ -13,12 +13,15 @@ from tests.fixtures.metrics import answering, page, serving
 MODELS = json.dumps({"data": [{"id": "m"}]})
 
 
-@pytest.mark.parametrize("fixture,dialect,role", [
-    ("sglang_pd_decode", {"name": "sglang", "generation": "bootstrap"}, "decode"),
-    ("sglang_old_names", {"name": "sglang", "generation": "prealloc"}, "unknown"),
-    ("vllm_nixl", {"name": "vllm", "generation": "v1"}, "unified"),
-    ("sglang_router_smg", {"name": "sglang-router", "generation": "smg"}, "router"),
-])
+@pytest.mark.parametrize(
+    "fixture,dialect,role",
+    [
+        ("sglang_pd_decode", {"name": "sglang", "generation": "bootstrap"}, "decode"),
+        ("sglang_old_names", {"name": "sglang", "generation": "prealloc"}, "unknown"),
+        ("vllm_nixl", {"name": "vllm", "generation": "v1"}, "unified"),
+        ("sglang_router_smg", {"name": "sglang-router", "generation": "smg"}, "router"),
+    ],
+)
 def test_the_servers_metrics_are_found_with_their_dialect(fixture, dialect, role):
     with serving({"/v1/models": MODELS, "/metrics": page(fixture)}) as root:
         facts = server_facts(f"{root}/v1")
@@ -39,7 +42,6 @@ def test_a_page_of_no_servers_metrics_is_not_taken():
     with serving({"/v1/models": MODELS, "/metrics": other}) as root:
         facts = server_facts(f"{root}/v1")
     assert "metrics_url" not in facts and "metrics_dialect" not in facts
-
 
 
 def test_a_redirect_of_the_model_list_says_where_it_points():
@@ -68,14 +70,21 @@ def test_a_metrics_page_in_a_charset_no_text_is_in_is_read_as_utf8(charset):
 
 def test_server_info_numbers_json_cannot_hold_are_kept_as_null():
     def page(h: BaseHTTPRequestHandler) -> None:
-        body = {"/v1/models": MODELS, "/get_server_info": '{"mem_fraction_static": NaN, "max_total_num_tokens": 1e999,'
-                                                             ' "tp_size": 8, "served_model_name": "dsv4\\ud800"}'}
+        body = {
+            "/v1/models": MODELS,
+            "/get_server_info": '{"mem_fraction_static": NaN, "max_total_num_tokens": 1e999,'
+            ' "tp_size": 8, "served_model_name": "dsv4\\ud800"}',
+        }
         h.send_response(200 if h.path in body else 404)
         h.end_headers()
         h.wfile.write(body.get(h.path, "").encode())
 
     with answering(page) as root:
         facts = server_facts(f"{root}/v1", timeout=5)
-    assert facts["server_info"] == {"mem_fraction_static": None, "max_total_num_tokens": None, "tp_size": 8,
-                                    "served_model_name": "dsv4\ufffd"}
+    assert facts["server_info"] == {
+        "mem_fraction_static": None,
+        "max_total_num_tokens": None,
+        "tp_size": 8,
+        "served_model_name": "dsv4\ufffd",
+    }
     json.dumps(facts, allow_nan=False)  # what run.json writes is JSON to any reader

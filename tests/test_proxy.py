@@ -25,33 +25,62 @@ from dsv4bench.modes.proxy import AuditProxy, ProxyRun, build_app, uvicorn_confi
 from dsv4bench.history.records import TurnStatus
 from dsv4bench.report import build_report
 
-TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
-    "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 BAR = "\uff5c"
-LEAK = f"<{BAR}DSML{BAR}tool_calls><{BAR}DSML{BAR}invoke name=\"read_file\">"
+LEAK = f'<{BAR}DSML{BAR}tool_calls><{BAR}DSML{BAR}invoke name="read_file">'
 SECRET = "sk-client-secret-4242"
 PROXY_KEY = "sk-proxy-added-7777"
 
 
 def chunk(delta: dict, finish: str | None = None) -> bytes:
-    body = {"id": "chatcmpl-fixed", "object": "chat.completion.chunk", "created": 1700000000, "model": "fake",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = {
+        "id": "chatcmpl-fixed",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "fake",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
 
 def tool_call_stream() -> list[bytes]:
-    return [chunk({"role": "assistant", "content": ""}), chunk({"content": "Let me look."}),
-            chunk({"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
-                                   "function": {"name": "read_file", "arguments": ""}}]}),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "src/ma'}}]}),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'in.py"}'}}]}),
-            chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Let me look."}),
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": ""}}
+                ]
+            }
+        ),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "src/ma'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'in.py"}'}}]}),
+        chunk({}, "tool_calls"),
+        b"data: [DONE]\n\n",
+    ]
 
 
 def leaked_stream() -> list[bytes]:
-    return [chunk({"role": "assistant", "content": ""}), chunk({"content": "Let me look.\n\n" + LEAK}),
-            chunk({}, "stop"), b"data: [DONE]\n\n"]
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Let me look.\n\n" + LEAK}),
+        chunk({}, "stop"),
+        b"data: [DONE]\n\n",
+    ]
 
 
 class FakeUpstream:
@@ -66,14 +95,35 @@ class FakeUpstream:
         kind = request.headers.get("x-fake", "clean")
         self.seen_auth.append(request.headers.get("authorization"))
         if kind == "echo":
-            return JSONResponse({"error": {"message": f"bad key: {request.headers.get('authorization')} "
-                                                      f"{request.headers.get('api-key')}"}}, status_code=401)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"bad key: {request.headers.get('authorization')} {request.headers.get('api-key')}"
+                    }
+                },
+                status_code=401,
+            )
         if not body.get("stream"):
-            msg = {"role": "assistant", "content": "Let me look.",
-                   "tool_calls": [{"id": "call_0", "type": "function",
-                                   "function": {"name": "read_file", "arguments": '{"path": "src/main.py"}'}}]}
-            return JSONResponse({"id": "chatcmpl-fixed", "object": "chat.completion", "created": 1700000000,
-                                 "model": "fake", "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]})
+            msg = {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": '{"path": "src/main.py"}'},
+                    }
+                ],
+            }
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-fixed",
+                    "object": "chat.completion",
+                    "created": 1700000000,
+                    "model": "fake",
+                    "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}],
+                }
+            )
         if kind == "redirect":
             return Response(b"", status_code=307, headers={"location": "https://gateway.example/v1/chat/completions"})
         pieces = leaked_stream() if kind == "dsml" else tool_call_stream()
@@ -101,8 +151,9 @@ class FakeUpstream:
         async def models(_: Request) -> Response:
             return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                                 Route("/v1/models", models)])
+        return Starlette(
+            routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]), Route("/v1/models", models)]
+        )
 
 
 class Served:
@@ -146,8 +197,13 @@ def proxied(upstream, tmp_path) -> Iterator[tuple[ProxyRun, Served, Served]]:
 
 
 def body(stream: bool = True, **extra) -> dict:
-    return {"model": "fake", "messages": [{"role": "user", "content": "read main"}], "tools": TOOLS,
-            "stream": stream, **extra}
+    return {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "read main"}],
+        "tools": TOOLS,
+        "stream": stream,
+        **extra,
+    }
 
 
 def exchange(url: str, payload: dict, headers: dict | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -166,8 +222,9 @@ def wait_turns(run: ProxyRun, n: int, timeout: float = 5.0):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("kind, stream, codes", [("clean", True, []), ("clean", False, []),
-                                                  ("dsml", True, ["dsml_leak_content"])])
+@pytest.mark.parametrize(
+    "kind, stream, codes", [("clean", True, []), ("clean", False, []), ("dsml", True, ["dsml_leak_content"])]
+)
 def test_the_client_gets_the_upstreams_bytes_and_the_history_its_verdicts(proxied, kind, stream, codes):
     run, proxy, up = proxied
     direct = exchange(up.url, body(stream), {"x-fake": kind})
@@ -181,13 +238,18 @@ def test_the_client_gets_the_upstreams_bytes_and_the_history_its_verdicts(proxie
         assert [(c.name, c.arguments) for c in turn.response.tool_calls] == [("read_file", '{"path": "src/main.py"}')]
         assert "body" not in turn.request and turn.raw_sse is None
     else:  # a failing turn keeps its request and its stream, as agents keeps them
-        assert turn.request["body"]["tools"] == TOOLS and any(f"{BAR}DSML{BAR}tool_calls" in line for line in turn.raw_sse)
+        assert turn.request["body"]["tools"] == TOOLS and any(
+            f"{BAR}DSML{BAR}tool_calls" in line for line in turn.raw_sse
+        )
 
 
-@pytest.mark.parametrize("kind, kind_of_error, says", [
-    ("zlib", "connection_error", "DecodingError: the body does not decode as charset 'zlib'"),
-    ("redirect", "http_error", "HTTP 307: (empty body) (Location: https://gateway.example/v1/chat/completions)"),
-])
+@pytest.mark.parametrize(
+    "kind, kind_of_error, says",
+    [
+        ("zlib", "connection_error", "DecodingError: the body does not decode as charset 'zlib'"),
+        ("redirect", "http_error", "HTTP 307: (empty body) (Location: https://gateway.example/v1/chat/completions)"),
+    ],
+)
 def test_an_answer_it_cannot_read_as_a_chat_is_the_servers_error_and_passes_through(proxied, kind, kind_of_error, says):
     # What agents makes of the same answer (tests/test_unusual_server.py): never the audit's own failure.
     run, proxy, up = proxied
@@ -223,8 +285,9 @@ def test_secrets_in_headers_never_reach_the_run_folder(upstream, tmp_path):
     fake, up = upstream
     run, proxy = start_proxy(f"{up.url}/v1", tmp_path, api_key=PROXY_KEY)
     try:
-        status, _, content = exchange(proxy.url, body(), {"x-fake": "echo", "authorization": f"Bearer {SECRET}",
-                                                          "api-key": "azure-key-31337"})
+        status, _, content = exchange(
+            proxy.url, body(), {"x-fake": "echo", "authorization": f"Bearer {SECRET}", "api-key": "azure-key-31337"}
+        )
         assert status == 401 and SECRET.encode() in content and b"azure-key-31337" in content  # passed on as sent
         status, _, content = exchange(proxy.url, body(), {"x-fake": "echo"})
         # A client with no key of its own gets --api-key's upstream, but never sees it echoed back.

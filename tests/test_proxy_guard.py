@@ -20,8 +20,16 @@ import uvicorn
 
 from dsv4bench.engine.launcher import free_port
 from dsv4bench.history.run_folder import read_history
-from dsv4bench.modes.proxy import (RECORDED_BODY_BYTES, AuditProxy, KeyMask, ProxyLimits, ProxyRun, build_app, upstream_path,
-                             uvicorn_config)
+from dsv4bench.modes.proxy import (
+    RECORDED_BODY_BYTES,
+    AuditProxy,
+    KeyMask,
+    ProxyLimits,
+    ProxyRun,
+    build_app,
+    upstream_path,
+    uvicorn_config,
+)
 
 from .test_proxy import Served
 
@@ -49,17 +57,33 @@ class RecordingUpstream:
         path = scope["path"]
         if path.endswith("/echo"):
             body = json.dumps(headers).encode()
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"x-echo-auth", headers.get("authorization", "").encode("latin-1"))]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"x-echo-auth", headers.get("authorization", "").encode("latin-1")),
+                    ],
+                }
+            )
             for i in range(len(body)):
-                await send({"type": "http.response.body", "body": body[i:i + 1], "more_body": True})
+                await send({"type": "http.response.body", "body": body[i : i + 1], "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        status, body = (500, b'{"error": {"message": "boom"}}') if path.endswith("/chat/completions") \
+        status, body = (
+            (500, b'{"error": {"message": "boom"}}')
+            if path.endswith("/chat/completions")
             else (200, b'{"object": "list", "data": []}')
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def paths(self) -> list[str]:
@@ -199,7 +223,11 @@ def test_an_idle_connection_new_or_after_an_answer_is_closed(proxy, first):
         while chunk := s.recv(65536):
             got += chunk
         assert time.monotonic() - start < LIMITS.read_timeout + 1.5
-    assert (status_of(got) == 200) if first else got in (b"", b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+    assert (
+        (status_of(got) == 200)
+        if first
+        else got in (b"", b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+    )
 
 
 def test_a_client_trickling_its_body_gets_408_within_the_read_timeout(upstream, proxy):
@@ -240,9 +268,21 @@ def test_connections_over_the_limit_are_answered_503(proxy):
             s.close()
 
 
-ESCAPES = [b"/v1/../../admin", b"/v1/%2e%2e/%2e%2e/admin", b"/v1/%2E%2E/%2e./admin", b"//evil.example/x",
-           b"/v1/..%2f..%2fadmin", b"/v1/%2f/admin", b"/v1\\..\\..\\admin", b"/v1/%5c..%5cadmin",
-           b"/v1/%252e%252e/%252e%252e/admin", b"/v1/%00/x", b"/v1/./models", b"http://evil.example/admin", b"*"]
+ESCAPES = [
+    b"/v1/../../admin",
+    b"/v1/%2e%2e/%2e%2e/admin",
+    b"/v1/%2E%2E/%2e./admin",
+    b"//evil.example/x",
+    b"/v1/..%2f..%2fadmin",
+    b"/v1/%2f/admin",
+    b"/v1\\..\\..\\admin",
+    b"/v1/%5c..%5cadmin",
+    b"/v1/%252e%252e/%252e%252e/admin",
+    b"/v1/%00/x",
+    b"/v1/./models",
+    b"http://evil.example/admin",
+    b"*",
+]
 
 
 @pytest.mark.parametrize("target", ESCAPES)
@@ -256,8 +296,16 @@ def test_a_path_that_would_leave_the_upstreams_prefix_is_refused_and_sent_nowher
 
 
 def test_upstream_path_keeps_ordinary_paths():
-    for path in (b"/v1/models", b"/v1/chat/completions", b"/v1/models/org-model%20x", b"/", b"/v1/", b"/metrics",
-                 b"/v1/files/file-abc.jsonl", b"/v1/models/..model"):
+    for path in (
+        b"/v1/models",
+        b"/v1/chat/completions",
+        b"/v1/models/org-model%20x",
+        b"/",
+        b"/v1/",
+        b"/metrics",
+        b"/v1/files/file-abc.jsonl",
+        b"/v1/models/..model",
+    ):
         assert upstream_path(path) == path.decode()
 
 
@@ -275,8 +323,8 @@ def test_the_key_echoed_by_the_upstream_never_reaches_the_client(upstream, proxy
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
 def test_the_key_mask_finds_the_key_across_any_chunk_boundary(size):
     mask = KeyMask(KEY)
-    stream = (b"data: {\"a\": \"" + KEY.encode() + b"\"}\n\nsk-oper sk-" + KEY.encode()[:-1] + b"\n\n") * 3 + b"sk-op"
-    out = b"".join(mask.chunk(stream[i:i + size]) for i in range(0, len(stream), size)) + mask.rest()
+    stream = (b'data: {"a": "' + KEY.encode() + b'"}\n\nsk-oper sk-' + KEY.encode()[:-1] + b"\n\n") * 3 + b"sk-op"
+    out = b"".join(mask.chunk(stream[i : i + size]) for i in range(0, len(stream), size)) + mask.rest()
     assert out == stream.replace(KEY.encode(), b"*" * len(KEY)) and len(out) == len(stream)
     # An event's end is never held back waiting for the next chunk.
     assert mask.chunk(b"data: {}\n\n") == b"data: {}\n\n"
@@ -305,8 +353,11 @@ def test_x_forwarded_for_names_the_client_only_when_trusted(upstream, tmp_path, 
     p = Proxy(f"{upstream[1].url}{PREFIX}/v1", tmp_path, ProxyLimits(trust_forwarded=trust))
     try:
         with httpx.Client(timeout=10, trust_env=False) as c:
-            c.post(f"{p.url}/v1/chat/completions", json={"model": "m", "messages": []},
-                   headers={"x-forwarded-for": "6.6.6.6, 10.9.8.7"})
+            c.post(
+                f"{p.url}/v1/chat/completions",
+                json={"model": "m", "messages": []},
+                headers={"x-forwarded-for": "6.6.6.6, 10.9.8.7"},
+            )
     finally:
         p.stop()
     (turn,) = read_history(p.run.run_dir).turns

@@ -10,8 +10,17 @@ import subprocess
 import pytest
 
 from dsv4bench.history.run_folder import HistoryWriter, encode_json, write_atomic
-from dsv4bench.history.redact import (MASK, KeyScope, Redactor, origin, redact_argv, redact_command, redact_credentials,
-                              shell_line, text_maskable)
+from dsv4bench.history.redact import (
+    MASK,
+    KeyScope,
+    Redactor,
+    origin,
+    redact_argv,
+    redact_command,
+    redact_credentials,
+    shell_line,
+    text_maskable,
+)
 
 KEY = "sk-live-5ecret-9f8e7d"
 
@@ -20,16 +29,29 @@ def test_api_key_flag_becomes_its_environment_variable_in_both_spellings():
     argv = ["agents", "--url", "http://h/v1", "--api-key", KEY, "--api-key=" + KEY, "--sessions", "3"]
     red = redact_argv(argv)
     assert KEY not in " ".join(red)
-    assert red == ["agents", "--url", "http://h/v1", "--api-key", "$DSV4BENCH_API_KEY",
-                   "--api-key=$DSV4BENCH_API_KEY", "--sessions", "3"]
+    assert red == [
+        "agents",
+        "--url",
+        "http://h/v1",
+        "--api-key",
+        "$DSV4BENCH_API_KEY",
+        "--api-key=$DSV4BENCH_API_KEY",
+        "--sessions",
+        "3",
+    ]
 
 
 def test_reproduce_line_expands_the_variable_in_a_shell():
     line = shell_line(["dsv4bench", *redact_argv(["agents", "--api-key", KEY, "--scenario", "a b"])])
     assert KEY not in line
     # The shell reads it back as the same words with the key taken from the environment.
-    words = subprocess.run(["bash", "-c", f"printf '%s\\n' {line[len('dsv4bench '):]}"], capture_output=True,
-                           text=True, env={"DSV4BENCH_API_KEY": "FROM-ENV"}, check=True).stdout.splitlines()
+    words = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {line[len('dsv4bench ') :]}"],
+        capture_output=True,
+        text=True,
+        env={"DSV4BENCH_API_KEY": "FROM-ENV"},
+        check=True,
+    ).stdout.splitlines()
     assert words == ["agents", "--api-key", "FROM-ENV", "--scenario", "a b"]
 
 
@@ -84,9 +106,16 @@ AWKWARD = ["true", "null", "turn", "ok", '"', "\\", "{", ":", ",", "false", "0",
 
 @pytest.mark.parametrize("secret", AWKWARD)
 def test_a_secret_that_is_json_syntax_or_a_word_leaves_records_whole(secret, tmp_path):
-    rec = {"session": "s1", "turn": 2, "ok": True, "gone": None, "text": 'say "ok", {true} \\ null: turn 0',
-           "headers": {"Authorization": f"Bearer {secret}", "x-api-key": secret, "Content-Type": "a/b"},
-           "nested": [{"api_key": secret, "tokens": 12}], "prompt_tokens": 3}
+    rec = {
+        "session": "s1",
+        "turn": 2,
+        "ok": True,
+        "gone": None,
+        "text": 'say "ok", {true} \\ null: turn 0',
+        "headers": {"Authorization": f"Bearer {secret}", "x-api-key": secret, "Content-Type": "a/b"},
+        "nested": [{"api_key": secret, "tokens": 12}],
+        "prompt_tokens": 3,
+    }
     data, _ = encode_json(rec, Redactor([secret, f"Bearer {secret}"]))
     back = json.loads(data)
     # Everything but the credential fields is what it was; those are masked whatever their value.
@@ -117,8 +146,13 @@ def test_short_or_common_secrets_are_not_masked_inside_text_and_long_ones_are():
 
 def test_urls_lose_their_credentials_and_key_parameters():
     r = Redactor()
-    out = r.value({"url": f"http://admin:{KEY}@10.0.0.5:8000/v1", "m": f"https://h/metrics?api_key={KEY}&x=1",
-                   "prose": f"see https://h/x?key={KEY} now"})
+    out = r.value(
+        {
+            "url": f"http://admin:{KEY}@10.0.0.5:8000/v1",
+            "m": f"https://h/metrics?api_key={KEY}&x=1",
+            "prose": f"see https://h/x?key={KEY} now",
+        }
+    )
     assert out["url"] == f"http://{MASK}@10.0.0.5:8000/v1"
     assert out["m"] == f"https://h/metrics?api_key={MASK}&x=1"
     assert out["prose"].endswith("now") and KEY in out["prose"]  # prose is the server's text: not a URL field
@@ -133,6 +167,7 @@ def test_objects_json_cannot_hold_are_masked_as_their_text():
     class Odd:
         def __str__(self) -> str:
             return f"odd {KEY}"
+
     data, _ = encode_json({"o": Odd(), "t": (1, 2)}, Redactor([KEY]))
     assert json.loads(data) == {"o": f"odd {MASK}", "t": [1, 2]}
 
@@ -154,9 +189,11 @@ def test_key_scope_sends_the_key_only_to_named_origins():
     assert KeyScope(KEY, ["http://h/v1"]).allows("http://h:80/x")  # the default port spelled out or not
     assert KeyScope(KEY, [], to_workers=True).allows("http://elsewhere:1/x")
     assert not KeyScope(None, ["http://h/v1"]).allows("http://h/v1")
-    assert scope.as_dict() == {"key_sent_to": ["http://127.0.0.1:8000", "http://127.0.0.1:9000"],
-                               "key_withheld_from": ["http://127.0.0.1:8001", "https://127.0.0.1:8000"],
-                               "key_to_workers": False}
+    assert scope.as_dict() == {
+        "key_sent_to": ["http://127.0.0.1:8000", "http://127.0.0.1:9000"],
+        "key_withheld_from": ["http://127.0.0.1:8001", "https://127.0.0.1:8000"],
+        "key_to_workers": False,
+    }
     assert origin("not a url") is None and origin("http://[::1]:5/x") == "http://[::1]:5"
 
 

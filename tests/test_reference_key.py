@@ -18,8 +18,10 @@ def _random_message(rng: random.Random, i: int) -> dict:
     role = rng.choice(["user", "assistant", "tool"])
     m: dict = {"role": role, "content": rng.choice([None, "", f"text {i} ü \u2028 \x00", "x" * rng.randint(1, 50)])}
     if role == "assistant" and rng.random() < 0.5:
-        m["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function",
-                            "function": {"name": "f", "arguments": '{"a": %d}' % j}} for j in range(rng.randint(1, 3))]
+        m["tool_calls"] = [
+            {"id": f"call_{i}_{j}", "type": "function", "function": {"name": "f", "arguments": '{"a": %d}' % j}}
+            for j in range(rng.randint(1, 3))
+        ]
     if role == "tool":
         m["tool_call_id"] = f"call_{i}"
     if rng.random() < 0.2:
@@ -41,11 +43,18 @@ def test_keys_match_request_key_as_a_transcript_grows_and_is_edited() -> None:
             elif change < 0.2 and messages:  # a message edited in place
                 messages[rng.randrange(len(messages))]["content"] = f"edited {turn}"
             elif change < 0.25 and len(messages) > 2:  # the transcript cut short
-                del messages[rng.randrange(1, len(messages)):]
+                del messages[rng.randrange(1, len(messages)) :]
             elif change < 0.3:
                 tools.append({"type": "function", "function": {"name": f"g{turn}"}})
-            body = {"model": "m", "messages": list(messages), "tools": tools, "temperature": rng.choice([0, 0.0, 0.7]),
-                    "max_tokens": 64, "stream": True, "user": f"u{turn}"}
+            body = {
+                "model": "m",
+                "messages": list(messages),
+                "tools": tools,
+                "temperature": rng.choice([0, 0.0, 0.7]),
+                "max_tokens": 64,
+                "stream": True,
+                "user": f"u{turn}",
+            }
             if rng.random() < 0.3:
                 body["tool_choice"] = {"type": "function", "function": {"name": "f"}}
             if rng.random() < 0.2:
@@ -58,8 +67,14 @@ def test_keys_ignore_what_request_key_ignores_and_take_odd_bodies() -> None:
     base = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
     assert keys.key(base) == keys.key({**base, "model": "b", "user": "x", "stream": False})
     assert keys.key(base) != keys.key({**base, "temperature": 0.5})
-    for odd in ({}, {"messages": None}, {"messages": "text"}, {"messages": [1, "two", None]},
-                {"messages": {"role": "user"}}, {"max_tokens": float("nan")}):
+    for odd in (
+        {},
+        {"messages": None},
+        {"messages": "text"},
+        {"messages": [1, "two", None]},
+        {"messages": {"role": "user"}},
+        {"max_tokens": float("nan")},
+    ):
         assert keys.key(odd) == request_key(odd)
 
 
@@ -75,9 +90,29 @@ def test_a_session_keys_its_turns_as_request_key_does() -> None:
         body = sess.next_request()
         assert request_summary(body, sess.keys)["key"] == request_key(copy.deepcopy(body)), turn
         asm = DeltaAssembler()
-        asm.feed(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [
-            {"index": 0, "id": f"c{turn}", "type": "function", "function": {"name": tool, "arguments": "{}"}}]},
-            "finish_reason": "tool_calls"}]}))
+        asm.feed(
+            json.dumps(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "role": "assistant",
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": f"c{turn}",
+                                        "type": "function",
+                                        "function": {"name": tool, "arguments": "{}"},
+                                    }
+                                ],
+                            },
+                            "finish_reason": "tool_calls",
+                        }
+                    ]
+                }
+            )
+        )
         asm.feed("[DONE]")
         sess.observe(TurnStatus.OK, asm.finish(), [])
         assert len(sess.messages) > len(body["messages"])

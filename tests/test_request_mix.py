@@ -27,18 +27,21 @@ def test_a_preset_and_overrides_parse() -> None:
     assert alone.varies == ("tool_choice",) and dict(alone.weights)["tool_choice"][-1] == ("named", 1.0)
 
 
-@pytest.mark.parametrize(("spec", "says"), [
-    ("", "is empty"),
-    ("fastest", "neither a preset"),
-    ("tool_choice=auto;frameworks", "first only"),
-    ("toolchoice=auto", "not a dimension"),
-    ("tool_choice=sometimes", "not one of"),
-    ("tool_choice=auto:x", "must be a number"),
-    ("tool_choice=auto:-1", "at least 0"),
-    ("tool_choice=auto:nan", "at least 0"),
-    ("tool_choice=auto:0,none:0", "no value has a weight above 0"),
-    ("thinking=high;tool_choice=required", "thinking mode refuses"),
-])
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("", "is empty"),
+        ("fastest", "neither a preset"),
+        ("tool_choice=auto;frameworks", "first only"),
+        ("toolchoice=auto", "not a dimension"),
+        ("tool_choice=sometimes", "not one of"),
+        ("tool_choice=auto:x", "must be a number"),
+        ("tool_choice=auto:-1", "at least 0"),
+        ("tool_choice=auto:nan", "at least 0"),
+        ("tool_choice=auto:0,none:0", "no value has a weight above 0"),
+        ("thinking=high;tool_choice=required", "thinking mode refuses"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(spec: str, says: str) -> None:
     with pytest.raises(RequestMixError, match=says):
         RequestMix.parse(spec)
@@ -69,17 +72,25 @@ def test_the_draw_follows_the_weights_and_never_sends_thinking_with_a_forced_too
     assert all(d["tool_choice"] != "named" for d in (mix.draw(1, t, []) for t in range(50)))
 
 
-@pytest.mark.parametrize(("drawn", "expect"), [
-    ({"tool_choice": "named", "named_tool": "read_file"},
-     {"tool_choice": {"type": "function", "function": {"name": "read_file"}}}),
-    ({"tool_choice": "none", "parallel_tool_calls": "false"}, {"tool_choice": "none", "parallel_tool_calls": False}),
-    ({"parallel_tool_calls": "unset"}, {}),
-    ({"thinking": "on"}, {"chat_template_kwargs": {"thinking": True}}),
-    ({"thinking": "max"}, {"chat_template_kwargs": {"thinking": True}, "reasoning_effort": "max"}),
-    ({"thinking": "off"}, {"chat_template_kwargs": {"thinking": False}}),
-    ({"stop": "set"}, {"stop": list(STOP_SEQUENCES)}),
-    ({"stop": "none"}, {}),
-])
+@pytest.mark.parametrize(
+    ("drawn", "expect"),
+    [
+        (
+            {"tool_choice": "named", "named_tool": "read_file"},
+            {"tool_choice": {"type": "function", "function": {"name": "read_file"}}},
+        ),
+        (
+            {"tool_choice": "none", "parallel_tool_calls": "false"},
+            {"tool_choice": "none", "parallel_tool_calls": False},
+        ),
+        ({"parallel_tool_calls": "unset"}, {}),
+        ({"thinking": "on"}, {"chat_template_kwargs": {"thinking": True}}),
+        ({"thinking": "max"}, {"chat_template_kwargs": {"thinking": True}, "reasoning_effort": "max"}),
+        ({"thinking": "off"}, {"chat_template_kwargs": {"thinking": False}}),
+        ({"stop": "set"}, {"stop": list(STOP_SEQUENCES)}),
+        ({"stop": "none"}, {}),
+    ],
+)
 def test_a_variant_is_written_as_frameworks_send_it(drawn: dict, expect: dict) -> None:
     body = {"model": "m", "messages": []}
     apply(body, drawn)
@@ -89,8 +100,9 @@ def test_a_variant_is_written_as_frameworks_send_it(drawn: dict, expect: dict) -
 
 
 def _reply(reasoning: str) -> AssembledResponse:
-    return AssembledResponse(content="", reasoning=reasoning, finish_reason="tool_calls",
-                             tool_calls=[ToolCall(0, "c0", "add", '{"n": 1}')])
+    return AssembledResponse(
+        content="", reasoning=reasoning, finish_reason="tool_calls", tool_calls=[ToolCall(0, "c0", "add", '{"n": 1}')]
+    )
 
 
 def test_a_session_draws_each_turn_and_sends_a_thinking_turns_reasoning_back() -> None:

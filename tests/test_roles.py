@@ -7,23 +7,40 @@ import httpx
 import pytest
 
 from dsv4bench.servers.dialect import QUEUE_GAUGES
-from dsv4bench.servers.roles import (DECODE, GAUGE_LABELS, GAUGE_WORDS, PREFILL, ROLE_GAUGES, ROUTER, UNIFIED, UNKNOWN,
-                             Role, discover_role, part_labels, role_from_metrics, role_from_server_info, role_of,
-                             series_labels)
+from dsv4bench.servers.roles import (
+    DECODE,
+    GAUGE_LABELS,
+    GAUGE_WORDS,
+    PREFILL,
+    ROLE_GAUGES,
+    ROUTER,
+    UNIFIED,
+    UNKNOWN,
+    Role,
+    discover_role,
+    part_labels,
+    role_from_metrics,
+    role_from_server_info,
+    role_of,
+    series_labels,
+)
 
 
-@pytest.mark.parametrize("info,role", [
-    ({"disaggregation_mode": "null", "tp_size": 8}, UNIFIED),  # SGLang, not disaggregated
-    ({"disaggregation_mode": "prefill"}, PREFILL),
-    ({"disaggregation_mode": "decode"}, DECODE),
-    ({"engine_type": "router", "served_model_name": "dsv4-mini"}, ROUTER),  # the bundled PD router
-    ({"engine_type": "unified"}, UNIFIED),  # the bundled engine
-    ({"engine_type": "decode", "disaggregation_mode": "decode"}, DECODE),  # a bundled PD worker
-    ({"disaggregation_mode": None}, UNIFIED),
-    ({"model_path": "m"}, None),
-    ([], None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "info,role",
+    [
+        ({"disaggregation_mode": "null", "tp_size": 8}, UNIFIED),  # SGLang, not disaggregated
+        ({"disaggregation_mode": "prefill"}, PREFILL),
+        ({"disaggregation_mode": "decode"}, DECODE),
+        ({"engine_type": "router", "served_model_name": "dsv4-mini"}, ROUTER),  # the bundled PD router
+        ({"engine_type": "unified"}, UNIFIED),  # the bundled engine
+        ({"engine_type": "decode", "disaggregation_mode": "decode"}, DECODE),  # a bundled PD worker
+        ({"disaggregation_mode": None}, UNIFIED),
+        ({"model_path": "m"}, None),
+        ([], None),
+        (None, None),
+    ],
+)
 def test_role_from_server_info(info, role):
     found = role_from_server_info(info)
     assert (found.name if found else None) == role
@@ -35,8 +52,8 @@ def test_role_from_metrics():
 
     assert role_from_metrics(series("prefill")) == Role(PREFILL, "/metrics engine_type label")
     assert role_from_metrics(series("unified")).name == UNIFIED
-    assert role_from_metrics({"smg_http_requests_total{method=\"POST\",path=\"/v1/chat\"}": 3.0}).name == ROUTER
-    assert role_from_metrics({"sgl_router_requests_total{route=\"/generate\"}": 1.0}).name == ROUTER
+    assert role_from_metrics({'smg_http_requests_total{method="POST",path="/v1/chat"}': 3.0}).name == ROUTER
+    assert role_from_metrics({'sgl_router_requests_total{route="/generate"}': 1.0}).name == ROUTER
     assert role_from_metrics({'vllm:num_requests_running{model_name="m"}': 0.0}).name == UNIFIED
     assert role_from_metrics({'sglang:num_running_reqs{model_name="m"}': 0.0}) is None  # no engine_type label
     assert role_from_metrics({}) is None
@@ -83,8 +100,15 @@ def test_discover_role_asks_the_server():
     assert _discover({"/metrics": httpx.Response(200, text=metrics)}) == Role(DECODE, "/metrics engine_type label")
     assert _discover({"/workers": httpx.Response(200, json={"workers": [], "total": 0})}).name == ROUTER
     # Broken answers only mean "not stated".
-    assert _discover({"/get_server_info": httpx.Response(200, text="<html>"),
-                      "/metrics": httpx.Response(200, text="{{{ not prometheus")}).name == UNKNOWN
+    assert (
+        _discover(
+            {
+                "/get_server_info": httpx.Response(200, text="<html>"),
+                "/metrics": httpx.Response(200, text="{{{ not prometheus"),
+            }
+        ).name
+        == UNKNOWN
+    )
     assert _discover({}).name == UNKNOWN
 
 

@@ -26,8 +26,22 @@ ALLOWED: dict[str, set[str]] = {
     "harness": {"history", "families", "loop", "wire", "checks", "servers", "report", "terminal", "agents"},
     "modes": {"history", "families", "loop", "wire", "checks", "servers", "report", "harness", "terminal"},
     "locust": {"history", "families", "loop", "wire", "checks", "servers", "report", "harness", "terminal", "agents"},
-    "cli": {"history", "families", "loop", "wire", "checks", "servers", "report", "harness", "modes", "locust",
-            "terminal", "engine", "agents", "__init__"},
+    "cli": {
+        "history",
+        "families",
+        "loop",
+        "wire",
+        "checks",
+        "servers",
+        "report",
+        "harness",
+        "modes",
+        "locust",
+        "terminal",
+        "engine",
+        "agents",
+        "__init__",
+    },
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -41,8 +55,13 @@ def room_of(path: Path) -> str:
 def imported_rooms(path: Path) -> set[str]:
     rooms = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else []
+        )
         if isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path}: a relative import; rooms import each other by absolute name")
         for name in names:
@@ -71,19 +90,25 @@ for _room, _below in ALLOWED.items():
 
 def test_the_rooms_form_floors() -> None:
     """No two rooms may import each other, even through others: ALLOWED itself has no loop."""
+
     def reaches(a: str, b: str, seen: frozenset[str] = frozenset()) -> bool:
         return any(n == b or (n not in seen and n in ALLOWED and reaches(n, b, seen | {n})) for n in ALLOWED[a])
+
     assert [r for r in ALLOWED if reaches(r, r)] == []
 
 
 def test_the_package_metadata_lists_every_package() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {"dsv4bench." + ".".join(p.parent.relative_to(PKG).parts) if p.parent != PKG else "dsv4bench"
-             for p in PKG.rglob("__init__.py") if p.relative_to(PKG).parts[0] not in ("engine", "agents")}
+    found = {
+        "dsv4bench." + ".".join(p.parent.relative_to(PKG).parts) if p.parent != PKG else "dsv4bench"
+        for p in PKG.rglob("__init__.py")
+        if p.relative_to(PKG).parts[0] not in ("engine", "agents")
+    }
     for extra, folder in (("dsv4bench.engine", ROOT / "engine"), ("dsv4bench.agents", ROOT / "agents")):
-        found |= {extra + "".join("." + q for q in p.parent.relative_to(folder).parts)
-                  for p in folder.rglob("__init__.py")}
+        found |= {
+            extra + "".join("." + q for q in p.parent.relative_to(folder).parts) for p in folder.rglob("__init__.py")
+        }
     assert found - listed == set(), "packages missing from pyproject's [tool.setuptools] packages"
 
 
@@ -97,8 +122,12 @@ def test_every_error_the_harness_raises_to_its_user_is_under_one_base() -> None:
     outside = []
     for path in MODULES:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception")) or \
-                    isinstance(node, ast.ClassDef) and node.name in signals:
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.name.endswith(("Error", "Exception"))
+                or isinstance(node, ast.ClassDef)
+                and node.name in signals
+            ):
                 bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
                 if node.name in signals or path.name == "errors.py":
                     continue

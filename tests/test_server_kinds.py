@@ -11,8 +11,20 @@ import pytest
 from dsv4bench.servers.canary import CanaryResult, HealthResult
 from dsv4bench.servers.dialect import TRTLLM_RUNNING, TRTLLM_WAITING, dialect_of, trtllm_series
 from dsv4bench.servers.monitor import parse_metrics
-from dsv4bench.servers.kinds import (BUNDLED, HEALTH, HEALTH_GENERATE, KINDS, SGLANG, SGLANG_ROUTER, TRTLLM,
-                                    UNKNOWN_KIND, VLLM, kind, not_offered, recognise)
+from dsv4bench.servers.kinds import (
+    BUNDLED,
+    HEALTH,
+    HEALTH_GENERATE,
+    KINDS,
+    SGLANG,
+    SGLANG_ROUTER,
+    TRTLLM,
+    UNKNOWN_KIND,
+    VLLM,
+    kind,
+    not_offered,
+    recognise,
+)
 from dsv4bench.servers.wedge import WedgeConfig, detect_wedge
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,19 +38,22 @@ def _prom(name: str) -> dict[str, float]:
     return parse_metrics((FIXTURES / "metrics" / name).read_text())
 
 
-@pytest.mark.parametrize("info,metrics,workers,json_metrics,expected", [
-    (_json("bundled_decode_server_info.json"), None, None, False, BUNDLED),
-    (_json("bundled_router_server_info.json"), None, _json("bundled_router_workers.json"), False, BUNDLED),
-    (_json("sglang_pd_decode_server_info.json"), None, None, False, SGLANG),
-    (_json("sglang_router_server_info.json"), None, None, False, SGLANG_ROUTER),
-    (None, _prom("sglang_router_smg.prom"), None, False, SGLANG_ROUTER),
-    (None, None, _json("sglang_router_pd_workers.json"), False, SGLANG_ROUTER),
-    (None, _prom("sglang_pd_prefill.prom"), None, False, SGLANG),
-    (None, _prom("vllm_nixl.prom"), None, False, VLLM),
-    (None, {TRTLLM_RUNNING: 1.0}, None, True, TRTLLM),
-    (None, None, None, True, TRTLLM),  # an idle trtllm-serve answers /metrics with []
-    (None, None, None, False, UNKNOWN_KIND),
-])
+@pytest.mark.parametrize(
+    "info,metrics,workers,json_metrics,expected",
+    [
+        (_json("bundled_decode_server_info.json"), None, None, False, BUNDLED),
+        (_json("bundled_router_server_info.json"), None, _json("bundled_router_workers.json"), False, BUNDLED),
+        (_json("sglang_pd_decode_server_info.json"), None, None, False, SGLANG),
+        (_json("sglang_router_server_info.json"), None, None, False, SGLANG_ROUTER),
+        (None, _prom("sglang_router_smg.prom"), None, False, SGLANG_ROUTER),
+        (None, None, _json("sglang_router_pd_workers.json"), False, SGLANG_ROUTER),
+        (None, _prom("sglang_pd_prefill.prom"), None, False, SGLANG),
+        (None, _prom("vllm_nixl.prom"), None, False, VLLM),
+        (None, {TRTLLM_RUNNING: 1.0}, None, True, TRTLLM),
+        (None, None, None, True, TRTLLM),  # an idle trtllm-serve answers /metrics with []
+        (None, None, None, False, UNKNOWN_KIND),
+    ],
+)
 def test_each_kind_is_recognised_from_what_it_answers(info, metrics, workers, json_metrics, expected):
     found, source = recognise(info, metrics, workers, json_metrics)
     assert found.name == expected, source
@@ -52,7 +67,9 @@ def test_an_endpoint_a_kind_never_had_is_not_offered_and_one_it_has_is_judged():
     assert not_offered(KINDS[TRTLLM], HEALTH_GENERATE, 404)
     assert not not_offered(KINDS[TRTLLM], HEALTH_GENERATE, 503) and not not_offered(KINDS[TRTLLM], HEALTH_GENERATE, 200)
     # The look-alike: SGLang has it, so its 404 is no "not offered" but a failing check.
-    assert not not_offered(KINDS[SGLANG], HEALTH_GENERATE, 404) and not not_offered(KINDS[BUNDLED], HEALTH_GENERATE, 404)
+    assert not not_offered(KINDS[SGLANG], HEALTH_GENERATE, 404) and not not_offered(
+        KINDS[BUNDLED], HEALTH_GENERATE, 404
+    )
     # An unknown kind: judged by what answers.
     for status in (404, 405, 501):
         assert not_offered(kind(None), HEALTH, status)
@@ -60,8 +77,10 @@ def test_an_endpoint_a_kind_never_had_is_not_offered_and_one_it_has_is_judged():
 
 
 def test_trtllm_iteration_stats_read_as_gauges_from_the_latest_iteration():
-    stats = [{"iter": 7, "numActiveRequests": 4, "numQueuedRequests": 1},
-             {"iter": 9, "numActiveRequests": 2, "numQueuedRequests": 0, "kvCacheStats": {"freeNumBlocks": 3}}]
+    stats = [
+        {"iter": 7, "numActiveRequests": 4, "numQueuedRequests": 1},
+        {"iter": 9, "numActiveRequests": 2, "numQueuedRequests": 0, "kvCacheStats": {"freeNumBlocks": 3}},
+    ]
     values = parse_metrics(json.dumps(stats))
     assert values == {TRTLLM_RUNNING: 2.0, TRTLLM_WAITING: 0.0, "trtllm:iter": 9.0}
     assert dialect_of(values).name == "trtllm"
@@ -81,25 +100,33 @@ def _health(status: int) -> list[HealthResult]:
 
 
 def test_a_stalled_stream_is_canary_timeout_though_the_unstreamed_canary_answered():
-    found = detect_wedge([], 0, WedgeConfig(), health=_health(200),
-                         canaries=[_canary(False, "ok"), _canary(True, "timeout")])
+    found = detect_wedge(
+        [], 0, WedgeConfig(), health=_health(200), canaries=[_canary(False, "ok"), _canary(True, "timeout")]
+    )
     assert found["http://s:1/v1"].codes == ["canary_timeout", "health_lies"]
     assert any("streamed canary" in d for d in found["http://s:1/v1"].details)
 
 
 def test_both_canaries_answering_is_healthy_and_a_streamed_error_is_no_hang():
-    found = detect_wedge([], 0, WedgeConfig(), health=_health(200),
-                         canaries=[_canary(False, "ok"), _canary(True, "ok")])
+    found = detect_wedge(
+        [], 0, WedgeConfig(), health=_health(200), canaries=[_canary(False, "ok"), _canary(True, "ok")]
+    )
     assert found["http://s:1/v1"].codes == []
-    found = detect_wedge([], 0, WedgeConfig(), health=_health(200),
-                         canaries=[_canary(False, "ok"), _canary(True, "error")])
+    found = detect_wedge(
+        [], 0, WedgeConfig(), health=_health(200), canaries=[_canary(False, "ok"), _canary(True, "error")]
+    )
     assert found["http://s:1/v1"].codes == [] and found["http://s:1/v1"].check_errors
 
 
 def test_the_latest_canary_of_each_way_decides():
     # A stream that hung during the run but answers after it: the latest decides.
-    found = detect_wedge([], 0, WedgeConfig(), health=_health(200),
-                         canaries=[_canary(True, "timeout", 10), _canary(True, "ok", 20), _canary(False, "ok", 20)])
+    found = detect_wedge(
+        [],
+        0,
+        WedgeConfig(),
+        health=_health(200),
+        canaries=[_canary(True, "timeout", 10), _canary(True, "ok", 20), _canary(False, "ok", 20)],
+    )
     assert found["http://s:1/v1"].codes == []
 
 

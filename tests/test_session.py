@@ -30,8 +30,18 @@ class CounterFamily(ScenarioFamily):
     name = "counter"
     description = "add numbers"
     system_prompt = "You add numbers."
-    tools = (ToolSpec("add", "Add n.", {"type": "object", "properties": {"n": {"type": "integer"}},
-                                         "required": ["n"], "additionalProperties": False}),)
+    tools = (
+        ToolSpec(
+            "add",
+            "Add n.",
+            {
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+                "required": ["n"],
+                "additionalProperties": False,
+            },
+        ),
+    )
 
     def build_world(self, seed):
         return CounterWorld(seed)
@@ -47,8 +57,9 @@ class CounterFamily(ScenarioFamily):
 
 
 def resp(content="", calls=(), finish="stop"):
-    return AssembledResponse(content=content, finish_reason=finish,
-                             tool_calls=[ToolCall(i, f"c{i}", n, a) for i, (n, a) in enumerate(calls)])
+    return AssembledResponse(
+        content=content, finish_reason=finish, tool_calls=[ToolCall(i, f"c{i}", n, a) for i, (n, a) in enumerate(calls)]
+    )
 
 
 def make(**kw):
@@ -80,13 +91,16 @@ def test_tool_call_runs_against_world_then_final_answer_ends():
     assert s.done and s.end_reason is EndReason.FINAL and s.turn == 2 and s.tool_calls_run == 1
 
 
-@pytest.mark.parametrize("name,args,expect", [
-    ("add", '{"n": ', "not valid JSON"),
-    ("add", "[3]", "must be a JSON object"),
-    ("add", '{"n": "3"}', "invalid arguments at $.n"),
-    ("add", '{"n": 500}', "error: n too large"),
-    ("mul", '{"n": 3}', "unknown tool 'mul'"),
-])
+@pytest.mark.parametrize(
+    "name,args,expect",
+    [
+        ("add", '{"n": ', "not valid JSON"),
+        ("add", "[3]", "must be a JSON object"),
+        ("add", '{"n": "3"}', "invalid arguments at $.n"),
+        ("add", '{"n": 500}', "error: n too large"),
+        ("mul", '{"n": 3}', "unknown tool 'mul'"),
+    ],
+)
 def test_bad_calls_get_error_results_and_the_world_is_untouched(name, args, expect):
     s = make()
     s.next_request()
@@ -109,8 +123,10 @@ def test_corrupt_turn_stops_when_configured():
     assert s.done and s.end_reason is EndReason.CORRUPT
 
 
-@pytest.mark.parametrize("status,reason", [(TurnStatus.KILLED, EndReason.KILLED), (TurnStatus.ERROR, EndReason.ERROR),
-                                           (TurnStatus.TIMEOUT, EndReason.ERROR)])
+@pytest.mark.parametrize(
+    "status,reason",
+    [(TurnStatus.KILLED, EndReason.KILLED), (TurnStatus.ERROR, EndReason.ERROR), (TurnStatus.TIMEOUT, EndReason.ERROR)],
+)
 def test_non_ok_turns_end_the_session(status, reason):
     s = make()
     s.next_request()
@@ -158,11 +174,23 @@ def test_request_summary_is_small_and_exact():
     s = make()
     body = s.next_request()
     summary = request_summary(body)
-    assert summary == {"key": request_key(body), "temperature": 0.0, "messages": 2,
-                       "prompt_chars": len("You add numbers.") + len("Add 3 to 5."), "tools": 1,
-                       "stream": True, "max_tokens": 1024,
-                       "terms": {"tool_choice": "auto", "named_tool": None, "parallel_tool_calls": None,
-                                 "thinking": False, "reasoning_effort": None, "stop": []}}
+    assert summary == {
+        "key": request_key(body),
+        "temperature": 0.0,
+        "messages": 2,
+        "prompt_chars": len("You add numbers.") + len("Add 3 to 5."),
+        "tools": 1,
+        "stream": True,
+        "max_tokens": 1024,
+        "terms": {
+            "tool_choice": "auto",
+            "named_tool": None,
+            "parallel_tool_calls": None,
+            "thinking": False,
+            "reasoning_effort": None,
+            "stop": [],
+        },
+    }
     assert json.dumps(summary)
 
 

@@ -30,18 +30,37 @@ def feed_all(payloads):
 
 
 def test_clean_tool_call_stream_assembles_exactly():
-    r, carried = feed_all([
-        chunk({"role": "assistant", "content": ""}),
-        chunk({"content": "Let me "}),
-        chunk({"content": "look."}),
-        chunk({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "read_file", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"pa'}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'th": "a.py"}'}}]}),
-        chunk({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}),
-        chunk({}, finish="tool_calls"),
-        chunk(choices=False, usage={"prompt_tokens": 10, "completion_tokens": 5}),
-        "[DONE]",
-    ])
+    r, carried = feed_all(
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"content": "Let me "}),
+            chunk({"content": "look."}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {"index": 0, "id": "c0", "type": "function", "function": {"name": "read_file", "arguments": ""}}
+                    ]
+                }
+            ),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"pa'}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'th": "a.py"}'}}]}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 1,
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "list_dir", "arguments": "{}"},
+                        }
+                    ]
+                }
+            ),
+            chunk({}, finish="tool_calls"),
+            chunk(choices=False, usage={"prompt_tokens": 10, "completion_tokens": 5}),
+            "[DONE]",
+        ]
+    )
     assert r.protocol_errors == []
     assert r.response_id == "r1"
     assert r.content == "Let me look."
@@ -57,20 +76,36 @@ def test_clean_tool_call_stream_assembles_exactly():
 
 
 def test_reasoning_content_and_vllm_reasoning_both_assemble():
-    r, _ = feed_all([chunk({"reasoning_content": "think "}), chunk({"reasoning": "more"}),
-                     chunk({"content": "ok"}, finish="stop"), "[DONE]"])
+    r, _ = feed_all(
+        [
+            chunk({"reasoning_content": "think "}),
+            chunk({"reasoning": "more"}),
+            chunk({"content": "ok"}, finish="stop"),
+            "[DONE]",
+        ]
+    )
     assert r.reasoning == "think more" and r.content == "ok" and not r.protocol_errors
 
 
 def test_index_gap_is_a_protocol_error():
-    r, _ = feed_all([chunk({"tool_calls": [{"index": 1, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}),
-                     chunk({}, finish="tool_calls"), "[DONE]"])
+    r, _ = feed_all(
+        [
+            chunk({"tool_calls": [{"index": 1, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}),
+            chunk({}, finish="tool_calls"),
+            "[DONE]",
+        ]
+    )
     assert any("index gap" in e for e in r.protocol_errors)
 
 
 def test_missing_id_or_name_on_first_delta():
-    r, _ = feed_all([chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
-                     chunk({}, finish="tool_calls"), "[DONE]"])
+    r, _ = feed_all(
+        [
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+            chunk({}, finish="tool_calls"),
+            "[DONE]",
+        ]
+    )
     assert any("no id" in e for e in r.protocol_errors)
     assert any("no function name" in e for e in r.protocol_errors)
 
@@ -102,24 +137,36 @@ def test_cut_stream_without_finish_is_left_to_truncated():
 
 
 def test_garbage_chunks_are_findings_not_crashes():
-    r, _ = feed_all(["{not json", "[1,2]", json.dumps({"error": {"message": "boom"}}), chunk({"content": "x"}, finish="stop"),
-                     "[DONE]", chunk({"content": "late"})])
+    r, _ = feed_all(
+        [
+            "{not json",
+            "[1,2]",
+            json.dumps({"error": {"message": "boom"}}),
+            chunk({"content": "x"}, finish="stop"),
+            "[DONE]",
+            chunk({"content": "late"}),
+        ]
+    )
     errs = " | ".join(r.protocol_errors)
     assert "not JSON" in errs and "not an object" in errs and "boom" in errs and "after [DONE]" in errs
     assert r.content == "x"
 
 
 def test_changed_id_and_name_are_flagged():
-    r, _ = feed_all([
-        chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": "{}"}}]}, rid="r2"),
-        chunk({}, finish="tool_calls"), "[DONE]",
-    ])
+    r, _ = feed_all(
+        [
+            chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": ""}}]}),
+            chunk({"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": "{}"}}]}, rid="r2"),
+            chunk({}, finish="tool_calls"),
+            "[DONE]",
+        ]
+    )
     errs = " | ".join(r.protocol_errors)
     assert "id changed from 'r1'" in errs and "id changed from 'a'" in errs and "name changed" in errs
 
 
 # --- stream identity: per index, one name sent once, one id, indices in order -------------
+
 
 def call_delta(index, args="", name=None, call_id=None):
     """A chunk of one tool-call delta (`name`, `call_id`: sent only when given)."""
@@ -138,20 +185,38 @@ def identity_errors(*deltas):
 
 CLEAN_IDENTITY = {
     # OpenAI, vLLM and SGLang: name and id in a call's first delta only
-    "name and id in the first delta only": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": '),
-                                            call_delta(0, '"a.py"}')],
+    "name and id in the first delta only": [
+        call_delta(0, "", "read_file", "c0"),
+        call_delta(0, '{"path": '),
+        call_delta(0, '"a.py"}'),
+    ],
     # SGLang sent the call's id with every delta; a client keeping the first id gets the right one
-    "the same id in every delta": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": ', call_id="c0"),
-                                   call_delta(0, '"a.py"}', call_id="c0")],
+    "the same id in every delta": [
+        call_delta(0, "", "read_file", "c0"),
+        call_delta(0, '{"path": ', call_id="c0"),
+        call_delta(0, '"a.py"}', call_id="c0"),
+    ],
     # vLLM's later deltas may carry an empty id, OpenAI's a null name
-    "empty id and null name later": [call_delta(0, "", "read_file", "c0"),
-                                     chunk({"tool_calls": [{"index": 0, "id": "", "function": {
-                                         "name": None, "arguments": '{"path": "a.py"}'}}]})],
-    "parallel calls 0 then 1": [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": "a.py"}'),
-                                call_delta(1, "", "read_file", "c1"), call_delta(1, '{"path": "b.py"}')],
-    "two calls in one chunk, in order": [chunk({"tool_calls": [
-        {"index": 0, "id": "c0", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}},
-        {"index": 1, "id": "c1", "function": {"name": "read_file", "arguments": '{"path": "b.py"}'}}]})],
+    "empty id and null name later": [
+        call_delta(0, "", "read_file", "c0"),
+        chunk({"tool_calls": [{"index": 0, "id": "", "function": {"name": None, "arguments": '{"path": "a.py"}'}}]}),
+    ],
+    "parallel calls 0 then 1": [
+        call_delta(0, "", "read_file", "c0"),
+        call_delta(0, '{"path": "a.py"}'),
+        call_delta(1, "", "read_file", "c1"),
+        call_delta(1, '{"path": "b.py"}'),
+    ],
+    "two calls in one chunk, in order": [
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "c0", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}},
+                    {"index": 1, "id": "c1", "function": {"name": "read_file", "arguments": '{"path": "b.py"}'}},
+                ]
+            }
+        )
+    ],
     "a whole call in one delta": [call_delta(0, '{"path": "a.py"}', "read_file", "c0")],
 }
 
@@ -160,24 +225,36 @@ CLEAN_IDENTITY = {
 def test_stream_identity_as_servers_send_it_is_clean(deltas):
     r, errors = identity_errors(*deltas)
     assembled = [(c.id, c.name, json.loads(c.arguments)) for c in r.tool_calls]
-    assert errors == [] and assembled in ([("c0", "read_file", {"path": "a.py"})],
-                                          [("c0", "read_file", {"path": "a.py"}), ("c1", "read_file", {"path": "b.py"})])
+    assert errors == [] and assembled in (
+        [("c0", "read_file", {"path": "a.py"})],
+        [("c0", "read_file", {"path": "a.py"}), ("c1", "read_file", {"path": "b.py"})],
+    )
 
 
 BROKEN_IDENTITY = {
     # vLLM's named tool_choice once did this (vllm-project/vllm#13078): clients read read_fileread_file
-    "the same name re-sent": ([call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": "a.py"}', "read_file")],
-                              "tool_calls[0]: function name 'read_file' sent again in chunk 2 (a client that joins "
-                              "deltas reads 'read_fileread_file')"),
-    "another name sent": ([call_delta(0, "", "read_file", "c0"), call_delta(0, "{}", "list_dir")],
-                          "tool_calls[0]: function name sent again in chunk 2, name changed from 'read_file' to "
-                          "'list_dir'"),
-    "a second id at a used index": ([call_delta(0, "{}", "read_file", "c0"), call_delta(0, "{}", call_id="c1")],
-                                    "tool_calls[0]: a second call at index 0 in chunk 2 (id changed from 'c0' to "
-                                    "'c1')"),
-    "index 0 after index 1 started": ([call_delta(0, "", "read_file", "c0"), call_delta(1, "", "read_file", "c1"),
-                                       call_delta(0, '{"path": "a.py"}'), call_delta(1, '{"path": "b.py"}')],
-                                      "tool_calls[0]: delta in chunk 3 after tool_calls[1] started (indices out of order)"),
+    "the same name re-sent": (
+        [call_delta(0, "", "read_file", "c0"), call_delta(0, '{"path": "a.py"}', "read_file")],
+        "tool_calls[0]: function name 'read_file' sent again in chunk 2 (a client that joins "
+        "deltas reads 'read_fileread_file')",
+    ),
+    "another name sent": (
+        [call_delta(0, "", "read_file", "c0"), call_delta(0, "{}", "list_dir")],
+        "tool_calls[0]: function name sent again in chunk 2, name changed from 'read_file' to 'list_dir'",
+    ),
+    "a second id at a used index": (
+        [call_delta(0, "{}", "read_file", "c0"), call_delta(0, "{}", call_id="c1")],
+        "tool_calls[0]: a second call at index 0 in chunk 2 (id changed from 'c0' to 'c1')",
+    ),
+    "index 0 after index 1 started": (
+        [
+            call_delta(0, "", "read_file", "c0"),
+            call_delta(1, "", "read_file", "c1"),
+            call_delta(0, '{"path": "a.py"}'),
+            call_delta(1, '{"path": "b.py"}'),
+        ],
+        "tool_calls[0]: delta in chunk 3 after tool_calls[1] started (indices out of order)",
+    ),
 }
 
 
@@ -197,16 +274,21 @@ def test_a_name_in_every_delta_is_one_finding_per_call():
 
 def test_a_second_call_at_a_used_index_names_both_breaches():
     """lmdeploy once sent each parallel call at index 0: a new id, and the name again."""
-    _, errors = identity_errors(call_delta(0, '{"path": "a.py"}', "read_file", "c0"),
-                                call_delta(0, '{"path": "b.py"}', "read_file", "c1"))
+    _, errors = identity_errors(
+        call_delta(0, '{"path": "a.py"}', "read_file", "c0"), call_delta(0, '{"path": "b.py"}', "read_file", "c1")
+    )
     assert [e.split(" in chunk")[0] for e in errors] == [
-        "tool_calls[0]: a second call at index 0", "tool_calls[0]: function name 'read_file' sent again"]
+        "tool_calls[0]: a second call at index 0",
+        "tool_calls[0]: function name 'read_file' sent again",
+    ]
 
 
 def test_a_call_started_below_a_later_one_is_out_of_order_not_a_gap():
     _, errors = identity_errors(call_delta(1, "{}", "read_file", "c1"), call_delta(0, "{}", "read_file", "c0"))
-    assert errors == ["chunk 1: tool call index 1 where 0 was next (index gap)",
-                      "tool_calls[0]: delta in chunk 2 after tool_calls[1] started (indices out of order)"]
+    assert errors == [
+        "chunk 1: tool call index 1 where 0 was next (index gap)",
+        "tool_calls[0]: delta in chunk 2 after tool_calls[1] started (indices out of order)",
+    ]
 
 
 def test_stream_identity_breaches_are_stream_protocol_verdicts():
@@ -220,8 +302,20 @@ def test_stream_identity_breaches_are_stream_protocol_verdicts():
 
 
 def test_non_stream_body():
-    r = assemble_completion({"id": "x", "choices": [{"message": {"content": "hi", "tool_calls": [
-        {"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]}, "finish_reason": "tool_calls"}]})
+    r = assemble_completion(
+        {
+            "id": "x",
+            "choices": [
+                {
+                    "message": {
+                        "content": "hi",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        }
+    )
     assert r.tool_calls[0].arguments == '{"a": 1}' and r.finish_reason == "tool_calls" and not r.stream
     bad = assemble_completion({"choices": []})
     assert bad.protocol_errors == ["response has no choices"]
@@ -229,9 +323,19 @@ def test_non_stream_body():
 
 # --- bounds, surrogates, hostile shapes -------------------------------------------------
 
-SMALL = StreamBounds(line_chars=1000, event_chars=2000, tool_calls=3, argument_chars=50, text_chars=200,
-                     body_bytes=5000, error_body_bytes=100, protocol_errors=4, raw_head_chars=100,
-                     raw_tail_chars=100, raw_line_chars=40)
+SMALL = StreamBounds(
+    line_chars=1000,
+    event_chars=2000,
+    tool_calls=3,
+    argument_chars=50,
+    text_chars=200,
+    body_bytes=5000,
+    error_body_bytes=100,
+    protocol_errors=4,
+    raw_head_chars=100,
+    raw_tail_chars=100,
+    raw_line_chars=40,
+)
 
 
 def test_reader_stops_a_long_line_before_it_is_whole():
@@ -294,9 +398,14 @@ def test_protocol_errors_are_bounded_and_counted():
 
 
 def test_lone_surrogates_are_replaced_and_noted():
-    r, _ = feed_all(['{"id":"r\\ud800","choices":[{"index":0,"delta":{"content":"a\\ud800b",'
-                     '"tool_calls":[{"index":0,"id":"c","function":{"name":"f\\udfff","arguments":"{\\"p\\": \\"\\udc00\\"}"}}]}}]}',
-                     chunk({}, finish="tool_calls"), "[DONE]"])
+    r, _ = feed_all(
+        [
+            '{"id":"r\\ud800","choices":[{"index":0,"delta":{"content":"a\\ud800b",'
+            '"tool_calls":[{"index":0,"id":"c","function":{"name":"f\\udfff","arguments":"{\\"p\\": \\"\\udc00\\"}"}}]}}]}',
+            chunk({}, finish="tool_calls"),
+            "[DONE]",
+        ]
+    )
     assert r.content == "a\ufffdb" and r.tool_calls[0].name == "f\ufffd" and r.response_id == "r\ufffd"
     assert r.surrogates_replaced == ["content", "tool_calls[0].arguments"]
     assert sum("surrogate" in e for e in r.protocol_errors) == 2  # the id and the name
@@ -311,13 +420,29 @@ def test_tool_calls_or_reasoning_of_the_wrong_type_are_noted_not_dropped_unsaid(
 
 
 def test_fields_of_the_wrong_type_are_findings():
-    r, _ = feed_all([
-        json.dumps({"id": 7, "model": ["m"], "choices": [{"index": 0, "delta": {"content": ["x"], "tool_calls": [
-            {"index": 0, "id": "c", "function": "read_file"}]}, "finish_reason": ["stop"]}]}),
-        json.dumps({"choices": "abc"}),
-        "[" * 100_000,
-        "[DONE]",
-    ])
+    r, _ = feed_all(
+        [
+            json.dumps(
+                {
+                    "id": 7,
+                    "model": ["m"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "content": ["x"],
+                                "tool_calls": [{"index": 0, "id": "c", "function": "read_file"}],
+                            },
+                            "finish_reason": ["stop"],
+                        }
+                    ],
+                }
+            ),
+            json.dumps({"choices": "abc"}),
+            "[" * 100_000,
+            "[DONE]",
+        ]
+    )
     errs = " | ".join(r.protocol_errors)
     assert "id is not a string" in errs and "content is not a string" in errs and "function is not an object" in errs
     assert "finish_reason is not a string" in errs and "choices is not a list" in errs and "is not JSON" in errs
@@ -330,8 +455,9 @@ def test_non_stream_hostile_bodies():
     assert len(r.tool_calls) == 3 and "tool calls" in r.stopped_at_bound and r.content == "a\ufffd"
     r = assemble_completion({"choices": [{"message": "text", "finish_reason": "stop"}]})
     assert "message is not an object" in " ".join(r.protocol_errors)
-    r = assemble_completion({"choices": [{"message": {"content": [{"type": "text", "text": "hi"}],
-                                                      "tool_calls": ["x", {"function": 3}]}}]})
+    r = assemble_completion(
+        {"choices": [{"message": {"content": [{"type": "text", "text": "hi"}], "tool_calls": ["x", {"function": 3}]}}]}
+    )
     errs = " | ".join(r.protocol_errors)
     assert "content is not a string" in errs and "tool_calls[0] is not an object" in errs
     assert "tool_calls[1].function is not an object" in errs
@@ -358,9 +484,17 @@ def test_encode_body_writes_what_json_reads_back():
     rng = random.Random(0)
     leaves = [None, True, 0, -3, 2**70, 0.1, 1e-5, 1e16, "", "ü\u2028\x00\x7f", '"\\/']
     for _ in range(300):
-        body = {"messages": [{"role": "user", "content": rng.choice(leaves),
-                              "x": [rng.choice(leaves) for _ in range(rng.randint(0, 4))]}],
-                "temperature": rng.choice(leaves), "nested": {"a": {"b": rng.choice(leaves)}}}
+        body = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": rng.choice(leaves),
+                    "x": [rng.choice(leaves) for _ in range(rng.randint(0, 4))],
+                }
+            ],
+            "temperature": rng.choice(leaves),
+            "nested": {"a": {"b": rng.choice(leaves)}},
+        }
         assert json.loads(encode_body(body)) == body
     for bad in (float("nan"), float("inf"), -float("inf")):  # JSON has none: null, never a bad body
         assert json.loads(encode_body({"messages": [], "top_p": bad})) == {"messages": [], "top_p": None}
@@ -369,8 +503,14 @@ def test_encode_body_writes_what_json_reads_back():
 def _turn(handler, body=None, bounds=SMALL):
     async def main():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await chat_turn(client, "http://test/v1/chat/completions", body or {"stream": True},
-                                   Deadlines(ttft_s=5, total_s=5), bounds=bounds)
+            return await chat_turn(
+                client,
+                "http://test/v1/chat/completions",
+                body or {"stream": True},
+                Deadlines(ttft_s=5, total_s=5),
+                bounds=bounds,
+            )
+
     return anyio.run(main)
 
 
@@ -409,12 +549,15 @@ def test_chat_turn_bounds_bodies_and_reports_retry_after():
 
 
 def test_chat_turn_an_undecodable_body_is_a_connection_error():
-    out = _turn(lambda req: httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip"),
-                body={"stream": False})
+    out = _turn(
+        lambda req: httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip"),
+        body={"stream": False},
+    )
     assert out.status is TurnStatus.ERROR and out.error_kind == "connection_error" and "DecodingError" in out.error
 
 
 # --- the reader is httpx-sse's decoding; msgspec decodes as json does -------------------
+
 
 def _httpx_sse_events(pieces: list[str]) -> list[str]:
     from httpx_sse._decoders import SSEDecoder, SSELineDecoder
@@ -435,8 +578,23 @@ def test_reader_reads_what_httpx_sse_reads(seed):
     import random
 
     rng = random.Random(seed)
-    lines = ["data: {\"a\": 1}", "data:{\"b\":2}", "data", "data:  two spaces", ": a comment", "event: ping",
-             "id: 7", "id: a\0b", "retry: 30", "retry: x", "field: ignored", "", "", "data: [DONE]", "data: é ｜"]
+    lines = [
+        'data: {"a": 1}',
+        'data:{"b":2}',
+        "data",
+        "data:  two spaces",
+        ": a comment",
+        "event: ping",
+        "id: 7",
+        "id: a\0b",
+        "retry: 30",
+        "retry: x",
+        "field: ignored",
+        "",
+        "",
+        "data: [DONE]",
+        "data: é ｜",
+    ]
     ends = ["\n", "\r\n", "\r"]
     text = "".join(rng.choice(lines) + rng.choice(ends) for _ in range(rng.randint(0, 60)))
     cuts = sorted(rng.sample(range(1, max(2, len(text))), min(len(text) - 1, rng.randint(0, 12)))) if text else []
@@ -446,22 +604,29 @@ def test_reader_reads_what_httpx_sse_reads(seed):
     assert got == _httpx_sse_events(pieces)
 
 
-@pytest.mark.parametrize("data", [
-    '{"id":"r","choices":[{"index":0,"delta":{"content":"a\\ud800b"}}]}',  # msgspec refuses: json's path
-    '{"id":"r","usage":{"prompt_tokens":1e400},"choices":[]}',
-    '{"id":"r","usage":{"prompt_tokens":123456789012345678901234567890},"choices":[]}',
-    '{"id":"r","choices":[{"index":0,"delta":{"content":"é \\u00e9 ｜"},"finish_reason":null}]}',
-    '{"id":7,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}',
-    "[" * 5000 + "]" * 5000,
-    "not json",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"id":"r","choices":[{"index":0,"delta":{"content":"a\\ud800b"}}]}',  # msgspec refuses: json's path
+        '{"id":"r","usage":{"prompt_tokens":1e400},"choices":[]}',
+        '{"id":"r","usage":{"prompt_tokens":123456789012345678901234567890},"choices":[]}',
+        '{"id":"r","choices":[{"index":0,"delta":{"content":"é \\u00e9 ｜"},"finish_reason":null}]}',
+        '{"id":7,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}',
+        "[" * 5000 + "]" * 5000,
+        "not json",
+    ],
+)
 def test_the_fast_decoder_assembles_what_json_assembles(data, monkeypatch):
     import dsv4bench.wire.sse as sse
 
     def run() -> dict:
         asm = DeltaAssembler()
-        for d in ['{"id":"r","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
-                  data, data, "[DONE]"]:
+        for d in [
+            '{"id":"r","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+            data,
+            data,
+            "[DONE]",
+        ]:
             asm.feed(d)
         return asm.finish().to_json()
 

@@ -28,33 +28,39 @@ from dsv4bench.modes.sweep import (
 )
 
 
-@pytest.mark.parametrize("text, levels", [
-    ("1,8,16,32,60,80", (1, 8, 16, 32, 60, 80)),
-    ("16, 1 ,8,8", (1, 8, 16)),  # sorted and deduplicated
-    ("1-4", (1, 2, 3, 4)),
-    ("1..4", (1, 2, 3, 4)),
-    ("1-80:8", (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80)),
-    ("1..80 step 8", (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80)),
-    ("4-20:4", (4, 8, 12, 16, 20)),
-    ("2-10:4", (2, 4, 8, 10)),
-    ("5-5", (5,)),
-    ("1,2,32-64:16", (1, 2, 32, 48, 64)),
-])
+@pytest.mark.parametrize(
+    "text, levels",
+    [
+        ("1,8,16,32,60,80", (1, 8, 16, 32, 60, 80)),
+        ("16, 1 ,8,8", (1, 8, 16)),  # sorted and deduplicated
+        ("1-4", (1, 2, 3, 4)),
+        ("1..4", (1, 2, 3, 4)),
+        ("1-80:8", (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80)),
+        ("1..80 step 8", (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80)),
+        ("4-20:4", (4, 8, 12, 16, 20)),
+        ("2-10:4", (2, 4, 8, 10)),
+        ("5-5", (5,)),
+        ("1,2,32-64:16", (1, 2, 32, 48, 64)),
+    ],
+)
 def test_levels_grammar(text, levels):
     assert parse_levels(text) == levels
 
 
-@pytest.mark.parametrize("text, says", [
-    ("", "an item is empty"),
-    ("1,,8", "an item is empty"),
-    ("0,8", "at least 1"),
-    ("eight", "is not a level"),
-    ("1-80:0", "step must be at least 1"),
-    ("80-1", "ends below its start"),
-    ("1.5", "is not a level"),
-    ("-3", "is not a level"),
-    ("1-1000", "more than 64 levels"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("", "an item is empty"),
+        ("1,,8", "an item is empty"),
+        ("0,8", "at least 1"),
+        ("eight", "is not a level"),
+        ("1-80:0", "step must be at least 1"),
+        ("80-1", "ends below its start"),
+        ("1.5", "is not a level"),
+        ("-3", "is not a level"),
+        ("1-1000", "more than 64 levels"),
+    ],
+)
 def test_bad_levels_are_one_line_config_errors(text, says):
     with pytest.raises(ConfigError, match=says) as e:
         parse_levels(text)
@@ -145,15 +151,18 @@ def test_threshold_is_the_first_level_whose_lower_bound_is_above_the_baseline():
     assert threshold(levels[:1], at_zero) is None
 
 
-@pytest.mark.parametrize("kwargs, says", [
-    ({"confidence": 1.0}, "--confidence"),
-    ({"confidence": 0.0}, "--confidence"),
-    ({"precision": 0.0}, "--precision"),
-    ({"precision": 1.5}, "--precision"),
-    ({"baseline": -0.1}, "--baseline"),
-    ({"baseline": 1.0}, "--baseline"),
-    ({"level_turns": 0}, "--level-turns"),
-])
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"confidence": 1.0}, "--confidence"),
+        ({"confidence": 0.0}, "--confidence"),
+        ({"precision": 0.0}, "--precision"),
+        ({"precision": 1.5}, "--precision"),
+        ({"baseline": -0.1}, "--baseline"),
+        ({"baseline": 1.0}, "--baseline"),
+        ({"level_turns": 0}, "--level-turns"),
+    ],
+)
 def test_bad_plan_settings(kwargs, says):
     with pytest.raises(ConfigError, match=says):
         SweepPlan((1,), **kwargs)

@@ -48,8 +48,11 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next((x.split(b":")[1] for x in head.split(b"\r\n")
-                                   if x.lower().startswith(b"content-length")), b"0"))
+                length = int(
+                    next(
+                        (x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), b"0"
+                    )
+                )
                 await reader.readexactly(length)
                 path = head.split(b" ")[1].decode()
                 if not await self.answer(path, writer):
@@ -135,6 +138,7 @@ def test_a_body_closed_late_leaves_the_next_request_on_its_connection_read_first
     that body only later (a busy loop) must not take the place in the first-read set from the
     request that took the connection meanwhile (at 2,000 sessions, first tokens of such requests
     were stamped up to 240 ms late)."""
+
     async def check(client, url, server):
         capped = fair_loop._CAPPED[asyncio.get_running_loop()]
         earlier = await client.send(client.build_request("POST", url + "/ok", json=BODY), stream=True)
@@ -162,6 +166,7 @@ def test_a_body_closed_late_leaves_the_next_request_on_its_connection_read_first
 def test_the_run_uses_the_aiohttp_transport():
     async def check(client, url, server):
         assert isinstance(client._transport, AiohttpTransport)
+
     run(check)
 
 
@@ -172,6 +177,7 @@ def test_answers_are_read_and_connections_kept_alive():
             assert out.status is TurnStatus.OK and out.response.content == "Half" and out.response.saw_done
             assert out.response.finish_reason == "stop" and not out.response.protocol_errors
         assert server.connections == 1
+
     run(check)
 
 
@@ -181,6 +187,7 @@ def test_a_broken_chunk_mid_body_ends_the_read_not_the_deadline():
         assert out.status is TurnStatus.OK and out.response.content == "Half"  # truncated, for the checkers
         assert out.response.finish_reason is None
         assert (out.timings.end_ns - out.timings.start_ns) / 1e9 < 5
+
     run(check)
 
 
@@ -189,6 +196,7 @@ def test_a_stream_cut_before_any_output_is_a_connection_error():
         out = await chat_turn(client, url + "/cut-before-output", BODY, Deadlines(5, 5))
         assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.CONNECTION_ERROR
         assert out.error.startswith("RemoteProtocolError: ")
+
     run(check)
 
 
@@ -197,6 +205,7 @@ def test_a_refused_connection_is_a_connect_error():
         out = await chat_turn(client, "http://127.0.0.1:9/v1/chat/completions", BODY, Deadlines(5, 5))
         assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.CONNECTION_ERROR
         assert out.error.startswith("ConnectError: ")
+
     run(check)
 
 
@@ -207,6 +216,7 @@ def test_a_bound_stops_the_read_and_drops_the_connection():
         assert out.status is TurnStatus.OK and "SSE line longer than 1,000" in out.response.stopped_at_bound
         await anyio.sleep(0.2)
         assert server.closed == 1  # the server saw the client go
+
     run(check)
 
 
@@ -216,6 +226,7 @@ def test_the_deadline_ends_an_endless_stream():
         assert out.status is TurnStatus.TIMEOUT and out.error_kind is ErrorKind.TIMEOUT_TOTAL
         await anyio.sleep(0.2)
         assert server.closed == 1
+
     run(check)
 
 
@@ -223,6 +234,7 @@ def test_a_killed_turn_drops_the_connection_and_keeps_what_came():
     async def check(client, url, server):
         probe = TurnProbe()
         with anyio.CancelScope() as scope:
+
             async def kill_when_streaming() -> None:
                 while probe.phase != "streaming":
                     await anyio.sleep(0.01)
@@ -237,6 +249,7 @@ def test_a_killed_turn_drops_the_connection_and_keeps_what_came():
         assert out.raw_lines and out.raw_lines[0].startswith('{"id"')
         await anyio.sleep(0.2)
         assert server.closed == 1
+
     run(check)
 
 
@@ -247,12 +260,14 @@ def test_read_timeout_is_httpx_read_timeout():
                 async with c.stream("POST", url + "/stall", content=b"{}") as resp:
                     async for _ in resp.aiter_bytes():
                         pass
+
     run(check)
 
 
 def test_a_read_timeout_waits_on_while_bytes_keep_coming():
     """The read timer is moved lazily, not re-made per read: bytes every 20 ms keep a 150 ms
     read timeout from firing for as long as they come."""
+
     async def check(client, url, server):
         async with httpx.AsyncClient(transport=AiohttpTransport(), timeout=httpx.Timeout(5, read=0.15)) as c:
             async with c.stream("POST", url + "/endless", content=b"{}") as resp:
@@ -262,12 +277,14 @@ def test_a_read_timeout_waits_on_while_bytes_keep_coming():
                     if anyio.current_time() - start > 0.6:
                         break
         assert pieces > 10
+
     run(check)
 
 
 def test_tokens_are_stamped_when_their_bytes_arrived_not_when_a_busy_loop_parsed_them():
     """A first token that came while the loop was busy elsewhere (here: 300 ms of blocking work
     before the turn reads on) is stamped at its arrival, and so is the first byte."""
+
     async def check(client, url, server):
         t = {}
 
@@ -290,6 +307,7 @@ def test_tokens_are_stamped_when_their_bytes_arrived_not_when_a_busy_loop_parsed
         assert out.status is TurnStatus.OK and out.response.content == "Half"
         assert out.timings.first_byte_ns < t["before_block"] and out.timings.first_token_ns < t["before_block"]
         assert time.monotonic_ns() > t["after_block"]
+
     run(check)
 
 
@@ -413,22 +431,34 @@ def _sse(text: str) -> bytes:
 _END = _raw_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
-@pytest.mark.parametrize("name, head, reads, content", [
-    # a character split over two reads is decoded whole
-    ("split UTF-8", b"", [_sse("caf\u00e9 \u4e2d\u6587")[:-12], _sse("caf\u00e9 \u4e2d\u6587")[-12:]],
-     "caf\u00e9 \u4e2d\u6587"),
-    # bytes that are not UTF-8 are replaced, as httpx's text iterator replaces them
-    ("invalid UTF-8", b"", [_sse("ok").replace(b"ok", b"o\xffk")], "o\ufffdk"),
-    # the response's own charset is honoured
-    ("latin-1 charset", b"; charset=latin-1", [_sse("d\u00e9j\u00e0").decode("utf-8").encode("latin-1")],
-     "d\u00e9j\u00e0"),
-])
+@pytest.mark.parametrize(
+    "name, head, reads, content",
+    [
+        # a character split over two reads is decoded whole
+        (
+            "split UTF-8",
+            b"",
+            [_sse("caf\u00e9 \u4e2d\u6587")[:-12], _sse("caf\u00e9 \u4e2d\u6587")[-12:]],
+            "caf\u00e9 \u4e2d\u6587",
+        ),
+        # bytes that are not UTF-8 are replaced, as httpx's text iterator replaces them
+        ("invalid UTF-8", b"", [_sse("ok").replace(b"ok", b"o\xffk")], "o\ufffdk"),
+        # the response's own charset is honoured
+        (
+            "latin-1 charset",
+            b"; charset=latin-1",
+            [_sse("d\u00e9j\u00e0").decode("utf-8").encode("latin-1")],
+            "d\u00e9j\u00e0",
+        ),
+    ],
+)
 def test_a_body_read_past_httpx_decodes_as_httpx_does(name, head, reads, content):
     async def check(url):
         async with make_client(RunConfig(url=url + "/v1", concurrency=1)) as client:
             out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
             assert out.status is TurnStatus.OK, out.error
             assert out.response.content == content
+
     _serve_raw(b"content-type: text/event-stream" + head, [_raw_chunk(r) for r in reads] + [_END], check)
 
 
@@ -443,11 +473,13 @@ def test_a_gzipped_stream_is_read_through_httpx_and_decoded():
             out = await chat_turn(client, url + "/v1/chat/completions", BODY, Deadlines(5, 5))
             assert out.status is TurnStatus.OK, out.error
             assert out.response.content == "squeezed"
+
     _serve_raw(b"content-type: text/event-stream\r\ncontent-encoding: gzip", [_raw_chunk(data), b"0\r\n\r\n"], check)
 
 
 def _serve_raw(headers: bytes, pieces: list[bytes], check) -> None:
     """One chunked answer: `headers`, then each piece as its own write, 20 ms apart."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await reader.readuntil(b"\r\n\r\n")
@@ -467,6 +499,7 @@ def _serve_raw(headers: bytes, pieces: list[bytes], check) -> None:
         finally:
             srv.close()
             await srv.wait_closed()
+
     anyio.run(main)
 
 
@@ -531,8 +564,26 @@ def test_reads_over_tls_are_stamped_when_their_bytes_arrived(tmp_path):
     if not sys.platform.startswith("linux") or shutil.which("openssl") is None:
         pytest.skip("needs Linux and the openssl command")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     client_ctx = ssl.create_default_context(cafile=str(cert))
@@ -608,11 +659,13 @@ def _seam_problems() -> dict[str, str]:
             return seam_problems(connector)
         finally:
             await connector.close()
+
     return anyio.run(check)
 
 
 def _seam_names() -> list[str]:
     from dsv4bench.wire.transport import SEAM
+
     return list(SEAM)
 
 
@@ -626,8 +679,9 @@ def test_the_installed_aiohttp_keeps_each_internal_the_transport_builds_on(inter
 
     problems = _seam_problems()
     assert set(problems) <= set(SEAM), f"seam_problems names internals SEAM does not: {problems}"
-    assert internal not in problems, (f"aiohttp {aiohttp.__version__} changed {internal} ({SEAM[internal]}): "
-                                      f"{problems[internal]}")
+    assert internal not in problems, (
+        f"aiohttp {aiohttp.__version__} changed {internal} ({SEAM[internal]}): {problems[internal]}"
+    )
 
 
 def _changed(monkeypatch, what: str) -> str:
@@ -640,8 +694,10 @@ def _changed(monkeypatch, what: str) -> str:
         monkeypatch.delattr(client_proto.ResponseHandler, "_reschedule_timeout")
         return f"{handler}._reschedule_timeout()"
     if what == "new signature":
+
         def set_response_params(self, timer=None, skip_payload=False):  # positional now
             raise AssertionError("not called over the fallback")
+
         monkeypatch.setattr(client_proto.ResponseHandler, "set_response_params", set_response_params)
         return f"{handler}.set_response_params(*, ...)"
     if what == "class moved":
@@ -652,6 +708,7 @@ def _changed(monkeypatch, what: str) -> str:
 
         async def started(self, connection):  # works as before, but no longer names ._protocol here
             return await start(self, connection)
+
         monkeypatch.setattr(aiohttp.ClientResponse, "start", started)
         return "aiohttp.ClientResponse.start sets ._protocol"
     raise ValueError(what)
@@ -698,10 +755,12 @@ def test_an_aiohttp_without_the_protocol_class_still_imports_the_transport():
     """The seam is looked up, not imported by name: the module loads and the check names it."""
     import subprocess
 
-    code = ("import asyncio, aiohttp\nfrom aiohttp import client_proto\ndel client_proto.ResponseHandler\n"
-            "from dsv4bench.wire import transport\n"
-            "async def main():\n    c = aiohttp.TCPConnector()\n    print(sorted(transport.seam_problems(c)))\n"
-            "    await c.close()\nasyncio.run(main())\n")
+    code = (
+        "import asyncio, aiohttp\nfrom aiohttp import client_proto\ndel client_proto.ResponseHandler\n"
+        "from dsv4bench.wire import transport\n"
+        "async def main():\n    c = aiohttp.TCPConnector()\n    print(sorted(transport.seam_problems(c)))\n"
+        "    await c.close()\nasyncio.run(main())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "'aiohttp.client_proto.ResponseHandler'" in out.stdout

@@ -47,6 +47,7 @@ def _locust_turn(head: bytes, body: bytes) -> TurnOutcome:
             while b"\r\n\r\n" not in request:
                 request += conn.recv(65536)
             conn.sendall(_answer(head, body))
+
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{srv.getsockname()[1]}/v1/chat/completions"
@@ -65,8 +66,9 @@ def _turn(head: bytes, body: bytes) -> TurnOutcome:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(x.split(b":")[1]) for x in request.split(b"\r\n")
-                           if x.lower().startswith(b"content-length")), 0)
+            length = next(
+                (int(x.split(b":")[1]) for x in request.split(b"\r\n") if x.lower().startswith(b"content-length")), 0
+            )
             await reader.readexactly(length)
             writer.write(_answer(head, body))
             await writer.drain()
@@ -82,15 +84,19 @@ def _turn(head: bytes, body: bytes) -> TurnOutcome:
         finally:
             srv.close()
             await srv.wait_closed()
+
     anyio.run(main)
     return out[0]
 
 
-@pytest.mark.parametrize("charset, body", [
-    ("zlib", ANSWER),  # a codec of bytes to bytes: its decoder refuses errors="replace"
-    ("rot13", ANSWER),  # a codec of str to str: its decoder refuses bytes
-    ("utf-16", ANSWER),  # a text encoding, whose decoder raises on a body without a BOM
-])
+@pytest.mark.parametrize(
+    "charset, body",
+    [
+        ("zlib", ANSWER),  # a codec of bytes to bytes: its decoder refuses errors="replace"
+        ("rot13", ANSWER),  # a codec of str to str: its decoder refuses bytes
+        ("utf-16", ANSWER),  # a text encoding, whose decoder raises on a body without a BOM
+    ],
+)
 @pytest.mark.parametrize("turn", [_turn, _locust_turn], ids=["agents", "locust"])
 def test_a_charset_that_cannot_decode_the_body_is_a_decoding_error_not_a_crash(turn, charset, body):
     out = turn(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=" + charset.encode(), body)
@@ -100,8 +106,11 @@ def test_a_charset_that_cannot_decode_the_body_is_a_decoding_error_not_a_crash(t
 
 @pytest.mark.parametrize("turn", [_turn, _locust_turn], ids=["agents", "locust"])
 def test_a_redirect_is_an_http_error_that_names_where_not_a_broken_stream(turn):
-    out = turn(b"HTTP/1.1 307 Temporary Redirect\r\ncontent-type: text/html\r\n"
-                b"location: https://gateway.example/v1/chat/completions", b"<a href='...'>moved</a>")
+    out = turn(
+        b"HTTP/1.1 307 Temporary Redirect\r\ncontent-type: text/html\r\n"
+        b"location: https://gateway.example/v1/chat/completions",
+        b"<a href='...'>moved</a>",
+    )
     assert out.status is TurnStatus.ERROR and out.error_kind is ErrorKind.HTTP_ERROR and out.response is None
     assert out.error == "HTTP 307: <a href='...'>moved</a> (Location: https://gateway.example/v1/chat/completions)"
 

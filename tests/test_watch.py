@@ -87,13 +87,19 @@ def _text(renderable: object, width: int = 200) -> str:
 # --- a PD deployment at 80 columns --------------------------------------------------------------
 
 ROUTER_EP, PREFILL_EP, DECODE_EP = (f"http://10.20.30.40:{p}/metrics" for p in (8000, 30000, 30002))
-GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs",
-          "sglang:num_prefill_inflight_queue_reqs", "sglang:num_decode_prealloc_queue_reqs",
-          "sglang:num_decode_transfer_queue_reqs")
+GAUGES = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+)
 
 
-def _pd_sample(endpoint: str, engine_type: str, t_s: float, gauges: dict[str, list[float]],
-               reqs: float) -> MetricSample:
+def _pd_sample(
+    endpoint: str, engine_type: str, t_s: float, gauges: dict[str, list[float]], reqs: float
+) -> MetricSample:
     """Every gauge a bundled PD server exports (all six, whatever its role), over two tp ranks."""
     values: dict[str, float] = {}
     for name in GAUGES:
@@ -136,8 +142,10 @@ def test_pd_view_fits_80_columns_and_shows_each_role_its_own_gauges() -> None:
     assert transfer[1] == "40" and set(transfer[2]) == {"█"}
     assert decode[0].split(None, 2)[2] == "WEDGE: decode transfer queue stuck at 40 for 20 s"
     # One rank of two stuck: the words name it (wrapped below the state column, not cut).
-    assert " ".join(prefill[0].split()[2:] + prefill[1].split()) == \
-        "WEDGE: prefill inflight queue stuck at 1 for 20 s (tp_rank=0)"
+    assert (
+        " ".join(prefill[0].split()[2:] + prefill[1].split())
+        == "WEDGE: prefill inflight queue stuck at 1 for 20 s (tp_rank=0)"
+    )
     assert prefill[2].split()[0] == "bootstrap"
     assert router[0].endswith("idle")
     assert lines[-1].startswith("WEDGE forming: 3 gauge(s)")
@@ -175,6 +183,7 @@ def test_endpoint_label() -> None:
 
 # --- watch_main against the fixture server -----------------------------------------------------
 
+
 @pytest.fixture
 def wedge_server() -> Iterator[str]:
     """The SGLang-shaped wedge server on a free loopback port, under uvicorn in a thread."""
@@ -188,8 +197,9 @@ def _watch(url: str) -> int:
 
 
 def test_watch_main_exits_1_when_a_queue_is_stuck(wedge_server: str) -> None:
-    httpx.post(wedge_server + "/control", json={"stuck": {"sglang:num_decode_transfer_queue_reqs": 58}},
-               trust_env=False).raise_for_status()
+    httpx.post(
+        wedge_server + "/control", json={"stuck": {"sglang:num_decode_transfer_queue_reqs": 58}}, trust_env=False
+    ).raise_for_status()
     assert _watch(wedge_server) == 1
 
 
@@ -207,11 +217,17 @@ def test_an_older_releases_gauge_sorts_with_its_current_name() -> None:
     from dsv4bench.servers.dialect import INFIGHT, PREFILL_PREALLOC
     from dsv4bench.servers.watch import _gauge_sort_key
 
-    series = [f'{name}{{engine_type="prefill"}}' for name in
-              (INFIGHT, "sglang:num_running_reqs", PREFILL_PREALLOC, "sglang:num_queue_reqs")]
+    series = [
+        f'{name}{{engine_type="prefill"}}'
+        for name in (INFIGHT, "sglang:num_running_reqs", PREFILL_PREALLOC, "sglang:num_queue_reqs")
+    ]
     # running, waiting, bootstrap (was prealloc), inflight (was infight): QUEUE_GAUGES' order.
     assert [s.split("{")[0] for s in sorted(series, key=_gauge_sort_key)] == [
-        "sglang:num_running_reqs", "sglang:num_queue_reqs", PREFILL_PREALLOC, INFIGHT]
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        PREFILL_PREALLOC,
+        INFIGHT,
+    ]
 
 
 # --- kinds that offer no gauges -----------------------------------------------------------------
@@ -225,15 +241,30 @@ def test_a_kind_without_gauges_is_not_offered_and_never_a_wedge() -> None:
     plain = "http://plain:8000/metrics"
     for t in range(10):
         st.add(MetricSample(t * S, t * S, plain, False, error="HTTPStatusError: 404", status=404))
-    assert st.describe(plain, 9 * S).plain == \
-        "gauges not offered (/metrics HTTP 404): judged by canaries and /health alone"
+    assert (
+        st.describe(plain, 9 * S).plain
+        == "gauges not offered (/metrics HTTP 404): judged by canaries and /health alone"
+    )
     # TensorRT-LLM: gauges held while busy, then `[]` while no iteration runs: the held gauges
     # seen before are not stuck ones, however long the empty answers last.
-    st.add(MetricSample(0, 0, TRT, True, values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0},
-                        status=200, metrics_json=True))
+    st.add(
+        MetricSample(
+            0, 0, TRT, True, values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0}, status=200, metrics_json=True
+        )
+    )
     for t in range(1, 10):
-        st.add(MetricSample(t * S, t * S, TRT, False, error="NoIterationStats: none", status=200, metrics_json=True,
-                            no_iteration=True))
+        st.add(
+            MetricSample(
+                t * S,
+                t * S,
+                TRT,
+                False,
+                error="NoIterationStats: none",
+                status=200,
+                metrics_json=True,
+                no_iteration=True,
+            )
+        )
     assert st.wedge_forming(9 * S) == {}
     assert st.describe(TRT, 9 * S).plain.startswith("gauges not offered (no iteration since the last look)")
     text = _text(render_watch(st))
@@ -249,14 +280,28 @@ def test_a_kind_with_gauges_whose_scrape_fails_says_so() -> None:
     st.add(MetricSample(S, S, vllm, False, error="HTTPStatusError: 404", status=404))
     assert st.describe(vllm, S).plain == "scrape failed: HTTPStatusError: 404"
     for t in range(4):
-        st.add(MetricSample(t * S, t * S, TRT, True, values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0},
-                            status=200, metrics_json=True))
+        st.add(
+            MetricSample(
+                t * S,
+                t * S,
+                TRT,
+                True,
+                values={"trtllm:numActiveRequests": 3.0, "trtllm:iter": 7.0},
+                status=200,
+                metrics_json=True,
+            )
+        )
     st.add(MetricSample(4 * S, 4 * S, TRT, False, error="ReadTimeout: ", metrics_json=False))
     assert st.wedge_forming(4 * S) == {TRT: ["trtllm:numActiveRequests"]}
 
 
-@pytest.mark.parametrize("kind_args,words", [("plain", "gauges not offered (/metrics HTTP 404)"),
-                                             ("trtllm", "gauges not offered (no iteration since the last look)")])
+@pytest.mark.parametrize(
+    "kind_args,words",
+    [
+        ("plain", "gauges not offered (/metrics HTTP 404)"),
+        ("trtllm", "gauges not offered (no iteration since the last look)"),
+    ],
+)
 def test_watch_main_on_kinds_without_gauges(kind_args: str, words: str) -> None:
     import threading
     import time
@@ -277,8 +322,7 @@ def test_watch_main_on_kinds_without_gauges(kind_args: str, words: str) -> None:
         time.sleep(0.02)
     try:
         out = io.StringIO()
-        code = anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 2.5, 0.2, 1.0,
-                         Console(file=out, width=200))
+        code = anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 2.5, 0.2, 1.0, Console(file=out, width=200))
     finally:
         server.should_exit = True
         thread.join(timeout=5)

@@ -35,9 +35,13 @@ def sample(t_s: float, endpoint: str = DEC, ok: bool = True, **values: float) ->
 
 def test_healthy_drain_reports_drain_time_and_no_codes():
     series = [sample(-1, run=80, queue=5, reqs=100, gen=9000)]  # before stop: ignored
-    series += [sample(0, run=80, queue=0, reqs=100, gen=9000), sample(1, run=40, queue=0, reqs=140, gen=9400),
-               sample(2, run=10, queue=0, reqs=170, gen=9600), sample(3, run=0, queue=0, reqs=180, gen=9700),
-               sample(10, run=0, queue=0, reqs=180, gen=9700)]
+    series += [
+        sample(0, run=80, queue=0, reqs=100, gen=9000),
+        sample(1, run=40, queue=0, reqs=140, gen=9400),
+        sample(2, run=10, queue=0, reqs=170, gen=9600),
+        sample(3, run=0, queue=0, reqs=180, gen=9700),
+        sample(10, run=0, queue=0, reqs=180, gen=9700),
+    ]
     found = detect_wedge(series, STOP, CFG)
     assert found[DEC].codes == []
     assert found[DEC].drain_s == 3.0
@@ -110,29 +114,37 @@ def test_lying_health_gives_canary_timeout_and_health_lies():
 
 
 def test_honest_health_with_failed_canary_is_only_canary_timeout():
-    health = [HealthResult(STOP + S, "http://d/health", OK, 0.01, status=200),
-              HealthResult(STOP + 31 * S, "http://d/health", FAILING, 0.01, status=503)]
+    health = [
+        HealthResult(STOP + S, "http://d/health", OK, 0.01, status=200),
+        HealthResult(STOP + 31 * S, "http://d/health", FAILING, 0.01, status=503),
+    ]
     canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 1.0, error="x")]
     found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)
     assert found["http://d/v1"].codes == ["canary_timeout"]
 
 
 def test_recovered_canary_clears_canary_timeout():
-    canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 1.0, error="x"),
-                CanaryResult(STOP + 35 * S, "http://d/v1", OK, 0.1)]
+    canaries = [
+        CanaryResult(STOP + 31 * S, "http://d/v1", TIMEOUT, 1.0, error="x"),
+        CanaryResult(STOP + 35 * S, "http://d/v1", OK, 0.1),
+    ]
     assert detect_wedge([], STOP, CFG, canaries=canaries)["http://d/v1"].codes == []
 
 
 def test_slow_but_progressing_drain_is_not_a_wedge():
     # Still work at the end of the window, but the queue shrinks and counters move.
-    series = [sample(t, run=40, queue=60 - 2 * t, transfer=max(0, 30 - t), reqs=100 + 3 * t, gen=5000 + 90 * t)
-              for t in range(0, 31)]
+    series = [
+        sample(t, run=40, queue=60 - 2 * t, transfer=max(0, 30 - t), reqs=100 + 3 * t, gen=5000 + 90 * t)
+        for t in range(0, 31)
+    ]
     found = detect_wedge(series, STOP, CFG)
     assert found[DEC].codes == []
     assert found[DEC].drain_s is None
     # Still held work when the window closed: said, not hidden behind the empty codes.
-    assert any(d.startswith(f"{RUN}=40 on {DEC} when the drain window closed") and "neither drained nor stuck" in d
-               for d in found[DEC].details), found[DEC].details
+    assert any(
+        d.startswith(f"{RUN}=40 on {DEC} when the drain window closed") and "neither drained nor stuck" in d
+        for d in found[DEC].details
+    ), found[DEC].details
 
 
 def test_short_plateau_under_min_stuck_is_not_stuck():
@@ -141,7 +153,8 @@ def test_short_plateau_under_min_stuck_is_not_stuck():
     assert found.codes == []
     assert [d for d in found.details if "not" in d or "neither" in d] == [
         f"{TRANSFER}=4 on {DEC} when the drain window closed, but it had moved in its last 5 s: neither drained "
-        "nor stuck (a longer --drain-timeout would tell)"]
+        "nor stuck (a longer --drain-timeout would tell)"
+    ]
 
 
 def test_endpoint_down_mid_window_is_skipped_not_a_crash():
@@ -165,8 +178,11 @@ def test_vllm_names_are_judged_too():
 
 def test_a_canary_answered_with_an_error_is_a_check_error_not_a_wedge():
     health = [HealthResult(STOP + 31 * S, "http://d/health", OK, 0.01, status=200)]
-    for result, error in ((ERROR, "HTTP 200 but not JSON (text/html): an HTML page"),
-                          (ERROR, "HTTP 500: internal error"), (UNREACHABLE, "ConnectError: refused")):
+    for result, error in (
+        (ERROR, "HTTP 200 but not JSON (text/html): an HTML page"),
+        (ERROR, "HTTP 500: internal error"),
+        (UNREACHABLE, "ConnectError: refused"),
+    ):
         canaries = [CanaryResult(STOP + 31 * S, "http://d/v1", result, 0.02, error=error)]
         found = detect_wedge([], STOP, CFG, health=health, canaries=canaries)["http://d/v1"]
         assert found.codes == [], result
@@ -174,8 +190,10 @@ def test_a_canary_answered_with_an_error_is_a_check_error_not_a_wedge():
 
 
 def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
-    health = [HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
-              HealthResult(STOP + 31 * S, "http://p/health_generate", TIMEOUT, 5.0, error="timeout after 5 s")]
+    health = [
+        HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
+        HealthResult(STOP + 31 * S, "http://p/health_generate", TIMEOUT, 5.0, error="timeout after 5 s"),
+    ]
     found = detect_wedge([], STOP, CFG, health=health)
     assert found["http://p/health_generate"].codes == ["health_lies"]
     assert found["http://p/health"].codes == []
@@ -184,9 +202,10 @@ def test_a_worker_lies_when_health_generate_hangs_behind_a_200():
 @pytest.mark.parametrize(("status", "lies"), [(503, True), (500, False), (200, False)])
 def test_a_worker_lies_when_health_generate_says_503_behind_a_200(status, lies):
     """A patient check outwaits the server's own probe timeout and hears its 503: the same lie."""
-    health = [HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
-              HealthResult(STOP + 31 * S, "http://p/health_generate", OK if status == 200 else FAILING, 20.0,
-                           status=status)]
+    health = [
+        HealthResult(STOP + 31 * S, "http://p/health", OK, 0.01, status=200),
+        HealthResult(STOP + 31 * S, "http://p/health_generate", OK if status == 200 else FAILING, 20.0, status=status),
+    ]
     found = detect_wedge([], STOP, CFG, health=health)
     assert found["http://p/health_generate"].codes == (["health_lies"] if lies else [])
     assert any("answered 503" in d for d in found["http://p/health_generate"].details) == lies
@@ -199,8 +218,10 @@ def test_failures_that_rose_in_the_drain_window_are_evidence_never_a_code():
     failed = 'sglang:num_transfer_failed_reqs_total{engine_type="decode"}'
     stuck = 'sglang:num_decode_transfer_queue_reqs{engine_type="decode"}'
     ep = "http://d:30002/metrics"
-    samples = [MetricSample(t * 10**9, t * 10**9, ep, True, values={stuck: 0.0, failed: f})
-               for t, f in ((1, 2.0), (2, 5.0), (3, 5.0))]
+    samples = [
+        MetricSample(t * 10**9, t * 10**9, ep, True, values={stuck: 0.0, failed: f})
+        for t, f in ((1, 2.0), (2, 5.0), (3, 5.0))
+    ]
     [found] = detect_wedge(samples, 0, WedgeConfig(drain_timeout_s=10, min_stuck_s=1)).values()
     assert found.codes == [] and found.details == [f"failures counted on {ep} after load stop: {failed} +3"]
     assert failures_rose({failed: 9.0}, {failed: 1.0}) == []  # reset by a restart

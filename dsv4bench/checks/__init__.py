@@ -35,7 +35,9 @@ def _checker(code: str) -> Checker:
 # Evidence judged on every ok turn (markup the answer alone cannot judge); the oracle's own
 # code only where a raw completion was fetched.
 ALWAYS_EVIDENCE = tuple(c for c in EVIDENCE_CODES if c != ORACLE_CODE)
-CHECKERS: dict[str, Checker] = {code: _checker(code) for code in (*CORRUPTION_CODES, *ALWAYS_EVIDENCE, *AVAILABILITY_CODES)}
+CHECKERS: dict[str, Checker] = {
+    code: _checker(code) for code in (*CORRUPTION_CODES, *ALWAYS_EVIDENCE, *AVAILABILITY_CODES)
+}
 ORACLE_CHECKER: Checker = _checker(ORACLE_CODE)
 
 
@@ -51,9 +53,7 @@ def checkers_for(ctx: TurnContext) -> dict[str, Checker]:
     return chosen
 
 
-def run_checks(
-    ctx: TurnContext, checkers: dict[str, Checker] | None = None
-) -> tuple[list[Verdict], list[str]]:
+def run_checks(ctx: TurnContext, checkers: dict[str, Checker] | None = None) -> tuple[list[Verdict], list[str]]:
     """Run the applicable checkers over one turn: (verdicts, check_errors).
 
     `checkers` overrides the registry (tests, `audit` with a subset); status rules still

@@ -27,5 +27,11 @@ def check_dsml_in_arguments(ctx: TurnContext) -> list[Verdict]:
     return verdicts_of(ctx, "dsml_in_arguments")
 
 
-__all__ = ["BARS", "DsmlMatch", "check_dsml_in_arguments", "check_dsml_leak_content", "check_dsml_leak_reasoning",
-           "find_dsml"]
+__all__ = [
+    "BARS",
+    "DsmlMatch",
+    "check_dsml_in_arguments",
+    "check_dsml_leak_content",
+    "check_dsml_leak_reasoning",
+    "find_dsml",
+]

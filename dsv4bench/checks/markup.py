@@ -78,16 +78,18 @@ def _judge(ctx: TurnContext, where: str, text: str, m: Markup) -> tuple[str, str
     """(code, why) of one match, or None where it is text the task is about (see the docstring)."""
     given = ctx.given
     if given is not None:
-        copied = text[m.start: m.start + _COPIED_SPAN] if m.structural else m.text
+        copied = text[m.start : m.start + _COPIED_SPAN] if m.structural else m.text
         if given.holds(copied) or given.holds(m.text.strip()) and not m.structural:
             return None
     code = _code(m, where)
     if m.structural:
         return code, "structural: it parses as a call"
     if given is None:
-        return UNPROVEN, (f"the request's text is not known, so the answer alone cannot decide whether it is "
-                          f"quoted from the task ({code} if not); audit the exchange with its request body, or "
-                          "run with --raw")
+        return UNPROVEN, (
+            f"the request's text is not known, so the answer alone cannot decide whether it is "
+            f"quoted from the task ({code} if not); audit the exchange with its request body, or "
+            "run with --raw"
+        )
     return code, "it appears nowhere in the text the request gave the model"
 
 
@@ -124,12 +126,19 @@ def verdicts_of(ctx: TurnContext, code: str) -> list[Verdict]:
         first = owned[0]
         m = first.markup
         kinds = ", ".join(sorted({f.markup.kind for f in owned[1:]}))
-        more = "" if len(owned) < 2 else f" (+{len(owned) - 1} more: {kinds})" if m.tool_markup \
+        more = (
+            ""
+            if len(owned) < 2
+            else f" (+{len(owned) - 1} more: {kinds})"
+            if m.tool_markup
             else f" (+{len(owned) - 1} more)"
+        )
         inside = "" if first.label in (where, "raw", "name") else f"in {first.label}: "
         named = f" {TOKENS[m.text]}" if m.family == "deepseek" and m.text in TOKENS else ""
-        detail = (f"{inside}{m.family} {m.kind}{named} {m.text!r}{_thinking_note(ctx, where, m)} at {m.start}{more}: "
-                  f"{excerpt(first.text, m.start, m.end)}; {first.why}")
+        detail = (
+            f"{inside}{m.family} {m.kind}{named} {m.text!r}{_thinking_note(ctx, where, m)} at {m.start}{more}: "
+            f"{excerpt(first.text, m.start, m.end)}; {first.why}"
+        )
         at = f"{where}@{m.start}" if first.label == where else where
         verdicts.append(Verdict(code, detail, at))
     return verdicts

@@ -28,8 +28,11 @@ def body_for(ctx: TurnContext) -> dict[str, Any]:
     """A request body with the turn's tools, tool_choice and thinking flag, enough for the
     parser (TurnContext holds no transcript). An unknown thinking flag (None, as in audits)
     is left out, so `parse_raw_completion` infers it from the raw text."""
-    body: dict[str, Any] = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "."}],
-                            "tool_choice": ctx.terms.tool_choice_body()}
+    body: dict[str, Any] = {
+        "model": "DeepSeek-V4-Pro",
+        "messages": [{"role": "user", "content": "."}],
+        "tool_choice": ctx.terms.tool_choice_body(),
+    }
     if ctx.thinking is not None:
         body["chat_template_kwargs"] = {"thinking": ctx.thinking}
     if ctx.tools:
@@ -76,8 +79,14 @@ def oracle_reading(ctx: TurnContext) -> RawReading | None:
     if ctx.raw_completion is None or ctx.response is None:
         return None
     server = ctx.response
-    return read_raw(ctx.raw_completion, body_for(ctx), family=getattr(ctx, "family", None), model=server.model,
-                    finish_reason=raw_finish(server), stream=server.stream)
+    return read_raw(
+        ctx.raw_completion,
+        body_for(ctx),
+        family=getattr(ctx, "family", None),
+        model=server.model,
+        finish_reason=raw_finish(server),
+        stream=server.stream,
+    )
 
 
 def check_parser_disagreement(ctx: TurnContext) -> list[Verdict]:

@@ -48,8 +48,7 @@ def read_oracles(ctx: TurnContext) -> OracleReadings | None:
         return None
     raw = ctx.raw_completion if isinstance(ctx.raw_completion, str) else repr(ctx.raw_completion)
     if reading.oracle is None:
-        return OracleReadings(raw, None, reading.sglang, None, reading.family,
-                              reading.not_read or "no reader read it")
+        return OracleReadings(raw, None, reading.sglang, None, reading.family, reading.not_read or "no reader read it")
     recipe = reading.oracle if reading.reader == RECIPE_READER else None
     return OracleReadings(raw, recipe, reading.sglang, reading.reader, reading.family)
 
@@ -86,8 +85,12 @@ def readings(server: AssembledResponse, oracles: OracleReadings) -> dict[str, As
     alone where nothing read it."""
     if not_read(oracles) is not None:
         return {SERVER: server}
-    found = {SERVER: server, RECIPE: oracles.recipe,
-             SGLANG_STREAM: oracles.sglang.stream, SGLANG_WHOLE: oracles.sglang.whole}
+    found = {
+        SERVER: server,
+        RECIPE: oracles.recipe,
+        SGLANG_STREAM: oracles.sglang.stream,
+        SGLANG_WHOLE: oracles.sglang.whole,
+    }
     return {source: r for source, r in found.items() if r is not None}
 
 
@@ -124,8 +127,10 @@ class Disagreement:
 
     def describe(self) -> str:
         """`content: server = SGLang streamed 'x'; deepseek-recipe 'y'` (no call: `-`)."""
-        shown = [" = ".join(sources) + " " + ("-" if value is None else repr(clip(value, 80)))
-                 for sources, value in self.groups]
+        shown = [
+            " = ".join(sources) + " " + ("-" if value is None else repr(clip(value, 80)))
+            for sources, value in self.groups
+        ]
         return f"{self.where}: " + "; ".join(shown)
 
 

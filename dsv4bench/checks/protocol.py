@@ -109,8 +109,7 @@ def check_empty_turn(ctx: TurnContext) -> list[Verdict]:
     it announces were dropped.
     """
     resp = response_of(ctx)
-    if (resp.finish_reason in ("length", None) or resp.content.strip() or resp.reasoning.strip()
-            or resp.tool_calls):
+    if resp.finish_reason in ("length", None) or resp.content.strip() or resp.reasoning.strip() or resp.tool_calls:
         return []
     if resp.finish_reason == "stop" and may_end_early(ctx):
         return []

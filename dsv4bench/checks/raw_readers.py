@@ -80,9 +80,17 @@ def _read_as(f: Family, raw_text: str, body: dict[str, Any], finish_reason: str,
     """`raw_text` read by family `f`'s reference reader (and SGLang's detectors for it)."""
     if not f.sglang_parsers and f.name not in RECIPE_FAMILIES:
         return RawReading(f.name, "not read", None, not_read=f"no reader for {f.name}: SGLang has no detector for it")
-    sglang = (read_with_sglang(raw_text, body, finish_reason=finish_reason, tool_parser=f.sglang_parsers[0],
-                               reasoning_parser=f.reasoning_parser)
-              if f.sglang_parsers else SglangReading(f"SGLang has no detector for {f.name}"))
+    sglang = (
+        read_with_sglang(
+            raw_text,
+            body,
+            finish_reason=finish_reason,
+            tool_parser=f.sglang_parsers[0],
+            reasoning_parser=f.reasoning_parser,
+        )
+        if f.sglang_parsers
+        else SglangReading(f"SGLang has no detector for {f.name}")
+    )
     if f.name in RECIPE_FAMILIES:
         try:
             recipe = parse_raw_completion(raw_text, body, finish_reason=finish_reason)
@@ -95,8 +103,15 @@ def _read_as(f: Family, raw_text: str, body: dict[str, Any], finish_reason: str,
     return RawReading(f.name, f"SGLang {f.sglang_parsers[0]}", reading, sglang)
 
 
-def read_raw(raw_text: Any, body: dict[str, Any], *, family: str | None = None, model: str | None = None,
-             finish_reason: str = "stop", stream: bool = False) -> RawReading:
+def read_raw(
+    raw_text: Any,
+    body: dict[str, Any],
+    *,
+    family: str | None = None,
+    model: str | None = None,
+    finish_reason: str = "stop",
+    stream: bool = False,
+) -> RawReading:
     """`raw_text` as its family's reference reader reads it; never raises.
 
     `body`: the request it answers (oracle.body_for); `family`: the server's (None: found from the
@@ -104,7 +119,9 @@ def read_raw(raw_text: Any, body: dict[str, Any], *, family: str | None = None, 
     the backend's; `stream`: whether the server answered streamed (which SGLang reading is the
     oracle's, for a family SGLang reads)."""
     if not isinstance(raw_text, str):
-        return RawReading(family, "not read", None, not_read=f"the raw completion is not text ({type(raw_text).__name__})")
+        return RawReading(
+            family, "not read", None, not_read=f"the raw completion is not text ({type(raw_text).__name__})"
+        )
     found = families_for(raw_text, family, model)
     if isinstance(found, str):
         return RawReading(family, "not read", None, not_read=found)
@@ -113,7 +130,9 @@ def read_raw(raw_text: Any, body: dict[str, Any], *, family: str | None = None, 
         try:
             readings.append(_read_as(f, raw_text, body, finish_reason, stream))
         except Exception as e:  # noqa: BLE001 - a reader that breaks leaves the text unread, never a crash
-            readings.append(RawReading(f.name, "not read", None, not_read=f"{f.name}'s reader raised {type(e).__name__}: {e}"))
+            readings.append(
+                RawReading(f.name, "not read", None, not_read=f"{f.name}'s reader raised {type(e).__name__}: {e}")
+            )
     read = [r for r in readings if r.oracle is not None]
     if not read:
         return readings[0]

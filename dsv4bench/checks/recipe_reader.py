@@ -96,8 +96,19 @@ def thinking_for(raw_text: str, body: dict[str, Any], default_thinking: bool | N
 # Each family's end of turn, which a raw completion fetched with special tokens kept may end
 # with: DeepSeek's EOS, ChatML's (Qwen, Kimi), Llama 3's, harmony's final `<|return|>`,
 # Mistral's `</s>`, Gemma's, and GLM's (it stops on the next role's token).
-STOP_TOKENS = (EOS, "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|return|>", "</s>",
-               "<end_of_turn>", "<turn|>", "<|user|>", "<|observation|>")
+STOP_TOKENS = (
+    EOS,
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|return|>",
+    "</s>",
+    "<end_of_turn>",
+    "<turn|>",
+    "<|user|>",
+    "<|observation|>",
+)
 
 
 def completion_text(raw_text: str) -> str:

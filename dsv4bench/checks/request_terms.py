@@ -16,7 +16,7 @@ from dsv4bench.history.request_terms import NAMED
 
 
 def check_tool_choice_violation(ctx: TurnContext) -> list[Verdict]:
-    """"none" with a tool call; "required" with none; a named function not called, or another
+    """ "none" with a tool call; "required" with none; a named function not called, or another
     tool called beside or instead of it. An answer cut by its length limit before any call is
     `truncated`'s, or finish_reason_mismatch's where it used all its max_tokens and says
     otherwise: the limit, not the tool_choice, ended it."""
@@ -26,22 +26,42 @@ def check_tool_choice_violation(ctx: TurnContext) -> list[Verdict]:
     if not names and (resp.finish_reason in ("length", None) or cut_at_cap(ctx) is not None):
         return []
     if choice == "none" and names:
-        return [Verdict("tool_choice_violation", f"tool_choice 'none' but {len(names)} tool call(s): "
-                        f"{clip(', '.join(names))}", "tool_calls")]
+        return [
+            Verdict(
+                "tool_choice_violation",
+                f"tool_choice 'none' but {len(names)} tool call(s): {clip(', '.join(names))}",
+                "tool_calls",
+            )
+        ]
     if choice == "required" and not names:
-        return [Verdict("tool_choice_violation", "tool_choice 'required' but no tool call "
-                        f"(finish_reason {resp.finish_reason!r})", "tool_calls")]
+        return [
+            Verdict(
+                "tool_choice_violation",
+                f"tool_choice 'required' but no tool call (finish_reason {resp.finish_reason!r})",
+                "tool_calls",
+            )
+        ]
     if choice == NAMED and terms.named_tool is not None:
         want = terms.named_tool
         if not names:
-            return [Verdict("tool_choice_violation", f"tool_choice names {want!r} but no tool call "
-                            f"(finish_reason {resp.finish_reason!r})", "tool_calls")]
+            return [
+                Verdict(
+                    "tool_choice_violation",
+                    f"tool_choice names {want!r} but no tool call (finish_reason {resp.finish_reason!r})",
+                    "tool_calls",
+                )
+            ]
         others = [(i, n) for i, n in enumerate(names) if n != want]
         if others:
             i, name = others[0]
-            return [Verdict("tool_choice_violation", f"tool_choice names {want!r} but the answer called "
-                            f"{clip(name)!r}" + (f" and {len(others) - 1} other(s)" if len(others) > 1 else ""),
-                            f"tool_calls[{i}].name")]
+            return [
+                Verdict(
+                    "tool_choice_violation",
+                    f"tool_choice names {want!r} but the answer called "
+                    f"{clip(name)!r}" + (f" and {len(others) - 1} other(s)" if len(others) > 1 else ""),
+                    f"tool_calls[{i}].name",
+                )
+            ]
     return []
 
 
@@ -49,8 +69,13 @@ def check_parallel_calls_violation(ctx: TurnContext) -> list[Verdict]:
     """parallel_tool_calls false, yet more than one call in the turn."""
     resp = response_of(ctx)
     if ctx.terms.parallel_tool_calls is False and len(resp.tool_calls) > 1:
-        return [Verdict("parallel_calls_violation", f"parallel_tool_calls false but {len(resp.tool_calls)} "
-                        "tool calls in one turn", "tool_calls[1]")]
+        return [
+            Verdict(
+                "parallel_calls_violation",
+                f"parallel_tool_calls false but {len(resp.tool_calls)} tool calls in one turn",
+                "tool_calls[1]",
+            )
+        ]
     return []
 
 
@@ -62,8 +87,13 @@ def check_stop_sequence_ignored(ctx: TurnContext) -> list[Verdict]:
         for stop in ctx.terms.stop:
             at = text.find(stop)
             if at >= 0:
-                return [Verdict("stop_sequence_ignored", f"stop sequence {stop!r} in {where}: "
-                                f"{excerpt(text, at, at + len(stop))}", where)]
+                return [
+                    Verdict(
+                        "stop_sequence_ignored",
+                        f"stop sequence {stop!r} in {where}: {excerpt(text, at, at + len(stop))}",
+                        where,
+                    )
+                ]
     return []
 
 
@@ -79,11 +109,18 @@ def check_reasoning_only(ctx: TurnContext) -> list[Verdict]:
     owed in text.
     """
     resp = response_of(ctx)
-    if not (resp.finish_reason == "stop" and resp.reasoning.strip() and not resp.content.strip()
-            and not resp.tool_calls):
+    if not (
+        resp.finish_reason == "stop" and resp.reasoning.strip() and not resp.content.strip() and not resp.tool_calls
+    ):
         return []
     if may_end_early(ctx) or cut_at_cap(ctx) is not None:
         return []
     effort = ctx.terms.reasoning_effort
-    return [Verdict("reasoning_only", f"{len(resp.reasoning)} characters of reasoning, then nothing"
-                    + (f" (reasoning_effort {effort!r})" if effort else ""), "content")]
+    return [
+        Verdict(
+            "reasoning_only",
+            f"{len(resp.reasoning)} characters of reasoning, then nothing"
+            + (f" (reasoning_effort {effort!r})" if effort else ""),
+            "content",
+        )
+    ]

@@ -60,8 +60,10 @@ TOOL_CALL_PARSER, REASONING_PARSER = "deepseekv4", "deepseek-v4"
 # `<|tool_call>` and `<|"|>`, `[TOOL_CALLS]`, `<tool_call>`: one token each to a tokenizer, and
 # some detectors look for them only whole), else words, runs of whitespace and single marks, so
 # a DSML tag reaches the parser cut up the way a model's tokens cut it.
-_PIECES = re.compile(r"<[|｜][^<>|｜\s]{1,40}[|｜]>|<\|[\w\"]{1,20}>|<[\w\"]{1,20}\|>|\[/?[A-Z_]{2,20}\]"
-                     r"|</?[a-z_]{2,20}>|\s+|\w+|[^\w\s]")
+_PIECES = re.compile(
+    r"<[|｜][^<>|｜\s]{1,40}[|｜]>|<\|[\w\"]{1,20}>|<[\w\"]{1,20}\|>|\[/?[A-Z_]{2,20}\]"
+    r"|</?[a-z_]{2,20}>|\s+|\w+|[^\w\s]"
+)
 
 
 class _Sglang(NamedTuple):
@@ -118,13 +120,18 @@ def _sglang_log() -> Iterator[list[str]]:
         logger.propagate = propagate
 
 
-def _response(content: str, reasoning: str, calls: list[tuple[str, str]], finish_reason: str,
-              stream: bool) -> AssembledResponse:
+def _response(
+    content: str, reasoning: str, calls: list[tuple[str, str]], finish_reason: str, stream: bool
+) -> AssembledResponse:
     """A reading as SGLang would answer it: finish `tool_calls` once a call was parsed."""
     return AssembledResponse(
-        content=content, reasoning=reasoning, stream=stream, saw_done=True,
+        content=content,
+        reasoning=reasoning,
+        stream=stream,
+        saw_done=True,
         tool_calls=[ToolCall(index=i, id=None, name=name, arguments=args) for i, (name, args) in enumerate(calls)],
-        finish_reason="tool_calls" if calls and finish_reason == "stop" else finish_reason)
+        finish_reason="tool_calls" if calls and finish_reason == "stop" else finish_reason,
+    )
 
 
 class _Plain:
@@ -141,18 +148,22 @@ class _Plain:
 
 
 def _reasoner(sg: _Sglang, parser: str | None, stream: bool, thinking: bool) -> Any:
-    return _Plain() if parser is None else sg.reasoning_parser(parser, stream_reasoning=stream, force_reasoning=thinking)
+    return (
+        _Plain() if parser is None else sg.reasoning_parser(parser, stream_reasoning=stream, force_reasoning=thinking)
+    )
 
 
-def _whole(sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool,
-           finish_reason: str) -> AssembledResponse:
+def _whole(
+    sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool, finish_reason: str
+) -> AssembledResponse:
     reasoning, normal = _reasoner(sg, parsers[1], False, thinking).parse_non_stream(text)
     content, items = sg.tool_parser(tools, parsers[0]).parse_non_stream(normal or "")
     return _response(content, reasoning or "", [(c.name, c.parameters) for c in items], finish_reason, False)
 
 
-def _streamed(sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool,
-              finish_reason: str) -> AssembledResponse:
+def _streamed(
+    sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str | None], thinking: bool, finish_reason: str
+) -> AssembledResponse:
     reasoning_parser = _reasoner(sg, parsers[1], True, thinking)
     tool_parser = sg.tool_parser(tools, parsers[0])
     reasoning: list[str] = []
@@ -180,8 +191,9 @@ def _streamed(sg: _Sglang, text: str, tools: list[Any], parsers: tuple[str, str 
     return _response("".join(content), "".join(reasoning), [(n, a) for n, a in calls.values()], finish_reason, True)
 
 
-def _thinking(sg: _Sglang, parser: str | None, raw_text: str, body: dict[str, Any],
-              default_thinking: bool | None) -> bool:
+def _thinking(
+    sg: _Sglang, parser: str | None, raw_text: str, body: dict[str, Any], default_thinking: bool | None
+) -> bool:
     """thinking_for, with the family's own end-of-thinking marker (`[/THINK]`, harmony's `<|end|>`)."""
     if parser is None:
         return False
@@ -190,9 +202,15 @@ def _thinking(sg: _Sglang, parser: str | None, raw_text: str, body: dict[str, An
     return str(sg.reasoning_parser(parser).detector.think_end_token) in raw_text
 
 
-def read_with_sglang(raw_text: str, body: dict[str, Any], *, default_thinking: bool | None = None,
-                     finish_reason: str = "stop", tool_parser: str = TOOL_CALL_PARSER,
-                     reasoning_parser: str | None = REASONING_PARSER) -> SglangReading:
+def read_with_sglang(
+    raw_text: str,
+    body: dict[str, Any],
+    *,
+    default_thinking: bool | None = None,
+    finish_reason: str = "stop",
+    tool_parser: str = TOOL_CALL_PARSER,
+    reasoning_parser: str | None = REASONING_PARSER,
+) -> SglangReading:
     """SGLang's readings of a raw completion, streamed and whole; never raises.
 
     `body`, `default_thinking` and `finish_reason` as for recipe_reader.parse_raw_completion;

@@ -47,5 +47,12 @@ def check_special_token_leak(ctx: TurnContext) -> list[Verdict]:
     return verdicts_of(ctx, CODE)
 
 
-__all__ = ["CODE", "TOKENS", "bundled_tokens", "check_special_token_leak", "find_special_tokens",
-           "recipe_tokens", "special_tokens"]
+__all__ = [
+    "CODE",
+    "TOKENS",
+    "bundled_tokens",
+    "check_special_token_leak",
+    "find_special_tokens",
+    "recipe_tokens",
+    "special_tokens",
+]

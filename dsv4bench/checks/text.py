@@ -352,8 +352,11 @@ def check_garbled_text(ctx: TurnContext) -> list[Verdict]:
     resp = response_of(ctx)
     # Where the assembler replaced lone surrogates, by the owner names judged_texts uses.
     replaced = {"content", "reasoning"} & set(resp.surrogates_replaced)
-    replaced |= {f"tool_calls[{i}].arguments" for i, c in enumerate(resp.tool_calls)
-                 if f"tool_calls[{c.index}].arguments" in resp.surrogates_replaced}
+    replaced |= {
+        f"tool_calls[{i}].arguments"
+        for i, c in enumerate(resp.tool_calls)
+        if f"tool_calls[{c.index}].arguments" in resp.surrogates_replaced
+    }
     verdicts = []
     for where, texts in judged_texts(resp):
         for label, text in texts:

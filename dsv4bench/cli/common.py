@@ -20,8 +20,13 @@ app = typer.Typer(
 err = Console(stderr=True)
 out = Console()
 
-VERDICT_STYLE = {"CLEAN": "bold green", "CORRUPTION": "bold red", "WEDGE": "bold magenta", "ERRORS": "bold yellow",
-                 "INCOMPLETE": "bold red"}
+VERDICT_STYLE = {
+    "CLEAN": "bold green",
+    "CORRUPTION": "bold red",
+    "WEDGE": "bold magenta",
+    "ERRORS": "bold yellow",
+    "INCOMPLETE": "bold red",
+}
 
 
 REQUEST_MIX_HELP = (
@@ -31,7 +36,8 @@ REQUEST_MIX_HELP = (
     "per dimension, `;` between them, after a preset or alone: e.g. 'frameworks;thinking=off' or "
     "'tool_choice=auto:6,none:2,named:2'. Each value's expectation is checked (tool_choice_violation, "
     "parallel_calls_violation, stop_sequence_ignored, reasoning_only) and the report splits every code by "
-    "variant. Grammar and the default weights: dsv4bench/harness/request_mix.py.")
+    "variant. Grammar and the default weights: dsv4bench/harness/request_mix.py."
+)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -60,7 +66,9 @@ def print_verdict(summary: dict, run_dir: Path) -> None:
     v = summary.get("verdict", "?")
     t = summary.get("turns", {})
     unchecked = " (wedge not checked)" if summary.get("wedge_checked") is False and v in ("CLEAN", "ERRORS") else ""
-    line = (f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
-            f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "
-            f"killed {t.get('killed', 0)})  report: {markup_safe(str(Path(run_dir) / 'report.md'))}")
+    line = (
+        f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
+        f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "
+        f"killed {t.get('killed', 0)})  report: {markup_safe(str(Path(run_dir) / 'report.md'))}"
+    )
     out.print(line, highlight=False, soft_wrap=True)

@@ -48,30 +48,52 @@ def locust(
     ctx: typer.Context,
     # Locust's own --host (and its -H), passed on to Locust; a --worker takes its master's, so it is
     # not agents' --url under another name
-    host: Optional[str] = opt.option(None, "--host", "-H", panel=opt.TARGET, help=(
-        "OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled engine, started on "
-        "loopback (not for --worker).")),
+    host: Optional[str] = opt.option(
+        None,
+        "--host",
+        "-H",
+        panel=opt.TARGET,
+        help=(
+            "OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled engine, started on "
+            "loopback (not for --worker)."
+        ),
+    ),
     model: Optional[str] = opt.MODEL,
     api_key: Optional[str] = opt.API_KEY,
-    scenario: str = opt.option(RunConfig.scenario, "--scenario", panel=opt.LOAD,
-                               help=f"{opt.SCENARIO_HELP} The web UI may change it per test."),
+    scenario: str = opt.option(
+        RunConfig.scenario, "--scenario", panel=opt.LOAD, help=f"{opt.SCENARIO_HELP} The web UI may change it per test."
+    ),
     seed: int = opt.SEED,
     max_turns: int = opt.MAX_TURNS,
     thinking: bool = opt.THINKING,
     request_mix: Optional[str] = opt.REQUEST_MIX,
     max_tokens: int = opt.MAX_TOKENS,
     temperature: float = opt.TEMPERATURE,
-    shape: Optional[str] = opt.option(None, "--shape", panel=opt.LOAD, metavar="SPEC", help=(
-        "A load shape instead of --users/--spawn-rate: ramp:users=80,rate=10,duration=60s; "
-        "step:users=80,step=10,every=10s,duration=120s; spike:users=10,peak=80,at=30s,hold=10s,duration=90s; "
-        "kill-storm:users=80 (every user stopped at 20 s without --kill). Grammar: dsv4bench/locust/shapes.py.")),
+    shape: Optional[str] = opt.option(
+        None,
+        "--shape",
+        panel=opt.LOAD,
+        metavar="SPEC",
+        help=(
+            "A load shape instead of --users/--spawn-rate: ramp:users=80,rate=10,duration=60s; "
+            "step:users=80,step=10,every=10s,duration=120s; spike:users=10,peak=80,at=30s,hold=10s,duration=90s; "
+            "kill-storm:users=80 (every user stopped at 20 s without --kill). Grammar: dsv4bench/locust/shapes.py."
+        ),
+    ),
     ttft_timeout: float = opt.TTFT_TIMEOUT,
     total_timeout: float = opt.TOTAL_TIMEOUT,
     # Locust stops users by count: its --kill is the kill-storm shape's schedule, not agents' session picker
-    kill: list[str] = opt.option(list(RunConfig.kill), "--kill", panel=opt.NEMESIS, metavar="SPEC", help=(
-        "Kill schedule of the kill-storm shape, as `agents --kill` reads it: all@T stops every user abruptly and "
-        "ends the test; frac=F/every=S (S at least 3s; /from= and /until= if wanted) drops that share of the "
-        "users and brings new ones back. who= and abort are refused: Locust stops users by count.")),
+    kill: list[str] = opt.option(
+        list(RunConfig.kill),
+        "--kill",
+        panel=opt.NEMESIS,
+        metavar="SPEC",
+        help=(
+            "Kill schedule of the kill-storm shape, as `agents --kill` reads it: all@T stops every user abruptly and "
+            "ends the test; frac=F/every=S (S at least 3s; /from= and /until= if wanted) drops that share of the "
+            "users and brings new ones back. who= and abort are refused: Locust stops users by count."
+        ),
+    ),
     metrics: list[str] = opt.metrics("each test"),
     metrics_interval: float = opt.METRICS_INTERVAL,
     drain_timeout: float = opt.drain_timeout("a test stops"),
@@ -99,11 +121,26 @@ def locust(
     worker = "--worker" in locust_args
     try:
         config = RunConfig(
-            url=host or BUNDLED_PLACEHOLDER_URL, scenario=scenario, seed=seed, max_turns=max_turns, thinking=thinking, request_mix=request_mix,
-            max_tokens=max_tokens, temperature=temperature, ttft_timeout=ttft_timeout, total_timeout=total_timeout,
-            model=model, api_key=api_key, out=out_dir, fail_on=parse_fail_on(fail_on), metrics=tuple(metrics),
-            metrics_interval=metrics_interval, kill=tuple(kill), drain_timeout=drain_timeout,
-            canary_timeout=canary_timeout, quiet=quiet,
+            url=host or BUNDLED_PLACEHOLDER_URL,
+            scenario=scenario,
+            seed=seed,
+            max_turns=max_turns,
+            thinking=thinking,
+            request_mix=request_mix,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            ttft_timeout=ttft_timeout,
+            total_timeout=total_timeout,
+            model=model,
+            api_key=api_key,
+            out=out_dir,
+            fail_on=parse_fail_on(fail_on),
+            metrics=tuple(metrics),
+            metrics_interval=metrics_interval,
+            kill=tuple(kill),
+            drain_timeout=drain_timeout,
+            canary_timeout=canary_timeout,
+            quiet=quiet,
             # the key goes to the servers named here, not to workers discovery finds behind them
             key_hosts=(host, *metrics) if host is not None else (),
         )
@@ -113,7 +150,9 @@ def locust(
         ensure_open_files(64)
         engine = engine_args(host is not None, engine_arg, engine_fault, engine_pd, engine_router, "--host")
         if worker and (engine or engine_router != "bundled" or host or shape or kill):
-            raise ConfigError("a --worker plays its master's plan: --host, --shape, --kill and --engine-* go to the master")
+            raise ConfigError(
+                "a --worker plays its master's plan: --host, --shape, --kill and --engine-* go to the master"
+            )
     except (ConfigError, HostLimitError) as e:
         raise fail(str(e))
     env = dict(os.environ)
@@ -129,20 +168,43 @@ def locust(
     target = open_target(config, host is not None, engine, engine_router, quiet)
     try:
         model_name = config.model or (target.facts.get("models") or ["default"])[0]
-        plan = Plan(dataclasses.replace(target.config, model=model_name), model_name, target.facts,
-                    shell_line(["dsv4bench", "locust", *redact_argv(sys.argv[2:])]))
+        plan = Plan(
+            dataclasses.replace(target.config, model=model_name),
+            model_name,
+            target.facts,
+            shell_line(["dsv4bench", "locust", *redact_argv(sys.argv[2:])]),
+        )
         before = _run_folders(out_dir)
-        code = _run_locust(["--host", plan.config.url, PLAN_ARG, plan.to_arg(), "--scenario", scenario,
-                            "--max-turns", str(max_turns), "--thinking", "true" if thinking else "false",
-                            "--seed", str(seed), *_loopback_defaults(locust_args), *locust_args], env)
+        code = _run_locust(
+            [
+                "--host",
+                plan.config.url,
+                PLAN_ARG,
+                plan.to_arg(),
+                "--scenario",
+                scenario,
+                "--max-turns",
+                str(max_turns),
+                "--thinking",
+                "true" if thinking else "false",
+                "--seed",
+                str(seed),
+                *_loopback_defaults(locust_args),
+                *locust_args,
+            ],
+            env,
+        )
     finally:
         target.stop()
     for run_dir in sorted(_run_folders(out_dir) - before):
         try:
             summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            err.print(f"{run_dir}: no report (the test did not finish); `dsv4bench report {run_dir}` builds one",
-                      highlight=False, soft_wrap=True)
+            err.print(
+                f"{run_dir}: no report (the test did not finish); `dsv4bench report {run_dir}` builds one",
+                highlight=False,
+                soft_wrap=True,
+            )
             continue
         print_verdict(summary, run_dir)
     raise typer.Exit(code)

@@ -12,7 +12,9 @@ from dsv4bench.cli.common import app, fail, out, print_verdict
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run folder (possibly partial, e.g. from a killed run).")) -> None:
+def report(
+    run_dir: Path = typer.Argument(..., help="A run folder (possibly partial, e.g. from a killed run)."),
+) -> None:
     """Rebuild summary.json, report.md and the plots from a run's history."""
     from dsv4bench.history.run_folder import HistoryError
     from dsv4bench.report import build_report
@@ -26,19 +28,34 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder (possibly part
 
 @app.command()
 def audit(
-    file: Path = typer.Argument(..., metavar="RUN_DIR_OR_FILE", help=(
-        "JSONL of recorded request/response pairs or SSE transcripts, a turns.jsonl, or a run folder "
-        "(an agents run, or what dsv4bench proxy captured).")),
-    reference: Optional[Path] = typer.Option(None, "--reference", metavar="RUN", help=(
-        "Judge the recorded run against another, offline, as agents --reference does live: every completed "
-        "greedy turn whose request RUN also answered must have RUN's answer (reference_mismatch); a session's "
-        "turns after its first mismatch are not compared.")),
+    file: Path = typer.Argument(
+        ...,
+        metavar="RUN_DIR_OR_FILE",
+        help=(
+            "JSONL of recorded request/response pairs or SSE transcripts, a turns.jsonl, or a run folder "
+            "(an agents run, or what dsv4bench proxy captured)."
+        ),
+    ),
+    reference: Optional[Path] = typer.Option(
+        None,
+        "--reference",
+        metavar="RUN",
+        help=(
+            "Judge the recorded run against another, offline, as agents --reference does live: every completed "
+            "greedy turn whose request RUN also answered must have RUN's answer (reference_mismatch); a session's "
+            "turns after its first mismatch are not compared."
+        ),
+    ),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-record verdicts as JSONL here."),
     fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors."),
-    family: str = typer.Option("auto", help=(
-        "Model family whose markup is checked: auto (each exchange's own: a `family` or `tool_call_parser` "
-        "field, else its model names; every family where none says), all, or a family name "
-        "(agents --help lists them).")),
+    family: str = typer.Option(
+        "auto",
+        help=(
+            "Model family whose markup is checked: auto (each exchange's own: a `family` or `tool_call_parser` "
+            "field, else its model names; every family where none says), all, or a family name "
+            "(agents --help lists them)."
+        ),
+    ),
 ) -> None:
     """Run the checkers offline over traffic captured in production, a proxy capture or a recorded run.
 
@@ -71,5 +88,7 @@ def audit(
     torn = unreadable_summary(results)
     if torn is not None:  # the verdicts above cover the readable lines only
         raise fail(torn)
-    if ("corruption" in codes and any(r.corrupt for r in results)) or ("errors" in codes and any(r.errors for r in results)):
+    if ("corruption" in codes and any(r.corrupt for r in results)) or (
+        "errors" in codes and any(r.errors for r in results)
+    ):
         raise typer.Exit(1)

@@ -34,7 +34,9 @@ WEDGE_WATCH = "Wedge watch"
 ENGINE = "Bundled engine"
 OUTPUT = "Output"
 
-FAIL_ON_VERDICTS = "corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)"
+FAIL_ON_VERDICTS = (
+    "corruption,errors,wedge (and, with any of them, on INCOMPLETE: a history that lost records rules nothing out)"
+)
 
 
 def option(default: Any, *decls: str, panel: str, **kwargs: Any) -> Any:
@@ -45,9 +47,15 @@ def option(default: Any, *decls: str, panel: str, **kwargs: Any) -> Any:
 # --- target -----------------------------------------------------------------------------------
 # agents and sweep call the server's URL --url; locust's is Locust's own --host (-H), which goes on
 # to Locust and means "the master's" under --worker, so locust declares its own.
-URL = option(None, "--url", panel=TARGET, help=(
-    "OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled DSV4-mini engine, "
-    "started on a free loopback port for the command."))
+URL = option(
+    None,
+    "--url",
+    panel=TARGET,
+    help=(
+        "OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1. Default: the bundled DSV4-mini engine, "
+        "started on a free loopback port for the command."
+    ),
+)
 MODEL_HELP = "Model name; default: the first id of /v1/models"
 MODEL = option(RunConfig.model, "--model", panel=TARGET, help=f"{MODEL_HELP}.")
 API_KEY = option(RunConfig.api_key, "--api-key", panel=TARGET, envvar=API_KEY_ENV, help="Bearer token for the server.")
@@ -57,42 +65,79 @@ SCENARIO_HELP = "Scenario family: coding, data, ops, or mixed (round robin)."
 SCENARIO = option(RunConfig.scenario, "--scenario", panel=LOAD, help=SCENARIO_HELP)
 SEED = option(RunConfig.seed, "--seed", panel=LOAD, help="Run seed; the same seed replays the same tasks.")
 MAX_TURNS = option(RunConfig.max_turns, "--max-turns", panel=LOAD, help="Turns per session before it is cut off.")
-THINKING = option(RunConfig.thinking, "--thinking/--no-thinking", panel=LOAD,
-                  help="Ask for thinking mode (chat_template_kwargs).")
+THINKING = option(
+    RunConfig.thinking, "--thinking/--no-thinking", panel=LOAD, help="Ask for thinking mode (chat_template_kwargs)."
+)
 REQUEST_MIX = option(RunConfig.request_mix, "--request-mix", panel=LOAD, metavar="MIX", help=REQUEST_MIX_HELP)
 STREAM = option(RunConfig.stream, "--stream/--no-stream", panel=LOAD, help="Stream responses over SSE.")
 MAX_TOKENS = option(RunConfig.max_tokens, "--max-tokens", panel=LOAD, help="max_tokens of each turn.")
-CONTEXT_LENGTH = option(RunConfig.context_length, "--context-length", panel=LOAD, help=(
-    "The server's context in tokens; a session whose next turn would not fit ends there (context_full). "
-    "Default: what /v1/models or /get_model_info reports."))
+CONTEXT_LENGTH = option(
+    RunConfig.context_length,
+    "--context-length",
+    panel=LOAD,
+    help=(
+        "The server's context in tokens; a session whose next turn would not fit ends there (context_full). "
+        "Default: what /v1/models or /get_model_info reports."
+    ),
+)
 TEMPERATURE = option(RunConfig.temperature, "--temperature", panel=LOAD, help="Sampling temperature.")
 
 # --- checks -----------------------------------------------------------------------------------
-TTFT_TIMEOUT = option(RunConfig.ttft_timeout, "--ttft-timeout", panel=CHECKS,
-                      help="Seconds to the first token before a turn is timeout_ttft.")
-TOTAL_TIMEOUT = option(RunConfig.total_timeout, "--total-timeout", panel=CHECKS,
-                       help="Seconds to the end of a turn before it is timeout_total.")
-ON_CORRUPT = option(RunConfig.on_corrupt, "--on-corrupt", panel=CHECKS,
-                    help="After a corrupt turn: continue (feed back an error) or stop.")
+TTFT_TIMEOUT = option(
+    RunConfig.ttft_timeout,
+    "--ttft-timeout",
+    panel=CHECKS,
+    help="Seconds to the first token before a turn is timeout_ttft.",
+)
+TOTAL_TIMEOUT = option(
+    RunConfig.total_timeout,
+    "--total-timeout",
+    panel=CHECKS,
+    help="Seconds to the end of a turn before it is timeout_total.",
+)
+ON_CORRUPT = option(
+    RunConfig.on_corrupt,
+    "--on-corrupt",
+    panel=CHECKS,
+    help="After a corrupt turn: continue (feed back an error) or stop.",
+)
 
 # --- wedge watch ------------------------------------------------------------------------------
-METRICS_INTERVAL = option(RunConfig.metrics_interval, "--metrics-interval", panel=WEDGE_WATCH,
-                          help="Seconds between scrapes of each --metrics URL.")
-CANARY_TIMEOUT = option(RunConfig.canary_timeout, "--canary-timeout", panel=WEDGE_WATCH,
-                        help="Deadline of the one short completion sent after the drain window.")
+METRICS_INTERVAL = option(
+    RunConfig.metrics_interval,
+    "--metrics-interval",
+    panel=WEDGE_WATCH,
+    help="Seconds between scrapes of each --metrics URL.",
+)
+CANARY_TIMEOUT = option(
+    RunConfig.canary_timeout,
+    "--canary-timeout",
+    panel=WEDGE_WATCH,
+    help="Deadline of the one short completion sent after the drain window.",
+)
 
 
 def metrics(during: str) -> Any:
     """--metrics; `during`: the stretch each command scrapes ("the run", "each batch", "each test")."""
-    return option(list(RunConfig.metrics), "--metrics", panel=WEDGE_WATCH, help=(
-        f"Prometheus /metrics URL to scrape during {during} (repeatable: router, prefill, decode). "
-        "Default: the server's own /metrics when it serves SGLang's or vLLM's."))
+    return option(
+        list(RunConfig.metrics),
+        "--metrics",
+        panel=WEDGE_WATCH,
+        help=(
+            f"Prometheus /metrics URL to scrape during {during} (repeatable: router, prefill, decode). "
+            "Default: the server's own /metrics when it serves SGLang's or vLLM's."
+        ),
+    )
 
 
 def drain_timeout(after: str) -> Any:
     """--drain-timeout; `after`: when each command's load stops ("the load stops", "each batch")."""
-    return option(RunConfig.drain_timeout, "--drain-timeout", panel=WEDGE_WATCH,
-                  help=f"Seconds to keep scraping --metrics after {after}, waiting for the queues to drain.")
+    return option(
+        RunConfig.drain_timeout,
+        "--drain-timeout",
+        panel=WEDGE_WATCH,
+        help=f"Seconds to keep scraping --metrics after {after}, waiting for the queues to drain.",
+    )
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -119,31 +164,69 @@ def engine_options(url_flag: str) -> tuple[Any, Any, Any, Any]:
     them into the engine's own flags, which EngineConfig then reads."""
     no_url = f"(no {url_flag})"
     return (
-        option([], "--engine-arg", panel=ENGINE,
-               help=f"Extra flag for the bundled engine {no_url}, repeatable, e.g. --engine-arg=--num-pages=8192."),
-        option([], "--engine-fault", panel=ENGINE, metavar="NAME", help=(
-            f"Switch on a planted fault in the bundled engine {no_url}, repeatable; `dsv4bench engine faults` "
-            "lists them.")),
-        option(False, "--engine-pd", panel=ENGINE, help=(
-            f"Run the bundled engine {no_url} prefill/decode disaggregated: router, prefill and decode servers, "
-            "all three scraped (same as --engine-arg=--pd).")),
-        option(ENGINE_ROUTERS[0], "--engine-router", panel=ENGINE, metavar="|".join(ENGINE_ROUTERS), help=(
-            f"What fronts the bundled engine {no_url}: its own server, or SGLang's router (`sglang-router`, "
-            "pip install 'dsv4bench\\[sglang]') started in front of it on loopback; with --engine-pd the prefill "
-            "and decode halves then run as two processes behind it in PD mode. The run also scrapes the "
-            "router's smg_* metrics.")),
+        option(
+            [],
+            "--engine-arg",
+            panel=ENGINE,
+            help=f"Extra flag for the bundled engine {no_url}, repeatable, e.g. --engine-arg=--num-pages=8192.",
+        ),
+        option(
+            [],
+            "--engine-fault",
+            panel=ENGINE,
+            metavar="NAME",
+            help=(
+                f"Switch on a planted fault in the bundled engine {no_url}, repeatable; `dsv4bench engine faults` "
+                "lists them."
+            ),
+        ),
+        option(
+            False,
+            "--engine-pd",
+            panel=ENGINE,
+            help=(
+                f"Run the bundled engine {no_url} prefill/decode disaggregated: router, prefill and decode servers, "
+                "all three scraped (same as --engine-arg=--pd)."
+            ),
+        ),
+        option(
+            ENGINE_ROUTERS[0],
+            "--engine-router",
+            panel=ENGINE,
+            metavar="|".join(ENGINE_ROUTERS),
+            help=(
+                f"What fronts the bundled engine {no_url}: its own server, or SGLang's router (`sglang-router`, "
+                "pip install 'dsv4bench\\[sglang]') started in front of it on loopback; with --engine-pd the prefill "
+                "and decode halves then run as two processes behind it in PD mode. The run also scrapes the "
+                "router's smg_* metrics."
+            ),
+        ),
     )
 
 
 ENGINE_ARG, ENGINE_FAULT, ENGINE_PD, ENGINE_ROUTER = engine_options("--url")
 
 # --- sweep's own: its stopping rule, defaults from SweepPlan ------------------------------------
-CONFIDENCE = option(SweepPlan.confidence, "--confidence", panel=SWEEP,
-                    help="Confidence of each level's Wilson score interval.")
-PRECISION = option(SweepPlan.precision, "--precision", panel=SWEEP, help=(
-    "A level stops once its interval is at most this wide (upper minus lower bound, as a rate: 0.05 = 5 points)."))
-LEVEL_TURNS = option(SweepPlan.level_turns, "--level-turns", panel=SWEEP,
-                     help="Turns after which a level stops whatever its interval.")
-BASELINE = option(SweepPlan.baseline, "--baseline", panel=SWEEP, help=(
-    "Corrupt-turn rate the server is known to have anyway; the threshold is the smallest level whose "
-    "interval's lower bound is above it."))
+CONFIDENCE = option(
+    SweepPlan.confidence, "--confidence", panel=SWEEP, help="Confidence of each level's Wilson score interval."
+)
+PRECISION = option(
+    SweepPlan.precision,
+    "--precision",
+    panel=SWEEP,
+    help=(
+        "A level stops once its interval is at most this wide (upper minus lower bound, as a rate: 0.05 = 5 points)."
+    ),
+)
+LEVEL_TURNS = option(
+    SweepPlan.level_turns, "--level-turns", panel=SWEEP, help="Turns after which a level stops whatever its interval."
+)
+BASELINE = option(
+    SweepPlan.baseline,
+    "--baseline",
+    panel=SWEEP,
+    help=(
+        "Corrupt-turn rate the server is known to have anyway; the threshold is the smallest level whose "
+        "interval's lower bound is above it."
+    ),
+)

@@ -26,19 +26,46 @@ if TYPE_CHECKING:
 
 @app.command()
 def proxy(
-    upstream: str = typer.Option(..., help="The server to audit: its root or OpenAI base URL, e.g. http://127.0.0.1:30000/v1."),
+    upstream: str = typer.Option(
+        ..., help="The server to audit: its root or OpenAI base URL, e.g. http://127.0.0.1:30000/v1."
+    ),
     port: int = typer.Option(8800, help="Port to listen on (0: any free port, printed at start)."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on; 0.0.0.0 lets other machines in."),
-    duration: Optional[float] = typer.Option(None, help="Seconds to serve before writing the report; default: until Ctrl-C."),
+    duration: Optional[float] = typer.Option(
+        None, help="Seconds to serve before writing the report; default: until Ctrl-C."
+    ),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Folder under which the run folder is created."),
-    api_key: Optional[str] = typer.Option(None, envvar="DSV4BENCH_API_KEY", help="Bearer token added upstream to requests that carry none of their own (such a request goes without its Accept-Encoding, and the key is masked in the answer, so an upstream that echoes it never shows it to a client); written nowhere."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        envvar="DSV4BENCH_API_KEY",
+        help="Bearer token added upstream to requests that carry none of their own (such a request goes without its Accept-Encoding, and the key is masked in the answer, so an upstream that echoes it never shows it to a client); written nowhere.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No line per finding; print the verdict line only."),
-    fail_on: Optional[str] = typer.Option(None, help="Exit 1 on these verdicts: corruption,errors (and, with either, on INCOMPLETE)."),
-    capture: bool = typer.Option(False, "--capture", help="Keep every turn's full request body and headers (credentials masked), not only a failing turn's: the run folder becomes a capture that `dsv4bench agents --replay` sends again. A body over 2 MiB keeps its size and its first 4096 characters only."),
-    max_body: str = typer.Option("16MiB", help="Largest request body taken (bytes, or with KiB/MiB/GiB); a larger one is answered 413, sent nowhere, and noted in events.jsonl."),
-    read_timeout: float = typer.Option(30.0, help="Seconds a client has to send a request's head (from connecting, or from the last answer's end) and again for its body; a late one is closed (408)."),
-    max_connections: int = typer.Option(256, help="Client connections served at once; a request on one more is answered 503. Idle connections close after 5 s."),
-    trust_forwarded: bool = typer.Option(False, "--trust-forwarded", help="Name a client by the last address in its X-Forwarded-For (for a proxy in front of this one); by default the connection's own address."),
+    fail_on: Optional[str] = typer.Option(
+        None, help="Exit 1 on these verdicts: corruption,errors (and, with either, on INCOMPLETE)."
+    ),
+    capture: bool = typer.Option(
+        False,
+        "--capture",
+        help="Keep every turn's full request body and headers (credentials masked), not only a failing turn's: the run folder becomes a capture that `dsv4bench agents --replay` sends again. A body over 2 MiB keeps its size and its first 4096 characters only.",
+    ),
+    max_body: str = typer.Option(
+        "16MiB",
+        help="Largest request body taken (bytes, or with KiB/MiB/GiB); a larger one is answered 413, sent nowhere, and noted in events.jsonl.",
+    ),
+    read_timeout: float = typer.Option(
+        30.0,
+        help="Seconds a client has to send a request's head (from connecting, or from the last answer's end) and again for its body; a late one is closed (408).",
+    ),
+    max_connections: int = typer.Option(
+        256,
+        help="Client connections served at once; a request on one more is answered 503. Idle connections close after 5 s.",
+    ),
+    trust_forwarded: bool = typer.Option(
+        False,
+        "--trust-forwarded",
+        help="Name a client by the last address in its X-Forwarded-For (for a proxy in front of this one); by default the connection's own address.",
+    ),
 ) -> None:
     """An OpenAI-compatible pass-through to point your own agent at: every answer reaches it byte for
     byte as the upstream sent it, and every chat completion is checked and recorded as `agents`
@@ -70,8 +97,12 @@ def proxy(
 
     _, base = upstream_base(upstream)
     try:
-        httpx.get(f"{base}/models", timeout=10, trust_env=False,
-                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        httpx.get(
+            f"{base}/models",
+            timeout=10,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        )
     except httpx.HTTPError as e:
         raise fail(f"--upstream {upstream}: cannot reach it ({type(e).__name__}: {e or 'no answer'})")
     try:
@@ -86,22 +117,51 @@ def proxy(
         sock.close()
         raise fail(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})")
     listening = sock.getsockname()[1]
-    config = {"upstream": redact_argv([upstream])[0], "host": host, "port": listening, "duration": duration,
-              "api_key": MASK if api_key else None, "fail_on": list(fail_codes), "capture": capture,
-              "max_body": body_cap, "read_timeout": read_timeout, "max_connections": max_connections,
-              "trust_forwarded": trust_forwarded}
-    limits = ProxyLimits(max_body=body_cap, read_timeout=read_timeout, max_connections=max_connections,
-                         trust_forwarded=trust_forwarded)
-    run = ProxyRun(out_dir, {"command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]), "config": config,
-                             "server": facts, "proxy": {"upstream": config["upstream"], "capture": capture}},
-                   api_key=api_key, on_turn=None if quiet else _print_finding, capture=capture)
+    config = {
+        "upstream": redact_argv([upstream])[0],
+        "host": host,
+        "port": listening,
+        "duration": duration,
+        "api_key": MASK if api_key else None,
+        "fail_on": list(fail_codes),
+        "capture": capture,
+        "max_body": body_cap,
+        "read_timeout": read_timeout,
+        "max_connections": max_connections,
+        "trust_forwarded": trust_forwarded,
+    }
+    limits = ProxyLimits(
+        max_body=body_cap, read_timeout=read_timeout, max_connections=max_connections, trust_forwarded=trust_forwarded
+    )
+    run = ProxyRun(
+        out_dir,
+        {
+            "command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]),
+            "config": config,
+            "server": facts,
+            "proxy": {"upstream": config["upstream"], "capture": capture},
+        },
+        api_key=api_key,
+        on_turn=None if quiet else _print_finding,
+        capture=capture,
+    )
     shown = f"[{host}]" if ":" in host else host
-    err.print(markup_safe(f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
-                     f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "
-                     f"the report ({run.run_dir})"), highlight=False, soft_wrap=True)
+    err.print(
+        markup_safe(
+            f"proxy http://{shown}:{listening}/v1 -> {config['upstream']}: point your agent's base URL "
+            f"at it; {'--duration ' + format(duration, 'g') + ' s or ' if duration else ''}Ctrl-C writes "
+            f"the report ({run.run_dir})"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
     if api_key and len(api_key) < MIN_MASKED_KEY:
-        err.print(f"--api-key is shorter than {MIN_MASKED_KEY} characters: an answer that echoes it is passed on "
-                  "unmasked (so short a key could be any word of an answer)", highlight=False, soft_wrap=True)
+        err.print(
+            f"--api-key is shorter than {MIN_MASKED_KEY} characters: an answer that echoes it is passed on "
+            "unmasked (so short a key could be any word of an answer)",
+            highlight=False,
+            soft_wrap=True,
+        )
     reason = "interrupted"
     try:
         reason = asyncio.run(_serve(AuditProxy(upstream, run, api_key, limits), host, sock, duration, limits))
@@ -118,8 +178,7 @@ def proxy(
     raise typer.Exit(exit_code(summary, fail_codes))
 
 
-async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None,
-                 limits: ProxyLimits) -> str:
+async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None, limits: ProxyLimits) -> str:
     """Serve until --duration has passed ("duration") or Ctrl-C; uvicorn re-raises the
     interrupt as KeyboardInterrupt once it has shut down."""
     import uvicorn
@@ -140,14 +199,25 @@ async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: fl
     return "duration" if timed_out else "interrupted"
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+}
 
 
 def parse_size(flag: str, text: str) -> int:
     """A size in bytes from `16777216`, `16MiB`, `512 KiB` or `1GB`; ConfigError for anything else."""
     number = text.strip().rstrip("bBiIkKmMgG ")
-    unit = text.strip()[len(number):].strip().lower()
+    unit = text.strip()[len(number) :].strip().lower()
     try:
         value = float(number)
     except ValueError:

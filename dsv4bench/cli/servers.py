@@ -20,13 +20,24 @@ SERVERS_API_KEY = typer.Option(None, envvar=API_KEY_ENV, help="Bearer token for 
 
 @app.command()
 def probe(
-    urls: list[str] = typer.Argument(..., help="Server roots, e.g. http://127.0.0.1:8000 (a router: its workers are found at its /workers) or http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode)."),
+    urls: list[str] = typer.Argument(
+        ...,
+        help="Server roots, e.g. http://127.0.0.1:8000 (a router: its workers are found at its /workers) or http://127.0.0.1:8000 http://127.0.0.1:30000 http://127.0.0.1:30002 (router, prefill, decode).",
+    ),
     timeout: float = typer.Option(10.0, help="Seconds each check (metrics, health, canary) may take."),
-    stuck_s: float = typer.Option(2.0, "--stuck-s", help="Seconds a queue holding requests is watched, when nothing hangs, for a counter to move."),
+    stuck_s: float = typer.Option(
+        2.0, "--stuck-s", help="Seconds a queue holding requests is watched, when nothing hangs, for a counter to move."
+    ),
     api_key: Optional[str] = SERVERS_API_KEY,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
-    workers: bool = typer.Option(True, "--workers/--no-workers", help="Also probe every server a router lists at its /workers."),
-    key_to_workers: bool = typer.Option(False, "--key-to-workers", help="Send --api-key to the servers a router lists too, not only to the URLs given (a router's /workers may name any host)."),
+    workers: bool = typer.Option(
+        True, "--workers/--no-workers", help="Also probe every server a router lists at its /workers."
+    ),
+    key_to_workers: bool = typer.Option(
+        False,
+        "--key-to-workers",
+        help="Send --api-key to the servers a router lists too, not only to the URLs given (a router's /workers may name any host).",
+    ),
 ) -> None:
     """One-shot wedge check of each endpoint by its role (read from the server): gauges,
     /health and /health_generate everywhere, a canary on a router or unified server; a router's
@@ -39,8 +50,17 @@ def probe(
         raise fail("--timeout must be a positive number")
     if not math.isfinite(stuck_s) or stuck_s < 0:
         raise fail("--stuck-s must be a number of seconds, 0 or more")
-    raise typer.Exit(probe_main([u.rstrip("/") for u in urls], timeout, json_out, stuck_s, api_key,
-                                follow_workers=workers, key_to_workers=key_to_workers))
+    raise typer.Exit(
+        probe_main(
+            [u.rstrip("/") for u in urls],
+            timeout,
+            json_out,
+            stuck_s,
+            api_key,
+            follow_workers=workers,
+            key_to_workers=key_to_workers,
+        )
+    )
 
 
 @app.command()
@@ -48,7 +68,9 @@ def watch(
     metrics_url: list[str] = typer.Argument(..., help="Prometheus /metrics URLs (router, prefill, decode)."),
     duration: float = typer.Option(60.0, help="Seconds to watch, then exit."),
     interval: float = typer.Option(1.0, help="Seconds between scrapes."),
-    stuck_s: float = typer.Option(5.0, "--stuck-s", help="Seconds a queue must stay above 0 with no counter moving to be marked."),
+    stuck_s: float = typer.Option(
+        5.0, "--stuck-s", help="Seconds a queue must stay above 0 with no counter moving to be marked."
+    ),
     api_key: Optional[str] = SERVERS_API_KEY,
 ) -> None:
     """Live view per endpoint and role: its gauges with current values and sparklines, its

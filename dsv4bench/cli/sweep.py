@@ -31,9 +31,15 @@ _PER_BATCH = ("--concurrency", "--seed")  # set per batch in its reproduce line
 @app.command()
 def sweep(
     # sweep's --concurrency is a list of levels, agents' one number: two flags under one name
-    concurrency: str = opt.option(..., "--concurrency", panel=opt.SWEEP, help=(
-        "Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in "
-        "dsv4bench/modes/sweep.py.")),
+    concurrency: str = opt.option(
+        ...,
+        "--concurrency",
+        panel=opt.SWEEP,
+        help=(
+            "Levels: 1,8,16,32,60,80, a range 1-80:8 (1, 8, 16, ..., 80), 1..80 step 8, or a mix; grammar in "
+            "dsv4bench/modes/sweep.py."
+        ),
+    ),
     confidence: float = opt.CONFIDENCE,
     precision: float = opt.PRECISION,
     level_turns: int = opt.LEVEL_TURNS,
@@ -42,15 +48,23 @@ def sweep(
     model: Optional[str] = opt.MODEL,
     api_key: Optional[str] = opt.API_KEY,
     # sessions, duration and seed are per batch here (batch k plays seed + k), so sweep words its own
-    sessions: Optional[int] = opt.option(RunConfig.sessions, "--sessions", panel=opt.LOAD, help=(
-        "Sessions per batch, the same at every level (so every level plays the same tasks). With neither "
-        "--sessions nor --duration: one whole session per slot.")),
-    duration: Optional[float] = opt.option(RunConfig.duration, "--duration", panel=opt.LOAD,
-                                           help="Seconds per batch to keep starting turns."),
+    sessions: Optional[int] = opt.option(
+        RunConfig.sessions,
+        "--sessions",
+        panel=opt.LOAD,
+        help=(
+            "Sessions per batch, the same at every level (so every level plays the same tasks). With neither "
+            "--sessions nor --duration: one whole session per slot."
+        ),
+    ),
+    duration: Optional[float] = opt.option(
+        RunConfig.duration, "--duration", panel=opt.LOAD, help="Seconds per batch to keep starting turns."
+    ),
     max_turns: int = opt.MAX_TURNS,
     scenario: str = opt.SCENARIO,
-    seed: int = opt.option(RunConfig.seed, "--seed", panel=opt.LOAD,
-                           help="Seed of batch 0 at every level; batch k is seeded seed + k."),
+    seed: int = opt.option(
+        RunConfig.seed, "--seed", panel=opt.LOAD, help="Seed of batch 0 at every level; batch k is seeded seed + k."
+    ),
     thinking: bool = opt.THINKING,
     request_mix: Optional[str] = opt.REQUEST_MIX,
     stream: bool = opt.STREAM,
@@ -76,16 +90,39 @@ def sweep(
     from dsv4bench.modes import sweep as plan_rules
 
     try:
-        plan = plan_rules.SweepPlan(plan_rules.parse_levels(concurrency), confidence=confidence, precision=precision,
-                                    baseline=baseline, level_turns=level_turns)
+        plan = plan_rules.SweepPlan(
+            plan_rules.parse_levels(concurrency),
+            confidence=confidence,
+            precision=precision,
+            baseline=baseline,
+            level_turns=level_turns,
+        )
         top = max(plan.levels)
         # One config checks every flag once; each batch's is this one at its level and seed.
         base = RunConfig(
-            url=url or BUNDLED_PLACEHOLDER_URL, concurrency=top, sessions=sessions, duration=duration,
-            max_turns=max_turns, scenario=scenario, seed=seed, thinking=thinking, request_mix=request_mix, stream=stream, max_tokens=max_tokens,
-            context_length=context_length, temperature=temperature, ttft_timeout=ttft_timeout,
-            total_timeout=total_timeout, on_corrupt=on_corrupt, model=model, api_key=api_key, out=out_dir,
-            fail_on=parse_fail_on(fail_on), quiet=True, metrics=tuple(metrics), drain_timeout=drain_timeout,
+            url=url or BUNDLED_PLACEHOLDER_URL,
+            concurrency=top,
+            sessions=sessions,
+            duration=duration,
+            max_turns=max_turns,
+            scenario=scenario,
+            seed=seed,
+            thinking=thinking,
+            request_mix=request_mix,
+            stream=stream,
+            max_tokens=max_tokens,
+            context_length=context_length,
+            temperature=temperature,
+            ttft_timeout=ttft_timeout,
+            total_timeout=total_timeout,
+            on_corrupt=on_corrupt,
+            model=model,
+            api_key=api_key,
+            out=out_dir,
+            fail_on=parse_fail_on(fail_on),
+            quiet=True,
+            metrics=tuple(metrics),
+            drain_timeout=drain_timeout,
             # the key goes to the servers named here, not to workers discovery finds behind them
             key_hosts=(url, *metrics) if url is not None else (),
         )
@@ -102,8 +139,9 @@ def sweep(
     exit_codes = [0]  # each batch judged by --fail-on as `agents` judges its run
 
     def run_batch(level: int, batch: int) -> tuple[dict, str]:
-        config = dataclasses.replace(target.config, concurrency=level, sessions=sessions, seed=seed + batch,
-                                     out=sweep_dir / f"c{level}")
+        config = dataclasses.replace(
+            target.config, concurrency=level, sessions=sessions, seed=seed + batch, out=sweep_dir / f"c{level}"
+        )
         summary, run_dir = run_agents(config, target.facts, command=batch_command(argv, level, seed + batch))
         exit_codes.append(exit_code(summary, base.fail_on))
         return summary, str(run_dir.relative_to(sweep_dir))
@@ -113,10 +151,15 @@ def sweep(
             return
         lower, upper = level.interval(plan.confidence)
         t = level.turns
-        err.print(markup_safe(f"c{level.concurrency} batch {batch}: {level.verdicts[-1]}; level so far {t['total']} "
-                              f"turns, {t['corrupt']} corrupt of {t['ok']} completed, interval "
-                              f"{100 * lower:.1f}%-{100 * upper:.1f}%"),
-                  highlight=False, soft_wrap=True)
+        err.print(
+            markup_safe(
+                f"c{level.concurrency} batch {batch}: {level.verdicts[-1]}; level so far {t['total']} "
+                f"turns, {t['corrupt']} corrupt of {t['ok']} completed, interval "
+                f"{100 * lower:.1f}%-{100 * upper:.1f}%"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
 
     levels: list[plan_rules.Level] = []
     try:
@@ -163,10 +206,13 @@ def _print_result(summary: dict, sweep_dir: Path) -> None:
         lower, upper = lv["interval"]
         rate = "-" if lv["rate"] is None else f"{100 * lv['rate']:.1f}%"
         style = VERDICT_STYLE.get(lv["verdict"], "bold")
-        out.print(f"c{lv['concurrency']:<4} [{style}]{markup_safe(lv['verdict'])}[/]  turns {lv['turns']['total']} "
-                  f"(corrupt {lv['turns']['corrupt']} of {lv['turns']['ok']} completed)  rate {rate} "
-                  f"({100 * lower:.1f}%-{100 * upper:.1f}%)  stopped by {lv['stopped_by']}", highlight=False,
-                  soft_wrap=True)
+        out.print(
+            f"c{lv['concurrency']:<4} [{style}]{markup_safe(lv['verdict'])}[/]  turns {lv['turns']['total']} "
+            f"(corrupt {lv['turns']['corrupt']} of {lv['turns']['ok']} completed)  rate {rate} "
+            f"({100 * lower:.1f}%-{100 * upper:.1f}%)  stopped by {lv['stopped_by']}",
+            highlight=False,
+            soft_wrap=True,
+        )
     found = summary["threshold"]
     where = f"corruption appears at concurrency {found}" if found is not None else "no level shows corruption"
     out.print(markup_safe(f"{where}  report: {sweep_dir / 'sweep.md'}"), highlight=False, soft_wrap=True)

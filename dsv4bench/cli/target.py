@@ -21,12 +21,20 @@ ENGINE_ROUTERS = ("bundled", "sglang")  # what may front the bundled engine (--e
 BUNDLED_PLACEHOLDER_URL = "http://127.0.0.1/v1"  # replaced by the bundled engine's URL once it runs
 
 
-def engine_args(url_given: bool, engine_arg: list[str], engine_fault: list[str], engine_pd: bool,
-                engine_router: str, url_flag: str = "--url") -> list[str]:
+def engine_args(
+    url_given: bool,
+    engine_arg: list[str],
+    engine_fault: list[str],
+    engine_pd: bool,
+    engine_router: str,
+    url_flag: str = "--url",
+) -> list[str]:
     """The bundled engine's flags from the --engine-* options; ConfigError when they cannot apply
     (`url_flag`: what the command calls its server's URL)."""
     if (engine_fault or engine_pd or engine_router != "bundled") and url_given:
-        raise ConfigError(f"--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with {url_flag}")
+        raise ConfigError(
+            f"--engine-fault, --engine-pd and --engine-router are for the bundled engine; not with {url_flag}"
+        )
     if engine_router not in ENGINE_ROUTERS:
         raise ConfigError(f"--engine-router must be one of {', '.join(ENGINE_ROUTERS)}, not {engine_router!r}")
     args = [*engine_arg, *(f"--fault={name}" for name in check_faults(engine_fault))]
@@ -49,8 +57,7 @@ class Target:
             self.bundled.stop()
 
 
-def open_target(config: RunConfig, url_given: bool, engine_args: list[str], engine_router: str,
-                quiet: bool) -> Target:
+def open_target(config: RunConfig, url_given: bool, engine_args: list[str], engine_router: str, quiet: bool) -> Target:
     """Start the bundled engine when no --url was given, then read the server's facts and find
     its deployment. Exits with one line on any failure (the engine stopped first)."""
     bundled = None
@@ -90,17 +97,34 @@ def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[st
         return urls
     if workers:
         listed = ", ".join(f"{e.role} {e.metrics_url}" for e in workers)
-        err.print(markup_safe(f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
-                         f"{target.root if target else '?'} (its /workers): {listed}: their queues are watched for a "
-                         "wedge after the load (--metrics URL to choose the endpoints)"), highlight=False, soft_wrap=True)
+        err.print(
+            markup_safe(
+                f"found {len(workers)} server{'s' if len(workers) != 1 else ''} behind the router at "
+                f"{target.root if target else '?'} (its /workers): {listed}: their queues are watched for a "
+                "wedge after the load (--metrics URL to choose the endpoints)"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     elif target is not None and target.role == "router":
         what = f"found {urls[0]}, a router's" if urls else f"{target.root} is a router and serves no engine /metrics"
-        err.print(markup_safe(f"{what}: its workers' queues are not in it, so the wedge is not checked; give "
-                              "--metrics for each prefill and decode server"), highlight=False, soft_wrap=True)
+        err.print(
+            markup_safe(
+                f"{what}: its workers' queues are not in it, so the wedge is not checked; give "
+                "--metrics for each prefill and decode server"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     elif urls:
-        err.print(markup_safe(f"found {urls[0]}: its queues are watched for a wedge after the load "
-                         "(--metrics URL to choose the endpoints: router, prefill, decode)"), highlight=False,
-                  soft_wrap=True)
+        err.print(
+            markup_safe(
+                f"found {urls[0]}: its queues are watched for a wedge after the load "
+                "(--metrics URL to choose the endpoints: router, prefill, decode)"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     return urls
 
 

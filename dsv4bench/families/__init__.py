@@ -65,8 +65,10 @@ def family_flag(value: str) -> str:
         return text
     named = family_of_parser(text)
     if named is None:
-        raise ValueError(f"--family must be auto, all, or one of {', '.join(BY_NAME)} (or a tool-call parser "
-                         f"name such as qwen25, kimi_k2, glm45); got {value!r}")
+        raise ValueError(
+            f"--family must be auto, all, or one of {', '.join(BY_NAME)} (or a tool-call parser "
+            f"name such as qwen25, kimi_k2, glm45); got {value!r}"
+        )
     return named
 
 
@@ -110,5 +112,19 @@ def find_markup(text: str, family: str | None = None, offered: Iterable[str] = (
     return resolve_overlaps(found)
 
 
-__all__ = ["ALL", "AUTO", "BY_NAME", "FAMILIES", "Family", "Markup", "chosen_family", "families_to_check", "family_flag",
-           "family_for", "family_of_model", "family_of_parser", "family_of_server", "find_markup"]
+__all__ = [
+    "ALL",
+    "AUTO",
+    "BY_NAME",
+    "FAMILIES",
+    "Family",
+    "Markup",
+    "chosen_family",
+    "families_to_check",
+    "family_flag",
+    "family_for",
+    "family_of_model",
+    "family_of_parser",
+    "family_of_server",
+    "find_markup",
+]

@@ -70,8 +70,9 @@ def tokens_marker(kind: str, spellings: Iterable[str], *, tool_markup: bool = Fa
     any case), others literally (`Vec<Think>` is Rust, not `<think>`); longest first, so no token
     is matched by a shorter one's prefix."""
     spellings = frozenset(spellings)
-    parts = sorted({f"(?i:{bar_token(s)})" if _BAR_TOKEN.fullmatch(s) else re.escape(s) for s in spellings},
-                   key=len, reverse=True)
+    parts = sorted(
+        {f"(?i:{bar_token(s)})" if _BAR_TOKEN.fullmatch(s) else re.escape(s) for s in spellings}, key=len, reverse=True
+    )
     return Marker(kind, re.compile("|".join(parts), flags), tool_markup, spellings=spellings)
 
 
@@ -143,8 +144,11 @@ class Family:
             for m in marker.pattern.finditer(text):
                 structural = bool(marker.structural and marker.structural(m, text, offered))
                 exact = marker.spellings is None or m.group() in marker.spellings
-                found.append(Markup(m.start(), m.end(), self.group, marker.kind, m.group(),
-                                    marker.tool_markup, structural, exact))
+                found.append(
+                    Markup(
+                        m.start(), m.end(), self.group, marker.kind, m.group(), marker.tool_markup, structural, exact
+                    )
+                )
         for finder in self.extra_finders:
             if id(finder) not in seen:
                 seen.add(id(finder))

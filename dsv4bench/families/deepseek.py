@@ -67,28 +67,18 @@ _BLOCK = r"(?:tool|function)\s*_\s*calls"
 _NAME = rf"(?P<name>{_BLOCK}|invoke|parameter)"
 _FLAGS = re.IGNORECASE
 
-_DSML_TAG = re.compile(
-    rf"<\s*(?P<close>/)?\s*(?:{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}|dsml\b)\s*{_NAME}?", _FLAGS
-)
+_DSML_TAG = re.compile(rf"<\s*(?P<close>/)?\s*(?:{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}|dsml\b)\s*{_NAME}?", _FLAGS)
 _MARKER = re.compile(rf"{_B}{{1,2}}dsml{_B}{{1,2}}|{_WIDE_B}{{1,2}}dsml\b|\bdsml{_WIDE_B}{{1,2}}", _FLAGS)
-_TAIL_FRAGMENT = re.compile(
-    rf"<\s*/?\s*(?:{_WIDE_B}{{1,2}}(?:d(?:s(?:ml?)?)?)?|\|{{1,2}}ds(?:ml?)?)\s*$", _FLAGS
-)
+_TAIL_FRAGMENT = re.compile(rf"<\s*/?\s*(?:{_WIDE_B}{{1,2}}(?:d(?:s(?:ml?)?)?)?|\|{{1,2}}ds(?:ml?)?)\s*$", _FLAGS)
 _BARE_TAG = re.compile(
     rf"(?:(?<!\w)<|<(?=\s*/))\s*(?P<close>/)?\s*"  # `Vec<tool_calls>` is code, `x</invoke>` is not
     rf"(?:(?P<tag>invoke|parameter)(?:\s+name\s*=|\s*>)|(?P<block>{_BLOCK})\s*>)",
     _FLAGS,
 )
 _STRING_ATTR = re.compile(r"\bstring\s*=\s*\\?[\"'](?:true|false)\\?[\"']\s*>", _FLAGS)
-_V3_TOKEN = re.compile(
-    rf"{_B}\s*tool(?:[\u2581_ ](?:calls?|outputs?))?[\u2581_ ](?:begin|end|sep){_B}", _FLAGS
-)
-_BLOCK_OPEN = re.compile(
-    rf"<\s*(?:{_B}{{0,2}}\s*dsml\s*{_B}{{0,2}}\s*)?{_BLOCK}\s*>", _FLAGS
-)
-_BLOCK_CLOSE = re.compile(
-    rf"<\s*/\s*(?:{_B}{{0,2}}\s*dsml\s*{_B}{{0,2}}\s*)?{_BLOCK}\s*>", _FLAGS
-)
+_V3_TOKEN = re.compile(rf"{_B}\s*tool(?:[\u2581_ ](?:calls?|outputs?))?[\u2581_ ](?:begin|end|sep){_B}", _FLAGS)
+_BLOCK_OPEN = re.compile(rf"<\s*(?:{_B}{{0,2}}\s*dsml\s*{_B}{{0,2}}\s*)?{_BLOCK}\s*>", _FLAGS)
+_BLOCK_CLOSE = re.compile(rf"<\s*/\s*(?:{_B}{{0,2}}\s*dsml\s*{_B}{{0,2}}\s*)?{_BLOCK}\s*>", _FLAGS)
 
 
 class DsmlMatch(NamedTuple):
@@ -154,20 +144,24 @@ def find_dsml(text: str) -> list[DsmlMatch]:
     return kept
 
 
-
-
-_NAMED_INVOKE = re.compile(rf"<\s*(?:{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}\s*)?invoke\s+name\s*=\s*\\?[\"'][^\"'<>]+", _FLAGS)
-_V3_CALL = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*(?:function\s*)?"
-                      rf"(?:<\s*{_B}\s*tool[\u2581_ ]sep{_B}\s*>)\s*[\w.-]+|"
-                      rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*[\w.-]+\s*<\s*{_B}\s*tool[\u2581_ ]sep{_B}", _FLAGS)
+_NAMED_INVOKE = re.compile(
+    rf"<\s*(?:{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}\s*)?invoke\s+name\s*=\s*\\?[\"'][^\"'<>]+", _FLAGS
+)
+_V3_CALL = re.compile(
+    rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*(?:function\s*)?"
+    rf"(?:<\s*{_B}\s*tool[\u2581_ ]sep{_B}\s*>)\s*[\w.-]+|"
+    rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*[\w.-]+\s*<\s*{_B}\s*tool[\u2581_ ]sep{_B}",
+    _FLAGS,
+)
 _STRUCTURE_REACH = 400  # characters after a block or call tag within which its named invoke must follow
 
 
 def _structural(d: DsmlMatch, text: str) -> bool:
     """A block / invoke tag followed by a named invoke, or a V3 call token with its name."""
-    window = text[d.start: d.end + _STRUCTURE_REACH]
-    if d.kind.startswith(("DSML tag <tool", "DSML tag <function", "DSML tag <invoke", "unterminated block",
-                          "bare block", "bare invoke")):
+    window = text[d.start : d.end + _STRUCTURE_REACH]
+    if d.kind.startswith(
+        ("DSML tag <tool", "DSML tag <function", "DSML tag <invoke", "unterminated block", "bare block", "bare invoke")
+    ):
         return _NAMED_INVOKE.search(window) is not None
     if d.kind == "V3 tool token":
         return _V3_CALL.search(text, max(0, d.start - 2), d.end + _STRUCTURE_REACH) is not None
@@ -176,9 +170,19 @@ def _structural(d: DsmlMatch, text: str) -> bool:
 
 def find_markup(text: str, offered: frozenset[str] = frozenset()) -> list[Markup]:
     """find_dsml's matches as the registry's Markup (tool-call markup, structural where a call)."""
-    return [Markup(d.start, d.end, "deepseek", d.kind, d.text, True, _structural(d, text),
-                   exact="\uff5c" in d.text or "\u2581" in d.text or "dsml" in d.text.lower())
-            for d in find_dsml(text)]
+    return [
+        Markup(
+            d.start,
+            d.end,
+            "deepseek",
+            d.kind,
+            d.text,
+            True,
+            _structural(d, text),
+            exact="\uff5c" in d.text or "\u2581" in d.text or "dsml" in d.text.lower(),
+        )
+        for d in find_dsml(text)
+    ]
 
 
 def recipe_tokens() -> dict[str, str]:
@@ -188,8 +192,11 @@ def recipe_tokens() -> dict[str, str]:
     except ImportError:
         return {}
     spelling = dr.SpecialTokens()
-    kinds = {name: kind for name in dir(dr.SpecialToken)
-             if isinstance(kind := getattr(dr.SpecialToken, name), dr.SpecialToken)}
+    kinds = {
+        name: kind
+        for name in dir(dr.SpecialToken)
+        if isinstance(kind := getattr(dr.SpecialToken, name), dr.SpecialToken)
+    }
     return {spelling.token(kind): name for name, kind in sorted(kinds.items())}
 
 
@@ -223,11 +230,19 @@ def special_tokens() -> dict[str, str]:
 
 # The tokens the special-token code judges: all but the DSML marker and V3's tool tokens, which
 # are tool-call markup (find_dsml's).
-TOKENS: dict[str, str] = {s: name for s, name in special_tokens().items()
-                          if name != "Dsml" and "DSML" not in s and not _V3_TOKEN.search(s)}
+TOKENS: dict[str, str] = {
+    s: name for s, name in special_tokens().items() if name != "Dsml" and "DSML" not in s and not _V3_TOKEN.search(s)
+}
 # V3 and R1's own sentence tokens (V4 shares them) and the thinking markers every version uses.
-_V3_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-                "<｜end▁of▁toolresults｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+_V3_SPECIALS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜end▁of▁toolresults｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+)
 _SPECIALS = tokens_marker("DeepSeek special token", {*TOKENS, *_V3_SPECIALS})
 # A fullwidth-bar token cut at the end of the text (`<｜end▁of`, `<｜tool▁calls`): a token split
 # across chunks that never got its second half. The fullwidth bar after `<` is DeepSeek's alone.
@@ -242,31 +257,76 @@ def cut_token(text: str, offered: frozenset[str] = frozenset()) -> list[Markup]:
     tool = "tool" in m.group().lower()
     return [Markup(m.start(), m.end(), "deepseek", "token cut at the end", m.group(), tool, False)]
 
+
 _DSML_SIGNATURE = re.compile(rf"{_B}{{1,2}}\s*dsml\s*{_B}{{1,2}}", _FLAGS)
 _V3_SIGNATURE = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*function\s*<", _FLAGS)
-_V31_SIGNATURE = re.compile(rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*(?!function\s*<)[\w.-]+\s*<\s*{_B}\s*tool[\u2581_ ]sep", _FLAGS)
+_V31_SIGNATURE = re.compile(
+    rf"{_B}\s*tool[\u2581_ ]call[\u2581_ ]begin{_B}\s*>\s*(?!function\s*<)[\w.-]+\s*<\s*{_B}\s*tool[\u2581_ ]sep",
+    _FLAGS,
+)
 
 
 # SGLang's reasoning parser for each version (sglang.srt.parser.reasoning_parser).
-_REASONING = {"deepseek-v4": "deepseek-v4", "deepseek-v3.2": "deepseek-v3", "deepseek-v3.1": "deepseek-v3",
-              "deepseek-v3": "deepseek-r1"}
+_REASONING = {
+    "deepseek-v4": "deepseek-v4",
+    "deepseek-v3.2": "deepseek-v3",
+    "deepseek-v3.1": "deepseek-v3",
+    "deepseek-v3": "deepseek-r1",
+}
 
 
-def _family(name: str, title: str, models: str, parsers: tuple[str, ...], signature: re.Pattern[str],
-            renderer: str | None = None) -> Family:
-    return Family(name=name, group="deepseek", title=title, models=re.compile(models, re.IGNORECASE), parsers=parsers,
-                  markers=(_SPECIALS,), sglang_parsers=parsers[:1], reasoning_parser=_REASONING[name], raw_signature=signature, renderer=renderer,
-                  extra_finders=(find_markup, cut_token))
+def _family(
+    name: str,
+    title: str,
+    models: str,
+    parsers: tuple[str, ...],
+    signature: re.Pattern[str],
+    renderer: str | None = None,
+) -> Family:
+    return Family(
+        name=name,
+        group="deepseek",
+        title=title,
+        models=re.compile(models, re.IGNORECASE),
+        parsers=parsers,
+        markers=(_SPECIALS,),
+        sglang_parsers=parsers[:1],
+        reasoning_parser=_REASONING[name],
+        raw_signature=signature,
+        renderer=renderer,
+        extra_finders=(find_markup, cut_token),
+    )
 
 
 # Most specific first: the registry takes the first whose model pattern matches.
 FAMILIES: tuple[Family, ...] = (
-    _family("deepseek-v4", "DeepSeek V4 / V4.1 (DSML)", r"deepseek[-_ ]?v4|\bdsv4", ("deepseekv4", "deepseekv41"),
-            _DSML_SIGNATURE, renderer="deepseek-recipe"),
-    _family("deepseek-v3.2", "DeepSeek V3.2 (DSML function_calls)", r"deepseek[-_ ]?v3[._-]?2", ("deepseekv32",),
-            _DSML_SIGNATURE),
-    _family("deepseek-v3.1", "DeepSeek V3.1 (tool tokens, bare name)", r"deepseek[-_ ]?v3[._-]?1", ("deepseekv31",),
-            _V31_SIGNATURE),
-    _family("deepseek-v3", "DeepSeek V3 / R1 (tool tokens, ```json)", r"deepseek[-_ ]?(?:v3|r1)", ("deepseekv3",),
-            _V3_SIGNATURE),
+    _family(
+        "deepseek-v4",
+        "DeepSeek V4 / V4.1 (DSML)",
+        r"deepseek[-_ ]?v4|\bdsv4",
+        ("deepseekv4", "deepseekv41"),
+        _DSML_SIGNATURE,
+        renderer="deepseek-recipe",
+    ),
+    _family(
+        "deepseek-v3.2",
+        "DeepSeek V3.2 (DSML function_calls)",
+        r"deepseek[-_ ]?v3[._-]?2",
+        ("deepseekv32",),
+        _DSML_SIGNATURE,
+    ),
+    _family(
+        "deepseek-v3.1",
+        "DeepSeek V3.1 (tool tokens, bare name)",
+        r"deepseek[-_ ]?v3[._-]?1",
+        ("deepseekv31",),
+        _V31_SIGNATURE,
+    ),
+    _family(
+        "deepseek-v3",
+        "DeepSeek V3 / R1 (tool tokens, ```json)",
+        r"deepseek[-_ ]?(?:v3|r1)",
+        ("deepseekv3",),
+        _V3_SIGNATURE,
+    ),
 )

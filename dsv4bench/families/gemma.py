@@ -21,13 +21,24 @@ def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
 
 
 FAMILIES = (
-    Family(name="gemma", group="gemma",
-           title="Gemma (<start_of_turn>; Gemma 4 <|tool_call>)",
-           models=re.compile(r"gemma", _I), parsers=("gemma4", "gemma", "functiongemma"),
-           markers=(Marker("Gemma tool-call token",
-                           re.compile(r"<\|tool_call>|<tool_call\|>|<start_function_call>|<end_function_call>|"
-                                      r"<start_function_response>|<end_function_response>|<\|\"\|>"),
-                           structural=_call),
-                    tokens_marker("Gemma special token", ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>"))),
-           sglang_parsers=("gemma4",), raw_signature=re.compile(r"<\|tool_call>")),
+    Family(
+        name="gemma",
+        group="gemma",
+        title="Gemma (<start_of_turn>; Gemma 4 <|tool_call>)",
+        models=re.compile(r"gemma", _I),
+        parsers=("gemma4", "gemma", "functiongemma"),
+        markers=(
+            Marker(
+                "Gemma tool-call token",
+                re.compile(
+                    r"<\|tool_call>|<tool_call\|>|<start_function_call>|<end_function_call>|"
+                    r"<start_function_response>|<end_function_response>|<\|\"\|>"
+                ),
+                structural=_call,
+            ),
+            tokens_marker("Gemma special token", ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>")),
+        ),
+        sglang_parsers=("gemma4",),
+        raw_signature=re.compile(r"<\|tool_call>"),
+    ),
 )

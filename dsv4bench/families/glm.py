@@ -26,15 +26,33 @@ def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
 
 
 FAMILIES = (
-    Family(name="glm", group="glm",
-           title="GLM-4.5+ (<tool_call>NAME<arg_key>...)",
-           models=re.compile(r"glm|chatglm|zai-org", _I), parsers=("glm", "glm45", "glm47", "glm4_moe"),
-           markers=(Marker("GLM <tool_call> tag", re.compile(r"<\s*tool_call\s*>", _I), structural=_call),
-                    Marker("GLM </tool_call> tag", re.compile(r"<\s*/\s*tool_call\s*>", _I)),
-                    Marker("GLM argument tag", re.compile(r"<\s*/?\s*arg_(?:key|value)\s*>", _I)),
-                    tokens_marker("GLM special token", ("<|user|>", "<|assistant|>", "<|system|>", "<|observation|>",
-                                                        "<|endoftext|>", "[gMASK]", "<sop>", "<eop>")),
-                    tokens_marker("thinking marker", ("<think>", "</think>"))),
-           sglang_parsers=("glm45", "glm47"), reasoning_parser="glm45",
-           raw_signature=re.compile(r"<tool_call>\s*[\w.\-]+\s*<arg_key>")),
+    Family(
+        name="glm",
+        group="glm",
+        title="GLM-4.5+ (<tool_call>NAME<arg_key>...)",
+        models=re.compile(r"glm|chatglm|zai-org", _I),
+        parsers=("glm", "glm45", "glm47", "glm4_moe"),
+        markers=(
+            Marker("GLM <tool_call> tag", re.compile(r"<\s*tool_call\s*>", _I), structural=_call),
+            Marker("GLM </tool_call> tag", re.compile(r"<\s*/\s*tool_call\s*>", _I)),
+            Marker("GLM argument tag", re.compile(r"<\s*/?\s*arg_(?:key|value)\s*>", _I)),
+            tokens_marker(
+                "GLM special token",
+                (
+                    "<|user|>",
+                    "<|assistant|>",
+                    "<|system|>",
+                    "<|observation|>",
+                    "<|endoftext|>",
+                    "[gMASK]",
+                    "<sop>",
+                    "<eop>",
+                ),
+            ),
+            tokens_marker("thinking marker", ("<think>", "</think>")),
+        ),
+        sglang_parsers=("glm45", "glm47"),
+        reasoning_parser="glm45",
+        raw_signature=re.compile(r"<tool_call>\s*[\w.\-]+\s*<arg_key>"),
+    ),
 )

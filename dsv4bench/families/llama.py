@@ -15,8 +15,14 @@ import re
 from dsv4bench.families.base import Family, Marker, Markup, decodes_as_object, json_call_at, named_call, tokens_marker
 
 _I = re.IGNORECASE
-_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-           "<|finetune_right_pad_id|>")
+_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|finetune_right_pad_id|>",
+)
 # `<|eom_id|>` ends the message of a call (the model waits for its result): the call's own markup.
 
 
@@ -37,13 +43,24 @@ def bare_json_call(text: str, offered: frozenset[str]) -> list[Markup]:
 
 
 FAMILIES = (
-    Family(name="llama3", group="llama",
-           title="Llama 3.x (<|python_tag|>, JSON calls)",
-           models=re.compile(r"llama[-_ ]?3|llama[-_ ]?4", _I), parsers=("llama3", "llama3_json", "llama4_json"),
-           markers=(Marker("<|python_tag|>", tokens_marker("", ("<|python_tag|>",)).pattern, structural=_tag_call,
-                           spellings=frozenset({"<|python_tag|>"})),
-                    tokens_marker("Llama end of a call message", ("<|eom_id|>",), tool_markup=True),
-                    tokens_marker("Llama special token", _TOKENS)),
-           sglang_parsers=("llama3",), raw_signature=re.compile(r"<\|python_tag\|>"),
-           extra_finders=(bare_json_call,)),
+    Family(
+        name="llama3",
+        group="llama",
+        title="Llama 3.x (<|python_tag|>, JSON calls)",
+        models=re.compile(r"llama[-_ ]?3|llama[-_ ]?4", _I),
+        parsers=("llama3", "llama3_json", "llama4_json"),
+        markers=(
+            Marker(
+                "<|python_tag|>",
+                tokens_marker("", ("<|python_tag|>",)).pattern,
+                structural=_tag_call,
+                spellings=frozenset({"<|python_tag|>"}),
+            ),
+            tokens_marker("Llama end of a call message", ("<|eom_id|>",), tool_markup=True),
+            tokens_marker("Llama special token", _TOKENS),
+        ),
+        sglang_parsers=("llama3",),
+        raw_signature=re.compile(r"<\|python_tag\|>"),
+        extra_finders=(bare_json_call,),
+    ),
 )

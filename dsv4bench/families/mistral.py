@@ -24,7 +24,7 @@ def _call(m: re.Match[str], text: str, offered: frozenset[str]) -> bool:
     """`[TOOL_CALLS]` then a JSON list of named calls, or the compact `NAME[ARGS]{...}`."""
     if _COMPACT.match(text, m.start()):
         return True
-    rest = text[m.end():].lstrip()
+    rest = text[m.end() :].lstrip()
     if rest.startswith("["):
         return named_call(json_call_at(rest, 1))
     return named_call(json_call_at(text, m.end()))
@@ -43,13 +43,20 @@ def unpaired_eos(text: str, offered: frozenset[str]) -> list[Markup]:
 
 
 FAMILIES = (
-    Family(name="mistral", group="mistral",
-           title="Mistral ([TOOL_CALLS])",
-           models=re.compile(r"mistral|mixtral|magistral|devstral|codestral|ministral", re.IGNORECASE),
-           parsers=("mistral",),
-           markers=(Marker("[TOOL_CALLS]", _CALLS, structural=_call),
-                    Marker("Mistral call token", _CALL_PARTS),
-                    Marker("Mistral control token", _CONTROL, tool_markup=False)),
-           sglang_parsers=("mistral",), raw_signature=_CALLS, renderer="mistral-common",
-           extra_finders=(unpaired_eos,)),
+    Family(
+        name="mistral",
+        group="mistral",
+        title="Mistral ([TOOL_CALLS])",
+        models=re.compile(r"mistral|mixtral|magistral|devstral|codestral|ministral", re.IGNORECASE),
+        parsers=("mistral",),
+        markers=(
+            Marker("[TOOL_CALLS]", _CALLS, structural=_call),
+            Marker("Mistral call token", _CALL_PARTS),
+            Marker("Mistral control token", _CONTROL, tool_markup=False),
+        ),
+        sglang_parsers=("mistral",),
+        raw_signature=_CALLS,
+        renderer="mistral-common",
+        extra_finders=(unpaired_eos,),
+    ),
 )

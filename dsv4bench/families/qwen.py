@@ -42,16 +42,26 @@ CHATML = tokens_marker("ChatML special token", ("<|im_start|>", "<|im_end|>", "<
 THINKING = tokens_marker("thinking marker", ("<think>", "</think>"))
 
 FAMILIES = (
-    Family(name="qwen3-coder", group="qwen",
-           title="Qwen3-Coder (XML <function=...>)",
-           models=re.compile(r"qwen3[-_.]?coder", _I), parsers=("qwen3_coder", "qwen3_xml"),
-           markers=(TOOL_CALL_TAG, TOOL_CALL_CLOSE, *_CODER, CHATML, THINKING),
-           sglang_parsers=("qwen3_coder",), reasoning_parser="qwen3",
-           raw_signature=re.compile(r"<tool_call>\s*<function=")),
-    Family(name="qwen", group="qwen",
-           title="Qwen / Hermes (<tool_call>{json}</tool_call>)",
-           models=re.compile(r"qwen|qwq|hermes", _I), parsers=("qwen", "qwen25", "hermes"),
-           markers=(TOOL_CALL_TAG, TOOL_CALL_CLOSE, CHATML, THINKING),
-           sglang_parsers=("qwen25", "hermes"), reasoning_parser="qwen3",
-           raw_signature=re.compile(r"<tool_call>\s*\{")),
+    Family(
+        name="qwen3-coder",
+        group="qwen",
+        title="Qwen3-Coder (XML <function=...>)",
+        models=re.compile(r"qwen3[-_.]?coder", _I),
+        parsers=("qwen3_coder", "qwen3_xml"),
+        markers=(TOOL_CALL_TAG, TOOL_CALL_CLOSE, *_CODER, CHATML, THINKING),
+        sglang_parsers=("qwen3_coder",),
+        reasoning_parser="qwen3",
+        raw_signature=re.compile(r"<tool_call>\s*<function="),
+    ),
+    Family(
+        name="qwen",
+        group="qwen",
+        title="Qwen / Hermes (<tool_call>{json}</tool_call>)",
+        models=re.compile(r"qwen|qwq|hermes", _I),
+        parsers=("qwen", "qwen25", "hermes"),
+        markers=(TOOL_CALL_TAG, TOOL_CALL_CLOSE, CHATML, THINKING),
+        sglang_parsers=("qwen25", "hermes"),
+        reasoning_parser="qwen3",
+        raw_signature=re.compile(r"<tool_call>\s*\{"),
+    ),
 )

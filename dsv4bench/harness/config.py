@@ -138,10 +138,17 @@ class RunConfig:
 
     def session_config(self, model: str, context_tokens: int | None = None) -> SessionConfig:
         """How this run's sessions talk to `model` in a context of `context_tokens` (None: unknown)."""
-        return SessionConfig(model=model, max_turns=self.max_turns, thinking=self.thinking, stream=self.stream,
-                             max_tokens=self.max_tokens, temperature=self.temperature, on_corrupt=self.on_corrupt,
-                             context_tokens=context_tokens,
-                             request_mix=RequestMix.parse(self.request_mix) if self.request_mix is not None else None)
+        return SessionConfig(
+            model=model,
+            max_turns=self.max_turns,
+            thinking=self.thinking,
+            stream=self.stream,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            on_corrupt=self.on_corrupt,
+            context_tokens=context_tokens,
+            request_mix=RequestMix.parse(self.request_mix) if self.request_mix is not None else None,
+        )
 
     @property
     def deadlines(self) -> Deadlines:

@@ -49,8 +49,13 @@ from dsv4bench.loop.turn_lane import TurnLane
 _SEED_STRIDE = 100_000
 
 
-async def play_session(client: httpx.AsyncClient, base_url: str, sess: AgentSession, deadlines: Deadlines,
-                       on_turn: Callable[[TurnOutcome, list[Verdict]], None] | None = None) -> None:
+async def play_session(
+    client: httpx.AsyncClient,
+    base_url: str,
+    sess: AgentSession,
+    deadlines: Deadlines,
+    on_turn: Callable[[TurnOutcome, list[Verdict]], None] | None = None,
+) -> None:
     """Play one session to its end, a turn at a time, each turn judged by the checkers. The
     loop of the tools that need no kills, history or run statistics (scripts/eval_engine.py,
     scripts/onpolicy_corpus.py); `on_turn` sees each turn before the session takes it in."""
@@ -72,23 +77,33 @@ def make_client(config: RunConfig) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     # NOTE: idle connections expire well before uvicorn's 5 s keep-alive (SGLang's default), so
     # the pool never reuses a socket the server is closing: that race reads as a connection_error.
-    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8,
-                          keepalive_expiry=2.0)
+    limits = httpx.Limits(
+        max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8, keepalive_expiry=2.0
+    )
     # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn, on
     # the run's listening clock (loop_watch.py). A connect the harness's own stall held up must
     # not fail sooner than the turn's TTFT deadline would, as a 10 s connect limit did at 2,000
     # sessions starting together: the harness's overload recorded as the server's connection_error.
-    timeout = httpx.Timeout(connect=config.ttft_timeout + 5, read=config.total_timeout + 5, write=30.0,
-                            pool=config.total_timeout + 5)
+    timeout = httpx.Timeout(
+        connect=config.ttft_timeout + 5, read=config.total_timeout + 5, write=30.0, pool=config.total_timeout + 5
+    )
     return httpx.AsyncClient(headers=headers, timeout=timeout, trust_env=False, transport=AiohttpTransport(limits))
 
 
 class AgentRun:
     """Drives all the sessions of one run and writes their history."""
 
-    def __init__(self, config: RunConfig, model: str, history: HistoryWriter, stats: LiveStats, run_id: str,
-                 context_tokens: int | None = None, reference: ReferenceAnswers | None = None,
-                 family: str | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        model: str,
+        history: HistoryWriter,
+        stats: LiveStats,
+        run_id: str,
+        context_tokens: int | None = None,
+        reference: ReferenceAnswers | None = None,
+        family: str | None = None,
+    ) -> None:
         self.config = config
         self.family = family  # the server's model family (families.family_of_server); None: every family
         self.reference = reference
@@ -116,7 +131,9 @@ class AgentRun:
         started = anyio.current_time()
         async with make_client(c) as client, anyio.create_task_group() as background:
             self.client = client
-            self.nemesis = Nemesis([parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url)
+            self.nemesis = Nemesis(
+                [parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url
+            )
             self.watch.start(background, client)
             clock_scope, nemesis_scope = anyio.CancelScope(), anyio.CancelScope()
             background.start_soon(self._run_in, clock_scope, self.clock.run)
@@ -196,8 +213,9 @@ class AgentRun:
             if spec is None or not spec.restart or self._time_up():
                 return
             attempt += 1
-            self.history.event("session_restart", session=sid, new_session=f"s{index:05d}.r{attempt}",
-                               attempt=attempt, spec=spec.text)
+            self.history.event(
+                "session_restart", session=sid, new_session=f"s{index:05d}.r{attempt}", attempt=attempt, spec=spec.text
+            )
 
     async def _attempt(self, index: int, sid: str, attempt: int) -> Slot:
         assert self.nemesis is not None
@@ -237,14 +255,27 @@ class AgentRun:
         outcome: TurnOutcome | None = None
         with anyio.CancelScope() as scope:
             slot.scope = scope
-            outcome = await chat_turn(self.client, f"{self.config.base_url}/chat/completions", body, self.deadlines,
-                                      headers, probe, clock=self.clock)
+            outcome = await chat_turn(
+                self.client,
+                f"{self.config.base_url}/chat/completions",
+                body,
+                self.deadlines,
+                headers,
+                probe,
+                clock=self.clock,
+            )
         slot.scope = slot.probe = None
         raw = None
-        if (self.config.raw and outcome is not None and outcome.status is TurnStatus.OK and not scope.cancelled_caught
-                and slot.killed_by is None):
-            raw = await raw_completion(self.client, self.config.base_url, body, headers, self.config.total_timeout,
-                                       self.raw_not_offered)
+        if (
+            self.config.raw
+            and outcome is not None
+            and outcome.status is TurnStatus.OK
+            and not scope.cancelled_caught
+            and slot.killed_by is None
+        ):
+            raw = await raw_completion(
+                self.client, self.config.base_url, body, headers, self.config.total_timeout, self.raw_not_offered
+            )
         async with self.lane.turn():
             # NOTE: a kill that lands after the last byte but before the agent acts on the reply
             # (the turn returning, the raw request, the wait for the lane) cancels nothing; the
@@ -271,8 +302,13 @@ class AgentRun:
 def _killed_outcome(done: TurnOutcome | None, probe: TurnProbe, slot: Slot) -> TurnOutcome:
     """The outcome of a turn the nemesis killed (`done`: its outcome if it finished anyway):
     timings and the partial response kept, unjudged."""
-    out = done or probe.outcome or TurnOutcome(status=TurnStatus.KILLED,
-                                       timings=Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns()))
+    out = (
+        done
+        or probe.outcome
+        or TurnOutcome(
+            status=TurnStatus.KILLED, timings=Timings(start_wall_ns=time.time_ns(), start_ns=time.monotonic_ns())
+        )
+    )
     out.status = TurnStatus.KILLED
     out.error_kind = None
     out.error = f"killed by the nemesis ({slot.killed_by.text})" if slot.killed_by else "killed"

@@ -66,11 +66,11 @@ class HarnessCollector(Collector):
         for status, n in (("ok", ok), ("killed", s.turns_killed), ("error", s.turns_error)):
             turns.add_metric([self.run_id, status], float(n))
         yield turns
-        yield self._counter("turns_corrupt", "Completed turns with at least one corruption verdict.",
-                            s.turns_corrupt)
+        yield self._counter("turns_corrupt", "Completed turns with at least one corruption verdict.", s.turns_corrupt)
         yield self._counter("tool_calls", "Tool calls in completed turns.", s.tool_calls)
-        verdicts = CounterMetricFamily(f"{PREFIX}_verdicts", "Turns carrying each verdict code.",
-                                       labels=["run", "code"])
+        verdicts = CounterMetricFamily(
+            f"{PREFIX}_verdicts", "Turns carrying each verdict code.", labels=["run", "code"]
+        )
         for code, n in sorted(s.verdicts.items()):
             verdicts.add_metric([self.run_id, code], float(n))
         yield verdicts

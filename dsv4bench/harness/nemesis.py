@@ -171,7 +171,11 @@ class KillSchedule:
 
     def next_at(self) -> float | None:
         """The elapsed time of the next kill, or None when nothing is left to fire."""
-        left = [t for i, t in enumerate(self._next) if t is not None and (self.specs[i].until is None or t <= self.specs[i].until)]
+        left = [
+            t
+            for i, t in enumerate(self._next)
+            if t is not None and (self.specs[i].until is None or t <= self.specs[i].until)
+        ]
         return min(left) if left else None
 
 
@@ -184,7 +188,9 @@ def pick(candidates: Iterable[str], frac: float, rng: random.Random) -> list[str
     return sorted(rng.sample(pool, k))
 
 
-async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: Iterable[str], timeout: float = 5.0) -> dict[str, int | str]:
+async def abort_requests(
+    client: httpx.AsyncClient, base_url: str, rids: Iterable[str], timeout: float = 5.0
+) -> dict[str, int | str]:
     """Best-effort POST /abort_request per request id; returns {rid: HTTP status or error name}."""
     url = f"{root_of(base_url)}/abort_request"
     result: dict[str, int | str] = {}
@@ -210,14 +216,19 @@ class Slot:
         """Is this session a target of `who`? ttft/toolcall need a turn in flight in that phase."""
         if who == "all":
             return True
-        return self.scope is not None and self.probe is not None and self.probe.phase == ("waiting" if who == "ttft" else "toolcall")
+        return (
+            self.scope is not None
+            and self.probe is not None
+            and self.probe.phase == ("waiting" if who == "ttft" else "toolcall")
+        )
 
 
 class Nemesis:
     """Fires the kills of a schedule against the driver's live sessions (`slots`)."""
 
-    def __init__(self, specs: Sequence[KillSpec], seed: int, event: Callable[..., None],
-                 client: httpx.AsyncClient, base_url: str) -> None:
+    def __init__(
+        self, specs: Sequence[KillSpec], seed: int, event: Callable[..., None], client: httpx.AsyncClient, base_url: str
+    ) -> None:
         self.schedule = KillSchedule(specs)
         self.rng = random.Random(seed)
         self.event = event
@@ -237,8 +248,9 @@ class Nemesis:
         """Kill the spec's targets now: cancel their in-flight turns, write the kill event."""
         if spec.stops_load:
             self.load_stopped = True  # before any await: no session starts after a kill-all
-        targets = pick([sid for sid, s in self.slots.items() if s.killed_by is None and s.matches(spec.who)],
-                       spec.frac, self.rng)
+        targets = pick(
+            [sid for sid, s in self.slots.items() if s.killed_by is None and s.matches(spec.who)], spec.frac, self.rng
+        )
         rids: list[str] = []
         for sid in targets:
             slot = self.slots[sid]
@@ -248,8 +260,13 @@ class Nemesis:
                 if asm is not None and asm.response.response_id:
                     rids.append(asm.response.response_id)
                 slot.scope.cancel()  # closes the stream: the connection drops like a dead process's
-        fields: dict[str, Any] = {"spec": spec.text, "sessions": targets, "who": spec.who, "abort": spec.abort,
-                                  "restart": spec.restart}
+        fields: dict[str, Any] = {
+            "spec": spec.text,
+            "sessions": targets,
+            "who": spec.who,
+            "abort": spec.abort,
+            "restart": spec.restart,
+        }
         self.event("kill", **fields)
         if spec.abort:
             # NOTE: shielded: a kill-all ends the load, and the driver then cancels the nemesis;

@@ -54,15 +54,22 @@ def render_stats(s: LiveStats) -> Group:
     goal = f"/{s.sessions_target}" if s.sessions_target else ""
     limit = f"/{s.duration_s:.0f}s" if s.duration_s else "s"
     head = Text.assemble(
-        ("sessions ", "bold"), f"active {s.sessions_active}  done {s.sessions_done}{goal}   ",
-        ("turns ", "bold"), f"{s.turns}   ",
-        ("tool calls ", "bold"), f"{s.tool_calls}   ",
-        ("elapsed ", "bold"), f"{s.elapsed:.0f}{limit}",
+        ("sessions ", "bold"),
+        f"active {s.sessions_active}  done {s.sessions_done}{goal}   ",
+        ("turns ", "bold"),
+        f"{s.turns}   ",
+        ("tool calls ", "bold"),
+        f"{s.tool_calls}   ",
+        ("elapsed ", "bold"),
+        f"{s.elapsed:.0f}{limit}",
     )
     tail = Text.assemble(
-        ("corrupt ", "bold red" if s.turns_corrupt else "bold green"), f"{s.turns_corrupt}   ",
-        ("errors ", "bold yellow" if s.turns_error else "bold"), f"{s.turns_error}   ",
-        ("killed ", "bold"), f"{s.turns_killed} turns / {s.kills} kills",
+        ("corrupt ", "bold red" if s.turns_corrupt else "bold green"),
+        f"{s.turns_corrupt}   ",
+        ("errors ", "bold yellow" if s.turns_error else "bold"),
+        f"{s.turns_error}   ",
+        ("killed ", "bold"),
+        f"{s.turns_killed} turns / {s.kills} kills",
     )
     parts: list[Text | Table] = [head, tail]
     if s.verdicts:
@@ -86,8 +93,12 @@ class ProgressView:
 
     def __enter__(self) -> ProgressView:
         if not self.quiet:
-            self._live = Live(get_renderable=lambda: render_stats(self.stats), console=self.console,
-                              refresh_per_second=4, transient=False)
+            self._live = Live(
+                get_renderable=lambda: render_stats(self.stats),
+                console=self.console,
+                refresh_per_second=4,
+                transient=False,
+            )
             self._live.__enter__()
         return self
 

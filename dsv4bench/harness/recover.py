@@ -16,8 +16,9 @@ from dsv4bench.servers.preflight import root_of
 from dsv4bench.history.redact import redact_command, redact_credentials
 
 
-async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5,
-                       api_key: str | None = None) -> float | None:
+async def wait_healthy(
+    base_urls: list[str], model: str | None, timeout: float, poll_s: float = 0.5, api_key: str | None = None
+) -> float | None:
     """Seconds until every base URL (…/v1) answers /health 200 and a canary; None on timeout."""
     t0 = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -33,8 +34,9 @@ async def wait_healthy(base_urls: list[str], model: str | None, timeout: float, 
     return None
 
 
-def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: float = 300.0,
-                 api_key: str | None = None) -> dict[str, Any]:
+def run_recovery(
+    cmd: str, base_urls: list[str], model: str | None, timeout: float = 300.0, api_key: str | None = None
+) -> dict[str, Any]:
     """Run `cmd` in a shell, then time the way back to healthy. Never raises for the command's
     own failure: its exit code and output tail are part of the record, credential-shaped text
     masked (redact.py); the run's own key is scrubbed by the history writer, as everywhere."""
@@ -46,5 +48,10 @@ def run_recovery(cmd: str, base_urls: list[str], model: str | None, timeout: flo
         code, tail = None, f"the command ran past {timeout:g} s"
     cmd_s = round(time.monotonic() - t0, 3)
     healthy = anyio.run(wait_healthy, base_urls, model, max(1.0, timeout - cmd_s), 0.5, api_key)
-    return {"cmd": redact_command(cmd), "exit_code": code, "output_tail": redact_credentials(tail), "cmd_s": cmd_s,
-            "healthy_after_s": None if healthy is None else round(cmd_s + healthy, 3)}
+    return {
+        "cmd": redact_command(cmd),
+        "exit_code": code,
+        "output_tail": redact_credentials(tail),
+        "cmd_s": cmd_s,
+        "healthy_after_s": None if healthy is None else round(cmd_s + healthy, 3),
+    }

@@ -41,8 +41,9 @@ class ReferenceRunError(UsageError):
 def _message_for_key(m: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in m.items() if k != "tool_call_id"}
     if isinstance(out.get("tool_calls"), list):
-        out["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} if isinstance(c, dict) else c
-                             for c in out["tool_calls"]]
+        out["tool_calls"] = [
+            {k: v for k, v in c.items() if k != "id"} if isinstance(c, dict) else c for c in out["tool_calls"]
+        ]
     return out
 
 
@@ -155,8 +156,9 @@ class ReferenceAnswers:
             if not isinstance(key, str) or not key or not is_greedy(req):
                 continue
             try:
-                answer = ReferenceAnswer.from_response_json(resp, session=str(rec.get("session", "")),
-                                                            turn=rec.get("turn"))
+                answer = ReferenceAnswer.from_response_json(
+                    resp, session=str(rec.get("session", "")), turn=rec.get("turn")
+                )
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue  # a record of the wrong shape (edited by hand) answers nothing
             seen = answers.setdefault(key, answer)
@@ -165,7 +167,6 @@ class ReferenceAnswers:
             raise ReferenceRunError(
                 f"--reference {path}: no completed greedy turn with a request key in {run_dir / TURNS_FILE} "
                 "(the run was at --temperature above 0, had no completed turn, or was recorded by a "
-                "dsv4bench without request keys)")
+                "dsv4bench without request keys)"
+            )
         return cls(run_dir, answers, conflicts)
-
-

@@ -77,8 +77,9 @@ class RequestMix:
         for i, part in enumerate(parts):
             if "=" not in part:
                 if i or part not in PRESETS:
-                    raise RequestMixError(f"{part!r} is neither a preset ({', '.join(PRESETS)}, first only) "
-                                          "nor name=value:weight,...")
+                    raise RequestMixError(
+                        f"{part!r} is neither a preset ({', '.join(PRESETS)}, first only) nor name=value:weight,..."
+                    )
                 chosen.update(PRESETS[part])
                 continue
             name, _, values = (x.strip() for x in part.partition("="))
@@ -87,10 +88,15 @@ class RequestMix:
             chosen[name] = _weights(name, values)
         thinking = dict(chosen.get("thinking", ()))
         choices = dict(chosen.get("tool_choice", ()))
-        if any(w > 0 for v, w in thinking.items() if v != "off") and choices \
-                and not any(choices.get(c, 0) > 0 for c in _THINKING_CHOICES):
-            raise RequestMixError("draws thinking turns but only tool_choice values thinking mode refuses "
-                                  "(required, named): give auto or none some weight")
+        if (
+            any(w > 0 for v, w in thinking.items() if v != "off")
+            and choices
+            and not any(choices.get(c, 0) > 0 for c in _THINKING_CHOICES)
+        ):
+            raise RequestMixError(
+                "draws thinking turns but only tool_choice values thinking mode refuses "
+                "(required, named): give auto or none some weight"
+            )
         return cls(tuple((d, chosen[d]) for d in DIMENSIONS if d in chosen), spec)
 
     @property

@@ -32,8 +32,9 @@ def new_run_dir(config: RunConfig) -> tuple[str, Path]:
     return run_id, config.out / run_id
 
 
-def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
-               reference: ReferenceAnswers | None = None) -> tuple[dict[str, Any], Path]:
+def run_agents(
+    config: RunConfig, facts: dict[str, Any], command: str, reference: ReferenceAnswers | None = None
+) -> tuple[dict[str, Any], Path]:
     """Run all sessions, then write summary.json, report.md and plots. Returns (summary, run dir).
     `reference`: config.reference already loaded (the CLI loads it before starting anything)."""
     if reference is None and config.reference is not None:
@@ -49,13 +50,22 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
         "model": model,
         "server": facts,
         # whose markup the run checks, and why: the report says it (families.chosen_family)
-        "model_family": {"family": family, "from": "--family" if config.family != "auto"
-                         else "tool_call_parser" if reported else "each answer's model"},
+        "model_family": {
+            "family": family,
+            "from": "--family"
+            if config.family != "auto"
+            else "tool_call_parser"
+            if reported
+            else "each answer's model",
+        },
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
     }
     if reference is not None:
-        run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
-                                 "conflicts": reference.conflicts}
+        run_info["reference"] = {
+            "run_dir": str(reference.run_dir),
+            "answers": len(reference.answers),
+            "conflicts": reference.conflicts,
+        }
     if config.raw:
         run_info["oracles"] = oracle_versions()
     history = HistoryWriter(run_dir, run_info, config.redactor)
@@ -83,8 +93,9 @@ def run_agents(config: RunConfig, facts: dict[str, Any], command: str,
                 run_info["wedge"] = wedge
                 if config.recover_cmd and any(w["codes"] for w in wedge.values()):
                     history.event("recover_start", cmd=redact_command(config.recover_cmd))
-                    run_info["recovery"] = run_recovery(config.recover_cmd, [config.base_url], model,
-                                                        api_key=config.api_key)
+                    run_info["recovery"] = run_recovery(
+                        config.recover_cmd, [config.base_url], model, api_key=config.api_key
+                    )
                     history.event("recover_end", **run_info["recovery"])
                 history.update_run_info(run_info)
     except KeyboardInterrupt:
@@ -105,8 +116,13 @@ def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -
     samples; canary and /health from the checks after it), as run.json keeps them, or None if
     the detector failed."""
     try:
-        wedge = detect_wedge(watch.samples, watch.load_stopped_ns, WedgeConfig(drain_timeout_s=config.drain_timeout),
-                             health=watch.health, canaries=watch.canaries)
+        wedge = detect_wedge(
+            watch.samples,
+            watch.load_stopped_ns,
+            WedgeConfig(drain_timeout_s=config.drain_timeout),
+            health=watch.health,
+            canaries=watch.canaries,
+        )
     except Exception as e:  # noqa: BLE001 - a detector bug must not lose the run's report
         history.event("wedge_error", error=f"{type(e).__name__}: {e}"[:300])
         return None

@@ -64,8 +64,9 @@ class ServerWatch:
         until it is cancelled."""
         c = self.config
         if c.metrics:
-            tg.start_soon(monitor, list(c.metrics), self._write_sample, c.metrics_interval, None, c.api_key,
-                          self.key_scope)
+            tg.start_soon(
+                monitor, list(c.metrics), self._write_sample, c.metrics_interval, None, c.api_key, self.key_scope
+            )
             tg.start_soon(self._poll_health, client)
 
     async def drain(self) -> None:
@@ -124,15 +125,22 @@ class ServerWatch:
 
     async def _canary(self, client: httpx.AsyncClient, target: Role) -> None:
         if target.name in WORKERS:
-            self.history.event("canary_skipped", endpoint=self.config.base_url, role=target.name,
-                               reason=f"the target is a {target.name} server ({target.source}): it takes no chat")
+            self.history.event(
+                "canary_skipped",
+                endpoint=self.config.base_url,
+                role=target.name,
+                reason=f"the target is a {target.name} server ({target.source}): it takes no chat",
+            )
             return
         # Not streamed and streamed, side by side: a server can hang in either path alone.
         done: list[CanaryResult] = []
 
         async def one(stream: bool) -> None:
-            done.append(await check_canary(client, self.config.base_url, self.model,
-                                           timeout=self.config.canary_timeout, stream=stream))
+            done.append(
+                await check_canary(
+                    client, self.config.base_url, self.model, timeout=self.config.canary_timeout, stream=stream
+                )
+            )
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, False)
@@ -158,14 +166,18 @@ class ServerWatch:
 
     def _server_roots(self) -> list[str]:
         """The root of every server the run touches: the target's and each /metrics endpoint's."""
-        return sorted({root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics})
+        return sorted(
+            {root_of(self.config.base_url)} | {root_of(m.rsplit("/metrics", 1)[0]) for m in self.config.metrics}
+        )
 
     async def _role(self, client: httpx.AsyncClient, root: str) -> Role:
         """The server's role, asked once and kept; its latest scrape fills in where it states none."""
         role = self._roles.get(root)
         if role is None or not role.known:
-            scraped = next((s.values for m, s in self._latest.items()
-                            if root_of(m.rsplit("/metrics", 1)[0]) == root and s.ok), None)
+            scraped = next(
+                (s.values for m, s in self._latest.items() if root_of(m.rsplit("/metrics", 1)[0]) == root and s.ok),
+                None,
+            )
             role = await discover_role(client, root, timeout=5.0, metrics=scraped)
             self._roles[root] = role
         return role
@@ -176,8 +188,9 @@ class ServerWatch:
         async with httpx.AsyncClient(trust_env=False) as keyless:
             while True:
                 for root in self._server_roots():
-                    h = await check_health(self._client(client, keyless, root), root,
-                                           timeout=max(1.0, self.config.metrics_interval))
+                    h = await check_health(
+                        self._client(client, keyless, root), root, timeout=max(1.0, self.config.metrics_interval)
+                    )
                     self.health.append(h)
                     self.history.event("health", **h.as_dict())
                 await anyio.sleep(self.config.metrics_interval)
@@ -200,9 +213,12 @@ class RawNotOffered:
         if (base_url, family) in self._said:
             return
         self._said.add((base_url, family))
-        print(f"--raw: the raw oracle is not offered for {visible(family)} models on {visible(base_url)}: it renders "
-              "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
-              "the run goes on without it", file=sys.stderr)
+        print(
+            f"--raw: the raw oracle is not offered for {visible(family)} models on {visible(base_url)}: it renders "
+            "DeepSeek-V4 prompts itself, and this server has no /tokenize to render others; "
+            "the run goes on without it",
+            file=sys.stderr,
+        )
         if self.history is not None:
             self.history.event(NOT_OFFERED_EVENT, family=family, server=base_url, reason="no /tokenize")
 
@@ -211,15 +227,19 @@ class RawNotOffered:
 _SAY_ONCE = RawNotOffered()
 
 
-async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
-                         timeout: float) -> list[int] | None:
+async def _server_prompt(
+    client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+) -> list[int] | None:
     """The server's own rendering of the conversation, as token ids: vLLM's and SGLang's POST
     /tokenize with `messages` applies the server's chat template (what the chat request got);
     None where the server offers no such endpoint."""
     if base_url in _NO_RENDERER:
         return None
-    asked = {k: body[k] for k in ("model", "messages", "tools", "tool_choice", "chat_template_kwargs",
-                                  "reasoning_effort") if body.get(k) is not None}
+    asked = {
+        k: body[k]
+        for k in ("model", "messages", "tools", "tool_choice", "chat_template_kwargs", "reasoning_effort")
+        if body.get(k) is not None
+    }
     resp = await client.post(f"{root_of(base_url)}/tokenize", json=asked, headers=headers, timeout=timeout)
     try:
         tokens = resp.json().get("tokens") if resp.status_code < 400 else None
@@ -231,8 +251,14 @@ async def _server_prompt(client: httpx.AsyncClient, base_url: str, body: dict[st
     return None
 
 
-async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], headers: dict[str, str],
-                         timeout: float, not_offered: RawNotOffered | None = None) -> str | None:
+async def raw_completion(
+    client: httpx.AsyncClient,
+    base_url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    timeout: float,
+    not_offered: RawNotOffered | None = None,
+) -> str | None:
     """The --raw oracle: the conversation of chat request `body` as a raw prompt to /v1/completions,
     or None where the server gives no usable answer (the chat turn is still judged).
 
@@ -256,8 +282,14 @@ async def raw_completion(client: httpx.AsyncClient, base_url: str, body: dict[st
         resp = await client.post(
             f"{base_url}/completions",
             # Special tokens must survive: the oracle parses </think> and each family's markers itself.
-            json={"model": body["model"], "prompt": prompt, "max_tokens": body.get("max_tokens"),
-                  "temperature": 0.0, "stream": False, "skip_special_tokens": False},
+            json={
+                "model": body["model"],
+                "prompt": prompt,
+                "max_tokens": body.get("max_tokens"),
+                "temperature": 0.0,
+                "stream": False,
+                "skip_special_tokens": False,
+            },
             headers=headers,
             timeout=timeout,
         )

@@ -156,11 +156,14 @@ class AgentSession:
         corrupt = [v for v in verdicts if v.code in CORRUPTION_CODES]
         if corrupt and self.config.on_corrupt == "stop":
             return self._end(EndReason.CORRUPT)
-        calls = [CallText(c.id or default_call_id(self.turn, c.index), c.name or "", c.arguments)
-                 for c in response.tool_calls]
+        calls = [
+            CallText(c.id or default_call_id(self.turn, c.index), c.name or "", c.arguments)
+            for c in response.tool_calls
+        ]
         # DeepSeek-V4 wants a thinking turn's reasoning back with its tool results.
-        self.messages.append(assistant_message(response.content, calls, reasoning=response.reasoning,
-                                               with_reasoning=self._thinking_sent))
+        self.messages.append(
+            assistant_message(response.content, calls, reasoning=response.reasoning, with_reasoning=self._thinking_sent)
+        )
         self._note_usage(response)
         if calls:
             for call in calls:
@@ -190,10 +193,14 @@ class AgentSession:
         """Whether the next request, with max_tokens, surely or nearly exceeds the context."""
         if self.config.context_tokens is None or self._tokens_used is None:
             return False
-        added = self.messages[self._messages_counted:]
+        added = self.messages[self._messages_counted :]
         chars = sum(len(str(m.get("content") or "")) for m in added)
-        estimate = (self._tokens_used + -(-chars // _CHARS_PER_TOKEN_FLOOR) + _TOKENS_PER_MESSAGE * len(added)
-                    + self.config.max_tokens)
+        estimate = (
+            self._tokens_used
+            + -(-chars // _CHARS_PER_TOKEN_FLOOR)
+            + _TOKENS_PER_MESSAGE * len(added)
+            + self.config.max_tokens
+        )
         return estimate > self.config.context_tokens
 
     def stop(self, reason: EndReason) -> None:

@@ -38,8 +38,12 @@ def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return tools
 
 
-def request_context(body: dict[str, Any], outcome: TurnOutcome,
-                    tools: dict[str, dict[str, Any]] | None = None, family: str | None = None) -> TurnContext:
+def request_context(
+    body: dict[str, Any],
+    outcome: TurnOutcome,
+    tools: dict[str, dict[str, Any]] | None = None,
+    family: str | None = None,
+) -> TurnContext:
     """What the checkers judge of the answer to `body`: what it offered and allowed (tools,
     tool_choice, thinking, stop...) and the text it gave the model are read from the body itself,
     so a request any client wrote (a proxied agent, a replayed capture) is judged as ours are.
@@ -48,10 +52,17 @@ def request_context(body: dict[str, Any], outcome: TurnOutcome,
     terms = RequestTerms.of_body(body)
     served = outcome.response.model if outcome.response is not None else None
     return TurnContext(
-        response=outcome.response, tools=offered_tools(body) if tools is None else tools, status=outcome.status,
-        http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
-        stream=bool(body.get("stream")), max_tokens=token_cap(body),
-        thinking=terms.thinking, terms=terms, given=GivenText.of_body(body),
+        response=outcome.response,
+        tools=offered_tools(body) if tools is None else tools,
+        status=outcome.status,
+        http_status=outcome.http_status,
+        error=outcome.error,
+        error_kind=outcome.error_kind,
+        stream=bool(body.get("stream")),
+        max_tokens=token_cap(body),
+        thinking=terms.thinking,
+        terms=terms,
+        given=GivenText.of_body(body),
         family=family or family_for(models=(served, body.get("model") if isinstance(body.get("model"), str) else None)),
     )
 
@@ -66,8 +77,9 @@ def token_cap(body: dict[str, Any]) -> int | None:
     return None
 
 
-def turn_context(sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome,
-                 family: str | None = None) -> TurnContext:
+def turn_context(
+    sess: AgentSession, body: dict[str, Any], outcome: TurnOutcome, family: str | None = None
+) -> TurnContext:
     """What the checkers judge of one of `sess`'s turns (`family`: the server's, where the run knows it)."""
     return request_context(body, outcome, sess.schemas, family)
 
@@ -81,16 +93,26 @@ def client_request_summary(body: dict[str, Any]) -> dict[str, Any]:
         return {"unsummarized": f"{type(e).__name__}: {e}"[:200], "stream": bool(body.get("stream"))}
 
 
-def keeps_evidence(status: TurnStatus, verdicts: list[Verdict], check_errors: list[str],
-                   oracles: OracleReadings | None = None) -> bool:
+def keeps_evidence(
+    status: TurnStatus, verdicts: list[Verdict], check_errors: list[str], oracles: OracleReadings | None = None
+) -> bool:
     """Whether a turn's record keeps its exact request and raw stream: one with findings, a
     checker that failed, parsers that read it differently, or an error (not a kill)."""
-    return bool(verdicts) or bool(check_errors) or oracles is not None or status not in (TurnStatus.OK, TurnStatus.KILLED)
+    return (
+        bool(verdicts) or bool(check_errors) or oracles is not None or status not in (TurnStatus.OK, TurnStatus.KILLED)
+    )
 
 
-def turn_record(run_id: str, sess: AgentSession, body: dict[str, Any], summary: dict[str, Any],
-                outcome: TurnOutcome, verdicts: list[Verdict], check_errors: list[str],
-                oracles: OracleReadings | None) -> TurnRecord:
+def turn_record(
+    run_id: str,
+    sess: AgentSession,
+    body: dict[str, Any],
+    summary: dict[str, Any],
+    outcome: TurnOutcome,
+    verdicts: list[Verdict],
+    check_errors: list[str],
+    oracles: OracleReadings | None,
+) -> TurnRecord:
     """The history's record of the turn `sess` just played (before it observes the outcome)."""
     failing = keeps_evidence(outcome.status, verdicts, check_errors, oracles)
     if failing:

@@ -46,82 +46,167 @@ def _turn(code: str, family: str, module: str, meaning: str) -> VerdictCode:
 
 # In the order the report and summary.json list them.
 CODES: tuple[VerdictCode, ...] = (
-    _turn("dsml_leak_content", CORRUPTION, "dsml",
-          "DeepSeek tool-call markup (DSML, V3 tool tokens) leaked into `content` instead of being parsed into "
-          "tool calls: structural, or absent from the text the request gave the model."),
-    _turn("dsml_leak_reasoning", CORRUPTION, "dsml",
-          "DeepSeek tool-call markup leaked into the reasoning text (structural, or absent from the request's text)."),
-    _turn("dsml_in_arguments", CORRUPTION, "dsml",
-          "DeepSeek tool-call markup inside a tool call's `arguments` or name that is structural or absent from the "
-          "request's text (markup the task gave the model, as in a file being edited, is clean)."),
-    _turn("markup_leak_content", CORRUPTION, "markup",
-          "Another family's tool-call markup (`<tool_call>`, `[TOOL_CALLS]`, harmony `to=functions.x`, Kimi or "
-          "GLM call tokens, `<|python_tag|>`...) leaked into `content`: structural, or absent from the request's text."),
-    _turn("markup_leak_reasoning", CORRUPTION, "markup",
-          "Another family's tool-call markup leaked into the reasoning (structural, or absent from the request's text)."),
-    _turn("markup_in_arguments", CORRUPTION, "markup",
-          "Another family's tool-call markup inside a tool call's `arguments` or name, structural or absent from the "
-          "request's text."),
-    _turn("special_token_leak", CORRUPTION, "special_tokens",
-          "A special token of the server's family (every family where unknown), in any spelling "
-          "(`<｜end▁of▁sentence｜>` or `<|end_of_sentence|>`, `<|im_end|>`, `<think>`...), reached the client in "
-          "`content`, the reasoning or `arguments`, and appears nowhere in the text the request gave the model."),
+    _turn(
+        "dsml_leak_content",
+        CORRUPTION,
+        "dsml",
+        "DeepSeek tool-call markup (DSML, V3 tool tokens) leaked into `content` instead of being parsed into "
+        "tool calls: structural, or absent from the text the request gave the model.",
+    ),
+    _turn(
+        "dsml_leak_reasoning",
+        CORRUPTION,
+        "dsml",
+        "DeepSeek tool-call markup leaked into the reasoning text (structural, or absent from the request's text).",
+    ),
+    _turn(
+        "dsml_in_arguments",
+        CORRUPTION,
+        "dsml",
+        "DeepSeek tool-call markup inside a tool call's `arguments` or name that is structural or absent from the "
+        "request's text (markup the task gave the model, as in a file being edited, is clean).",
+    ),
+    _turn(
+        "markup_leak_content",
+        CORRUPTION,
+        "markup",
+        "Another family's tool-call markup (`<tool_call>`, `[TOOL_CALLS]`, harmony `to=functions.x`, Kimi or "
+        "GLM call tokens, `<|python_tag|>`...) leaked into `content`: structural, or absent from the request's text.",
+    ),
+    _turn(
+        "markup_leak_reasoning",
+        CORRUPTION,
+        "markup",
+        "Another family's tool-call markup leaked into the reasoning (structural, or absent from the request's text).",
+    ),
+    _turn(
+        "markup_in_arguments",
+        CORRUPTION,
+        "markup",
+        "Another family's tool-call markup inside a tool call's `arguments` or name, structural or absent from the "
+        "request's text.",
+    ),
+    _turn(
+        "special_token_leak",
+        CORRUPTION,
+        "special_tokens",
+        "A special token of the server's family (every family where unknown), in any spelling "
+        "(`<｜end▁of▁sentence｜>` or `<|end_of_sentence|>`, `<|im_end|>`, `<think>`...), reached the client in "
+        "`content`, the reasoning or `arguments`, and appears nowhere in the text the request gave the model.",
+    ),
     _turn("args_not_json", CORRUPTION, "arguments", "A tool call's `arguments` is not valid JSON."),
-    _turn("schema_violation", CORRUPTION, "arguments",
-          "A tool call's arguments are JSON but violate the tool's JSON Schema."),
+    _turn(
+        "schema_violation",
+        CORRUPTION,
+        "arguments",
+        "A tool call's arguments are JSON but violate the tool's JSON Schema.",
+    ),
     _turn("unknown_tool", CORRUPTION, "arguments", "A tool call names a tool that the request did not offer."),
-    _turn("finish_reason_mismatch", CORRUPTION, "protocol",
-          "`finish_reason` disagrees with the turn: anything but `length` when `usage.completion_tokens` "
-          "reached the request's `max_tokens` (or `max_completion_tokens`), streamed or not (the cap cut "
-          "it; except `stop` exactly at the cap under the request's own stop sequences); `tool_calls` "
-          "without calls; calls with `stop`; or a value clients do not know, such as `abort`."),
-    _turn("empty_turn", CORRUPTION, "protocol",
-          "The turn finished with no content, no reasoning and no tool calls (a `stop` with nothing is no "
-          "finding where the request's stop sequences or an assistant message it continues allow it)."),
-    _turn("stream_protocol", CORRUPTION, "protocol",
-          "The response broke the streaming protocol (a tool call's index skipped or out of order, its "
-          "first delta without id or name, its name sent again in a later delta, a second id at its "
-          "index, two calls sharing an id, deltas after finish, no `[DONE]`, a body that is not JSON or "
-          "not SSE) or passed one of the harness's bounds on a turn (line, event, tool calls, arguments, "
-          "text), where it stopped reading."),
-    _turn("truncated", CORRUPTION, "protocol",
-          "The response stopped early (length limit or cut-off) mid tool call or mid sentence."),
+    _turn(
+        "finish_reason_mismatch",
+        CORRUPTION,
+        "protocol",
+        "`finish_reason` disagrees with the turn: anything but `length` when `usage.completion_tokens` "
+        "reached the request's `max_tokens` (or `max_completion_tokens`), streamed or not (the cap cut "
+        "it; except `stop` exactly at the cap under the request's own stop sequences); `tool_calls` "
+        "without calls; calls with `stop`; or a value clients do not know, such as `abort`.",
+    ),
+    _turn(
+        "empty_turn",
+        CORRUPTION,
+        "protocol",
+        "The turn finished with no content, no reasoning and no tool calls (a `stop` with nothing is no "
+        "finding where the request's stop sequences or an assistant message it continues allow it).",
+    ),
+    _turn(
+        "stream_protocol",
+        CORRUPTION,
+        "protocol",
+        "The response broke the streaming protocol (a tool call's index skipped or out of order, its "
+        "first delta without id or name, its name sent again in a later delta, a second id at its "
+        "index, two calls sharing an id, deltas after finish, no `[DONE]`, a body that is not JSON or "
+        "not SSE) or passed one of the harness's bounds on a turn (line, event, tool calls, arguments, "
+        "text), where it stopped reading.",
+    ),
+    _turn(
+        "truncated",
+        CORRUPTION,
+        "protocol",
+        "The response stopped early (length limit or cut-off) mid tool call or mid sentence.",
+    ),
     _turn("degenerate_repetition", CORRUPTION, "text", "The output falls into a repetition loop."),
-    _turn("garbled_text", CORRUPTION, "text",
-          "The text is garbled: control characters, invalid UTF-8, lone surrogates, undecoded tokens, "
-          "mojibake or mixed-up scripts."),
+    _turn(
+        "garbled_text",
+        CORRUPTION,
+        "text",
+        "The text is garbled: control characters, invalid UTF-8, lone surrogates, undecoded tokens, "
+        "mojibake or mixed-up scripts.",
+    ),
     # What the request asked of the answer (dsv4bench/history/request_terms.py; varied by --request-mix).
-    _turn("tool_choice_violation", CORRUPTION, "request_terms",
-          "The answer broke the request's `tool_choice`: a tool call under `\"none\"`, none under "
-          "`\"required\"`, or a named function not called or another tool called instead."),
-    _turn("parallel_calls_violation", CORRUPTION, "request_terms",
-          "`parallel_tool_calls` was false, yet the turn holds more than one tool call."),
-    _turn("stop_sequence_ignored", CORRUPTION, "request_terms",
-          "A stop sequence of the request appears in `content` or the reasoning: the server did not stop at it."),
-    _turn("reasoning_only", CORRUPTION, "request_terms",
-          "The turn finished (`stop`) with reasoning but no content and no tool call, before its "
-          "`max_tokens`, and the request had no stop sequence and no assistant message to continue that "
-          "could end it there: nothing an agent can act on."),
+    _turn(
+        "tool_choice_violation",
+        CORRUPTION,
+        "request_terms",
+        'The answer broke the request\'s `tool_choice`: a tool call under `"none"`, none under '
+        '`"required"`, or a named function not called or another tool called instead.',
+    ),
+    _turn(
+        "parallel_calls_violation",
+        CORRUPTION,
+        "request_terms",
+        "`parallel_tool_calls` was false, yet the turn holds more than one tool call.",
+    ),
+    _turn(
+        "stop_sequence_ignored",
+        CORRUPTION,
+        "request_terms",
+        "A stop sequence of the request appears in `content` or the reasoning: the server did not stop at it.",
+    ),
+    _turn(
+        "reasoning_only",
+        CORRUPTION,
+        "request_terms",
+        "The turn finished (`stop`) with reasoning but no content and no tool call, before its "
+        "`max_tokens`, and the request had no stop sequence and no assistant message to continue that "
+        "could end it there: nothing an agent can act on.",
+    ),
     # Judged only with --reference (dsv4bench/harness/reference_run.py).
-    _turn("reference_mismatch", CORRUPTION, "reference",
-          "The reference run (--reference) got a different answer to this same greedy request: "
-          "the server computed it from wrong state (a cache or KV race), or is not deterministic."),
+    _turn(
+        "reference_mismatch",
+        CORRUPTION,
+        "reference",
+        "The reference run (--reference) got a different answer to this same greedy request: "
+        "the server computed it from wrong state (a cache or KV race), or is not deterministic.",
+    ),
     _turn("http_error", AVAILABILITY, "availability", "The server answered with an HTTP error status."),
-    _turn("timeout_ttft", AVAILABILITY, "availability",
-          "No first token arrived within the time-to-first-token limit."),
+    _turn("timeout_ttft", AVAILABILITY, "availability", "No first token arrived within the time-to-first-token limit."),
     _turn("timeout_total", AVAILABILITY, "availability", "The response did not finish within the total time limit."),
-    _turn("connection_error", AVAILABILITY, "availability",
-          "The connection failed or was dropped before a complete response."),
+    _turn(
+        "connection_error",
+        AVAILABILITY,
+        "availability",
+        "The connection failed or was dropped before a complete response.",
+    ),
     VerdictCode("queue_stuck", WEDGE, "Queue gauges stayed above zero after the drain window with no traffic."),
     VerdictCode("canary_timeout", WEDGE, "A small canary request after the drain did not complete in time."),
     VerdictCode("health_lies", WEDGE, "`/health` answered 200 while the server could not generate."),
-    VerdictCode("ghost_requests", WEDGE, "After every client was gone, the server kept decoding requests nobody waits for."),
-    _turn("parser_disagreement", ORACLE, "oracle",
-          "The family's reference parser read the raw completion (--raw) differently from the server's parser."),
-    _turn("markup_unproven", ORACLE, "markup",
-          "Markup or a special token that is not structural, in a turn whose request text is not known: the "
-          "answer alone cannot say whether it was quoted from the task (auditing with the request bodies, or "
-          "--raw, decides)."),
+    VerdictCode(
+        "ghost_requests", WEDGE, "After every client was gone, the server kept decoding requests nobody waits for."
+    ),
+    _turn(
+        "parser_disagreement",
+        ORACLE,
+        "oracle",
+        "The family's reference parser read the raw completion (--raw) differently from the server's parser.",
+    ),
+    _turn(
+        "markup_unproven",
+        ORACLE,
+        "markup",
+        "Markup or a special token that is not structural, in a turn whose request text is not known: the "
+        "answer alone cannot say whether it was quoted from the task (auditing with the request bodies, or "
+        "--raw, decides).",
+    ),
 )
 BY_CODE: dict[str, VerdictCode] = {c.code: c for c in CODES}
 assert len(BY_CODE) == len(CODES), "each code once"

@@ -61,7 +61,6 @@ def error_kind_text(kind: ErrorKind | str | None) -> str | None:
     return kind.value if isinstance(kind, ErrorKind) else kind
 
 
-
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
@@ -124,6 +123,7 @@ def _as_dict(obj: Any) -> dict[str, Any]:
         v = getattr(obj, name)
         out[name] = list(v) if type(v) is list else dict(v) if type(v) is dict else v
     return out
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -211,8 +211,12 @@ class SglangReading:
     log: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "stream": self.stream.to_json() if self.stream else None,
-                "whole": self.whole.to_json() if self.whole else None, "log": self.log}
+        return {
+            "state": self.state,
+            "stream": self.stream.to_json() if self.stream else None,
+            "whole": self.whole.to_json() if self.whole else None,
+            "log": self.log,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SglangReading:
@@ -241,9 +245,14 @@ class OracleReadings:
     not_read: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"raw_completion": self.raw_completion, "family": self.family, "reader": self.reader,
-                "not_read": self.not_read, "recipe": self.recipe.to_json() if self.recipe else None,
-                "sglang": self.sglang.to_json()}
+        return {
+            "raw_completion": self.raw_completion,
+            "family": self.family,
+            "reader": self.reader,
+            "not_read": self.not_read,
+            "recipe": self.recipe.to_json() if self.recipe else None,
+            "sglang": self.sglang.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> OracleReadings:

@@ -30,7 +30,8 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization|x-api-key|api-key)(\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|\S+)")
 _SECRET_ASSIGN = re.compile(
-    r"(?i)\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)[A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)")
+    r"(?i)\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)[A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)"
+)
 
 
 def _is_secret_flag(flag: str) -> bool:
@@ -118,11 +119,28 @@ def redact_credentials(s: str) -> str:
 # Field and header names whose value is a credential, compared lower-cased with `-` as `_`: masked
 # wherever they are a key of a record, whatever the value. Kept to names that carry nothing
 # else: `token` alone is a logprobs entry's text and `tokens` a count, so neither is here.
-_SECRET_FIELDS = frozenset({
-    "authorization", "proxy_authorization", "api_key", "apikey", "x_api_key", "api_token", "access_token",
-    "auth_token", "x_auth_token", "refresh_token", "id_token", "client_secret", "password", "passwd", "cookie",
-    "set_cookie", "hf_token", "engine_api_key",
-})
+_SECRET_FIELDS = frozenset(
+    {
+        "authorization",
+        "proxy_authorization",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "api_token",
+        "access_token",
+        "auth_token",
+        "x_auth_token",
+        "refresh_token",
+        "id_token",
+        "client_secret",
+        "password",
+        "passwd",
+        "cookie",
+        "set_cookie",
+        "hf_token",
+        "engine_api_key",
+    }
+)
 # A URL's credentials: its user:password, and query parameters that carry a key.
 _URL = re.compile(r"(?i)^[a-z][a-z0-9+.-]*://\S*$")
 _URL_KEY_PARAM = re.compile(r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|auth|sig|signature|password)=)[^&#]*")
@@ -133,12 +151,42 @@ _URL_ANY_USERINFO = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)[^/@?#]*@")
 # by structure (headers, --api-key, the config's api_key, URLs); only an echo inside free text
 # keeps them.
 MIN_TEXT_SECRET_LEN = 8
-_COMMON_WORDS = frozenset({
-    "password", "passwords", "secret", "secrets", "changeme", "username", "function", "assistant", "continue",
-    "response", "complete", "question", "thinking", "reasoning", "toolcall", "undefined", "anything", "nothing",
-    "something", "everything", "localhost", "default", "example", "content", "message", "messages", "authorization",
-    "bearertoken", "12345678", "123456789", "1234567890", "qwertyuiop",
-})
+_COMMON_WORDS = frozenset(
+    {
+        "password",
+        "passwords",
+        "secret",
+        "secrets",
+        "changeme",
+        "username",
+        "function",
+        "assistant",
+        "continue",
+        "response",
+        "complete",
+        "question",
+        "thinking",
+        "reasoning",
+        "toolcall",
+        "undefined",
+        "anything",
+        "nothing",
+        "something",
+        "everything",
+        "localhost",
+        "default",
+        "example",
+        "content",
+        "message",
+        "messages",
+        "authorization",
+        "bearertoken",
+        "12345678",
+        "123456789",
+        "1234567890",
+        "qwertyuiop",
+    }
+)
 
 
 def is_secret_field(name: object) -> bool:
@@ -256,8 +304,11 @@ class KeyScope:
 
     def as_dict(self) -> dict[str, Any]:
         """For run.json and probe's JSON: which hosts got the key and which were probed without."""
-        return {"key_sent_to": sorted(self.sent), "key_withheld_from": sorted(self.withheld - self.sent),
-                "key_to_workers": self.to_workers}
+        return {
+            "key_sent_to": sorted(self.sent),
+            "key_withheld_from": sorted(self.withheld - self.sent),
+            "key_to_workers": self.to_workers,
+        }
 
 
 def origin(url: str) -> str | None:

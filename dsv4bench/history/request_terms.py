@@ -49,12 +49,22 @@ class RequestTerms:
         effort = body.get("reasoning_effort")
         effort = effort if isinstance(effort, str) else None
         stop = body.get("stop")
-        stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop if isinstance(s, str)) \
-            if isinstance(stop, list) else ()
-        return cls(tool_choice=choice, named_tool=named,
-                   parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
-                   thinking=_thinking(body, effort), reasoning_effort=effort, stop=tuple(s for s in stops if s),
-                   continues_assistant=_continues_assistant(body))
+        stops = (
+            (stop,)
+            if isinstance(stop, str)
+            else tuple(s for s in stop if isinstance(s, str))
+            if isinstance(stop, list)
+            else ()
+        )
+        return cls(
+            tool_choice=choice,
+            named_tool=named,
+            parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
+            thinking=_thinking(body, effort),
+            reasoning_effort=effort,
+            stop=tuple(s for s in stops if s),
+            continues_assistant=_continues_assistant(body),
+        )
 
     def variant(self) -> dict[str, str]:
         """One label per dimension (DIMENSIONS): what the report groups turns by."""
@@ -66,7 +76,9 @@ class RequestTerms:
             thinking = self.reasoning_effort or "on"
         return {
             "tool_choice": self.tool_choice,
-            "parallel_tool_calls": "unset" if self.parallel_tool_calls is None else str(self.parallel_tool_calls).lower(),
+            "parallel_tool_calls": "unset"
+            if self.parallel_tool_calls is None
+            else str(self.parallel_tool_calls).lower(),
             "thinking": thinking,
             "stop": "set" if self.stop else "none",
         }
@@ -78,9 +90,14 @@ class RequestTerms:
         return self.tool_choice
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"tool_choice": self.tool_choice, "named_tool": self.named_tool,
-                             "parallel_tool_calls": self.parallel_tool_calls, "thinking": self.thinking,
-                             "reasoning_effort": self.reasoning_effort, "stop": list(self.stop)}
+        d: dict[str, Any] = {
+            "tool_choice": self.tool_choice,
+            "named_tool": self.named_tool,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "thinking": self.thinking,
+            "reasoning_effort": self.reasoning_effort,
+            "stop": list(self.stop),
+        }
         if self.continues_assistant:  # written only when set: most requests' summaries keep their shape
             d["continues_assistant"] = True
         return d
@@ -90,14 +107,18 @@ class RequestTerms:
         """Terms a summary kept (to_json), read as tolerantly as a body."""
         if not isinstance(d, dict):
             return cls()
-        body: dict[str, Any] = {"parallel_tool_calls": d.get("parallel_tool_calls"), "stop": d.get("stop"),
-                                "reasoning_effort": d.get("reasoning_effort"),
-                                "continue_final_message": d.get("continues_assistant") is True}
+        body: dict[str, Any] = {
+            "parallel_tool_calls": d.get("parallel_tool_calls"),
+            "stop": d.get("stop"),
+            "reasoning_effort": d.get("reasoning_effort"),
+            "continue_final_message": d.get("continues_assistant") is True,
+        }
         if isinstance(d.get("thinking"), bool):
             body["chat_template_kwargs"] = {"thinking": d["thinking"]}
         choice = d.get("tool_choice")
-        body["tool_choice"] = ({"type": "function", "function": {"name": d.get("named_tool")}}
-                               if choice == NAMED else choice)
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": d.get("named_tool")}} if choice == NAMED else choice
+        )
         return cls.of_body(body)
 
 

@@ -104,7 +104,7 @@ class JsonlWriter:
                 view = memoryview(data)
                 while view:
                     n = self._f.write(view)
-                    view = view[n or 0:]  # FileIO.write may write less than asked
+                    view = view[n or 0 :]  # FileIO.write may write less than asked
             except (OSError, ValueError) as e:  # ValueError: the file is closed
                 return self._fail(e)
             self.written += 1
@@ -162,8 +162,13 @@ class HistoryWriter:
         else:
             ok = self.turns.write(obj)
         if not ok and self.turns.failed <= WRITE_ERROR_EVENTS:
-            self.event("history_write_error", file=TURNS_FILE, session=str(record.session), turn=record.turn,
-                       error=self.turns.last_error)
+            self.event(
+                "history_write_error",
+                file=TURNS_FILE,
+                session=str(record.session),
+                turn=record.turn,
+                error=self.turns.last_error,
+            )
         return ok
 
     def event(self, kind: str, **fields: Any) -> bool:
@@ -176,8 +181,12 @@ class HistoryWriter:
         """What was written and what failed, per file, so far."""
         return {
             "turns_recorded": self.turns.written,
-            "write_failures": {TURNS_FILE: self.turns.failed, EVENTS_FILE: self.events.failed,
-                               METRICS_FILE: self.metrics.failed, RUN_FILE: self.run_info_failures},
+            "write_failures": {
+                TURNS_FILE: self.turns.failed,
+                EVENTS_FILE: self.events.failed,
+                METRICS_FILE: self.metrics.failed,
+                RUN_FILE: self.run_info_failures,
+            },
             "ascii_escaped_records": self.turns.escaped + self.events.escaped + self.metrics.escaped,
         }
 
@@ -382,8 +391,9 @@ def read_history(run_dir: Path) -> History:
     metrics, bad_m, torn_m = _read_file(run_dir, METRICS_FILE, unopened)
     unreadable = {TURNS_FILE: bad_t, EVENTS_FILE: bad_e, METRICS_FILE: bad_m}
     torn = frozenset(n for n, flag in ((TURNS_FILE, torn_t), (EVENTS_FILE, torn_e), (METRICS_FILE, torn_m)) if flag)
-    return History(run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m, unreadable, torn, run_unreadable,
-                   unopened)
+    return History(
+        run_dir, run, turns, events, metrics, bad_t + bad_e + bad_m, unreadable, torn, run_unreadable, unopened
+    )
 
 
 def _read_file(run_dir: Path, name: str, unopened: dict[str, str]) -> tuple[list[dict[str, Any]], int, bool]:

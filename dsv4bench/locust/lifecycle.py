@@ -67,7 +67,8 @@ class Lifecycle:
         # drops such a field; this holds even if one got through). A worker has none of its own:
         # its master's comes with every spawn.
         self.command_line_plan: str | None = (
-            None if isinstance(runner, WorkerRunner) else getattr(environment.parsed_options, PLAN_OPTION, None))
+            None if isinstance(runner, WorkerRunner) else getattr(environment.parsed_options, PLAN_OPTION, None)
+        )
         if isinstance(runner, MasterRunner):
             runner.register_message(TURN_MESSAGE, self._on_turn_message)
             runner.register_message(EVENT_MESSAGE, self._on_event_message)
@@ -93,8 +94,11 @@ class Lifecycle:
             return
         if isinstance(runner, WorkerRunner):
             run_id = getattr(self.env.parsed_options, RUN_ID_OPTION, "") or "unknown"
-            set_current(LocustRun(plan, run_id, max(runner.worker_index, 0),
-                                  send=lambda kind, data: runner.send_message(kind, data)))
+            set_current(
+                LocustRun(
+                    plan, run_id, max(runner.worker_index, 0), send=lambda kind, data: runner.send_message(kind, data)
+                )
+            )
             return
         folder = RunFolder.new(plan, self._locust_info())
         setattr(self.env.parsed_options, RUN_ID_OPTION, folder.run_id)
@@ -105,8 +109,10 @@ class Lifecycle:
             self._host_changed(folder, plan, cli_host)
         if plan.config.metrics:
             self.watcher = gsubprocess.Popen(
-                [sys.executable, "-m", "dsv4bench.locust.server_watch", str(folder.run_dir)], stdin=subprocess.PIPE,
-                env=_watch_env(plan))
+                [sys.executable, "-m", "dsv4bench.locust.server_watch", str(folder.run_dir)],
+                stdin=subprocess.PIPE,
+                env=_watch_env(plan),
+            )
         if isinstance(runner, MasterRunner):
             self.watching_workers = gevent.spawn(self._watch_workers, folder)
         kills = getattr(getattr(self.env.shape_class, "plan", None), "kills", None)
@@ -119,21 +125,28 @@ class Lifecycle:
         if self.command_line_plan is None or options is None:
             return
         if getattr(options, PLAN_OPTION, None) != self.command_line_plan:
-            log.warning("dsv4bench: the run's plan was changed after the start (%s); the command line's is kept",
-                        PLAN_ARG)
+            log.warning(
+                "dsv4bench: the run's plan was changed after the start (%s); the command line's is kept", PLAN_ARG
+            )
             setattr(options, PLAN_OPTION, self.command_line_plan)  # and so forwarded to the workers
 
     def _host_changed(self, folder: RunFolder, plan: Plan, cli_host: str) -> None:
         """The web UI's start form named another host than --host: said in the log, the history
         and the tab and report page."""
         had_key = bool(os.environ.get(API_KEY_ENV))
-        notice = (f"This test runs against {escape_text(plan.config.base_url)}, which the web UI's start form named, "
-                  f"not the --host of the command line ({escape_text(cli_host)})")
-        notice += (": the API key is not sent to it (no Authorization header), and the server watch runs without it."
-                   if had_key else ".")
+        notice = (
+            f"This test runs against {escape_text(plan.config.base_url)}, which the web UI's start form named, "
+            f"not the --host of the command line ({escape_text(cli_host)})"
+        )
+        notice += (
+            ": the API key is not sent to it (no Authorization header), and the server watch runs without it."
+            if had_key
+            else "."
+        )
         self.notices[folder.run_dir] = [notice]
-        folder.history.event("host_changed", host=plan.config.base_url, command_line_host=cli_host,
-                             key_sent=False, key_given=had_key)
+        folder.history.event(
+            "host_changed", host=plan.config.base_url, command_line_host=cli_host, key_sent=False, key_given=had_key
+        )
         log.warning("dsv4bench: %s", notice)
 
     def test_stop(self, **_: Any) -> None:
@@ -146,8 +159,13 @@ class Lifecycle:
         folder, watcher, self.folder, self.watcher = self.folder, self.watcher, None, None
         if self.marking_kills is not None:  # a kill storm: its end stops every user at once
             self.marking_kills.kill(block=False)
-            folder.history.event("kill", spec=_kill_specs() or "kill-storm", users=self.env.shape_class.plan.users,
-                                 sessions=[], reason="the storm's end")
+            folder.history.event(
+                "kill",
+                spec=_kill_specs() or "kill-storm",
+                users=self.env.shape_class.plan.users,
+                sessions=[],
+                reason="the storm's end",
+            )
         if self.watching_workers is not None:
             self.watching_workers.kill(block=False)
         self.watching_workers = self.marking_kills = None
@@ -187,18 +205,22 @@ class Lifecycle:
         except Exception:  # noqa: BLE001 - the history stands; `dsv4bench report` can rebuild it
             log.exception("dsv4bench: the report of %s could not be built", folder.run_dir)
             return
-        log.warning("dsv4bench: %s: %s (%s)", folder.run_id, self.last_summary.get("verdict"),
-                    folder.run_dir / "report.md")
+        log.warning(
+            "dsv4bench: %s: %s (%s)", folder.run_id, self.last_summary.get("verdict"), folder.run_dir / "report.md"
+        )
 
     def _locust_info(self) -> dict[str, Any]:
         o = self.env.parsed_options
         shaped = self.env.shape_class is not None  # then the shape, not --users, says how many
-        return {"mode": "master" if isinstance(self.env.runner, MasterRunner) else "local",
-                "users": None if shaped else getattr(o, "num_users", None),
-                "spawn_rate": None if shaped else getattr(o, "spawn_rate", None),
-                "run_time": getattr(o, "run_time", None), "headless": getattr(o, "headless", None),
-                "shape": os.environ.get(SHAPE_ENV) if self.env.shape_class is not None else None,
-                "kill": _kill_specs().split(" ") if _kill_specs() else []}
+        return {
+            "mode": "master" if isinstance(self.env.runner, MasterRunner) else "local",
+            "users": None if shaped else getattr(o, "num_users", None),
+            "spawn_rate": None if shaped else getattr(o, "spawn_rate", None),
+            "run_time": getattr(o, "run_time", None),
+            "headless": getattr(o, "headless", None),
+            "shape": os.environ.get(SHAPE_ENV) if self.env.shape_class is not None else None,
+            "kill": _kill_specs().split(" ") if _kill_specs() else [],
+        }
 
     # ---- the master -------------------------------------------------------------------------------
 

@@ -35,15 +35,24 @@ UI_SETTINGS = {
 
 def add_arguments(parser: Any) -> None:
     """Locust's `init_command_line_parser`: the plan (hidden) and the per-test settings."""
-    parser.add_argument(PLAN_ARG, type=str, default="", include_in_web_ui=False,
-                        help="What dsv4bench's agent users play (JSON; `dsv4bench locust` writes it).")
+    parser.add_argument(
+        PLAN_ARG,
+        type=str,
+        default="",
+        include_in_web_ui=False,
+        help="What dsv4bench's agent users play (JSON; `dsv4bench locust` writes it).",
+    )
     group = parser.add_argument_group("dsv4bench", "the agent sessions (dsv4bench locust --help)")
-    group.add_argument("--scenario", type=str, default=RunConfig.scenario,
-                       help=f"Scenario family: {', '.join([MIXED, *FAMILIES])}.")
+    group.add_argument(
+        "--scenario", type=str, default=RunConfig.scenario, help=f"Scenario family: {', '.join([MIXED, *FAMILIES])}."
+    )
     group.add_argument("--max-turns", type=int, default=RunConfig.max_turns, help="Turns per session at most.")
-    group.add_argument("--thinking", type=str, default="false", choices=["false", "true"],
-                       help="Thinking mode on the chat template.")
-    group.add_argument("--seed", type=int, default=RunConfig.seed, help="Run seed: session i plays the task seeded from it.")
+    group.add_argument(
+        "--thinking", type=str, default="false", choices=["false", "true"], help="Thinking mode on the chat template."
+    )
+    group.add_argument(
+        "--seed", type=int, default=RunConfig.seed, help="Run seed: session i plays the task seeded from it."
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,10 @@ class Plan:
         return self.config.session_config(self.model, self.config.context_length or self.facts.get("context_length"))
 
     def to_arg(self) -> str:
-        return json.dumps({"config": self.config.to_json(), "model": self.model, "facts": self.facts,
-                           "command": self.command}, separators=(",", ":"))
+        return json.dumps(
+            {"config": self.config.to_json(), "model": self.model, "facts": self.facts, "command": self.command},
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_options(cls, options: Any) -> Plan:
@@ -83,8 +94,14 @@ class Plan:
     @classmethod
     def from_run_info(cls, run_info: dict[str, Any]) -> Plan:
         """The plan a run folder's run.json was written from."""
-        return cls.from_json({"config": run_info.get("config"), "model": run_info.get("model"),
-                              "facts": run_info.get("server"), "command": run_info.get("command")})
+        return cls.from_json(
+            {
+                "config": run_info.get("config"),
+                "model": run_info.get("model"),
+                "facts": run_info.get("server"),
+                "command": run_info.get("command"),
+            }
+        )
 
     @classmethod
     def from_json(cls, d: Any, settings: dict[str, Any] | None = None) -> Plan:
@@ -93,9 +110,14 @@ class Plan:
             fields = dict(d["config"])
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"the run's plan has no config: {e}") from None
-        fields.update({"api_key": os.environ.get(API_KEY_ENV) or None, "recover_cmd": None,
-                       "out": Path(fields.get("out") or RunConfig.out),
-                       "reference": Path(fields["reference"]) if fields.get("reference") else None})
+        fields.update(
+            {
+                "api_key": os.environ.get(API_KEY_ENV) or None,
+                "recover_cmd": None,
+                "out": Path(fields.get("out") or RunConfig.out),
+                "reference": Path(fields["reference"]) if fields.get("reference") else None,
+            }
+        )
         for key in ("fail_on", "metrics", "kill", "key_hosts"):
             fields[key] = tuple(fields.get(key) or ())
         fields.update(settings or {})

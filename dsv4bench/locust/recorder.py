@@ -62,7 +62,8 @@ class Tally:
             found = next((v for v in rec.verdicts if v.code == code), None)
             what = (found.detail if found is not None else "") or rec.error or code
             self.examples.setdefault(code, deque(maxlen=EXAMPLES_PER_CODE)).append(
-                {"session": rec.session, "turn": rec.turn, "what": str(what)[:300]})
+                {"session": rec.session, "turn": rec.turn, "what": str(what)[:300]}
+            )
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per code seen: turns, per turn, per tool call (None where it does not apply)."""
@@ -70,9 +71,16 @@ class Tally:
         for code, n in sorted(self.by_code.items(), key=lambda kv: (-kv[1], kv[0])):
             per_call = code_class(code) in (CORRUPTION, ORACLE)
             base = self.ok if per_call else self.turns - self.killed
-            out.append({"code": code, "family": code_class(code), "meaning": meaning(code), "turns": n,
-                        "per_turn": n / base if base else None,
-                        "per_tool_call": n / self.tool_calls if per_call and self.tool_calls else None})
+            out.append(
+                {
+                    "code": code,
+                    "family": code_class(code),
+                    "meaning": meaning(code),
+                    "turns": n,
+                    "per_turn": n / base if base else None,
+                    "per_tool_call": n / self.tool_calls if per_call and self.tool_calls else None,
+                }
+            )
         return out
 
 
@@ -80,8 +88,9 @@ class LocustRun:
     """One test as this process plays it: its plan, its run id, its session numbering, and where
     its records go (a RunFolder in the owning process, the master from a worker)."""
 
-    def __init__(self, plan: Plan, run_id: str, worker_index: int = 0, send: Any = None,
-                 folder: RunFolder | None = None) -> None:
+    def __init__(
+        self, plan: Plan, run_id: str, worker_index: int = 0, send: Any = None, folder: RunFolder | None = None
+    ) -> None:
         self.plan, self.run_id, self.worker_index = plan, run_id, worker_index
         self._send, self.folder = send, folder
         self._numbers = itertools.count()
@@ -108,8 +117,9 @@ class LocustRun:
         """A worker at the test's stop: what it recorded, so the merged history can be checked
         against the sum of its workers (`worker_recorded` events)."""
         if self.folder is None:
-            self.event("worker_recorded", worker_index=self.worker_index, turns=self.sent.turns,
-                       codes=dict(self.sent.by_code))
+            self.event(
+                "worker_recorded", worker_index=self.worker_index, turns=self.sent.turns, codes=dict(self.sent.by_code)
+            )
 
     def event(self, kind: str, **fields: Any) -> None:
         if self.folder is not None:
@@ -124,8 +134,13 @@ class RunFolder:
     def __init__(self, plan: Plan, run_id: str, run_dir: Path, locust_info: dict[str, Any]) -> None:
         self.plan, self.run_id, self.run_dir = plan, run_id, run_dir
         self.run_info: dict[str, Any] = {
-            "run": run_id, "command": plan.command, "config": plan.config.to_json(), "model": plan.model,
-            "server": plan.facts, "started": dt.datetime.now(dt.timezone.utc).isoformat(), "locust": locust_info,
+            "run": run_id,
+            "command": plan.command,
+            "config": plan.config.to_json(),
+            "model": plan.model,
+            "server": plan.facts,
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "locust": locust_info,
         }
         self.history = HistoryWriter(run_dir, self.run_info, plan.config.redactor)
         self.tally = Tally()
@@ -144,7 +159,9 @@ class RunFolder:
         try:
             rec = rec or TurnRecord.from_json(obj)
         except (KeyError, TypeError, ValueError) as e:
-            self.history.event("history_write_error", file="turns.jsonl", error=f"an unreadable turn from {worker}: {e}")
+            self.history.event(
+                "history_write_error", file="turns.jsonl", error=f"an unreadable turn from {worker}: {e}"
+            )
             return
         self.history.turns.write(obj)
         self.tally.add(rec)
@@ -165,10 +182,16 @@ class RunFolder:
         for session, s in list(self.open_sessions.items()):
             if s["worker"] != worker:
                 continue
-            self.history.event("turn_lost", session=session, turn=s["turns"], worker=worker,
-                               reason="its worker stopped answering the master")
-            self.event("session_end", worker=worker, session=session, reason="worker_lost", turns=s["turns"],
-                       tool_calls=None)
+            self.history.event(
+                "turn_lost",
+                session=session,
+                turn=s["turns"],
+                worker=worker,
+                reason="its worker stopped answering the master",
+            )
+            self.event(
+                "session_end", worker=worker, session=session, reason="worker_lost", turns=s["turns"], tool_calls=None
+            )
 
     def close(self, reason: str) -> None:
         self.history.event("run_end", run=self.run_id, reason=reason)

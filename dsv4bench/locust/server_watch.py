@@ -44,9 +44,14 @@ class _State:
         self.wedge: dict[str, Any] | None = None
 
     def write(self) -> None:
-        endpoints = {ep: {"ok": s.ok, "error": s.error,
-                          "queues": {k: v for k, v in (s.values or {}).items() if is_queue_gauge(k)}}
-                     for ep, s in self.watch.latest().items()}
+        endpoints = {
+            ep: {
+                "ok": s.ok,
+                "error": s.error,
+                "queues": {k: v for k, v in (s.values or {}).items() if is_queue_gauge(k)},
+            }
+            for ep, s in self.watch.latest().items()
+        }
         write_json_atomic(self.run_dir / WATCH_FILE, {"phase": self.phase, "endpoints": endpoints, "wedge": self.wedge})
 
 

@@ -254,8 +254,9 @@ def _spike(f: _Fields, _kills: tuple[KillSpec, ...]) -> Spike:
         raise f.error(f"peak={peak} must be more than users={users}")
     at, hold, duration = f.duration("at", positive=False), f.duration("hold"), f.duration("duration")
     if at + hold > duration:
-        raise f.error(f"the spike (at={f.values['at']} plus hold={f.values['hold']}) ends after "
-                      f"duration={f.values['duration']}")
+        raise f.error(
+            f"the spike (at={f.values['at']} plus hold={f.values['hold']}) ends after duration={f.values['duration']}"
+        )
     return Spike(users, peak, at, hold, duration, f.rate(float(peak)))
 
 
@@ -263,8 +264,9 @@ def _kill_storm(f: _Fields, kills: tuple[KillSpec, ...]) -> KillStorm:
     users = f.whole("users")
     rate = f.rate(float(users))
     if kills and f.given("at"):
-        raise f.error(f"at= is the kill-all of a storm without --kill; with --kill, give it there "
-                      f"(--kill all@{f.values['at']})")
+        raise f.error(
+            f"at= is the kill-all of a storm without --kill; with --kill, give it there (--kill all@{f.values['at']})"
+        )
     if kills:
         kill_alls = [(f"--kill {k.text!r}", k.at) for k in kills if k.at is not None]
     else:
@@ -304,17 +306,25 @@ def _locust_kill(text: str) -> KillSpec:
         raise ConfigError(str(e)) from None
     where = f"bad --kill {k.text!r} with --shape"
     if k.who != "all":
-        raise ConfigError(f"{where}: who={k.who} cannot work: Locust stops users by count, blind to the phase "
-                          "of their turn (use `dsv4bench agents` for it)")
+        raise ConfigError(
+            f"{where}: who={k.who} cannot work: Locust stops users by count, blind to the phase "
+            "of their turn (use `dsv4bench agents` for it)"
+        )
     if k.abort:
-        raise ConfigError(f"{where}: abort cannot work: a stopped Locust user only drops its connection, "
-                          "nothing calls /abort_request (use `dsv4bench agents` for it)")
+        raise ConfigError(
+            f"{where}: abort cannot work: a stopped Locust user only drops its connection, "
+            "nothing calls /abort_request (use `dsv4bench agents` for it)"
+        )
     if k.at is not None and k.restart:
-        raise ConfigError(f"{where}: restart cannot work on an all@ kill, which ends a Locust test; "
-                          "frac=1/every=S stops every user and brings them back")
+        raise ConfigError(
+            f"{where}: restart cannot work on an all@ kill, which ends a Locust test; "
+            "frac=1/every=S stops every user and brings them back"
+        )
     if k.every is not None and k.every < MIN_EVERY_S:
-        raise ConfigError(f"{where}: every= must be at least {MIN_EVERY_S:g}s: Locust samples a shape about "
-                          f"once a second and a kill keeps its users down {DROP_S:g}s")
+        raise ConfigError(
+            f"{where}: every= must be at least {MIN_EVERY_S:g}s: Locust samples a shape about "
+            f"once a second and a kill keeps its users down {DROP_S:g}s"
+        )
     return k
 
 
@@ -354,8 +364,11 @@ def shape_class(spec: str, kill: tuple[str, ...] = ()) -> type[Any]:
         return self.plan.tick(self.get_run_time())
 
     name = "".join(part.capitalize() for part in spec.strip().partition(":")[0].split("-")) + "Shape"
-    return type(name, (LoadTestShape,), {"plan": plan, "tick": tick, "abstract": False, "__module__": __name__,
-                                         "__doc__": f"--shape {spec.strip()}"})
+    return type(
+        name,
+        (LoadTestShape,),
+        {"plan": plan, "tick": tick, "abstract": False, "__module__": __name__, "__doc__": f"--shape {spec.strip()}"},
+    )
 
 
 def selected_shape() -> type[Any] | None:

@@ -40,9 +40,15 @@ class _DeadlinePassed(Exception):
     """Raised into the turn's greenlet by its gevent.Timeout."""
 
 
-def chat_turn(client: httpx.Client, url: str, body: dict[str, Any], deadlines: Deadlines,
-              headers: dict[str, str] | None = None, probe: TurnProbe | None = None,
-              bounds: StreamBounds = DEFAULT_BOUNDS) -> TurnOutcome:
+def chat_turn(
+    client: httpx.Client,
+    url: str,
+    body: dict[str, Any],
+    deadlines: Deadlines,
+    headers: dict[str, str] | None = None,
+    probe: TurnProbe | None = None,
+    bounds: StreamBounds = DEFAULT_BOUNDS,
+) -> TurnOutcome:
     """POST `body` to `url` (a /chat/completions endpoint) and assemble the reply."""
     out = TurnOutcome.starting()
     if probe is not None:

@@ -58,8 +58,12 @@ class AgentUser(User):
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else {}
         # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn.
         timeout = httpx.Timeout(connect=10.0, read=c.total_timeout + 5, write=30.0, pool=c.total_timeout + 5)
-        self.client = httpx.Client(headers=headers, timeout=timeout, trust_env=False,
-                                   limits=httpx.Limits(max_keepalive_connections=1, keepalive_expiry=2.0))
+        self.client = httpx.Client(
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_keepalive_connections=1, keepalive_expiry=2.0),
+        )
 
     def on_stop(self) -> None:
         self.client.close()
@@ -80,8 +84,13 @@ class AgentUser(User):
             sess.stop(EndReason.KILLED)
             raise
         finally:
-            run.event("session_end", session=sid, reason=sess.end_reason.value if sess.end_reason else "cancelled",
-                      turns=sess.turn, tool_calls=sess.tool_calls_run)
+            run.event(
+                "session_end",
+                session=sid,
+                reason=sess.end_reason.value if sess.end_reason else "cancelled",
+                turns=sess.turn,
+                tool_calls=sess.tool_calls_run,
+            )
 
     def _turn(self, run, sess: AgentSession) -> None:
         plan = run.plan
@@ -89,15 +98,22 @@ class AgentUser(User):
         body = sess.next_request()
         probe = TurnProbe()
         try:
-            outcome = chat_turn(self.client, f"{plan.config.base_url}/chat/completions", body,
-                                plan.config.deadlines, turn_headers(run.run_id, sess), probe)
+            outcome = chat_turn(
+                self.client,
+                f"{plan.config.base_url}/chat/completions",
+                body,
+                plan.config.deadlines,
+                turn_headers(run.run_id, sess),
+                probe,
+            )
         except GreenletExit:
             self._killed(run, sess, body, probe, kind)
             raise
         ctx = turn_context(sess, body, outcome)
         verdicts, check_errors = run_checks(ctx)
-        rec = turn_record(run.run_id, sess, body, request_summary(body, sess.keys), outcome, verdicts, check_errors,
-                          kept_oracles(ctx))
+        rec = turn_record(
+            run.run_id, sess, body, request_summary(body, sess.keys), outcome, verdicts, check_errors, kept_oracles(ctx)
+        )
         run.turn(rec)
         _report(self.environment, rec, kind)
         sess.observe(outcome.status, outcome.response, verdicts)
@@ -122,16 +138,34 @@ def _report(environment, rec: TurnRecord, kind: str) -> None:
     length = len(rec.response.content or "") if rec.response else 0
     fire = environment.events.request.fire
     if rec.status is TurnStatus.KILLED:
-        fire(request_type="KILLED", name=rec.scenario, response_time=elapsed_ms, response_length=length,
-             exception=None, context={"session": rec.session, "turn": rec.turn})
+        fire(
+            request_type="KILLED",
+            name=rec.scenario,
+            response_time=elapsed_ms,
+            response_length=length,
+            exception=None,
+            context={"session": rec.session, "turn": rec.turn},
+        )
         return
     failure = None
     if codes := turn_codes(rec):
         failure = TurnFailure(f"{', '.join(codes)}: session {rec.session} turn {rec.turn}")
     elif rec.status is not TurnStatus.OK:
         failure = TurnFailure(f"{rec.error or rec.status.value}: session {rec.session} turn {rec.turn}")
-    fire(request_type="TURN", name=f"{rec.scenario}: {kind}", response_time=elapsed_ms, response_length=length,
-         exception=failure, context={"session": rec.session, "turn": rec.turn})
+    fire(
+        request_type="TURN",
+        name=f"{rec.scenario}: {kind}",
+        response_time=elapsed_ms,
+        response_length=length,
+        exception=failure,
+        context={"session": rec.session, "turn": rec.turn},
+    )
     if (ttft := t.ttft_s) is not None:
-        fire(request_type="TTFT", name=rec.scenario, response_time=ttft * 1e3, response_length=0, exception=None,
-             context={"session": rec.session, "turn": rec.turn})
+        fire(
+            request_type="TTFT",
+            name=rec.scenario,
+            response_time=ttft * 1e3,
+            response_length=0,
+            exception=None,
+            context={"session": rec.session, "turn": rec.turn},
+        )

@@ -42,8 +42,9 @@ log = logging.getLogger("dsv4bench.locust")
 
 SWARM_ENDPOINT = "locust.swarm"
 # What Locust's start form sends (its page, 2.x), besides the custom arguments it shows.
-LOCUST_FORM_FIELDS = frozenset({"user_count", "spawn_rate", "host", "run_time", "profile", "user_classes",
-                                "shape_class"})
+LOCUST_FORM_FIELDS = frozenset(
+    {"user_count", "spawn_rate", "host", "run_time", "profile", "user_classes", "shape_class"}
+)
 FORM_FIELDS = LOCUST_FORM_FIELDS | frozenset(UI_SETTINGS)
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -88,8 +89,15 @@ def _same_host(a: str, b: str) -> bool:
     return a == b or (is_loopback(a) and is_loopback(b))
 
 
-def refusal(method: str, path: str, headers: Mapping[str, str], scheme: str, host_header: str,
-            bound_host: str, index_path: str = "/") -> str | None:
+def refusal(
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    scheme: str,
+    host_header: str,
+    bound_host: str,
+    index_path: str = "/",
+) -> str | None:
     """Why the UI refuses this request, or None. `host_header` is the address the browser used,
     `bound_host` the interface the UI listens on (`--web-host`), `index_path` the UI's page."""
     own = _host_port(scheme, host_header)
@@ -108,8 +116,12 @@ def refusal(method: str, path: str, headers: Mapping[str, str], scheme: str, hos
         foreign = f"a {site} request"
     if foreign is None:
         return None
-    if (method in SAFE_METHODS and path == index_path and headers.get("Sec-Fetch-Mode") == "navigate"
-            and headers.get("Sec-Fetch-Dest") == "document"):
+    if (
+        method in SAFE_METHODS
+        and path == index_path
+        and headers.get("Sec-Fetch-Mode") == "navigate"
+        and headers.get("Sec-Fetch-Dest") == "document"
+    ):
         return None  # a link to the UI followed from another page: the UI opens, nothing goes back
     return foreign
 
@@ -159,15 +171,27 @@ class Guard:
         from flask import Response, request
         from werkzeug.datastructures import ImmutableMultiDict
 
-        why = refusal(request.method, request.path, request.headers, request.scheme, request.host,
-                      self.bound_host, self.index_path)
+        why = refusal(
+            request.method,
+            request.path,
+            request.headers,
+            request.scheme,
+            request.host,
+            self.bound_host,
+            self.index_path,
+        )
         if why is not None:
             origin = request.headers.get("Origin")
-            self._warn_once(("refused", request.method, request.path, why, origin),
-                            f"refused {request.method} {_cut(request.path)}: {why} (Origin {_cut(origin or '-')}); "
-                            "the web UI answers only its own page")
-            response = Response(f"Forbidden: {why}. The dsv4bench web UI answers only its own page.\n",
-                                status=403, mimetype="text/plain")
+            self._warn_once(
+                ("refused", request.method, request.path, why, origin),
+                f"refused {request.method} {_cut(request.path)}: {why} (Origin {_cut(origin or '-')}); "
+                "the web UI answers only its own page",
+            )
+            response = Response(
+                f"Forbidden: {why}. The dsv4bench web UI answers only its own page.\n",
+                status=403,
+                mimetype="text/plain",
+            )
             response.headers["X-Content-Type-Options"] = "nosniff"
             response.headers["Cache-Control"] = "no-store"
             return response
@@ -175,10 +199,13 @@ class Guard:
             dropped = ignored_fields(request.form.keys())
             if dropped:
                 request.form = ImmutableMultiDict(
-                    [(k, v) for k, v in request.form.items(multi=True) if k in FORM_FIELDS])
-                self._warn_once(("form", tuple(dropped)),
-                                f"the start form's field(s) {_cut(', '.join(repr(n) for n in dropped))} were ignored: the run's "
-                                "plan, where its files go and what it scrapes come only from the command line")
+                    [(k, v) for k, v in request.form.items(multi=True) if k in FORM_FIELDS]
+                )
+                self._warn_once(
+                    ("form", tuple(dropped)),
+                    f"the start form's field(s) {_cut(', '.join(repr(n) for n in dropped))} were ignored: the run's "
+                    "plan, where its files go and what it scrapes come only from the command line",
+                )
         return None
 
 

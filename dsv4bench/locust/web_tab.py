@@ -81,14 +81,37 @@ class Table:
     columns: tuple[tuple[str, str], ...]  # (row key, column title)
 
 
-VERDICTS = Table("dsv4bench-verdicts", "dsv4bench: verdicts", (
-    ("code", "Code"), ("family", "Family"), ("meaning", "Meaning"), ("count", "Count"),
-    ("per_turn", "Per turn"), ("per_tool_call", "Per tool call")))
-EXAMPLES = Table("dsv4bench-examples", "dsv4bench: examples", (
-    ("code", "Code"), ("session", "Session"), ("turn", "Turn"), ("what", "What broke")))
-SERVERS = Table("dsv4bench-servers", "dsv4bench: servers", (
-    ("endpoint", "Endpoint"), ("phase", "Watch phase"), ("scrape", "Last scrape"), ("queues", "Queues now"),
-    ("drain", "Drain"), ("canary", "Canary"), ("health", "/health"), ("verdict", "Wedge verdict")))
+VERDICTS = Table(
+    "dsv4bench-verdicts",
+    "dsv4bench: verdicts",
+    (
+        ("code", "Code"),
+        ("family", "Family"),
+        ("meaning", "Meaning"),
+        ("count", "Count"),
+        ("per_turn", "Per turn"),
+        ("per_tool_call", "Per tool call"),
+    ),
+)
+EXAMPLES = Table(
+    "dsv4bench-examples",
+    "dsv4bench: examples",
+    (("code", "Code"), ("session", "Session"), ("turn", "Turn"), ("what", "What broke")),
+)
+SERVERS = Table(
+    "dsv4bench-servers",
+    "dsv4bench: servers",
+    (
+        ("endpoint", "Endpoint"),
+        ("phase", "Watch phase"),
+        ("scrape", "Last scrape"),
+        ("queues", "Queues now"),
+        ("drain", "Drain"),
+        ("canary", "Canary"),
+        ("health", "/health"),
+        ("verdict", "Wedge verdict"),
+    ),
+)
 TABLES = (VERDICTS, EXAMPLES, SERVERS)
 
 
@@ -96,10 +119,12 @@ def template_args(base_path: str = "") -> dict[str, Any]:
     """What the page needs to draw the tabs and the report's link (Locust's template_args)."""
     return {
         "extended_tabs": [{"title": t.title, "key": t.key} for t in TABLES],
-        "extended_tables": [{"key": t.key, "structure": [{"key": k, "title": title} for k, title in t.columns]}
-                            for t in TABLES],
-        "extended_csv_files": [{"href": f"{base_path}{REPORT_PATH}",
-                                "title": "dsv4bench: the report of the last finished test (HTML)"}],
+        "extended_tables": [
+            {"key": t.key, "structure": [{"key": k, "title": title} for k, title in t.columns]} for t in TABLES
+        ],
+        "extended_csv_files": [
+            {"href": f"{base_path}{REPORT_PATH}", "title": "dsv4bench: the report of the last finished test (HTML)"}
+        ],
     }
 
 
@@ -122,32 +147,65 @@ class ShownTest:
     state: str  # running, stopped (drain, checks, report), finished, ...
 
 
-def verdict_rows(tally: Tally, test: ShownTest | None, report_url: str, notices: Sequence[str] = (),
-                 warnings: Sequence[str] = ()) -> list[dict[str, Any]]:
+def verdict_rows(
+    tally: Tally, test: ShownTest | None, report_url: str, notices: Sequence[str] = (), warnings: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """The verdicts tab: the test, its report, what the operator must know of the test
     (`notices`: a host changed in the start form) and of the web UI (`warnings`: refused
     requests, ignored form fields), the totals, then one row per code seen."""
-    said = [{"code": code, "family": TEST, "meaning": escape_text(text), "count": None, "per_turn": "",
-             "per_tool_call": ""} for code, texts in (("(notice)", notices), ("(web UI)", warnings)) for text in texts]
+    said = [
+        {"code": code, "family": TEST, "meaning": escape_text(text), "count": None, "per_turn": "", "per_tool_call": ""}
+        for code, texts in (("(notice)", notices), ("(web UI)", warnings))
+        for text in texts
+    ]
     if test is None:
-        return [{"code": "(test)", "family": TEST, "meaning": "no test has started yet", "count": None,
-                 "per_turn": "", "per_tool_call": ""}, *said]
+        return [
+            {
+                "code": "(test)",
+                "family": TEST,
+                "meaning": "no test has started yet",
+                "count": None,
+                "per_turn": "",
+                "per_tool_call": "",
+            },
+            *said,
+        ]
 
-    def row(code: str, family: str, meaning: str, count: int | None, per_turn: float | None = None,
-            per_tool_call: float | None = None) -> dict[str, Any]:
-        return {"code": code, "family": family, "meaning": meaning, "count": count,
-                "per_turn": fmt_rate(per_turn) if per_turn is not None else "",
-                "per_tool_call": fmt_rate(per_tool_call) if per_tool_call is not None else ""}
+    def row(
+        code: str,
+        family: str,
+        meaning: str,
+        count: int | None,
+        per_turn: float | None = None,
+        per_tool_call: float | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "code": code,
+            "family": family,
+            "meaning": meaning,
+            "count": count,
+            "per_turn": fmt_rate(per_turn) if per_turn is not None else "",
+            "per_tool_call": fmt_rate(per_tool_call) if per_tool_call is not None else "",
+        }
 
     rows = [
         row("(test)", TEST, f"{test.run_id}: {test.state}; its run folder is {test.run_dir}", None),
-        row("(report)", TEST, f"the last finished test's report.md as a page: {report_url} "
-                              "(also in the Download Data tab)", None),
+        row(
+            "(report)",
+            TEST,
+            f"the last finished test's report.md as a page: {report_url} (also in the Download Data tab)",
+            None,
+        ),
         *said,
         row("(turns)", TOTAL, "turns recorded", tally.turns),
         row("(ok)", TOTAL, "turns that completed", tally.ok, tally.ok / tally.turns if tally.turns else None),
-        row("(killed)", TOTAL, "turns cut short by stopping their user: judged by nothing", tally.killed,
-            tally.killed / tally.turns if tally.turns else None),
+        row(
+            "(killed)",
+            TOTAL,
+            "turns cut short by stopping their user: judged by nothing",
+            tally.killed,
+            tally.killed / tally.turns if tally.turns else None,
+        ),
         row("(tool calls)", TOTAL, "tool calls of the completed turns", tally.tool_calls),
     ]
     for r in tally.rows():
@@ -161,8 +219,9 @@ def example_rows(tally: Tally) -> list[dict[str, Any]]:
     out = []
     for r in tally.rows():
         for ex in reversed(tally.examples.get(r["code"], ())):
-            out.append({"code": r["code"], "session": str(ex["session"]), "turn": ex["turn"],
-                        "what": server_text(ex["what"])})
+            out.append(
+                {"code": r["code"], "session": str(ex["session"]), "turn": ex["turn"], "what": server_text(ex["what"])}
+            )
     return out
 
 
@@ -222,27 +281,50 @@ def _verdict(found: dict[str, Any] | None, pending: bool) -> str:
     return f"{codes}: {'; '.join(details)}" if details else codes
 
 
-def server_rows(watch_state: dict[str, Any] | None, findings: dict[str, dict[str, Any]],
-                test: ShownTest | None) -> list[dict[str, Any]]:
+def server_rows(
+    watch_state: dict[str, Any] | None, findings: dict[str, dict[str, Any]], test: ShownTest | None
+) -> list[dict[str, Any]]:
     """The servers tab: every endpoint the watch scrapes, then every other endpoint judged
     (/health and canary URLs). `findings` are wedge_findings' normalised ones ({} before)."""
     watch_state = watch_state if isinstance(watch_state, dict) else {}
     endpoints = watch_state.get("endpoints") if isinstance(watch_state.get("endpoints"), dict) else {}
     phase = str(watch_state.get("phase") or ("done" if findings else ""))
     if not endpoints and not findings:
-        why = ("no test has started yet" if test is None else
-               "no server is scraped in this test: no --metrics endpoint was given or found")
-        return [{"endpoint": "–", "phase": phase, "scrape": "", "queues": "", "drain": "", "canary": "",
-                 "health": "", "verdict": why}]
+        why = (
+            "no test has started yet"
+            if test is None
+            else "no server is scraped in this test: no --metrics endpoint was given or found"
+        )
+        return [
+            {
+                "endpoint": "–",
+                "phase": phase,
+                "scrape": "",
+                "queues": "",
+                "drain": "",
+                "canary": "",
+                "health": "",
+                "verdict": why,
+            }
+        ]
     pending = phase in ("load", "drain", "checks")
     rows = []
     for endpoint in [*endpoints, *(e for e in findings if e not in endpoints)]:
         now = endpoints.get(endpoint)
         now = now if isinstance(now, dict) else None
         found = findings.get(endpoint)
-        rows.append({"endpoint": server_text(endpoint), "phase": phase, "scrape": _scrape(now),
-                     "queues": _queues(now.get("queues")) if now is not None else "", "drain": _drain(found),
-                     "canary": _canary(found), "health": _health(found), "verdict": _verdict(found, pending)})
+        rows.append(
+            {
+                "endpoint": server_text(endpoint),
+                "phase": phase,
+                "scrape": _scrape(now),
+                "queues": _queues(now.get("queues")) if now is not None else "",
+                "drain": _drain(found),
+                "canary": _canary(found),
+                "health": _health(found),
+                "verdict": _verdict(found, pending),
+            }
+        )
     return rows
 
 
@@ -289,8 +371,10 @@ def report_page(title: str, notes: list[str], body_html: str, reload: bool) -> s
     `body_html` is markdown-it's output."""
     return _PAGE.format(
         reload=f'\n<meta http-equiv="refresh" content="{RELOAD_S}">' if reload else "",
-        title=html.escape(title), notes="\n".join(f'<p class="note">{html.escape(n)}</p>' for n in notes),
-        body=body_html)
+        title=html.escape(title),
+        notes="\n".join(f'<p class="note">{html.escape(n)}</p>' for n in notes),
+        body=body_html,
+    )
 
 
 def render_markdown(text: str) -> str:
@@ -351,9 +435,12 @@ class Tabs:
         watch_state = read_watch_state(folder.run_dir) if folder is not None else None
         findings = findings_of(folder.run_dir, watch_state) if folder is not None else {}
         return [
-            {"key": VERDICTS.key, "data": verdict_rows(tally, test, self.report_url,
-                                                       self.notices(folder.run_dir if folder else None),
-                                                       self.warnings())},
+            {
+                "key": VERDICTS.key,
+                "data": verdict_rows(
+                    tally, test, self.report_url, self.notices(folder.run_dir if folder else None), self.warnings()
+                ),
+            },
             {"key": EXAMPLES.key, "data": example_rows(tally)},
             {"key": SERVERS.key, "data": server_rows(watch_state, findings, test)},
         ]
@@ -396,8 +483,10 @@ class Tabs:
             notes.extend(self.notices(seen.run_dir))
         elif seen is not None and not (seen.run_dir / REPORT_FILE).exists() and self._finishing():
             building = True
-            notes.append(f"Test {seen.run_id} has stopped: the servers' drain and checks run, then its report is "
-                         f"built. This page reloads itself every {RELOAD_S} s.")
+            notes.append(
+                f"Test {seen.run_id} has stopped: the servers' drain and checks run, then its report is "
+                f"built. This page reloads itself every {RELOAD_S} s."
+            )
         if run_dir is None:
             return self._page("dsv4bench report", notes + ["No test has finished yet."], "", building)
         try:

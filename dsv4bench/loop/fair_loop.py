@@ -86,8 +86,11 @@ class _CappedEpoll:
         # Only a socket the loop is reading: one it stopped reading (flow control, a closed
         # transport) would come back at every wait, and keep the loop from ever sleeping.
         masks = self._masks
-        first = [(fd, m) for fd, m in self._first.poll(0, cap) if masks.get(fd, 0) & select.EPOLLIN] \
-            if self._first_fds else []
+        first = (
+            [(fd, m) for fd, m in self._first.poll(0, cap) if masks.get(fd, 0) & select.EPOLLIN]
+            if self._first_fds
+            else []
+        )
         if not first:
             return self._epoll.poll(timeout, cap)
         events = dict(first)
@@ -109,6 +112,7 @@ class _CappedEpoll:
 _EpollSelector: type[selectors.BaseSelector] | None = getattr(selectors, "EpollSelector", None)
 
 if _EpollSelector is not None:
+
     class FairEpollSelector(_EpollSelector):  # type: ignore[valid-type, misc]
         """selectors' EpollSelector whose select() returns at most `cap` ready keys, those put
         first ahead (see the module docstring)."""

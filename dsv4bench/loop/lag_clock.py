@@ -158,7 +158,14 @@ class LoopWatch:
 
     def as_event(self) -> dict[str, Any]:
         """The fields of the run's `harness_clock` event."""
-        return {"tick_s": TICK_S, "stall_s": STALL_S, "ticks": self.ticks,
-                "lag_p50_ms": self.lag_ms(0.5), "lag_p99_ms": self.lag_ms(0.99), "lag_max_ms": self.lag_ms(1.0),
-                "stalls": self.stall_count, "stalled_s": round(self.stalled_s, 3),
-                "longest_stall_s": round(self.longest_stall_s, 3)}
+        return {
+            "tick_s": TICK_S,
+            "stall_s": STALL_S,
+            "ticks": self.ticks,
+            "lag_p50_ms": self.lag_ms(0.5),
+            "lag_p99_ms": self.lag_ms(0.99),
+            "lag_max_ms": self.lag_ms(1.0),
+            "stalls": self.stall_count,
+            "stalled_s": round(self.stalled_s, 3),
+            "longest_stall_s": round(self.longest_stall_s, 3),
+        }

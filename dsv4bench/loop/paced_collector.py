@@ -51,8 +51,13 @@ def rss_bytes() -> int:
 
 
 @contextmanager
-def paced_collection(tg: anyio.abc.TaskGroup, period_s: float = PERIOD_S, check_s: float = AMNESTY_CHECK_S,
-                     min_growth: int = AMNESTY_MIN_BYTES, weigh: Callable[[], int] = rss_bytes) -> Iterator[None]:
+def paced_collection(
+    tg: anyio.abc.TaskGroup,
+    period_s: float = PERIOD_S,
+    check_s: float = AMNESTY_CHECK_S,
+    min_growth: int = AMNESTY_MIN_BYTES,
+    weigh: Callable[[], int] = rss_bytes,
+) -> Iterator[None]:
     """Within: the collector as the module docstring says, its clock a task in `tg`; on exit,
     as it was. (No task group of its own: the load's errors reach the caller as they are.)"""
     was_enabled = gc.isenabled()
@@ -70,8 +75,9 @@ def paced_collection(tg: anyio.abc.TaskGroup, period_s: float = PERIOD_S, check_
             gc.enable()
 
 
-async def _collect(scope: anyio.CancelScope, period_s: float, check_s: float, min_growth: int,
-                   weigh: Callable[[], int]) -> None:
+async def _collect(
+    scope: anyio.CancelScope, period_s: float, check_s: float, min_growth: int, weigh: Callable[[], int]
+) -> None:
     with scope:
         settled = weigh()  # the memory after the last full collection
         weighed = anyio.current_time()

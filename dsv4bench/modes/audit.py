@@ -33,8 +33,14 @@ from rich.table import Table
 from rich.text import Text
 
 from dsv4bench.checks import run_checks
-from dsv4bench.checks.parser_view import (Disagreement, disagreements, family_read_as, first_reader, oracle_versions,
-                                 read_oracles)
+from dsv4bench.checks.parser_view import (
+    Disagreement,
+    disagreements,
+    family_read_as,
+    first_reader,
+    oracle_versions,
+    read_oracles,
+)
 from dsv4bench.checks.reference import check_reference_mismatch
 from dsv4bench.errors import UsageError
 from dsv4bench.history.codes import AVAILABILITY_CODES, CORRUPTION_CODES, REFERENCE_CODE
@@ -136,9 +142,17 @@ def exchange_context(rec: dict[str, Any], family: str = AUTO) -> TurnContext:
     raw = rec.get("raw_completion", kept.get("raw_completion") if isinstance(kept, dict) else None)
     # What the request asked: its body's own terms, else those its summary kept.
     terms = RequestTerms.of_body(req) if "messages" in req else RequestTerms.from_json(req.get("terms"))
-    ctx = TurnContext(response=None, tools=_offered_tools(rec, req), stream=bool(req.get("stream", True)),
-                      max_tokens=token_cap(req), raw_completion=raw, thinking=terms.thinking, terms=terms,
-                      given=GivenText.of_body(req), family=chosen_family(family, _family(rec, req)))
+    ctx = TurnContext(
+        response=None,
+        tools=_offered_tools(rec, req),
+        stream=bool(req.get("stream", True)),
+        max_tokens=token_cap(req),
+        raw_completion=raw,
+        thinking=terms.thinking,
+        terms=terms,
+        given=GivenText.of_body(req),
+        family=chosen_family(family, _family(rec, req)),
+    )
     status_code = rec.get("http_status")
     if is_turn_record and rec["status"] != TurnStatus.OK.value:
         ctx.status, ctx.http_status = TurnStatus(rec["status"]), status_code
@@ -173,8 +187,13 @@ def audit_records(records: list[tuple[int, Any]], family: str = AUTO) -> list[Au
     results: list[AuditResult] = []
     for line, rec in records:
         if not isinstance(rec, dict):
-            results.append(AuditResult(line, None, problem="not a JSON object" if rec is not None
-                                       else "not JSON (torn, binary or not UTF-8)"))
+            results.append(
+                AuditResult(
+                    line,
+                    None,
+                    problem="not a JSON object" if rec is not None else "not JSON (torn, binary or not UTF-8)",
+                )
+            )
             continue
         try:
             ctx = exchange_context(rec, family)
@@ -241,27 +260,33 @@ def audit_file(path: Path, reference: ReferenceAnswers | None = None, family: st
     records = read_exchanges(path)
     results = audit_records(records, family)
     if not any(r.problem is None for r in results):
-        raise AuditError(f"{exchanges_file(path)} holds no readable exchange ({len(results)} lines, none a JSON "
-                         "exchange): is it a JSONL capture?")
+        raise AuditError(
+            f"{exchanges_file(path)} holds no readable exchange ({len(results)} lines, none a JSON "
+            "exchange): is it a JSONL capture?"
+        )
     if reference is not None:
         judge_against_reference(path, records, results, reference)
     return results
 
 
-def judge_against_reference(path: Path, records: list[tuple[int, Any]], results: list[AuditResult],
-                            reference: ReferenceAnswers) -> None:
+def judge_against_reference(
+    path: Path, records: list[tuple[int, Any]], results: list[AuditResult], reference: ReferenceAnswers
+) -> None:
     """`agents --reference`, after the fact: every completed greedy turn whose request the reference
     run also answered is judged by the same checker on the answer it recorded. Each mismatch is
     its session's first, as live: there the session's later requests carry the differing answer,
     so the reference never saw them. Here the rule is kept outright (later turns of a parted
     session are marked `reference_parted`, not compared), so that a difference the next request
     does not carry, or a reference edited after the fact, still gives one verdict per session."""
-    turns = [(rec, result) for (_, rec), result in zip(records, results)
-             if _is_turn_record(rec) and result.problem is None]
+    turns = [
+        (rec, result) for (_, rec), result in zip(records, results) if _is_turn_record(rec) and result.problem is None
+    ]
     greedy = [(rec, result) for rec, result in turns if is_greedy(_request_body(rec))]
     if not greedy:
-        raise AuditError(f"{path}: no greedy turn to compare with --reference "
-                         f"({len(turns)} dsv4bench turn records; a run at --temperature above 0 has none)")
+        raise AuditError(
+            f"{path}: no greedy turn to compare with --reference "
+            f"({len(turns)} dsv4bench turn records; a run at --temperature above 0 has none)"
+        )
     parted: set[str] = set()
     for rec, result in sorted(greedy, key=lambda x: (str(x[0]["session"]), _turn_number(x[0]))):
         key = _request_key(rec)
@@ -271,8 +296,9 @@ def judge_against_reference(path: Path, records: list[tuple[int, Any]], results:
         if result.session in parted:
             result.reference_parted = True
             continue
-        found = check_reference_mismatch(TurnContext(response=AssembledResponse.from_json(rec["response"]),
-                                                     tools={}, reference=answer))
+        found = check_reference_mismatch(
+            TurnContext(response=AssembledResponse.from_json(rec["response"]), tools={}, reference=answer)
+        )
         result.reference_compared = True
         if found:
             result.verdicts.extend(found)
@@ -307,30 +333,47 @@ def unreadable_summary(results: list[AuditResult]) -> str | None:
     bad = [r for r in results if r.problem is not None]
     if not bad:
         return None
-    return (f"{len(bad)} of {len(results)} lines could not be audited (first: line {bad[0].line}, "
-            f"{bad[0].problem}); a torn or mixed file?")
+    return (
+        f"{len(bad)} of {len(results)} lines could not be audited (first: line {bad[0].line}, "
+        f"{bad[0].problem}); a torn or mixed file?"
+    )
 
 
 def render_audit(results: list[AuditResult], console: Console, reference: ReferenceAnswers | None = None) -> None:
     counts: Counter[str] = Counter(code for r in results for code in {v.code for v in r.verdicts})
     bad = [r for r in results if r.verdicts or r.problem or r.parsers or _unread(r)]
-    console.print(f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
-                  f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable")
+    console.print(
+        f"{len(results)} exchanges, {sum(r.corrupt for r in results)} corrupt, "
+        f"{sum(r.errors for r in results)} errors, {sum(r.problem is not None for r in results)} unreadable"
+    )
     summary_only = [r for r in results if r.summary_only]
     if summary_only:
-        console.print(f"{len(summary_only)} turns could not be re-judged: the record kept no request body or stream "
-                      "for them (they passed when recorded); only their recorded answers were re-checked, without "
-                      "the offered tools", highlight=False, markup=False, soft_wrap=True)
+        console.print(
+            f"{len(summary_only)} turns could not be re-judged: the record kept no request body or stream "
+            "for them (they passed when recorded); only their recorded answers were re-checked, without "
+            "the offered tools",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     if reference is not None:
         render_reference(results, reference, console)
     read = [r for r in results if r.oracles is not None]
     if read:
-        console.print(f"parser oracles ({'; '.join(oracle_versions().values())}): {len(read)} raw completions, "
-                      f"{sum(bool(r.parsers) for r in read)} read differently, {sum(_unread(r) for r in read)} not "
-                      "read (evidence, not verdicts)", highlight=False, markup=False)
+        console.print(
+            f"parser oracles ({'; '.join(oracle_versions().values())}): {len(read)} raw completions, "
+            f"{sum(bool(r.parsers) for r in read)} read differently, {sum(_unread(r) for r in read)} not "
+            "read (evidence, not verdicts)",
+            highlight=False,
+            markup=False,
+        )
         readers = Counter(_read_as(r.oracles) for r in read if r.oracles is not None)
-        console.print(visible("  read as: " + "; ".join(f"{who} {n}" for who, n in sorted(readers.items()))),
-                      highlight=False, markup=False, soft_wrap=True)
+        console.print(
+            visible("  read as: " + "; ".join(f"{who} {n}" for who, n in sorted(readers.items()))),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     if counts:
         t = Table("verdict code", "exchanges")
         for code, n in counts.most_common():
@@ -369,26 +412,53 @@ def render_reference(results: list[AuditResult], reference: ReferenceAnswers, co
     """What was compared with the reference run, and where each session first parted from it."""
     mismatches = reference_mismatches(results)
     parted = sum(r.reference_parted for r in results)
-    console.print(visible(f"reference {reference.run_dir}: {sum(r.reference_compared for r in results)} completed "
-                          f"greedy turns sent a request the reference had answered; {len(mismatches)} got a different "
-                          f"answer ({REFERENCE_CODE})"
-                          + (f"; {parted} later turns of parted sessions not compared" if parted else "")),
-                  highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        visible(
+            f"reference {reference.run_dir}: {sum(r.reference_compared for r in results)} completed "
+            f"greedy turns sent a request the reference had answered; {len(mismatches)} got a different "
+            f"answer ({REFERENCE_CODE})" + (f"; {parted} later turns of parted sessions not compared" if parted else "")
+        ),
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     if reference.conflicts:
-        console.print(f"the reference run itself answered {reference.conflicts} request(s) two ways: its server "
-                      "was not deterministic there", highlight=False, markup=False, soft_wrap=True)
+        console.print(
+            f"the reference run itself answered {reference.conflicts} request(s) two ways: its server "
+            "was not deterministic there",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     for r, v in mismatches:
-        console.print(visible(f"  session {r.session} first parts at turn {r.turn} ({v.where}): {v.detail}"),
-                      highlight=False, markup=False, soft_wrap=True)
+        console.print(
+            visible(f"  session {r.session} first parts at turn {r.turn} ({v.where}): {v.detail}"),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def write_results(results: list[AuditResult], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in results:
-            f.write(json.dumps({"line": r.line, "response_id": r.response_id, "problem": r.problem,
-                                "session": r.session, "turn": r.turn, "summary_only": r.summary_only,
-                                "reference_compared": r.reference_compared, "reference_parted": r.reference_parted,
-                                "verdicts": [v.to_json() for v in r.verdicts], "check_errors": r.check_errors,
-                                "oracles": r.oracles.to_json() if r.oracles else None,
-                                "parsers": [d.describe() for d in r.parsers]},
-                               ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "line": r.line,
+                        "response_id": r.response_id,
+                        "problem": r.problem,
+                        "session": r.session,
+                        "turn": r.turn,
+                        "summary_only": r.summary_only,
+                        "reference_compared": r.reference_compared,
+                        "reference_parted": r.reference_parted,
+                        "verdicts": [v.to_json() for v in r.verdicts],
+                        "check_errors": r.check_errors,
+                        "oracles": r.oracles.to_json() if r.oracles else None,
+                        "parsers": [d.describe() for d in r.parsers],
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )

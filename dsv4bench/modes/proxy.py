@@ -131,9 +131,13 @@ def upstream_path(raw_path: bytes) -> str:
         if bad:
             break
     if bad:
-        raise Refused(400, "path_refused", "dsv4bench proxy: this path could leave the upstream's base path; "
-                      "paths with dot or empty segments, backslashes or encoded slashes are not forwarded",
-                      path=text[:200] if text else repr(raw_path[:200]))
+        raise Refused(
+            400,
+            "path_refused",
+            "dsv4bench proxy: this path could leave the upstream's base path; "
+            "paths with dot or empty segments, backslashes or encoded slashes are not forwarded",
+            path=text[:200] if text else repr(raw_path[:200]),
+        )
     return text
 
 
@@ -253,8 +257,10 @@ class ChatExchange:
         self._resp_headers = headers
         self._content = _content_decoder(headers.get("content-encoding", ""))
         if self._content is None:
-            self.problems.append(f"Content-Encoding {headers.get('content-encoding', '')[:40]!r}: the proxy "
-                                 "cannot read it; the answer passed through unjudged")
+            self.problems.append(
+                f"Content-Encoding {headers.get('content-encoding', '')[:40]!r}: the proxy "
+                "cannot read it; the answer passed through unjudged"
+            )
             return
         if is_http_error(status):
             self._reading, self._limit = "error", self.bounds.error_body_bytes
@@ -278,7 +284,7 @@ class ChatExchange:
         elif not self._over:
             self._head += data
             if len(self._head) > self._limit:
-                del self._head[self._limit:]
+                del self._head[self._limit :]
                 self._over = True
 
     def ended(self) -> None:
@@ -368,8 +374,14 @@ class ProxyRun:
     """The run folder of one proxy run: every exchange's turn record, per-session numbering,
     and the lifecycle events that make it a history `dsv4bench report` reads."""
 
-    def __init__(self, out: Path, run_info: dict[str, Any], api_key: str | None = None,
-                 on_turn: Callable[[TurnRecord], None] | None = None, capture: bool = False) -> None:
+    def __init__(
+        self,
+        out: Path,
+        run_info: dict[str, Any],
+        api_key: str | None = None,
+        on_turn: Callable[[TurnRecord], None] | None = None,
+        capture: bool = False,
+    ) -> None:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{stamp}-proxy-{secrets.token_hex(2)}"
         self.run_dir = out / self.run_id
@@ -384,8 +396,9 @@ class ProxyRun:
         self.ended = False
         self.history.event("run_start", run=self.run_id)
 
-    def open_exchange(self, scope: Scope, headers: list[tuple[bytes, bytes]], raw_body: bytes,
-                      address: str | None = None) -> ChatExchange | None:
+    def open_exchange(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], raw_body: bytes, address: str | None = None
+    ) -> ChatExchange | None:
         """The exchange a chat-completions request starts, or None (noted as an event) for a body
         that is no JSON object: forwarded all the same, nothing to judge it by. `address` names the
         client (AuditProxy._client_address); the socket's peer when not given."""
@@ -398,25 +411,31 @@ class ProxyRun:
         except (ValueError, RecursionError):
             body = None
         if not isinstance(body, dict):
-            self.history.event("unaudited_request", path=scope.get("path", ""), reason="body is not a JSON object",
-                               bytes=len(raw_body))
+            self.history.event(
+                "unaudited_request", path=scope.get("path", ""), reason="body is not a JSON object", bytes=len(raw_body)
+            )
             return None
         client = scope.get("client")
         address = address or (str(client[0]) if client else None)
         user = body.get("user")
-        session = named.get(SESSION_HEADER) or (user if isinstance(user, str) and user else None) \
-            or address or "client"
+        session = named.get(SESSION_HEADER) or (user if isinstance(user, str) and user else None) or address or "client"
         turn = self.turns.get(session, 0)
         if turn == 0:
             self.history.event("session_start", session=session, scenario=named.get("x-dsv4bench-scenario", "proxy"))
         self.turns[session] = turn + 1
         seed = named.get("x-dsv4bench-seed", "")
-        return ChatExchange(session=session, turn=turn, scenario=named.get("x-dsv4bench-scenario", "proxy"),
-                            seed=int(seed) if seed.isdigit() else 0, body=body,
-                            headers={k: MASK if is_secret_header(k) else v for k, v in named.items()},
-                            body_bytes=len(raw_body),
-                            excerpt=raw_body[:RECORDED_EXCERPT_CHARS].decode("utf-8", "replace")
-                            if len(raw_body) > RECORDED_BODY_BYTES else "")
+        return ChatExchange(
+            session=session,
+            turn=turn,
+            scenario=named.get("x-dsv4bench-scenario", "proxy"),
+            seed=int(seed) if seed.isdigit() else 0,
+            body=body,
+            headers={k: MASK if is_secret_header(k) else v for k, v in named.items()},
+            body_bytes=len(raw_body),
+            excerpt=raw_body[:RECORDED_EXCERPT_CHARS].decode("utf-8", "replace")
+            if len(raw_body) > RECORDED_BODY_BYTES
+            else "",
+        )
 
     def record(self, ex: ChatExchange) -> TurnRecord | None:
         """Judge the ended exchange and write its turn record; None when it could not be built."""
@@ -434,13 +453,27 @@ class ProxyRun:
             elif failing or self.capture:  # the exact request, so the turn can be replayed and audited
                 summary["body"] = ex.body
                 summary["headers"] = ex.headers
-            rec = TurnRecord(run=self.run_id, session=ex.session, turn=ex.turn, scenario=ex.scenario, seed=ex.seed,
-                             status=out.status, timings=out.timings, http_status=out.http_status, error=out.error,
-                             error_kind=out.error_kind, request=summary, response=out.response, verdicts=verdicts,
-                             raw_sse=out.raw_lines if failing else None, check_errors=check_errors)
+            rec = TurnRecord(
+                run=self.run_id,
+                session=ex.session,
+                turn=ex.turn,
+                scenario=ex.scenario,
+                seed=ex.seed,
+                status=out.status,
+                timings=out.timings,
+                http_status=out.http_status,
+                error=out.error,
+                error_kind=out.error_kind,
+                request=summary,
+                response=out.response,
+                verdicts=verdicts,
+                raw_sse=out.raw_lines if failing else None,
+                check_errors=check_errors,
+            )
         except Exception as e:  # noqa: BLE001 - a record that cannot be built is a lost record, not a crash
-            self.history.event("history_write_error", session=ex.session, turn=ex.turn,
-                               error=f"{type(e).__name__}: {e}"[:300])
+            self.history.event(
+                "history_write_error", session=ex.session, turn=ex.turn, error=f"{type(e).__name__}: {e}"[:300]
+            )
             return None
         self.history.turn(rec)
         if self.on_turn is not None:
@@ -461,17 +494,25 @@ class ProxyRun:
 
 def _forwarded(headers: list[tuple[bytes, bytes]], drop: frozenset[str]) -> list[tuple[bytes, bytes]]:
     """Headers without the hop-by-hop ones, those a Connection header names, and `drop`."""
-    named = {v.strip().lower() for k, value in headers if k.lower() == b"connection"
-             for v in value.decode("latin-1").split(",")}
-    return [(k, v) for k, v in headers
-            if (name := k.decode("latin-1").lower()) not in HOP_BY_HOP and name not in drop and name not in named]
+    named = {
+        v.strip().lower()
+        for k, value in headers
+        if k.lower() == b"connection"
+        for v in value.decode("latin-1").split(",")
+    }
+    return [
+        (k, v)
+        for k, v in headers
+        if (name := k.decode("latin-1").lower()) not in HOP_BY_HOP and name not in drop and name not in named
+    ]
 
 
 class AuditProxy:
     """The pass-through: forwards every request to `upstream` and audits chat completions into `run`."""
 
-    def __init__(self, upstream: str, run: ProxyRun, api_key: str | None = None,
-                 limits: ProxyLimits | None = None) -> None:
+    def __init__(
+        self, upstream: str, run: ProxyRun, api_key: str | None = None, limits: ProxyLimits | None = None
+    ) -> None:
         self.root = upstream_base(upstream)[0]
         root = httpx.URL(self.root)
         # Every forwarded URL must stay on this origin and under this path (checked in _target).
@@ -498,8 +539,10 @@ class AuditProxy:
             tls = httpx.create_ssl_context()  # one for all: each takes a tenth of a second to load
             # A jar that keeps nothing: one client's Set-Cookie is never sent with another's request.
             jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-            self._clients = [httpx.AsyncClient(limits=limits, trust_env=False, verify=tls, cookies=httpx.Cookies(jar))
-                             for _ in range(UPSTREAM_POOLS)]
+            self._clients = [
+                httpx.AsyncClient(limits=limits, trust_env=False, verify=tls, cookies=httpx.Cookies(jar))
+                for _ in range(UPSTREAM_POOLS)
+            ]
         self._requests += 1
         return self._clients[self._requests % UPSTREAM_POOLS]
 
@@ -517,18 +560,23 @@ class AuditProxy:
         except httpx.InvalidURL:
             parsed = None
         # Whatever httpx makes of it (it resolves dot segments), it must still be under the root.
-        if parsed is None or (parsed.scheme, parsed.host, parsed.port) != self._origin \
-                or not (parsed.raw_path + b"/").startswith(self._prefix):
-            raise Refused(400, "path_refused", "dsv4bench proxy: this path would leave the upstream's base path",
-                          path=path[:200])
+        if (
+            parsed is None
+            or (parsed.scheme, parsed.host, parsed.port) != self._origin
+            or not (parsed.raw_path + b"/").startswith(self._prefix)
+        ):
+            raise Refused(
+                400, "path_refused", "dsv4bench proxy: this path would leave the upstream's base path", path=path[:200]
+            )
         return url
 
     def _client_address(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
         """Who sent the request: the socket's peer, or with --trust-forwarded the last hop that
         X-Forwarded-For names (the one the proxy in front of this one added)."""
         if self.limits.trust_forwarded:
-            hops = [h.strip() for k, v in headers if k.lower() == b"x-forwarded-for"
-                    for h in v.decode("latin-1").split(",")]
+            hops = [
+                h.strip() for k, v in headers if k.lower() == b"x-forwarded-for" for h in v.decode("latin-1").split(",")
+            ]
             if hops and hops[-1]:
                 return hops[-1][:100]
         client = scope.get("client")
@@ -541,8 +589,14 @@ class AuditProxy:
         declared = next((v for k, v in headers if k.lower() == b"content-length"), b"")
         if declared.strip().isdigit() and int(declared) > cap:  # said up front: not one byte of it is kept
             await self._drain(receive)
-            raise Refused(413, "request_too_large", f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
-                          bytes_seen=int(declared), max_body=cap, declared=True)
+            raise Refused(
+                413,
+                "request_too_large",
+                f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
+                bytes_seen=int(declared),
+                max_body=cap,
+                declared=True,
+            )
         parts: list[bytes] = []
         seen = 0
         with anyio.move_on_after(self.limits.read_timeout) as deadline:
@@ -555,16 +609,25 @@ class AuditProxy:
                 if seen > cap:
                     parts.clear()
                     await self._drain(receive)
-                    raise Refused(413, "request_too_large",
-                                  f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
-                                  bytes_seen=seen, max_body=cap, declared=False)
+                    raise Refused(
+                        413,
+                        "request_too_large",
+                        f"dsv4bench proxy: the request body is over --max-body ({cap} bytes)",
+                        bytes_seen=seen,
+                        max_body=cap,
+                        declared=False,
+                    )
                 if chunk:
                     parts.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(parts)
         assert deadline.cancelled_caught
-        raise Refused(408, "request_timeout", f"dsv4bench proxy: the request body did not arrive within "
-                      f"--read-timeout ({self.limits.read_timeout:g} s)", bytes_seen=seen)
+        raise Refused(
+            408,
+            "request_timeout",
+            f"dsv4bench proxy: the request body did not arrive within --read-timeout ({self.limits.read_timeout:g} s)",
+            bytes_seen=seen,
+        )
 
     @staticmethod
     async def _drain(receive: Receive) -> None:
@@ -580,9 +643,17 @@ class AuditProxy:
         with contextlib.suppress(Exception):  # the history's failure is no reason to leave the client waiting
             self.run.history.event(refused.kind, status=refused.status, **refused.fields)
         body = json.dumps({"error": {"message": str(refused), "type": refused.kind, "code": refused.status}}).encode()
-        await send({"type": "http.response.start", "status": refused.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": refused.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _upstream_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
@@ -613,8 +684,9 @@ class AuditProxy:
         exchange = None
         if method == "POST" and scope["path"].rstrip("/").endswith("/chat/completions"):
             try:
-                exchange = self.run.open_exchange(scope, client_headers, raw_body,
-                                                  self._client_address(scope, client_headers))
+                exchange = self.run.open_exchange(
+                    scope, client_headers, raw_body, self._client_address(scope, client_headers)
+                )
             except Exception:  # noqa: BLE001 - the audit never breaks the pass-through
                 exchange = None
         broke: BaseException | None = None
@@ -643,8 +715,16 @@ class AuditProxy:
                 scope.cancel()
                 return
 
-    async def _relay(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes, send: Send,
-                     exchange: ChatExchange | None, mask: KeyMask | None) -> BaseException | None:
+    async def _relay(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        send: Send,
+        exchange: ChatExchange | None,
+        mask: KeyMask | None,
+    ) -> BaseException | None:
         """Forward one request and its answer; the error that broke the answer off, if one did."""
         try:
             client = self._next_client()
@@ -699,8 +779,13 @@ def _audit(exchange: ChatExchange, step: Callable[..., None], *args: Any) -> Non
 
 async def _send_502(send: Send, message: str) -> None:
     body = json.dumps({"error": {"message": message, "type": "upstream_unreachable", "code": 502}}).encode()
-    await send({"type": "http.response.start", "status": 502,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 502,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -768,8 +853,13 @@ class _HeadTimeout(H11Protocol):
         super().connection_lost(exc)
 
 
-def uvicorn_config(app: Starlette, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                   limits: ProxyLimits | None = None) -> uvicorn.Config:
+def uvicorn_config(
+    app: Starlette,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    limits: ProxyLimits | None = None,
+) -> uvicorn.Config:
     """How uvicorn serves the proxy: no Server or Date header of its own (the upstream's pass
     through), no access log, in-flight answers given a few seconds at shutdown; the limits of
     `limits` (ProxyLimits), and no X-Forwarded-For read by uvicorn (AuditProxy reads it only when
@@ -778,9 +868,20 @@ def uvicorn_config(app: Starlette, host: str = "127.0.0.1", port: int = 0, log_l
     protocol = type("ProxyH11Protocol", (_HeadTimeout,), {"head_timeout": limits.read_timeout})
     # uvicorn answers 503 once its connections reach limit_concurrency, this one counted: +1 lets
     # `max_connections` be served.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False,
-                            date_header=False, timeout_graceful_shutdown=5, lifespan="on", http=protocol,
-                            proxy_headers=False, limit_concurrency=limits.max_connections + 1,
-                            timeout_keep_alive=limits.keep_alive)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        http=protocol,
+        proxy_headers=False,
+        limit_concurrency=limits.max_connections + 1,
+        timeout_keep_alive=limits.keep_alive,
+    )
     logging.getLogger("uvicorn.error").addFilter(_QuietBreaks())
     return config

@@ -47,8 +47,20 @@ from dsv4bench.wire.turn_answer import TurnOutcome
 from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, request_context
 
 # RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded nor replayed.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # Recorded headers the replay's own client sets for its own connection and body.
 _SET_BY_CLIENT = frozenset({"host", "content-length", "expect", "accept-encoding", "content-type"})
 RUN_HEADER = "x-dsv4bench-run"  # the replay tags its requests with its own run id
@@ -137,8 +149,14 @@ class Capture:
     @property
     def models(self) -> list[str]:
         """The model names the recorded requests asked for."""
-        return sorted({str(t.body.get("model")) for s in self.sessions for t in s.turns
-                       if t.body is not None and "model" in t.body})
+        return sorted(
+            {
+                str(t.body.get("model"))
+                for s in self.sessions
+                for t in s.turns
+                if t.body is not None and "model" in t.body
+            }
+        )
 
     @property
     def unplayable(self) -> int:
@@ -150,8 +168,13 @@ def _captured_turn(rec: dict[str, Any]) -> CapturedTurn | None:
     """A turn record read as a recorded request; None for a line that is no turn record."""
     session, turn, timings = rec.get("session"), rec.get("turn"), rec.get("timings")
     request = rec.get("request")
-    if not isinstance(session, str) or not isinstance(turn, int) or isinstance(turn, bool) \
-            or not isinstance(timings, dict) or not isinstance(request, dict):
+    if (
+        not isinstance(session, str)
+        or not isinstance(turn, int)
+        or isinstance(turn, bool)
+        or not isinstance(timings, dict)
+        or not isinstance(request, dict)
+    ):
         return None
     start = timings.get("start_wall_ns")
     if not isinstance(start, int) or isinstance(start, bool) or start <= 0:
@@ -160,8 +183,11 @@ def _captured_turn(rec: dict[str, Any]) -> CapturedTurn | None:
     headers = request.get("headers")
     seed = rec.get("seed")
     return CapturedTurn(
-        session=session, turn=turn, scenario=str(rec.get("scenario") or "proxy"),
-        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0, start_wall_ns=start,
+        session=session,
+        turn=turn,
+        scenario=str(rec.get("scenario") or "proxy"),
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+        start_wall_ns=start,
         body=body if isinstance(body, dict) else None,
         headers={str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {},
     )
@@ -181,8 +207,9 @@ def load_capture(path: Path) -> Capture:
             raise CaptureError(f"--replay {run_dir}: record {n} of {TURNS_FILE} is not a turn record")
         turns = by_session.setdefault(captured.session, {})
         if captured.turn in turns:
-            raise CaptureError(f"--replay {run_dir}: session {captured.session} turn {captured.turn} "
-                               f"is recorded twice in {TURNS_FILE}")
+            raise CaptureError(
+                f"--replay {run_dir}: session {captured.session} turn {captured.turn} is recorded twice in {TURNS_FILE}"
+            )
         turns[captured.turn] = captured
     if not by_session:
         raise CaptureError(f"--replay {run_dir}: {TURNS_FILE} records no turn")
@@ -190,8 +217,10 @@ def load_capture(path: Path) -> Capture:
     sessions.sort(key=lambda s: (s.start_wall_ns, s.session))
     capture = Capture(run_dir, tuple(sessions))
     if capture.unplayable == capture.turns:
-        raise CaptureError(f"--replay {run_dir}: no turn keeps its request body; record the traffic with "
-                           "`dsv4bench proxy --capture` (without it only failing turns keep theirs)")
+        raise CaptureError(
+            f"--replay {run_dir}: no turn keeps its request body; record the traffic with "
+            "`dsv4bench proxy --capture` (without it only failing turns keep theirs)"
+        )
     return capture
 
 
@@ -199,8 +228,11 @@ def replay_headers(recorded: dict[str, str], run_id: str) -> dict[str, str]:
     """The recorded headers to send again: the client's own (a server may answer by them, as the
     test servers do by the X-Dsv4bench ones), without the masked credentials (the replay's
     --api-key stands for them), the connection's own, and the capture's run tag (this run's)."""
-    sent = {k: v for k, v in recorded.items()
-            if v != MASK and k.lower() not in HOP_BY_HOP | _SET_BY_CLIENT and k.lower() != RUN_HEADER}
+    sent = {
+        k: v
+        for k, v in recorded.items()
+        if v != MASK and k.lower() not in HOP_BY_HOP | _SET_BY_CLIENT and k.lower() != RUN_HEADER
+    }
     return {**sent, "X-Dsv4bench-Run": run_id}
 
 
@@ -210,10 +242,21 @@ class CaptureReplay:
     `send` posts one request and reads its answer (client.chat_turn in a run); `clock` and
     `sleep` are the event loop's, given so the pacing can be tested on a clock of its own."""
 
-    def __init__(self, capture: Capture, send: SendTurn, history: HistoryWriter, run_id: str, *, speed: float,
-                 concurrency: int, stats: LiveStats | None = None, reference: ReferenceAnswers | None = None,
-                 model: str | None = None, clock: Callable[[], float] = anyio.current_time,
-                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
+    def __init__(
+        self,
+        capture: Capture,
+        send: SendTurn,
+        history: HistoryWriter,
+        run_id: str,
+        *,
+        speed: float,
+        concurrency: int,
+        stats: LiveStats | None = None,
+        reference: ReferenceAnswers | None = None,
+        model: str | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    ) -> None:
         self.capture = capture
         self.send = send
         self.history = history
@@ -251,16 +294,19 @@ class CaptureReplay:
                 for captured in sess.turns:
                     await self._wait_until(begun + paced_offset(captured.start_wall_ns, sess.start_wall_ns, self.speed))
                     if captured.body is None:
-                        self.history.event("replay_unplayable", session=sess.session, turn=captured.turn,
-                                           reason="the capture kept no request body for this turn")
+                        self.history.event(
+                            "replay_unplayable",
+                            session=sess.session,
+                            turn=captured.turn,
+                            reason="the capture kept no request body for this turn",
+                        )
                         continue
                     await self._turn(captured, captured.body)
                     played += 1
             finally:
                 self.stats.sessions_active -= 1
                 self.stats.sessions_done += 1
-                self.history.event("session_end", session=sess.session, reason="replayed", turns=played,
-                                   tool_calls=0)
+                self.history.event("session_end", session=sess.session, reason="replayed", turns=played, tool_calls=0)
 
     async def _turn(self, captured: CapturedTurn, recorded: dict[str, Any]) -> None:
         body = recorded if self.model is None else {**recorded, "model": self.model}
@@ -275,35 +321,66 @@ class CaptureReplay:
         failing = keeps_evidence(outcome.status, verdicts, check_errors)
         if failing:
             summary["body"] = body  # the exact request, so the turn can be replayed and audited
-        rec = TurnRecord(run=self.run_id, session=captured.session, turn=captured.turn, scenario=captured.scenario,
-                         seed=captured.seed, status=outcome.status, timings=outcome.timings,
-                         http_status=outcome.http_status, error=outcome.error, error_kind=outcome.error_kind,
-                         request=summary, response=outcome.response, verdicts=verdicts,
-                         raw_sse=outcome.raw_lines if failing else None, check_errors=check_errors)
+        rec = TurnRecord(
+            run=self.run_id,
+            session=captured.session,
+            turn=captured.turn,
+            scenario=captured.scenario,
+            seed=captured.seed,
+            status=outcome.status,
+            timings=outcome.timings,
+            http_status=outcome.http_status,
+            error=outcome.error,
+            error_kind=outcome.error_kind,
+            request=summary,
+            response=outcome.response,
+            verdicts=verdicts,
+            raw_sse=outcome.raw_lines if failing else None,
+            check_errors=check_errors,
+        )
         self.history.turn(rec)
         self.stats.add_turn(rec)
 
 
-def run_replay(config: RunConfig, facts: dict[str, Any], command: str, capture: Capture, speed: float,
-               reference: ReferenceAnswers | None = None) -> tuple[dict[str, Any], Path]:
+def run_replay(
+    config: RunConfig,
+    facts: dict[str, Any],
+    command: str,
+    capture: Capture,
+    speed: float,
+    reference: ReferenceAnswers | None = None,
+) -> tuple[dict[str, Any], Path]:
     """Replay `capture` against config's server into a new run folder under config.out, then
     write its report. Returns (summary, run dir)."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_id = f"{stamp}-replay-c{config.concurrency}-{secrets.token_hex(2)}"
     run_dir = config.out / run_id
     settings = {k: v for k, v in config.to_json().items() if k in REPLAY_SETTINGS}
-    settings.update(replay=str(capture.run_dir), speed="max" if speed == SPEED_MAX else speed,
-                    reference=str(reference.run_dir) if reference is not None else None)
+    settings.update(
+        replay=str(capture.run_dir),
+        speed="max" if speed == SPEED_MAX else speed,
+        reference=str(reference.run_dir) if reference is not None else None,
+    )
     run_info: dict[str, Any] = {
-        "run": run_id, "command": command, "config": settings,
-        "model": config.model or ", ".join(capture.models) or "as recorded", "server": facts,
+        "run": run_id,
+        "command": command,
+        "config": settings,
+        "model": config.model or ", ".join(capture.models) or "as recorded",
+        "server": facts,
         "started": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "replay": {"capture": str(capture.run_dir), "sessions": len(capture.sessions), "turns": capture.turns,
-                   "unplayable": capture.unplayable},
+        "replay": {
+            "capture": str(capture.run_dir),
+            "sessions": len(capture.sessions),
+            "turns": capture.turns,
+            "unplayable": capture.unplayable,
+        },
     }
     if reference is not None:
-        run_info["reference"] = {"run_dir": str(reference.run_dir), "answers": len(reference.answers),
-                                 "conflicts": reference.conflicts}
+        run_info["reference"] = {
+            "run_dir": str(reference.run_dir),
+            "answers": len(reference.answers),
+            "conflicts": reference.conflicts,
+        }
     history = HistoryWriter(run_dir, run_info, config.redactor)
     stats = LiveStats()
     url = f"{config.base_url}/chat/completions"
@@ -311,11 +388,21 @@ def run_replay(config: RunConfig, facts: dict[str, Any], command: str, capture: 
 
     async def replay() -> None:
         async with make_client(config) as client:  # one pooled client for the run, as `agents` has
+
             async def send(body: dict[str, Any], headers: dict[str, str]) -> TurnOutcome:
                 return await chat_turn(client, url, body, deadlines, headers)
 
-            await CaptureReplay(capture, send, history, run_id, speed=speed, concurrency=config.concurrency,
-                                stats=stats, reference=reference, model=config.model).run()
+            await CaptureReplay(
+                capture,
+                send,
+                history,
+                run_id,
+                speed=speed,
+                concurrency=config.concurrency,
+                stats=stats,
+                reference=reference,
+                model=config.model,
+            ).run()
 
     reason = "complete"
     try:

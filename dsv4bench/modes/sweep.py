@@ -179,8 +179,9 @@ def stop_reason(level: Level, plan: SweepPlan, batch_turns: int) -> str | None:
 BatchRunner = Callable[[int, int], tuple[dict[str, Any], str]]  # (concurrency, batch) -> (summary, run dir)
 
 
-def run_level(concurrency: int, plan: SweepPlan, run_batch: BatchRunner,
-              on_batch: Callable[[Level, int], None] | None = None) -> Level:
+def run_level(
+    concurrency: int, plan: SweepPlan, run_batch: BatchRunner, on_batch: Callable[[Level, int], None] | None = None
+) -> Level:
     """Batches at `concurrency` until the stopping rule says stop (module docstring);
     `on_batch(level, batch)` sees the level after each batch (progress)."""
     level = Level(concurrency)
@@ -231,18 +232,23 @@ def sweep_summary(levels: list[Level], plan: SweepPlan, command: str) -> dict[st
         "interval_method": "wilson",
         "threshold": threshold(levels, plan),
         "verdict": worst_verdict([v for lv in levels for v in lv.verdicts]),
-        "levels": [{
-            "concurrency": lv.concurrency,
-            "batches": len(lv.runs),
-            "runs": lv.runs,
-            "run_verdicts": lv.verdicts,
-            "turns": lv.turns,
-            **_rate_block(lv.turns["corrupt"], lv.turns["ok"], plan.confidence),
-            "stopped_by": lv.stopped_by,
-            "verdict": level_verdict(lv, plan),
-            "by_depth": {str(d): {"turns": c, **_rate_block(c["corrupt"], c["ok"], plan.confidence)}
-                         for d, c in sorted(lv.by_depth.items())},
-        } for lv in levels],
+        "levels": [
+            {
+                "concurrency": lv.concurrency,
+                "batches": len(lv.runs),
+                "runs": lv.runs,
+                "run_verdicts": lv.verdicts,
+                "turns": lv.turns,
+                **_rate_block(lv.turns["corrupt"], lv.turns["ok"], plan.confidence),
+                "stopped_by": lv.stopped_by,
+                "verdict": level_verdict(lv, plan),
+                "by_depth": {
+                    str(d): {"turns": c, **_rate_block(c["corrupt"], c["ok"], plan.confidence)}
+                    for d, c in sorted(lv.by_depth.items())
+                },
+            }
+            for lv in levels
+        ],
     }
 
 
@@ -256,28 +262,41 @@ def sweep_markdown(summary: dict[str, Any]) -> str:
     found = summary["threshold"]
     base = summary["baseline"]
     above = "any corruption" if not base else f"a corrupt-turn rate above {_pct(base)}"
-    headline = (f"**Corruption appears at concurrency {found}**: the smallest level whose {conf} interval shows {above}."
-                if found is not None else f"**No level shows {above}** at {conf} confidence.")
+    headline = (
+        f"**Corruption appears at concurrency {found}**: the smallest level whose {conf} interval shows {above}."
+        if found is not None
+        else f"**No level shows {above}** at {conf} confidence."
+    )
     lines = [
-        "# Concurrency sweep", "",
-        headline, "",
+        "# Concurrency sweep",
+        "",
+        headline,
+        "",
         f"Rate: corrupt turns / completed turns; interval: Wilson score at {conf}. A level ran batches until its "
-        f"interval was at most {_pct(summary['precision'])} wide or it had run {summary['level_turns']} turns.", "",
+        f"interval was at most {_pct(summary['precision'])} wide or it had run {summary['level_turns']} turns.",
+        "",
         "| concurrency | batches | turns | completed | corrupt | error | rate | interval | stopped by | verdict |",
         "|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for lv in summary["levels"]:
         t = lv["turns"]
         lo, hi = lv["interval"]
-        lines.append(f"| {lv['concurrency']} | {lv['batches']} | {t['total']} | {t['ok']} | {t['corrupt']} | "
-                     f"{t['error']} | {_pct(lv['rate'])} | {_pct(lo)} - {_pct(hi)} | {lv['stopped_by']} | "
-                     f"{lv['verdict']} |")
+        lines.append(
+            f"| {lv['concurrency']} | {lv['batches']} | {t['total']} | {t['ok']} | {t['corrupt']} | "
+            f"{t['error']} | {_pct(lv['rate'])} | {_pct(lo)} - {_pct(hi)} | {lv['stopped_by']} | "
+            f"{lv['verdict']} |"
+        )
     depths = sorted({int(d) for lv in summary["levels"] for d in lv["by_depth"]})
     if depths:
-        lines += ["", "## By turn depth", "",
-                  "Corrupt / completed turns at each turn depth (turn index within a session), with the rate.", "",
-                  "| turn depth | " + " | ".join(f"c{lv['concurrency']}" for lv in summary["levels"]) + " |",
-                  "|---:|" + "---:|" * len(summary["levels"])]
+        lines += [
+            "",
+            "## By turn depth",
+            "",
+            "Corrupt / completed turns at each turn depth (turn index within a session), with the rate.",
+            "",
+            "| turn depth | " + " | ".join(f"c{lv['concurrency']}" for lv in summary["levels"]) + " |",
+            "|---:|" + "---:|" * len(summary["levels"]),
+        ]
         for d in depths:
             cells = []
             for lv in summary["levels"]:
@@ -293,8 +312,10 @@ def sweep_markdown(summary: dict[str, Any]) -> str:
 
 
 def _error_bars(rates: list[float], intervals: list[list[float]]) -> list[list[float]]:
-    return [[100 * (r - lo) for r, (lo, _) in zip(rates, intervals)],
-            [100 * (hi - r) for r, (_, hi) in zip(rates, intervals)]]
+    return [
+        [100 * (r - lo) for r, (lo, _) in zip(rates, intervals)],
+        [100 * (hi - r) for r, (_, hi) in zip(rates, intervals)],
+    ]
 
 
 def sweep_figure(summary: dict[str, Any]) -> Figure | None:
@@ -310,13 +331,25 @@ def sweep_figure(summary: dict[str, Any]) -> Figure | None:
     by_level, by_depth = fig.subplots(1, 2)
     xs = [lv["concurrency"] for lv in levels]
     rates = [lv["rate"] for lv in levels]
-    by_level.errorbar(xs, [100 * r for r in rates], yerr=_error_bars(rates, [lv["interval"] for lv in levels]),
-                      marker="o", capsize=4, color="#e15759", label=f"corrupt turns, {conf} Wilson interval")
+    by_level.errorbar(
+        xs,
+        [100 * r for r in rates],
+        yerr=_error_bars(rates, [lv["interval"] for lv in levels]),
+        marker="o",
+        capsize=4,
+        color="#e15759",
+        label=f"corrupt turns, {conf} Wilson interval",
+    )
     if summary["baseline"]:
         by_level.axhline(100 * summary["baseline"], color="black", linestyle=":", linewidth=1, label="baseline")
     if summary["threshold"] is not None:
-        by_level.axvline(summary["threshold"], color="black", linestyle="--", linewidth=1,
-                         label=f"threshold: c{summary['threshold']}")
+        by_level.axvline(
+            summary["threshold"],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"threshold: c{summary['threshold']}",
+        )
     if len(xs) > 2 and xs[-1] / xs[0] >= 8:  # 1, 8, 16, 32, 80 would crowd the left end on a linear axis
         by_level.set_xscale("log", base=2)
     by_level.set_xticks(xs, [str(x) for x in xs])
@@ -327,15 +360,24 @@ def sweep_figure(summary: dict[str, Any]) -> Figure | None:
     by_level.grid(alpha=0.3)
     by_level.legend(fontsize="small")
     for i, lv in enumerate(levels):
-        cells = [(int(d), at) for d, at in sorted(lv["by_depth"].items(), key=lambda kv: int(kv[0]))
-                 if at["rate"] is not None]
+        cells = [
+            (int(d), at)
+            for d, at in sorted(lv["by_depth"].items(), key=lambda kv: int(kv[0]))
+            if at["rate"] is not None
+        ]
         if not cells:
             continue
         depth_rates = [at["rate"] for _, at in cells]
         dodge = (i - (len(levels) - 1) / 2) * min(0.6 / len(levels), 0.12)  # the levels' bars side by side
-        by_depth.errorbar([d + dodge for d, _ in cells], [100 * r for r in depth_rates],
-                          yerr=_error_bars(depth_rates, [at["interval"] for _, at in cells]),
-                          marker=".", capsize=2, linewidth=1, label=f"c{lv['concurrency']}")
+        by_depth.errorbar(
+            [d + dodge for d, _ in cells],
+            [100 * r for r in depth_rates],
+            yerr=_error_bars(depth_rates, [at["interval"] for _, at in cells]),
+            marker=".",
+            capsize=2,
+            linewidth=1,
+            label=f"c{lv['concurrency']}",
+        )
     by_depth.set_xlabel("turn depth (turn index within a session)")
     by_depth.set_ylabel("corrupt turns (% of completed)")
     by_depth.set_title(f"By turn depth ({conf} intervals)")

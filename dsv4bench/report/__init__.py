@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsv4bench.history.run_folder import REPORT_FILE, SUMMARY_FILE, ReportError, read_history, write_atomic, write_json_atomic
+from dsv4bench.history.run_folder import (
+    REPORT_FILE,
+    SUMMARY_FILE,
+    ReportError,
+    read_history,
+    write_atomic,
+    write_json_atomic,
+)
 from dsv4bench.report.summary import summarize
 from dsv4bench.report.markdown import render_report
 
@@ -33,6 +40,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         # escape_text already made the report safe; backslashreplace only guards the encoding.
         write_atomic(run_dir / REPORT_FILE, report.encode("utf-8", errors="backslashreplace"))
     except OSError as e:
-        raise ReportError(f"cannot write the report in {run_dir} ({e.strerror or e}); the history is kept, and "
-                          f"`dsv4bench report {run_dir}` rebuilds the report once it can be written") from e
+        raise ReportError(
+            f"cannot write the report in {run_dir} ({e.strerror or e}); the history is kept, and "
+            f"`dsv4bench report {run_dir}` rebuilds the report once it can be written"
+        ) from e
     return summary

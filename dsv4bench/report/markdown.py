@@ -12,8 +12,17 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from dsv4bench.checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
-                                  family_read_as, first_reader, sglang_like)
+from dsv4bench.checks.parser_view import (
+    NOT_READ,
+    RECIPE,
+    SERVER,
+    SGLANG_STREAM,
+    SGLANG_WHOLE,
+    disagreements,
+    family_read_as,
+    first_reader,
+    sglang_like,
+)
 from dsv4bench.history.codes import EVIDENCE_CODES, TURN_CODES, code_class, meaning
 from dsv4bench.servers.dialect import stage
 from dsv4bench.servers.discovery import NOT_REPORTED, SETTINGS, Deployment, Endpoint, show_setting
@@ -30,10 +39,24 @@ EXCERPT_CHARS = 400
 DEPLOYMENT_COLUMNS = 8  # servers shown side by side in the header; run.json has every one
 # Facts from SGLang's /get_server_info worth a line in an incident report, in display order.
 SERVER_FACTS: tuple[str, ...] = (
-    "version", "model_path", "served_model_name", "disaggregation_mode", "tp_size", "dp_size",
-    "ep_size", "pp_size", "enable_dp_attention", "attention_backend", "kv_cache_dtype",
-    "enable_hierarchical_cache", "hicache_ratio", "max_running_requests", "chunked_prefill_size",
-    "speculative_algorithm", "tool_call_parser", "reasoning_parser",
+    "version",
+    "model_path",
+    "served_model_name",
+    "disaggregation_mode",
+    "tp_size",
+    "dp_size",
+    "ep_size",
+    "pp_size",
+    "enable_dp_attention",
+    "attention_backend",
+    "kv_cache_dtype",
+    "enable_hierarchical_cache",
+    "hicache_ratio",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "speculative_algorithm",
+    "tool_call_parser",
+    "reasoning_parser",
 )
 # Where in the raw stream a code's evidence usually is: DSML markup wherever it first shows,
 # cut-offs and protocol faults at the end; anything else from the start.
@@ -149,24 +172,32 @@ def headline(summary: dict[str, Any], killer: str = "the nemesis") -> str:
     t = summary["turns"]
     verdict = summary["verdict"]
     calls, bad = summary["tool_calls"], summary["bad_tool_calls"]
-    corrupt = f"{fmt_int(t['corrupt'])} of {fmt_int(t['ok'])} completed turns ({fmt_pct(t['corrupt'], t['ok'])}) corrupt"
+    corrupt = (
+        f"{fmt_int(t['corrupt'])} of {fmt_int(t['ok'])} completed turns ({fmt_pct(t['corrupt'], t['ok'])}) corrupt"
+    )
     if t["total"] == 0:
         figures = "no turns recorded; nothing was judged"
     elif verdict == "WEDGE":
         wedged = [ep for ep, found in summary["wedge"].items() if found["codes"]]
         figures = f"{len(wedged)} of {len(summary['wedge'])} endpoints wedged ({inline(', '.join(wedged))}); {corrupt}"
     elif verdict == "INCOMPLETE" and not (summary.get("history") or {}).get("gaps") and summary.get("unjudged"):
-        figures = (f"{inline(summary['unjudged'][0], 200)}; no corruption found in the "
-                   f"{fmt_int(t['ok'])} completed turns, but what those checkers check is unknown there")
+        figures = (
+            f"{inline(summary['unjudged'][0], 200)}; no corruption found in the "
+            f"{fmt_int(t['ok'])} completed turns, but what those checkers check is unknown there"
+        )
     elif verdict == "INCOMPLETE":
         gaps = (summary.get("history") or {}).get("gaps") or ["turn records were lost"]
-        figures = (f"the history lost turn records ({inline(gaps[0], 160)}); no corruption in the "
-                   f"{fmt_int(t['ok'])} completed turns recorded, but what was lost was never judged")
+        figures = (
+            f"the history lost turn records ({inline(gaps[0], 160)}); no corruption in the "
+            f"{fmt_int(t['ok'])} completed turns recorded, but what was lost was never judged"
+        )
     elif verdict == "CORRUPTION":
         figures = f"{corrupt}; {fmt_int(bad)} of {fmt_int(calls)} tool calls bad"
     elif verdict == "ERRORS":
-        figures = (f"{fmt_int(t['error'])} of {fmt_int(t['total'])} turns failed (error or timeout); "
-                   f"no corruption in {fmt_int(t['ok'])} completed turns")
+        figures = (
+            f"{fmt_int(t['error'])} of {fmt_int(t['total'])} turns failed (error or timeout); "
+            f"no corruption in {fmt_int(t['ok'])} completed turns"
+        )
     else:
         figures = f"{corrupt}; {fmt_int(calls)} tool calls, none bad"
     extra = f"; {plural(t['killed'], 'turn')} killed by {killer} (not judged)" if t["killed"] else ""
@@ -189,19 +220,27 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     notes = []
     gaps = (summary.get("history") or {}).get("gaps") or []
     if gaps:
-        notes.append("> **Incomplete history:** the harness lost turn records, so this report cannot say that "
-                     "nothing else happened: " + "; ".join(inline(g, 200) for g in gaps) + ".")
+        notes.append(
+            "> **Incomplete history:** the harness lost turn records, so this report cannot say that "
+            "nothing else happened: " + "; ".join(inline(g, 200) for g in gaps) + "."
+        )
     if summary["partial"]:
-        notes.append("> **Partial history (run did not finish):** no `run_end` event, so the harness stopped "
-                     "mid-run (killed?). The figures cover what was recorded before it stopped.")
+        notes.append(
+            "> **Partial history (run did not finish):** no `run_end` event, so the harness stopped "
+            "mid-run (killed?). The figures cover what was recorded before it stopped."
+        )
     if summary["skipped_lines"]:
-        notes.append(f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
-                     "(a torn last line is expected after SIGKILL).")
+        notes.append(
+            f"> {fmt_int(summary['skipped_lines'])} unreadable history line(s) skipped "
+            "(a torn last line is expected after SIGKILL)."
+        )
     notes += _reference_notes(summary.get("reference"))
     notes += harness_clock_notes(summary.get("harness"))
     if summary["check_errors"]:
-        notes.append(f"> A checker raised on {fmt_int(summary['check_errors'])} turn(s): "
-                     "their verdicts are incomplete (unknown, not clean).")
+        notes.append(
+            f"> A checker raised on {fmt_int(summary['check_errors'])} turn(s): "
+            "their verdicts are incomplete (unknown, not clean)."
+        )
     return notes
 
 
@@ -211,36 +250,54 @@ def harness_clock_notes(clock: dict[str, Any] | None) -> list[str]:
     if not clock or not clock.get("stalls"):
         return []
     failed = clock.get("failed_stalled") or 0
-    tail = (f" {plural(failed, 'turn')} of those failed: weigh them knowing that the harness stopped "
-            "reading meanwhile." if failed else "")
-    return [f"> **The harness itself stalled:** its event loop stood still {plural(clock['stalls'], 'time')} "
-            f"(longest {fmt_seconds(clock.get('longest_stall_s'))}, {fmt_seconds(clock.get('stalled_s'))} in all; "
-            f"loop lag p50 / p99 {clock.get('lag_p50_ms')} / {clock.get('lag_p99_ms')} ms). No turn's deadline "
-            f"counted those stalls, but the timings of the {plural(clock.get('turns_stalled') or 0, 'turn')} in "
-            f"flight then may be late by up to {fmt_seconds((clock.get('turn_stall_max_ms') or 0) / 1e3)} "
-            f"(`harness_stall_ms` in turns.jsonl).{tail}"]
+    tail = (
+        f" {plural(failed, 'turn')} of those failed: weigh them knowing that the harness stopped reading meanwhile."
+        if failed
+        else ""
+    )
+    return [
+        f"> **The harness itself stalled:** its event loop stood still {plural(clock['stalls'], 'time')} "
+        f"(longest {fmt_seconds(clock.get('longest_stall_s'))}, {fmt_seconds(clock.get('stalled_s'))} in all; "
+        f"loop lag p50 / p99 {clock.get('lag_p50_ms')} / {clock.get('lag_p99_ms')} ms). No turn's deadline "
+        f"counted those stalls, but the timings of the {plural(clock.get('turns_stalled') or 0, 'turn')} in "
+        f"flight then may be late by up to {fmt_seconds((clock.get('turn_stall_max_ms') or 0) / 1e3)} "
+        f"(`harness_stall_ms` in turns.jsonl).{tail}"
+    ]
 
 
 def _reference_notes(ref: dict[str, Any] | None) -> list[str]:
     """--reference: what was compared with which run, and when the comparison says little."""
     if not ref:
         return []
-    notes = [f"> **Reference run** {code_span(ref['run_dir'], 300)}: {fmt_int(ref['compared'])} completed turns sent a request "
-             f"the reference had answered; {fmt_int(ref['mismatched'])} got a different answer "
-             "(`reference_mismatch`). Sessions part ways at their first mismatch, so later turns are not compared."]
+    notes = [
+        f"> **Reference run** {code_span(ref['run_dir'], 300)}: {fmt_int(ref['compared'])} completed turns sent a request "
+        f"the reference had answered; {fmt_int(ref['mismatched'])} got a different answer "
+        "(`reference_mismatch`). Sessions part ways at their first mismatch, so later turns are not compared."
+    ]
     if not ref["compared"]:
-        notes.append("> No request matched the reference run's: was it made with the same `--seed`, `--scenario`, "
-                     "`--max-tokens`, `--thinking` and `--temperature 0`?")
+        notes.append(
+            "> No request matched the reference run's: was it made with the same `--seed`, `--scenario`, "
+            "`--max-tokens`, `--thinking` and `--temperature 0`?"
+        )
     if ref.get("conflicts"):
-        notes.append(f"> The reference run itself answered {fmt_int(ref['conflicts'])} request(s) two ways: its "
-                     "server was not deterministic, so a mismatch here may be noise, not wrong state.")
+        notes.append(
+            f"> The reference run itself answered {fmt_int(ref['conflicts'])} request(s) two ways: its "
+            "server was not deterministic, so a mismatch here may be noise, not wrong state."
+        )
     return notes
 
 
 # How a session ended (session_end events), in words.
-_ENDED_BY = {"final": "final answer", "max_turns": "turn limit", "context_full": "context full (next turn would not fit)",
-             "corrupt": "corrupt turn", "error": "error", "killed": "killed", "duration": "run's time up",
-             "cancelled": "cancelled"}
+_ENDED_BY = {
+    "final": "final answer",
+    "max_turns": "turn limit",
+    "context_full": "context full (next turn would not fit)",
+    "corrupt": "corrupt turn",
+    "error": "error",
+    "killed": "killed",
+    "duration": "run's time up",
+    "cancelled": "cancelled",
+}
 
 
 def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
@@ -250,8 +307,10 @@ def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
         ["started", datetime.fromtimestamp(start / 1e9, timezone.utc).isoformat(timespec="seconds") if start else "–"],
         ["duration", fmt_seconds(summary["duration_s"])],
         ["sessions", f"{fmt_int(sessions['count'])} ({fmt_int(sessions['finished'])} finished)"],
-        ["sessions ended by", cell(", ".join(f"{_ENDED_BY.get(k, k)} {fmt_int(v)}"
-                                             for k, v in sessions["ended_by"].items()) or "–", 300)],
+        [
+            "sessions ended by",
+            cell(", ".join(f"{_ENDED_BY.get(k, k)} {fmt_int(v)}" for k, v in sessions["ended_by"].items()) or "–", 300),
+        ],
         ["turns", turns_phrase(summary["turns"])],
         ["tool calls", fmt_int(summary["tool_calls"])],
     ]
@@ -264,17 +323,21 @@ def _run_section(history: History, summary: dict[str, Any]) -> list[str]:
 
 
 # What each count of summary.json's `turns` means; the report says it beside every table of them.
-TURN_COUNTS_LEGEND = ("Turns: **ok** = a complete response arrived, whatever the checkers found in it (corrupt "
-                      "turns are ok turns too); **good** = ok, judged by every checker and not corrupt; "
-                      "**corrupt** = ok with a corruption code; **killed** = cancelled by the nemesis, not judged; "
-                      "**error** = HTTP error, connection failure or timeout. total = ok + killed + error.")
+TURN_COUNTS_LEGEND = (
+    "Turns: **ok** = a complete response arrived, whatever the checkers found in it (corrupt "
+    "turns are ok turns too); **good** = ok, judged by every checker and not corrupt; "
+    "**corrupt** = ok with a corruption code; **killed** = cancelled by the nemesis, not judged; "
+    "**error** = HTTP error, connection failure or timeout. total = ok + killed + error."
+)
 
 
 def turns_phrase(t: dict[str, int]) -> str:
     """'64 total: 3 good, 24 ok (21 corrupt), 0 killed, 40 error'."""
     good = f"{fmt_int(t['good'])} good, " if "good" in t else ""
-    return (f"{fmt_int(t['total'])} total: {good}{fmt_int(t['ok'])} ok ({fmt_int(t['corrupt'])} corrupt), "
-            f"{fmt_int(t['killed'])} killed, {fmt_int(t['error'])} error")
+    return (
+        f"{fmt_int(t['total'])} total: {good}{fmt_int(t['ok'])} ok ({fmt_int(t['corrupt'])} corrupt), "
+        f"{fmt_int(t['killed'])} killed, {fmt_int(t['error'])} error"
+    )
 
 
 def _dialect_words(d: Any) -> str:
@@ -310,24 +373,42 @@ def deployment_section(history: History) -> list[str]:
     via = f", from {', '.join(code_span(v) for v in dep.found_via)} `/workers`" if dep.found_via else ""
     rows = [["metrics", *(_metrics_cell(e) for e in eps)]]
     if any(e.listed_as for e in eps):
-        rows.append(["router's list", *(cell(f"{e.listed_as}{', healthy' if e.listed_healthy else ''}"
-                                             f"{', not healthy' if e.listed_healthy is False else ''}")
-                                        if e.listed_as else "–" for e in eps)])
+        rows.append(
+            [
+                "router's list",
+                *(
+                    cell(
+                        f"{e.listed_as}{', healthy' if e.listed_healthy else ''}"
+                        f"{', not healthy' if e.listed_healthy is False else ''}"
+                    )
+                    if e.listed_as
+                    else "–"
+                    for e in eps
+                ),
+            ]
+        )
     shown = [k for k in SETTINGS if any(k in dict(e.shown_settings()) for e in eps)]
     rows += [[code_span(k), *(_setting_cell(e, k) for e in eps)] for k in shown]
     if not all(e.answered for e in eps):
-        rows.append(["answered", *("yes" if e.answered else cell("no: " + "; ".join(e.problems[:2]), 160)
-                                   for e in eps)])
-    out = [f"**Deployment** ({plural(len(dep.endpoints), 'server')}{via}):", "",
-           table(["", *(_endpoint_head(e) for e in eps)], rows), "",
-           f"Settings as each server reported them (`/get_server_info`), by SGLang's server_args names; "
-           f"*{NOT_REPORTED}*: the server did not say; –: not its role's, or no answer."]
+        rows.append(
+            ["answered", *("yes" if e.answered else cell("no: " + "; ".join(e.problems[:2]), 160) for e in eps)]
+        )
+    out = [
+        f"**Deployment** ({plural(len(dep.endpoints), 'server')}{via}):",
+        "",
+        table(["", *(_endpoint_head(e) for e in eps)], rows),
+        "",
+        f"Settings as each server reported them (`/get_server_info`), by SGLang's server_args names; "
+        f"*{NOT_REPORTED}*: the server did not say; –: not its role's, or no answer.",
+    ]
     if len(dep.endpoints) > len(eps):
         out[-1] += f" {len(dep.endpoints) - len(eps)} more servers are in run.json."
     config = history.run.get("config")
     scraped = config.get("metrics") if isinstance(config, dict) else None
     if isinstance(scraped, list) and scraped:
-        out[-1] += " Scraped during the run: " + ", ".join(code_span(m, 200) for m in scraped if isinstance(m, str)) + "."
+        out[-1] += (
+            " Scraped during the run: " + ", ".join(code_span(m, 200) for m in scraped if isinstance(m, str)) + "."
+        )
     return out
 
 
@@ -379,14 +460,18 @@ def key_hosts_lines(history: History) -> list[str]:
     event = next((e for e in reversed(history.events) if e.get("kind") == "api_key_hosts"), None)
     if event is None:
         return []
+
     def hosts(key: str) -> str:
         listed = event.get(key)
         names = [h for h in listed if isinstance(h, str)] if isinstance(listed, list) else []
         return ", ".join(code_span(h) for h in names) or "none"
+
     line = f"API key sent to: {hosts('key_sent_to')}"
     if event.get("key_withheld_from"):
-        line += (f"; not sent to {hosts('key_withheld_from')} (found behind a router, not named; "
-                 "`--key-to-workers` sends it there too)")
+        line += (
+            f"; not sent to {hosts('key_withheld_from')} (found behind a router, not named; "
+            "`--key-to-workers` sends it there too)"
+        )
     return ["", line + "."]
 
 
@@ -401,21 +486,53 @@ def _codes_section(summary: dict[str, Any]) -> list[str]:
     rows = []
     for code in _codes_in_order(summary):
         rate = summary["rates"].get(code, {})
-        rows.append([code_span(code), code_class(code), fmt_int(summary["counts"].get(code, 0)),
-                     fmt_rate(rate.get("per_turn")), fmt_rate(rate.get("per_tool_call")), meaning(code)])
-    note = ("Turns carrying each code. Corruption rates are per completed turn and per tool call; "
-            "availability rates per attempted (not killed) turn.")
-    return ["## Verdict codes", "", note, "", table(["code", "class", "turns", "per turn", "per tool call", "meaning"], rows)]
+        rows.append(
+            [
+                code_span(code),
+                code_class(code),
+                fmt_int(summary["counts"].get(code, 0)),
+                fmt_rate(rate.get("per_turn")),
+                fmt_rate(rate.get("per_tool_call")),
+                meaning(code),
+            ]
+        )
+    note = (
+        "Turns carrying each code. Corruption rates are per completed turn and per tool call; "
+        "availability rates per attempted (not killed) turn."
+    )
+    return [
+        "## Verdict codes",
+        "",
+        note,
+        "",
+        table(["code", "class", "turns", "per turn", "per tool call", "meaning"], rows),
+    ]
 
 
 def _breakdown_section(title: str, key: str, groups: dict[str, dict[str, int]]) -> list[str]:
     if not groups:
         return [f"## {title}", "", "No turns."]
-    rows = [[cell(k), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_int(g.get("good", 0)), fmt_int(g["corrupt"]),
-             fmt_pct(g["corrupt"], g["ok"]), fmt_int(g["killed"]), fmt_int(g["error"])] for k, g in groups.items()]
+    rows = [
+        [
+            cell(k),
+            fmt_int(g["total"]),
+            fmt_int(g["ok"]),
+            fmt_int(g.get("good", 0)),
+            fmt_int(g["corrupt"]),
+            fmt_pct(g["corrupt"], g["ok"]),
+            fmt_int(g["killed"]),
+            fmt_int(g["error"]),
+        ]
+        for k, g in groups.items()
+    ]
     header = [key, "turns", "ok", "good", "corrupt", "corrupt / ok", "killed", "error"]
-    return [f"## {title}", "", "ok: completed, corrupt or not; good: ok and not corrupt (see Run).", "",
-            table(header, rows)]
+    return [
+        f"## {title}",
+        "",
+        "ok: completed, corrupt or not; good: ok and not corrupt (see Run).",
+        "",
+        table(header, rows),
+    ]
 
 
 def variant_section(by_variant: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -424,13 +541,30 @@ def variant_section(by_variant: dict[str, dict[str, dict[str, Any]]]) -> list[st
     if not any(len(values) > 1 for values in by_variant.values()):
         return []
     fired = [c for c in TURN_CODES if any(c in g["codes"] for values in by_variant.values() for g in values.values())]
-    rows = [[cell(dim), code_span(value), fmt_int(g["total"]), fmt_int(g["ok"]), fmt_pct(g["corrupt"], g["ok"]),
-             *(fmt_int(g["codes"].get(c, 0)) for c in fired)]
-            for dim, values in by_variant.items() if len(values) > 1 for value, g in values.items()]
-    note = ("Turns by what their request asked (a dimension every turn asked alike is left out); each code "
-            "column counts the turns carrying it.")
-    return ["## Codes by request variant", "", note, "",
-            table(["dimension", "value", "turns", "ok", "corrupt / ok", *(code_span(c) for c in fired)], rows)]
+    rows = [
+        [
+            cell(dim),
+            code_span(value),
+            fmt_int(g["total"]),
+            fmt_int(g["ok"]),
+            fmt_pct(g["corrupt"], g["ok"]),
+            *(fmt_int(g["codes"].get(c, 0)) for c in fired),
+        ]
+        for dim, values in by_variant.items()
+        if len(values) > 1
+        for value, g in values.items()
+    ]
+    note = (
+        "Turns by what their request asked (a dimension every turn asked alike is left out); each code "
+        "column counts the turns carrying it."
+    )
+    return [
+        "## Codes by request variant",
+        "",
+        note,
+        "",
+        table(["dimension", "value", "turns", "ok", "corrupt / ok", *(code_span(c) for c in fired)], rows),
+    ]
 
 
 def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> str:
@@ -443,7 +577,7 @@ def excerpt(turn: TurnRecord, verdict: Verdict, limit: int = EXCERPT_CHARS) -> s
         first = 0
         if verdict.code.startswith("dsml_"):
             first = next((i for i, ln in enumerate(lines) if _DSML_NEEDLE.search(ln)), 0)
-        text = "\n".join(lines[max(0, first - 1):])
+        text = "\n".join(lines[max(0, first - 1) :])
         prefix = f"… ({first - 1} earlier lines)\n" if first > 1 else ""
     else:
         resp = turn.response
@@ -473,9 +607,13 @@ def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
             if v is None or not counts_code(turn, code):
                 continue
             where = f", at {code_span(v.where)}" if v.where else ""
-            out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}), "
-                    f"response id {code_span(turn.response_id or '–')}{where}: {inline(v.detail)}", "",
-                    fence(excerpt(turn, v)), ""]
+            out += [
+                f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}), "
+                f"response id {code_span(turn.response_id or '–')}{where}: {inline(v.detail)}",
+                "",
+                fence(excerpt(turn, v)),
+                "",
+            ]
             shown += 1
             if shown == EXAMPLES_PER_CODE:
                 break
@@ -485,13 +623,15 @@ def _examples_section(history: History, summary: dict[str, Any]) -> list[str]:
 # The pairs of readings the report counts apart; `like` stands for SGLang's reading made the way
 # the server answered (streamed or whole), the one that server would have sent.
 _ORACLE_PAIRS = ((SERVER, RECIPE), (SERVER, "like"), (RECIPE, "like"), (SGLANG_STREAM, SGLANG_WHOLE))
-ORACLES_NOTE = ("Evidence, not verdicts: only each turn's reader against the server is counted "
-                "(`parser_disagreement`: deepseek-recipe for DeepSeek-V4, else SGLang's reading with the family's "
-                "detectors made the way the server answered). SGLang against the server: that server's parser is "
-                "not SGLang's detector for the family as installed here, or its streaming changed the answer. "
-                "deepseek-recipe against SGLang, or SGLang streamed against SGLang whole: a finding about the "
-                "parsers, whatever the server sent. A turn no reader could read is \"not read\": the oracle could "
-                "not judge it, never a disagreement.")
+ORACLES_NOTE = (
+    "Evidence, not verdicts: only each turn's reader against the server is counted "
+    "(`parser_disagreement`: deepseek-recipe for DeepSeek-V4, else SGLang's reading with the family's "
+    "detectors made the way the server answered). SGLang against the server: that server's parser is "
+    "not SGLang's detector for the family as installed here, or its streaming changed the answer. "
+    "deepseek-recipe against SGLang, or SGLang streamed against SGLang whole: a finding about the "
+    'parsers, whatever the server sent. A turn no reader could read is "not read": the oracle could '
+    "not judge it, never a disagreement."
+)
 
 
 def _sglang_detectors(family: str | None) -> str:
@@ -504,10 +644,16 @@ def _sglang_detectors(family: str | None) -> str:
 
 def _not_offered_lines(history: History) -> list[str]:
     """One line per family and server the raw oracle was not offered for (NOT_OFFERED_EVENT)."""
-    said = {(str(e.get("family")), str(e.get("reason") or "no /tokenize"))
-            for e in history.events if e.get("kind") == NOT_OFFERED_EVENT}
-    return [f"- raw oracle not offered for family {code_span(family)} on this server ({inline(reason)}): its turns "
-            "were judged without it." for family, reason in sorted(said)]
+    said = {
+        (str(e.get("family")), str(e.get("reason") or "no /tokenize"))
+        for e in history.events
+        if e.get("kind") == NOT_OFFERED_EVENT
+    }
+    return [
+        f"- raw oracle not offered for family {code_span(family)} on this server ({inline(reason)}): its turns "
+        "were judged without it."
+        for family, reason in sorted(said)
+    ]
 
 
 def _readers_table(kept: list[tuple[TurnRecord, OracleReadings]]) -> str:
@@ -518,9 +664,13 @@ def _readers_table(kept: list[tuple[TurnRecord, OracleReadings]]) -> str:
         n = rows.setdefault((family_read_as(oracles), reader), [0, 0])
         n[oracles.not_read is not None] += 1
     by_family = {family_read_as(o): o.family for _, o in kept}
-    return table(["family read as", "reader", "SGLang's detectors", "turns whose readings disagree", "turns not read"],
-                 [[cell(family), cell(reader), _sglang_detectors(by_family[family]), fmt_int(read), fmt_int(unread)]
-                  for (family, reader), (read, unread) in sorted(rows.items())])
+    return table(
+        ["family read as", "reader", "SGLang's detectors", "turns whose readings disagree", "turns not read"],
+        [
+            [cell(family), cell(reader), _sglang_detectors(by_family[family]), fmt_int(read), fmt_int(unread)]
+            for (family, reader), (read, unread) in sorted(rows.items())
+        ],
+    )
 
 
 def _read_as(oracles: OracleReadings) -> str:
@@ -540,9 +690,12 @@ def _oracles_section(history: History) -> list[str]:
         return []
     out = ["## Parser oracles", ""]
     if isinstance(versions, dict):
-        out += ["Each turn's raw completion is read by its family's reader (deepseek-recipe for DeepSeek-V4, else "
-                "SGLang's detectors for the family) and by SGLang's detectors streamed and whole, beside the "
-                "server's answer; readers here: " + "; ".join(inline(v) for v in versions.values()) + ".", ""]
+        out += [
+            "Each turn's raw completion is read by its family's reader (deepseek-recipe for DeepSeek-V4, else "
+            "SGLang's detectors for the family) and by SGLang's detectors streamed and whole, beside the "
+            "server's answer; readers here: " + "; ".join(inline(v) for v in versions.values()) + ".",
+            "",
+        ]
     if not_offered:
         out += [*not_offered, ""]
     out.append(ORACLES_NOTE)
@@ -552,31 +705,54 @@ def _oracles_section(history: History) -> list[str]:
     unread = [(t, o) for t, o in kept if o.not_read is not None]
     out += ["", _readers_table(kept)]
     if read:
-        rows = [[cell(f"{a}, {'SGLang as the server answered' if b == 'like' else b}"),
-                 fmt_int(sum(any(d.apart(a, like if b == "like" else b) for d in found) for _, _, found, like in read))]
-                for a, b in _ORACLE_PAIRS]
+        rows = [
+            [
+                cell(f"{a}, {'SGLang as the server answered' if b == 'like' else b}"),
+                fmt_int(sum(any(d.apart(a, like if b == "like" else b) for d in found) for _, _, found, like in read)),
+            ]
+            for a, b in _ORACLE_PAIRS
+        ]
         out += ["", table(["readings apart", "turns"], rows)]
     if unread:
-        out += ["", f"Not read: {plural(len(unread), 'turn')} no reader could read (the oracle could not judge "
-                "them; never a disagreement):",
-                *(f"- session {code_span(t.session)}, turn {t.turn} ({_read_as(o)}): {inline(o.not_read)}"
-                  for t, o in unread[:ORACLE_EXAMPLES])]
+        out += [
+            "",
+            f"Not read: {plural(len(unread), 'turn')} no reader could read (the oracle could not judge "
+            "them; never a disagreement):",
+            *(
+                f"- session {code_span(t.session)}, turn {t.turn} ({_read_as(o)}): {inline(o.not_read)}"
+                for t, o in unread[:ORACLE_EXAMPLES]
+            ),
+        ]
         if len(unread) > ORACLE_EXAMPLES:
             out.append(f"- … and {fmt_int(len(unread) - ORACLE_EXAMPLES)} more")
     out.append("")
     for turn, oracles, found, _ in read[:ORACLE_EXAMPLES]:
         raw = oracles.raw_completion
-        out += [f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}; {_read_as(oracles)}):",
-                *(f"  - {inline(d.describe())}" for d in found),
-                *(f"  - SGLang: {inline(line)}" for line in oracles.sglang.log),
-                "", fence(raw if len(raw) <= EXCERPT_CHARS else raw[:EXCERPT_CHARS] + "…"), ""]
+        out += [
+            f"- session {code_span(turn.session)}, turn {turn.turn} ({inline(turn.scenario)}; {_read_as(oracles)}):",
+            *(f"  - {inline(d.describe())}" for d in found),
+            *(f"  - SGLang: {inline(line)}" for line in oracles.sglang.log),
+            "",
+            fence(raw if len(raw) <= EXCERPT_CHARS else raw[:EXCERPT_CHARS] + "…"),
+            "",
+        ]
     return out[:-1]
 
 
 def _latency_section(summary: dict[str, Any]) -> list[str]:
     names = {"ttft_s": "TTFT", "itl_s": "ITL", "e2e_s": "E2E"}
-    rows = [[label, fmt_int(d["n"]), fmt_seconds(d["p50"]), fmt_seconds(d["p90"]), fmt_seconds(d["p99"]),
-             fmt_seconds(d["max"])] for key, label in names.items() if (d := summary["latency"][key])]
+    rows = [
+        [
+            label,
+            fmt_int(d["n"]),
+            fmt_seconds(d["p50"]),
+            fmt_seconds(d["p90"]),
+            fmt_seconds(d["p99"]),
+            fmt_seconds(d["max"]),
+        ]
+        for key, label in names.items()
+        if (d := summary["latency"][key])
+    ]
     note = f"Over completed turns; percentiles by {summary['percentile_method']} interpolation."
     return ["## Latency", "", note, "", table(["metric", "n", "p50", "p90", "p99", "max"], rows)]
 
@@ -637,8 +813,10 @@ def wedge_unchecked_hint(summary: dict[str, Any]) -> str:
     if reason == "no --metrics endpoint":
         fix = "give `dsv4bench agents` a `--metrics URL` for each server (router, prefill, decode)"
     elif reason == "only a router was scraped":
-        fix = ("a router's gauges count its own requests, not the queues of its workers; give `--metrics URL` "
-               "for each prefill and decode (or unified) server too")
+        fix = (
+            "a router's gauges count its own requests, not the queues of its workers; give `--metrics URL` "
+            "for each prefill and decode (or unified) server too"
+        )
     else:
         fix = "check that each `--metrics` URL answers with Prometheus text"
     return f"Wedge not checked ({reason}): no queue gauge could be judged; {fix}."
@@ -658,13 +836,21 @@ def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
         codes = ", ".join(code_span(c) for c in found["codes"]) or "none"
         gauges = _gauges_brief(found["gauges"])
         drain = found.get("drain_s")
-        drain_text = fmt_seconds(drain) if isinstance(drain, (int, float)) else "did not drain" if found["gauges"] else "–"
+        drain_text = (
+            fmt_seconds(drain) if isinstance(drain, (int, float)) else "did not drain" if found["gauges"] else "–"
+        )
         rows.append([cell(endpoint), codes, cell(gauges, 300), drain_text, _canary(found)])
-    out += ["Per endpoint, at the end of the drain window after load stopped. " + _drain_window(history), "",
-            table(["endpoint", "codes", "gauges", "drain time", "canary"], rows)]
+    out += [
+        "Per endpoint, at the end of the drain window after load stopped. " + _drain_window(history),
+        "",
+        table(["endpoint", "codes", "gauges", "drain time", "canary"], rows),
+    ]
     wedged = sorted({c for f in summary["wedge"].values() for c in f["codes"]})
     if wedged:
-        out += ["", "Meaning: " + "; ".join(f"{code_span(c)} = {inline(WEDGE_VERDICT_WORDS.get(c, c))}" for c in wedged) + "."]
+        out += [
+            "",
+            "Meaning: " + "; ".join(f"{code_span(c)} = {inline(WEDGE_VERDICT_WORDS.get(c, c))}" for c in wedged) + ".",
+        ]
     for endpoint, found in summary["wedge"].items():
         details = [d for d in found.get("details") or [] if isinstance(d, str)]
         if not found["gauges"] and not details:
@@ -672,8 +858,15 @@ def _wedge_section(history: History, summary: dict[str, Any]) -> list[str]:
         out += ["", f"### {code_span(endpoint, 300)}", ""]
         if found["gauges"]:
             stuck = " ".join(details)
-            grows = [[code_span(k, 300), stage(k) or "–", f"{v:g}" if isinstance(v, (int, float)) else cell(v),
-                      "**stuck**" if v and k in stuck else ""] for k, v in found["gauges"].items()]
+            grows = [
+                [
+                    code_span(k, 300),
+                    stage(k) or "–",
+                    f"{v:g}" if isinstance(v, (int, float)) else cell(v),
+                    "**stuck**" if v and k in stuck else "",
+                ]
+                for k, v in found["gauges"].items()
+            ]
             out += ["Gauges at the end of the drain window:", "", table(["gauge", "stage", "value", ""], grows)]
         if details:
             out += ["", *(f"- {inline(d)}" for d in details)]
@@ -688,8 +881,11 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
     """The markdown incident report for one run."""
     command = history.run.get("command")
     parts: list[list[str]] = [
-        [f"# dsv4bench report: {inline(summary['run'])}", "",
-         headline(summary, "stopping their Locust users" if "locust" in history.run else "the nemesis")],
+        [
+            f"# dsv4bench report: {inline(summary['run'])}",
+            "",
+            headline(summary, "stopping their Locust users" if "locust" in history.run else "the nemesis"),
+        ],
         _notes(summary),
         deployment_section(history),
         _run_section(history, summary),
@@ -702,8 +898,11 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _oracles_section(history),
         _latency_section(summary),
         _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
-        ["## How to reproduce", "",
-         fence(command, "sh") if isinstance(command, str) and command else "run.json records no command."],
+        [
+            "## How to reproduce",
+            "",
+            fence(command, "sh") if isinstance(command, str) and command else "run.json records no command.",
+        ],
         ["## Plots", "", "\n\n".join(f"![{_plot_title(p)}]({p})" for p in plots)] if plots else [],
     ]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"

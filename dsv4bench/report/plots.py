@@ -74,11 +74,24 @@ def timeline_figure(history: History) -> Figure | None:
     corrupt_x = [x for t, x in zip(history.turns, ends) if t.corrupt]
     if corrupt_x:
         # x in data, y in axes fraction: a rug of markers along the top, one per corrupt turn.
-        ax.scatter(corrupt_x, [0.97] * len(corrupt_x), marker="v", s=30, color=OUTCOME_COLORS["corrupt"],
-                   edgecolors="black", linewidths=0.4, transform=ax.get_xaxis_transform(), label="corrupt turn",
-                   zorder=3, clip_on=False)
-    kills = [(e["t_wall_ns"] - start) / 1e9 for e in history.events
-             if is_kill_event(e) and isinstance(e.get("t_wall_ns"), int)]
+        ax.scatter(
+            corrupt_x,
+            [0.97] * len(corrupt_x),
+            marker="v",
+            s=30,
+            color=OUTCOME_COLORS["corrupt"],
+            edgecolors="black",
+            linewidths=0.4,
+            transform=ax.get_xaxis_transform(),
+            label="corrupt turn",
+            zorder=3,
+            clip_on=False,
+        )
+    kills = [
+        (e["t_wall_ns"] - start) / 1e9
+        for e in history.events
+        if is_kill_event(e) and isinstance(e.get("t_wall_ns"), int)
+    ]
     for i, x in enumerate(kills):
         ax.axvline(x, color="black", linestyle="--", linewidth=1, label="nemesis kill" if i == 0 else None)
     ax.set_xlim(0, nbins * width)
@@ -104,8 +117,14 @@ def depth_figure(history: History) -> Figure | None:
     ax = fig.add_subplot()
     # The turn counts go on a twin axis drawn underneath, so a 100% bar over 2 turns reads as noise.
     counts_ax = ax.twinx()
-    counts_ax.plot(depths, [g["ok"] for g in groups.values()], color="#4e79a7", marker=".", linewidth=1,
-                   label="completed turns (right axis)")
+    counts_ax.plot(
+        depths,
+        [g["ok"] for g in groups.values()],
+        color="#4e79a7",
+        marker=".",
+        linewidth=1,
+        label="completed turns (right axis)",
+    )
     counts_ax.set_ylabel("completed turns")
     counts_ax.set_ylim(0, max(max(g["ok"] for g in groups.values()), 1) * 1.2)
     ax.set_zorder(counts_ax.get_zorder() + 1)
@@ -141,9 +160,11 @@ def _run_start_ns(history: History) -> int | None:
 
 def active_sessions(history: History, t0: int) -> tuple[list[float], list[int]]:
     """A step series of sessions open over time, from session_start/session_end events."""
-    deltas = sorted(((e["t_ns"] - t0) / 1e9, 1 if e["kind"] == "session_start" else -1)
-                    for e in history.events
-                    if e.get("kind") in ("session_start", "session_end") and isinstance(e.get("t_ns"), int))
+    deltas = sorted(
+        ((e["t_ns"] - t0) / 1e9, 1 if e["kind"] == "session_start" else -1)
+        for e in history.events
+        if e.get("kind") in ("session_start", "session_end") and isinstance(e.get("t_ns"), int)
+    )
     xs, ys, n = [0.0], [0], 0
     for x, d in deltas:
         n = max(0, n + d)  # a session_end without its start (torn history) must not go negative
@@ -195,25 +216,38 @@ def queue_timeline_figure(history: History) -> Figure | None:
     bottom.set_ylabel("requests in gauge")
     bottom.set_xlabel("seconds since run start (monotonic)")
     sample_xs = sorted({x for qx, _ in queues.values() for x in qx})
-    kills = sorted((e["t_ns"] - t0) / 1e9 for e in history.events
-                   if is_kill_event(e) and isinstance(e.get("t_ns"), int))
+    kills = sorted(
+        (e["t_ns"] - t0) / 1e9 for e in history.events if is_kill_event(e) and isinstance(e.get("t_ns"), int)
+    )
     for i, k in enumerate(kills):
         # A band until the next scrape (what the gauges could first show of it), at least 0.5 s.
         nxt = next((x for x in sample_xs if x > k), k + KILL_BAND_S)
         for ax in (top, bottom):
-            ax.axvspan(k, max(nxt, k + KILL_BAND_S), color="#e15759", alpha=0.25, linewidth=0,
-                       label="nemesis kill" if i == 0 and ax is bottom else None)
+            ax.axvspan(
+                k,
+                max(nxt, k + KILL_BAND_S),
+                color="#e15759",
+                alpha=0.25,
+                linewidth=0,
+                label="nemesis kill" if i == 0 and ax is bottom else None,
+            )
     marks = {"load_stopped": ("black", "--"), "drain_end": ("#59a14f", ":")}
     for kind, (color, style) in marks.items():
         for i, e in enumerate(e for e in history.events if e.get("kind") == kind and isinstance(e.get("t_ns"), int)):
             for ax in (top, bottom):
-                ax.axvline((e["t_ns"] - t0) / 1e9, color=color, linestyle=style, linewidth=1,
-                           label=kind.replace("_", " ") if i == 0 and ax is bottom else None)
+                ax.axvline(
+                    (e["t_ns"] - t0) / 1e9,
+                    color=color,
+                    linestyle=style,
+                    linewidth=1,
+                    label=kind.replace("_", " ") if i == 0 and ax is bottom else None,
+                )
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    fig.legend(*bottom.get_legend_handles_labels(), loc="outside lower center", fontsize="x-small", ncols=3,
-               frameon=False)
+    fig.legend(
+        *bottom.get_legend_handles_labels(), loc="outside lower center", fontsize="x-small", ncols=3, frameon=False
+    )
     return fig
 
 

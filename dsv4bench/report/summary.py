@@ -170,8 +170,12 @@ def _finding(found: Any) -> dict[str, Any] | None:
     if not isinstance(found, dict):
         return None
     codes, gauges, details = found.get("codes") or [], found.get("gauges") or {}, found.get("details") or []
-    if not (isinstance(codes, list) and all(isinstance(c, str) for c in codes) and isinstance(gauges, dict)
-            and isinstance(details, list)):
+    if not (
+        isinstance(codes, list)
+        and all(isinstance(c, str) for c in codes)
+        and isinstance(gauges, dict)
+        and isinstance(details, list)
+    ):
         return None
     return {**found, "codes": list(codes), "gauges": dict(gauges)}
 
@@ -201,8 +205,10 @@ def unjudged(turns: list[TurnRecord]) -> list[str]:
     if not failed:
         return []
     first = failed[0]
-    return [f"a checker raised on {len(failed):,} turn(s), which were not judged by every checker "
-            f"(first: {first.session} turn {first.turn}, {first.check_errors[0]})"]
+    return [
+        f"a checker raised on {len(failed):,} turn(s), which were not judged by every checker "
+        f"(first: {first.session} turn {first.turn}, {first.check_errors[0]})"
+    ]
 
 
 def _grouped(turns: list[TurnRecord], key: Callable[[TurnRecord], Any]) -> dict[str, dict[str, int]]:
@@ -229,9 +235,13 @@ def _by_variant(turns: list[TurnRecord]) -> dict[str, dict[str, dict[str, Any]]]
         groups: dict[str, list[TurnRecord]] = {}
         for t, v in variants:
             groups.setdefault(v[dim], []).append(t)
-        out[dim] = {value: {**outcome_counts(g), "codes": {c: n for c in TURN_CODES
-                                                           if (n := sum(c in turn_codes(t) for t in g))}}
-                    for value, g in sorted(groups.items())}
+        out[dim] = {
+            value: {
+                **outcome_counts(g),
+                "codes": {c: n for c in TURN_CODES if (n := sum(c in turn_codes(t) for t in g))},
+            }
+            for value, g in sorted(groups.items())
+        }
     return out
 
 
@@ -381,5 +391,10 @@ def _reference(history: History, counts: dict[str, int]) -> dict[str, Any] | Non
     if not isinstance(ref, dict):
         return None
     compared = sum(1 for t in history.turns if t.status is TurnStatus.OK and t.request.get("compared"))
-    return {"run_dir": ref.get("run_dir"), "answers": ref.get("answers"), "conflicts": ref.get("conflicts", 0),
-            "compared": compared, "mismatched": counts.get(REFERENCE_CODE, 0)}
+    return {
+        "run_dir": ref.get("run_dir"),
+        "answers": ref.get("answers"),
+        "conflicts": ref.get("conflicts", 0),
+        "compared": compared,
+        "mismatched": counts.get(REFERENCE_CODE, 0),
+    }

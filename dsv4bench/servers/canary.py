@@ -122,12 +122,18 @@ def judge_answer(r: httpx.Response) -> tuple[str, str | None]:
     return OK, None
 
 
-async def check_canary(client: httpx.AsyncClient, base_url: str, model: str | None,
-                       timeout: float = 10.0, stream: bool = False) -> CanaryResult:
+async def check_canary(
+    client: httpx.AsyncClient, base_url: str, model: str | None, timeout: float = 10.0, stream: bool = False
+) -> CanaryResult:
     """One max_tokens=4 chat completion against `base_url` (…/v1), streamed or not."""
     t_ns = time.monotonic_ns()
-    body = {"model": model or "default", "messages": [{"role": "user", "content": CANARY_PROMPT}],
-            "max_tokens": 4, "temperature": 0, "stream": stream}
+    body = {
+        "model": model or "default",
+        "messages": [{"role": "user", "content": CANARY_PROMPT}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": stream,
+    }
     result, error, status = TIMEOUT, f"timeout after {timeout:g} s", None
     first: list[float] = []  # the streamed answer's first chunk, seconds after the request
     # httpx's timeout is per phase (connect, each read); a server that trickles bytes could
@@ -154,8 +160,9 @@ async def check_canary(client: httpx.AsyncClient, base_url: str, model: str | No
         # Headers came, maybe a first chunk: the stream stalled, the hang a wedge makes all the same.
         after = f"its first chunk at {first_s:g} s" if first_s is not None else f"HTTP {status} headers"
         error = f"stream stalled after {after}, not ended in {timeout:g} s"
-    return CanaryResult(t_ns, base_url, result, round((time.monotonic_ns() - t_ns) / 1e9, 3), error, status,
-                        stream, first_s)
+    return CanaryResult(
+        t_ns, base_url, result, round((time.monotonic_ns() - t_ns) / 1e9, 3), error, status, stream, first_s
+    )
 
 
 async def _read_stream(r: httpx.Response, t_ns: int, first: list[float]) -> tuple[str, str | None]:
@@ -174,7 +181,7 @@ async def _read_stream(r: httpx.Response, t_ns: int, first: list[float]) -> tupl
         line = line.strip()
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             break
         try:
@@ -191,14 +198,17 @@ async def _read_stream(r: httpx.Response, t_ns: int, first: list[float]) -> tupl
     return OK, None
 
 
-async def check_health(client: httpx.AsyncClient, root_url: str, path: str = "/health",
-                       timeout: float = 5.0, offered: bool | None = True) -> HealthResult:
+async def check_health(
+    client: httpx.AsyncClient, root_url: str, path: str = "/health", timeout: float = 5.0, offered: bool | None = True
+) -> HealthResult:
     """GET root_url + path. `offered` (server_kinds.Kind.offered): False, the server's kind never
     had it, so it is not asked; None, its kind may lack it, so a 404, 405 or 501 is `not_offered`;
     True, every answer but 200 is `failing`."""
     t_ns = time.monotonic_ns()
     if offered is False:
-        return HealthResult(t_ns, root_url.rstrip("/") + path, NOT_OFFERED, 0.0, error="not offered by this kind of server")
+        return HealthResult(
+            t_ns, root_url.rstrip("/") + path, NOT_OFFERED, 0.0, error="not offered by this kind of server"
+        )
     result, status, error = TIMEOUT, None, f"timeout after {timeout:g} s"
     with anyio.move_on_after(timeout):
         try:
@@ -215,5 +225,6 @@ async def check_health(client: httpx.AsyncClient, root_url: str, path: str = "/h
             result, error = UNREACHABLE, _err(e)
         except httpx.HTTPError as e:
             result, error = ERROR, _err(e)
-    return HealthResult(t_ns, root_url.rstrip("/") + path, result, round((time.monotonic_ns() - t_ns) / 1e9, 3),
-                        status, error)
+    return HealthResult(
+        t_ns, root_url.rstrip("/") + path, result, round((time.monotonic_ns() - t_ns) / 1e9, 3), status, error
+    )

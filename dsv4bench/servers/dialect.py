@@ -113,21 +113,36 @@ COUNTER_SUFFIX = "_total"
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counted when a request finishes
 # Tokens by `mode` (prefill_compute, prefill_cache, decode), counted on each log interval.
 SGLANG_REALTIME_TOKENS = "sglang:realtime_tokens_total"
-PROGRESS_COUNTERS = frozenset({
-    "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:prompt_tokens_total",
-    "sglang:cached_tokens_total", SGLANG_GENERATION_TOKENS, SGLANG_REALTIME_TOKENS,
-    "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total", TRTLLM_ITER,
-})
+PROGRESS_COUNTERS = frozenset(
+    {
+        "sglang:num_requests_total",
+        "sglang:num_aborted_requests_total",
+        "sglang:prompt_tokens_total",
+        "sglang:cached_tokens_total",
+        SGLANG_GENERATION_TOKENS,
+        SGLANG_REALTIME_TOKENS,
+        "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        TRTLLM_ITER,
+    }
+)
 # `sglang:generation_tokens_total`, `vllm:generation_tokens_total`.
 GENERATION_TOKENS_SUFFIX = "generation_tokens_total"
 # Requests that failed between the parts of a deployment, or had to be retried there.
-FAILURE_COUNTERS = frozenset({
-    "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
-    "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_notifications_total",
-    "vllm:nixl_num_kv_expired_reqs_total",
-    "smg_worker_retries_total", "smg_worker_retries_exhausted_total",
-    "sgl_router_retries_total", "sgl_router_retries_exhausted_total",
-})
+FAILURE_COUNTERS = frozenset(
+    {
+        "sglang:num_bootstrap_failed_reqs_total",
+        "sglang:num_transfer_failed_reqs_total",
+        "vllm:nixl_num_failed_transfers_total",
+        "vllm:nixl_num_failed_notifications_total",
+        "vllm:nixl_num_kv_expired_reqs_total",
+        "smg_worker_retries_total",
+        "smg_worker_retries_exhausted_total",
+        "sgl_router_retries_total",
+        "sgl_router_retries_exhausted_total",
+    }
+)
 
 # --- dialects and their generations -------------------------------------------------------------
 SGLANG_DIALECT, VLLM_DIALECT, ROUTER_DIALECT, TRTLLM_DIALECT = "sglang", "vllm", "sglang-router", "trtllm"
@@ -205,8 +220,11 @@ def generation_tokens(values: dict[str, float]) -> float:
     `generation_tokens_total` only when a request finishes; where it also counts decode tokens
     as they are made (`realtime_tokens_total{mode="decode"}`) those are read instead, so a
     request decoding for nobody shows before it ends."""
-    decoded = [v for k, v in values.items()
-               if metric_name(k) == SGLANG_REALTIME_TOKENS and series_labels(k).get("mode") == "decode"]
+    decoded = [
+        v
+        for k, v in values.items()
+        if metric_name(k) == SGLANG_REALTIME_TOKENS and series_labels(k).get("mode") == "decode"
+    ]
     if decoded:
         return sum(decoded)
     return sum(v for k, v in values.items() if metric_name(k).endswith(GENERATION_TOKENS_SUFFIX))

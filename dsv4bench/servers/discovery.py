@@ -48,18 +48,38 @@ MAX_TEXT = 80  # a reported string setting is shown up to this many characters
 # SGLang's server_args names that matter for the incident's bugs, in display order. The last
 # four are shown only where a server reports them.
 SETTINGS: tuple[str, ...] = (
-    "version", "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-    "disable_overlap_schedule", "enable_hierarchical_cache", "hicache_write_policy", "tool_call_parser",
-    "reasoning_parser", "max_running_requests", "tp_size", "dp_size", "page_size", "chunked_prefill_size",
+    "version",
+    "disaggregation_mode",
+    "disaggregation_transfer_backend",
+    "disaggregation_bootstrap_port",
+    "disable_overlap_schedule",
+    "enable_hierarchical_cache",
+    "hicache_write_policy",
+    "tool_call_parser",
+    "reasoning_parser",
+    "max_running_requests",
+    "tp_size",
+    "dp_size",
+    "page_size",
+    "chunked_prefill_size",
 )
 IF_REPORTED = frozenset({"tp_size", "dp_size", "page_size", "chunked_prefill_size"})
 # A few words for each in a terminal line.
 LABELS: dict[str, str] = {
-    "version": "version", "disaggregation_mode": "PD", "disaggregation_transfer_backend": "transfer",
-    "disaggregation_bootstrap_port": "bootstrap port", "disable_overlap_schedule": "overlap schedule",
-    "enable_hierarchical_cache": "HiCache", "hicache_write_policy": "HiCache write", "tool_call_parser": "tool parser",
-    "reasoning_parser": "reasoning parser", "max_running_requests": "max running", "tp_size": "tp", "dp_size": "dp",
-    "page_size": "page", "chunked_prefill_size": "chunked prefill",
+    "version": "version",
+    "disaggregation_mode": "PD",
+    "disaggregation_transfer_backend": "transfer",
+    "disaggregation_bootstrap_port": "bootstrap port",
+    "disable_overlap_schedule": "overlap schedule",
+    "enable_hierarchical_cache": "HiCache",
+    "hicache_write_policy": "HiCache write",
+    "tool_call_parser": "tool parser",
+    "reasoning_parser": "reasoning parser",
+    "max_running_requests": "max running",
+    "tp_size": "tp",
+    "dp_size": "dp",
+    "page_size": "page",
+    "chunked_prefill_size": "chunked prefill",
 }
 _PD_ONLY = frozenset({"disaggregation_transfer_backend", "disaggregation_bootstrap_port"})
 NOT_REPORTED = "not reported"
@@ -73,6 +93,7 @@ _BOOTSTRAP_IN_NAME = re.compile(r"(\d{1,5})\)?$")
 
 
 # --- what a server answered --------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -147,7 +168,7 @@ def _listed_kind(worker_type: Any) -> tuple[str, int | None]:
     """SGLang's router says "prefill" / "decode" / "regular"; older releases "prefill(8998)" or
     serde's {"Prefill": {"bootstrap_port": 8998}}."""
     if isinstance(worker_type, dict) and len(worker_type) == 1:
-        (name, inner), = worker_type.items()
+        ((name, inner),) = worker_type.items()
         port = _port(inner.get("bootstrap_port")) if isinstance(inner, dict) else None
         return _listed_kind(name)[0], port
     if not isinstance(worker_type, str):
@@ -207,6 +228,7 @@ def own_voice(info: Any, role: Role) -> bool:
 
 
 # --- the deployment ----------------------------------------------------------------------------
+
 
 @dataclass
 class Endpoint:
@@ -324,10 +346,19 @@ class Deployment:
             if not isinstance(e, dict) or not isinstance(e.get("root"), str):
                 continue
             ep = Endpoint(e["root"])
-            for name, kind in (("role", str), ("role_source", str), ("kind", str), ("kind_source", str),
-                               ("listed_as", str), ("listed_healthy", bool),
-                               ("listed_bootstrap_port", int), ("metrics_url", str), ("metrics_dialect", dict),
-                               ("answered", bool), ("problems", list)):
+            for name, kind in (
+                ("role", str),
+                ("role_source", str),
+                ("kind", str),
+                ("kind_source", str),
+                ("listed_as", str),
+                ("listed_healthy", bool),
+                ("listed_bootstrap_port", int),
+                ("metrics_url", str),
+                ("metrics_dialect", dict),
+                ("answered", bool),
+                ("problems", list),
+            ):
                 if isinstance(e.get(name), kind):
                     setattr(ep, name, e[name])
             ep.role = ep.role if ep.role in ROLES else UNKNOWN
@@ -422,8 +453,10 @@ def deployment_of(given: Sequence[str], answers: dict[str, RootAnswers]) -> tupl
 
 # --- asking ------------------------------------------------------------------------------------
 
-async def fetch(client: httpx.AsyncClient, url: str, timeout: float, limit: int,
-                headers: dict[str, str] | None = None) -> Answer:
+
+async def fetch(
+    client: httpx.AsyncClient, url: str, timeout: float, limit: int, headers: dict[str, str] | None = None
+) -> Answer:
     """GET `url` within `timeout` seconds in all (a server that trickles its body is cut off
     too), reading at most `limit` bytes of it; `headers`: the key, where it may go."""
     try:
@@ -456,8 +489,9 @@ def _stats_list(body: bytes) -> bool:
     return isinstance(stats, list) and all(isinstance(s, dict) for s in stats)
 
 
-async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: bool,
-              headers: dict[str, str] | None = None) -> RootAnswers:
+async def ask(
+    client: httpx.AsyncClient, root: str, timeout: float, router_too: bool, headers: dict[str, str] | None = None
+) -> RootAnswers:
     """/get_server_info (else /server_info), /metrics and, with `router_too`, /workers of one root
     (`headers` on each: the key, where it may go)."""
     got = RootAnswers()
@@ -509,9 +543,15 @@ async def ask(client: httpx.AsyncClient, root: str, timeout: float, router_too: 
     return got
 
 
-async def discover(roots: Sequence[str], client: httpx.AsyncClient | None = None, api_key: str | None = None,
-                   timeout: float = DEFAULT_TIMEOUT_S, follow_workers: bool = True, key_to_workers: bool = False,
-                   scope: KeyScope | None = None) -> Deployment:
+async def discover(
+    roots: Sequence[str],
+    client: httpx.AsyncClient | None = None,
+    api_key: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    follow_workers: bool = True,
+    key_to_workers: bool = False,
+    scope: KeyScope | None = None,
+) -> Deployment:
     """Ask the `roots`, then (`follow_workers`) the workers their routers list, side by side;
     never raises for what a server answers. `client`: one to ask through (tests give a mock
     transport); it should carry no key of its own: the key goes per request, to the servers
@@ -540,8 +580,14 @@ async def discover(roots: Sequence[str], client: httpx.AsyncClient | None = None
     return deployment
 
 
-def discover_sync(roots: Sequence[str], api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                  follow_workers: bool = True, scope: KeyScope | None = None) -> Deployment:
+def discover_sync(
+    roots: Sequence[str],
+    api_key: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    follow_workers: bool = True,
+    scope: KeyScope | None = None,
+) -> Deployment:
     """`discover` for a caller outside an event loop (the CLI)."""
-    return anyio.run(lambda: discover(roots, api_key=api_key, timeout=timeout, follow_workers=follow_workers,
-                                      scope=scope))
+    return anyio.run(
+        lambda: discover(roots, api_key=api_key, timeout=timeout, follow_workers=follow_workers, scope=scope)
+    )

@@ -35,14 +35,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.servers.dialect import (SGLANG_DIALECT, SGLANG_RUNNING, SGLANG_WAITING, TRTLLM_DIALECT, TRTLLM_RUNNING, TRTLLM_WAITING,
-                      VLLM_DIALECT, VLLM_RUNNING, VLLM_WAITING, dialect_of, is_router_metrics)
+from dsv4bench.servers.dialect import (
+    SGLANG_DIALECT,
+    SGLANG_RUNNING,
+    SGLANG_WAITING,
+    TRTLLM_DIALECT,
+    TRTLLM_RUNNING,
+    TRTLLM_WAITING,
+    VLLM_DIALECT,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    dialect_of,
+    is_router_metrics,
+)
 
 SGLANG, SGLANG_ROUTER, BUNDLED, VLLM, TRTLLM, UNKNOWN_KIND = (
-    "sglang", "sglang-router", "bundled", "vllm", "trtllm", "unknown")
+    "sglang",
+    "sglang-router",
+    "bundled",
+    "vllm",
+    "trtllm",
+    "unknown",
+)
 
 HEALTH, HEALTH_GENERATE, SERVER_INFO, METRICS, VERSION, MODELS, WORKERS_PATH = (
-    "/health", "/health_generate", "/get_server_info", "/metrics", "/version", "/v1/models", "/workers")
+    "/health",
+    "/health_generate",
+    "/get_server_info",
+    "/metrics",
+    "/version",
+    "/v1/models",
+    "/workers",
+)
 # The answers that say an endpoint is not there: no verdict about the server.
 NOT_THERE = frozenset({404, 405, 501})
 NOT_OFFERED = "not offered"
@@ -80,18 +104,42 @@ class Kind:
 
 
 _SGLANG_OFFERS = {HEALTH: True, HEALTH_GENERATE: True, SERVER_INFO: True, MODELS: True}
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind(SGLANG, "SGLang", _SGLANG_OFFERS, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)),
-    Kind(SGLANG_ROUTER, "SGLang router", {**_SGLANG_OFFERS, WORKERS_PATH: True}, PROMETHEUS),
-    Kind(BUNDLED, "bundled engine", {**_SGLANG_OFFERS, METRICS: True}, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)),
-    Kind(VLLM, "vLLM", {HEALTH: True, HEALTH_GENERATE: False, SERVER_INFO: False, METRICS: True, VERSION: True,
-                        MODELS: True, WORKERS_PATH: False}, PROMETHEUS, (VLLM_WAITING, VLLM_RUNNING)),
-    # trtllm-serve's /metrics gathers the iteration stats that come within 2 s before it answers
-    # (openai_server.py, get_iteration_stats: get_stats_async(2)).
-    Kind(TRTLLM, "TensorRT-LLM", {HEALTH: True, SERVER_INFO: False, METRICS: True, VERSION: True, MODELS: True,
-                                  WORKERS_PATH: False}, TRTLLM_JSON, (TRTLLM_WAITING, TRTLLM_RUNNING), 2.0),
-    Kind(UNKNOWN_KIND, "OpenAI-compatible, kind unknown", {MODELS: True}),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(SGLANG, "SGLang", _SGLANG_OFFERS, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)),
+        Kind(SGLANG_ROUTER, "SGLang router", {**_SGLANG_OFFERS, WORKERS_PATH: True}, PROMETHEUS),
+        Kind(
+            BUNDLED, "bundled engine", {**_SGLANG_OFFERS, METRICS: True}, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)
+        ),
+        Kind(
+            VLLM,
+            "vLLM",
+            {
+                HEALTH: True,
+                HEALTH_GENERATE: False,
+                SERVER_INFO: False,
+                METRICS: True,
+                VERSION: True,
+                MODELS: True,
+                WORKERS_PATH: False,
+            },
+            PROMETHEUS,
+            (VLLM_WAITING, VLLM_RUNNING),
+        ),
+        # trtllm-serve's /metrics gathers the iteration stats that come within 2 s before it answers
+        # (openai_server.py, get_iteration_stats: get_stats_async(2)).
+        Kind(
+            TRTLLM,
+            "TensorRT-LLM",
+            {HEALTH: True, SERVER_INFO: False, METRICS: True, VERSION: True, MODELS: True, WORKERS_PATH: False},
+            TRTLLM_JSON,
+            (TRTLLM_WAITING, TRTLLM_RUNNING),
+            2.0,
+        ),
+        Kind(UNKNOWN_KIND, "OpenAI-compatible, kind unknown", {MODELS: True}),
+    )
+}
 # The metrics dialect that names a kind, where nothing stronger does.
 _BY_DIALECT = {SGLANG_DIALECT: SGLANG, VLLM_DIALECT: VLLM, TRTLLM_DIALECT: TRTLLM}
 
@@ -115,8 +163,9 @@ def kind(name: str | None) -> Kind:
     return KINDS.get(name or UNKNOWN_KIND, KINDS[UNKNOWN_KIND])
 
 
-def recognise(info: Any, metrics: dict[str, float] | None, workers: Any = None,
-              metrics_json: bool = False) -> tuple[Kind, str]:
+def recognise(
+    info: Any, metrics: dict[str, float] | None, workers: Any = None, metrics_json: bool = False
+) -> tuple[Kind, str]:
     """(the kind, where it was read) from what the server answered (None where it did not):
     its /get_server_info, its /metrics series, its /workers answer, and whether its /metrics
     was a JSON list (TensorRT-LLM's iteration stats, which an idle server answers with `[]`)."""

@@ -73,7 +73,11 @@ def parse_metrics(text: str) -> dict[str, float]:
         except (ValueError, RecursionError):
             raise ValueError("JSON /metrics that does not parse") from None
         return trtllm_series(stats)
-    return {series_key(s.name, s.labels): float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        series_key(s.name, s.labels): float(s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) -> MetricSample:
@@ -86,9 +90,19 @@ async def scrape_once(client: httpx.AsyncClient, endpoint: str, timeout: float) 
         text = response_text(r)
         values = parse_metrics(text)
     except (httpx.HTTPError, ValueError) as e:
-        return MetricSample(t_wall_ns, t_ns, endpoint, False, error=f"{type(e).__name__}: {e}"[:200], status=status,
-                            metrics_json=is_json_metrics(text), no_iteration=isinstance(e, NoIterationStats))
-    return MetricSample(t_wall_ns, t_ns, endpoint, True, values=values, status=status, metrics_json=is_json_metrics(text))
+        return MetricSample(
+            t_wall_ns,
+            t_ns,
+            endpoint,
+            False,
+            error=f"{type(e).__name__}: {e}"[:200],
+            status=status,
+            metrics_json=is_json_metrics(text),
+            no_iteration=isinstance(e, NoIterationStats),
+        )
+    return MetricSample(
+        t_wall_ns, t_ns, endpoint, True, values=values, status=status, metrics_json=is_json_metrics(text)
+    )
 
 
 def kind_of_sample(sample: MetricSample) -> Kind | None:
@@ -100,8 +114,14 @@ def kind_of_sample(sample: MetricSample) -> Kind | None:
     return k if k.known else None
 
 
-async def monitor(endpoints: list[str], write: Callable[[MetricSample], None], interval: float = 1.0,
-                  stop: anyio.Event | None = None, api_key: str | None = None, scope: KeyScope | None = None) -> None:
+async def monitor(
+    endpoints: list[str],
+    write: Callable[[MetricSample], None],
+    interval: float = 1.0,
+    stop: anyio.Event | None = None,
+    api_key: str | None = None,
+    scope: KeyScope | None = None,
+) -> None:
     """Scrape every endpoint each `interval` seconds until cancelled or `stop` is set, handing
     each sample to `write` (`api_key`: for servers that guard /metrics too; `scope`: which
     endpoints it may go to where some were found behind a router, not named: redact.KeyScope).
@@ -110,15 +130,18 @@ async def monitor(endpoints: list[str], write: Callable[[MetricSample], None], i
     if scope is None:
         scope = KeyScope(api_key, endpoints)
     headers = {"Authorization": f"Bearer {scope.api_key}"} if scope.api_key else {}
-    async with httpx.AsyncClient(trust_env=False, headers=headers) as keyed, \
-            httpx.AsyncClient(trust_env=False) as keyless:
+    async with (
+        httpx.AsyncClient(trust_env=False, headers=headers) as keyed,
+        httpx.AsyncClient(trust_env=False) as keyless,
+    ):
         async with anyio.create_task_group() as tg:
             for ep in endpoints:
                 tg.start_soon(_scrape_loop, keyed if scope.allows(ep) else keyless, ep, write, interval, stop)
 
 
-async def _scrape_loop(client: httpx.AsyncClient, ep: str, write: Callable[[MetricSample], None], interval: float,
-                       stop: anyio.Event | None) -> None:
+async def _scrape_loop(
+    client: httpx.AsyncClient, ep: str, write: Callable[[MetricSample], None], interval: float, stop: anyio.Event | None
+) -> None:
     known: Kind | None = None  # the kind its answers showed; kept once seen
     while stop is None or not stop.is_set():
         t0 = anyio.current_time()

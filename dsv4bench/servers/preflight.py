@@ -46,8 +46,10 @@ def ensure_open_files(concurrency: int) -> None:
     except (ValueError, OSError):
         target = soft
     if target < need:
-        raise HostLimitError(f"--concurrency {concurrency} needs about {need} open files, but this process may "
-                             f"open {target} (ulimit -n; hard limit {hard}): raise the limit or lower --concurrency")
+        raise HostLimitError(
+            f"--concurrency {concurrency} needs about {need} open files, but this process may "
+            f"open {target} (ulimit -n; hard limit {hard}): raise the limit or lower --concurrency"
+        )
 
 
 def root_of(base_url: str) -> str:
@@ -79,8 +81,10 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         if r.status_code in (401, 403):
             raise ServerError(f"{base_url}/models answered {r.status_code}: give --api-key")
         if 300 <= r.status_code < 400:  # the harness follows no redirect, its turns neither (client.py)
-            raise ServerError(f"{base_url}/models answered HTTP {r.status_code}, a redirect to "
-                              f"{r.headers.get('location', '(no Location)')[:200]!r}: give --url the URL it names")
+            raise ServerError(
+                f"{base_url}/models answered HTTP {r.status_code}, a redirect to "
+                f"{r.headers.get('location', '(no Location)')[:200]!r}: give --url the URL it names"
+            )
         if r.status_code >= 400:
             raise ServerError(f"{base_url}/models answered HTTP {r.status_code}; is this an OpenAI-compatible /v1 URL?")
         try:
@@ -89,8 +93,10 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ServerError(f"{base_url}/models did not return an OpenAI model list") from None
         if not all(isinstance(m, str) and m for m in models):
-            raise ServerError(f"{base_url}/models lists a model whose id is not a name: "
-                              f"{next(m for m in models if not (isinstance(m, str) and m))!r:.60}")
+            raise ServerError(
+                f"{base_url}/models lists a model whose id is not a name: "
+                f"{next(m for m in models if not (isinstance(m, str) and m))!r:.60}"
+            )
         facts["models"] = models
         context = data[0].get("max_model_len") if data else None  # vLLM and SGLang report it here
         root = root_of(base_url)

@@ -41,8 +41,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dsv4bench.servers.canary import (ERROR, FAILING, NOT_OFFERED, OK, TIMEOUT, UNREACHABLE, CanaryResult, HealthResult,
-                     check_canary, check_health)
+from dsv4bench.servers.canary import (
+    ERROR,
+    FAILING,
+    NOT_OFFERED,
+    OK,
+    TIMEOUT,
+    UNREACHABLE,
+    CanaryResult,
+    HealthResult,
+    check_canary,
+    check_health,
+)
 from dsv4bench.wire.charset import response_text
 from dsv4bench.servers.discovery import DEFAULT_TIMEOUT_S, Deployment, discover, settings_phrase
 from dsv4bench.servers.monitor import parse_metrics
@@ -106,8 +116,12 @@ class ProbeResult:
             d = asdict(e)
             del d["looks"]
             # Each check as its record (a canary's carries `ok`); {} for one not made.
-            for name, check in (("health", e.health), ("health_generate", e.health_generate), ("canary", e.canary),
-                                ("canary_stream", e.canary_stream)):
+            for name, check in (
+                ("health", e.health),
+                ("health_generate", e.health_generate),
+                ("canary", e.canary),
+                ("canary_stream", e.canary_stream),
+            ):
                 d[name] = check.as_dict() if check is not None else {}
             eps.append(d)
         out: dict[str, Any] = {"exit_code": probe_exit_code(self), "endpoints": eps}
@@ -132,7 +146,11 @@ async def _scrape(client: httpx.AsyncClient, ep: EndpointProbe, timeout: float) 
             r = await client.get(ep.root + "/metrics", timeout=timeout)
         if r.status_code != 200:
             error = f"HTTP {r.status_code}"
-            if r.status_code in NOT_THERE and kind(ep.kind).offered(METRICS) is not True and METRICS not in ep.not_offered:
+            if (
+                r.status_code in NOT_THERE
+                and kind(ep.kind).offered(METRICS) is not True
+                and METRICS not in ep.not_offered
+            ):
                 ep.not_offered.append(METRICS)
         else:
             values = parse_metrics(response_text(r))
@@ -221,11 +239,13 @@ def _hung(ep: EndpointProbe) -> str | None:
 
 
 def _nothing_answered(ep: EndpointProbe) -> bool:
-    answered = [ep.metrics_error is None,
-                ep.health is not None and ep.health.status is not None,
-                ep.health_generate is not None and ep.health_generate.status is not None,
-                ep.canary is not None and ep.canary.result in (OK, ERROR),
-                ep.canary_stream is not None and ep.canary_stream.result in (OK, ERROR)]
+    answered = [
+        ep.metrics_error is None,
+        ep.health is not None and ep.health.status is not None,
+        ep.health_generate is not None and ep.health_generate.status is not None,
+        ep.canary is not None and ep.canary.result in (OK, ERROR),
+        ep.canary_stream is not None and ep.canary_stream.result in (OK, ERROR),
+    ]
     return not any(answered)
 
 
@@ -334,31 +354,43 @@ def _classify(ep: EndpointProbe, deployment_hang: str | None, stuck_s: float) ->
     ep.state = "wedged" if ep.codes else "error" if unjudged else "unhealthy" if unwell else "healthy"
 
 
-async def _each(eps: list[EndpointProbe], fn: Any, client_for: Callable[[str], httpx.AsyncClient],
-                timeout: float) -> None:
+async def _each(
+    eps: list[EndpointProbe], fn: Any, client_for: Callable[[str], httpx.AsyncClient], timeout: float
+) -> None:
     """fn(client, ep, timeout) for every endpoint at once, each through `client_for(its root)`."""
     async with anyio.create_task_group() as tg:
         for ep in eps:
             tg.start_soon(fn, client_for(ep.root), ep, timeout)
 
 
-async def probe_async(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-                      api_key: str | None = None, follow_workers: bool = True,
-                      key_to_workers: bool = False) -> ProbeResult:
+async def probe_async(
+    endpoints: list[str],
+    timeout: float = 10.0,
+    stuck_s: float = DEFAULT_STUCK_S,
+    api_key: str | None = None,
+    follow_workers: bool = True,
+    key_to_workers: bool = False,
+) -> ProbeResult:
     """Probe every endpoint, and with `follow_workers` every server their routers list,
     concurrently; each check is bounded by `timeout` seconds. The key goes to the endpoints
     given, and to the workers a router lists on other hosts only with `key_to_workers`."""
     scope = KeyScope(api_key, endpoints, key_to_workers)
     keyed_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(trust_env=False, headers=keyed_headers) as keyed, \
-            httpx.AsyncClient(trust_env=False) as keyless:
+    async with (
+        httpx.AsyncClient(trust_env=False, headers=keyed_headers) as keyed,
+        httpx.AsyncClient(trust_env=False) as keyless,
+    ):
+
         def client_for(root: str) -> httpx.AsyncClient:
             return keyed if scope.allows(root) else keyless
 
-        deployment = await discover(endpoints, keyless, timeout=min(timeout, DEFAULT_TIMEOUT_S),
-                                    follow_workers=follow_workers, scope=scope)
-        eps = [EndpointProbe(root=e.root, role=e.role, role_source=e.role_source, kind=e.kind,
-                             kind_source=e.kind_source) for e in deployment.endpoints]
+        deployment = await discover(
+            endpoints, keyless, timeout=min(timeout, DEFAULT_TIMEOUT_S), follow_workers=follow_workers, scope=scope
+        )
+        eps = [
+            EndpointProbe(root=e.root, role=e.role, role_source=e.role_source, kind=e.kind, kind_source=e.kind_source)
+            for e in deployment.endpoints
+        ]
         await _each(eps, _first_look, client_for, timeout)
         await _each(eps, _checks, client_for, timeout)
         await _each(eps, _scrape, client_for, timeout)
@@ -382,8 +414,14 @@ def _deployment_hang(eps: list[EndpointProbe]) -> str | None:
     return None
 
 
-def probe(endpoints: list[str], timeout: float = 10.0, stuck_s: float = DEFAULT_STUCK_S,
-          api_key: str | None = None, follow_workers: bool = True, key_to_workers: bool = False) -> ProbeResult:
+def probe(
+    endpoints: list[str],
+    timeout: float = 10.0,
+    stuck_s: float = DEFAULT_STUCK_S,
+    api_key: str | None = None,
+    follow_workers: bool = True,
+    key_to_workers: bool = False,
+) -> ProbeResult:
     """Synchronous wrapper around probe_async (the CLI and tests call this)."""
     return anyio.run(probe_async, endpoints, timeout, stuck_s, api_key, follow_workers, key_to_workers)
 
@@ -394,8 +432,7 @@ def probe_exit_code(result: ProbeResult) -> int:
 
 # --- rendering: one block per endpoint, fit for an 80-column terminal ---------------------------
 
-_COLORS = {"healthy": "green", "unhealthy": "yellow", "wedged": "bold red", "error": "yellow",
-           "unreachable": "yellow"}
+_COLORS = {"healthy": "green", "unhealthy": "yellow", "wedged": "bold red", "error": "yellow", "unreachable": "yellow"}
 
 
 def _host(root: str) -> str:
@@ -491,8 +528,10 @@ def _row(grid: Table, label: str | Text, cell: str | Text) -> None:
     """A row of the probe's grid. Its cells quote what servers said (roots a router listed,
     settings, gauge names, error bodies): each goes through `visible_text` so no control
     sequence or bidi override of theirs reaches the terminal."""
-    grid.add_row(visible_text(Text(label) if isinstance(label, str) else label),
-                 visible_text(Text(cell) if isinstance(cell, str) else cell))
+    grid.add_row(
+        visible_text(Text(label) if isinstance(label, str) else label),
+        visible_text(Text(cell) if isinstance(cell, str) else cell),
+    )
 
 
 def render_probe(result: ProbeResult, console: Console) -> None:
@@ -511,8 +550,11 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         if found is not None:
             _row(grid, "  config", found)
         _row(grid, "  gauges", _gauge_cell(ep))
-        _row(grid, "  health", Text(f"{_health_cell('/health', ep.health)} · "
-                                      f"{_health_cell('/health_generate', ep.health_generate)}"))
+        _row(
+            grid,
+            "  health",
+            Text(f"{_health_cell('/health', ep.health)} · {_health_cell('/health_generate', ep.health_generate)}"),
+        )
         _row(grid, "  canary", _canary_cell(ep))
         for i, reason in enumerate(ep.reasons):
             _row(grid, "  why" if i == 0 else "", Text(reason))
@@ -535,14 +577,23 @@ def key_line(key: dict[str, Any]) -> str:
     sent = ", ".join(key.get("key_sent_to") or []) or "none"
     line = f"API key sent to: {sent}"
     if key.get("key_withheld_from"):
-        line += (f"; not sent to {', '.join(key['key_withheld_from'])} (found at a router's /workers, not named: "
-                 "--key-to-workers sends it there too)")
+        line += (
+            f"; not sent to {', '.join(key['key_withheld_from'])} (found at a router's /workers, not named: "
+            "--key-to-workers sends it there too)"
+        )
     return line
 
 
-def probe_main(endpoints: list[str], timeout: float, json_out: Path | None, stuck_s: float = DEFAULT_STUCK_S,
-               api_key: str | None = None, console: Console | None = None, follow_workers: bool = True,
-               key_to_workers: bool = False) -> int:
+def probe_main(
+    endpoints: list[str],
+    timeout: float,
+    json_out: Path | None,
+    stuck_s: float = DEFAULT_STUCK_S,
+    api_key: str | None = None,
+    console: Console | None = None,
+    follow_workers: bool = True,
+    key_to_workers: bool = False,
+) -> int:
     """CLI body of `dsv4bench probe`: blocks to stdout, optional JSON file, exit code returned."""
     result = probe(endpoints, timeout, stuck_s, api_key, follow_workers, key_to_workers)
     render_probe(result, console or Console())
@@ -550,4 +601,3 @@ def probe_main(endpoints: list[str], timeout: float, json_out: Path | None, stuc
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
     return probe_exit_code(result)
-

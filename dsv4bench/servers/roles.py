@@ -28,10 +28,34 @@ import anyio
 import httpx
 
 from dsv4bench.wire.charset import response_text
-from dsv4bench.servers.dialect import (BOOTSTRAP, DEFERRED_RELEASE, ENGINE_TYPE_LABEL, HOST_RECEIVE, INFLIGHT, OLD_NAMES, PREALLOC,
-                      PRIORITY_LABEL, QUEUE_GAUGES, SERVER_LABELS, SGLANG, SGLANG_RUNNING, SGLANG_WAITING, STAGES,
-                      TRANSFER, TRTLLM, TRTLLM_RUNNING, TRTLLM_WAITING, UNIFIED_LABEL_UNSURE, VLLM, VLLM_RUNNING, VLLM_WAITING, current_name, dialect_of,
-                      is_router_metrics, series_labels)
+from dsv4bench.servers.dialect import (
+    BOOTSTRAP,
+    DEFERRED_RELEASE,
+    ENGINE_TYPE_LABEL,
+    HOST_RECEIVE,
+    INFLIGHT,
+    OLD_NAMES,
+    PREALLOC,
+    PRIORITY_LABEL,
+    QUEUE_GAUGES,
+    SERVER_LABELS,
+    SGLANG,
+    SGLANG_RUNNING,
+    SGLANG_WAITING,
+    STAGES,
+    TRANSFER,
+    TRTLLM,
+    TRTLLM_RUNNING,
+    TRTLLM_WAITING,
+    UNIFIED_LABEL_UNSURE,
+    VLLM,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    current_name,
+    dialect_of,
+    is_router_metrics,
+    series_labels,
+)
 from dsv4bench.servers.monitor import parse_metrics
 
 ROUTER, UNIFIED, PREFILL, DECODE, UNKNOWN = "router", "unified", "prefill", "decode", "unknown"
@@ -46,20 +70,48 @@ ROLE_GAUGES: dict[str, tuple[str, ...]] = {
     ROUTER: _FRONT,
     UNIFIED: _FRONT,
     PREFILL: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, VLLM_WAITING, VLLM_RUNNING),
-    DECODE: (PREALLOC, TRANSFER, HOST_RECEIVE, SGLANG_WAITING, SGLANG_RUNNING, DEFERRED_RELEASE, VLLM_WAITING,
-             VLLM_RUNNING),
-    UNKNOWN: (BOOTSTRAP, SGLANG_WAITING, SGLANG_RUNNING, INFLIGHT, PREALLOC, TRANSFER, HOST_RECEIVE, DEFERRED_RELEASE,
-              VLLM_WAITING, VLLM_RUNNING, TRTLLM_WAITING, TRTLLM_RUNNING),
+    DECODE: (
+        PREALLOC,
+        TRANSFER,
+        HOST_RECEIVE,
+        SGLANG_WAITING,
+        SGLANG_RUNNING,
+        DEFERRED_RELEASE,
+        VLLM_WAITING,
+        VLLM_RUNNING,
+    ),
+    UNKNOWN: (
+        BOOTSTRAP,
+        SGLANG_WAITING,
+        SGLANG_RUNNING,
+        INFLIGHT,
+        PREALLOC,
+        TRANSFER,
+        HOST_RECEIVE,
+        DEFERRED_RELEASE,
+        VLLM_WAITING,
+        VLLM_RUNNING,
+        TRTLLM_WAITING,
+        TRTLLM_RUNNING,
+    ),
 }
 _OLDER: dict[str, tuple[str, ...]] = {g: tuple(old for old, now in OLD_NAMES.items() if now == g) for g in QUEUE_GAUGES}
 
 # A gauge's name in a narrow column (its stage), and in a sentence ("decode transfer queue stuck
 # at 40"), for each of its names, old or current.
 _WORDS = {
-    SGLANG_RUNNING: "running requests", VLLM_RUNNING: "running requests", TRTLLM_RUNNING: "running requests",
-    SGLANG_WAITING: "waiting queue", VLLM_WAITING: "waiting queue", TRTLLM_WAITING: "waiting queue",
-    BOOTSTRAP: "bootstrap queue", INFLIGHT: "inflight queue", PREALLOC: "prealloc queue", TRANSFER: "transfer queue",
-    HOST_RECEIVE: "host receive queue", DEFERRED_RELEASE: "deferred KV release",
+    SGLANG_RUNNING: "running requests",
+    VLLM_RUNNING: "running requests",
+    TRTLLM_RUNNING: "running requests",
+    SGLANG_WAITING: "waiting queue",
+    VLLM_WAITING: "waiting queue",
+    TRTLLM_WAITING: "waiting queue",
+    BOOTSTRAP: "bootstrap queue",
+    INFLIGHT: "inflight queue",
+    PREALLOC: "prealloc queue",
+    TRANSFER: "transfer queue",
+    HOST_RECEIVE: "host receive queue",
+    DEFERRED_RELEASE: "deferred KV release",
 }
 GAUGE_LABELS = {name: STAGES[current_name(name)] for name in (*QUEUE_GAUGES, *OLD_NAMES)}
 GAUGE_WORDS = {name: _WORDS[current_name(name)] for name in GAUGE_LABELS}
@@ -85,8 +137,9 @@ def part_labels(series: str) -> str:
     """The labels that tell series of one server apart (ranks and the like): `dp_rank=3`, or ''.
     SGLang's `priority=""` marks the total over the priority classes, no part."""
     labels = series_labels(series)
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())
-                    if k not in SERVER_LABELS and not (k == PRIORITY_LABEL and not v))
+    return ",".join(
+        f"{k}={v}" for k, v in sorted(labels.items()) if k not in SERVER_LABELS and not (k == PRIORITY_LABEL and not v)
+    )
 
 
 def role_gauges(role: str) -> tuple[str, ...]:
@@ -182,8 +235,9 @@ async def stated_role(client: httpx.AsyncClient, root: str, timeout: float = 5.0
     return answers.get("info"), answers.get("workers")
 
 
-async def discover_role(client: httpx.AsyncClient, root: str, timeout: float = 5.0,
-                        metrics: dict[str, float] | None = None) -> Role:
+async def discover_role(
+    client: httpx.AsyncClient, root: str, timeout: float = 5.0, metrics: dict[str, float] | None = None
+) -> Role:
     """Ask the server at `root` what it is (see the module docstring for the order); never raises.
     `metrics`: a scrape already made of root/metrics, so it is not fetched again."""
     root = root.rstrip("/")
@@ -208,5 +262,4 @@ def role_of(server_info: Any, metrics: dict[str, float] | None, workers: Any) ->
     values = metrics or {}
     if is_router_metrics(values):
         return Role(ROUTER, "/metrics smg_ series")
-    return (role_from_workers(workers) or role_from_server_info(server_info)
-            or role_from_metrics(values) or Role())
+    return role_from_workers(workers) or role_from_server_info(server_info) or role_from_metrics(values) or Role()

@@ -36,10 +36,26 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dsv4bench.servers.dialect import QUEUE_GAUGES, RUNNING, WAITING, counters, current_name, is_queue_gauge, metric_name
+from dsv4bench.servers.dialect import (
+    QUEUE_GAUGES,
+    RUNNING,
+    WAITING,
+    counters,
+    current_name,
+    is_queue_gauge,
+    metric_name,
+)
 from dsv4bench.servers.monitor import MetricSample, kind_of_sample, scrape_once
-from dsv4bench.servers.roles import (GAUGE_LABELS, GAUGE_WORDS, Role, discover_role, own_gauges_shown, part_labels, role_from_metrics,
-                    role_gauges)
+from dsv4bench.servers.roles import (
+    GAUGE_LABELS,
+    GAUGE_WORDS,
+    Role,
+    discover_role,
+    own_gauges_shown,
+    part_labels,
+    role_from_metrics,
+    role_gauges,
+)
 from dsv4bench.servers.kinds import METRICS, Kind, kind, not_offered, scrape_timeout
 from dsv4bench.terminal import visible_text
 
@@ -190,8 +206,9 @@ class WatchState:
         held requests in the window (a gauge a role should not have but that holds work shows)."""
         ep = self.endpoints[endpoint]
         own = role_gauges(ep.role.name)
-        others = sorted((g for g, vals in ep.sums.items() if g not in own and any(v > 0 for v in vals)),
-                        key=_gauge_sort_key)
+        others = sorted(
+            (g for g, vals in ep.sums.items() if g not in own and any(v > 0 for v in vals)), key=_gauge_sort_key
+        )
         return own_gauges_shown(ep.role.name, ep.sums) + others
 
     def describe(self, endpoint: str, now_ns: int) -> Text:
@@ -205,8 +222,10 @@ class WatchState:
             key = max(ordered, key=lambda k: self._frozen_for(ep, k, now_ns))
             name = metric_name(key)
             value = ep.sums[name][-1] if ep.sums.get(name) else ep.gauges[key][-1][1]
-            words = f"WEDGE: {self._gauge_words(ep, key)} stuck at {value:g} " \
-                    f"for {self._frozen_for(ep, key, now_ns):.0f} s{self._ranks(ep, key, stuck)}"
+            words = (
+                f"WEDGE: {self._gauge_words(ep, key)} stuck at {value:g} "
+                f"for {self._frozen_for(ep, key, now_ns):.0f} s{self._ranks(ep, key, stuck)}"
+            )
             others = {metric_name(k) for k in stuck} - {name}
             if others:
                 words += f" (+{len(others)} more)"
@@ -265,8 +284,12 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
     spark_w = max(8, min(state.history, width - _LABEL_W - _VALUE_W - 4))
     labels = {name: endpoint_label(name) for name in state.endpoints}
     name_w = min(max((len(v) for v in labels.values()), default=10), max(10, width // 3))
-    parts: list[Any] = [Text(f"dsv4bench watch · {len(state.endpoints)} endpoint(s) · "
-                             f"WEDGE after {state.stuck_s:g} s with no progress", style="bold")]
+    parts: list[Any] = [
+        Text(
+            f"dsv4bench watch · {len(state.endpoints)} endpoint(s) · WEDGE after {state.stuck_s:g} s with no progress",
+            style="bold",
+        )
+    ]
     for name, ep in state.endpoints.items():
         head = Table.grid(padding=(0, 1))
         head.add_column(no_wrap=True, width=name_w, overflow="ellipsis")
@@ -274,8 +297,11 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
         head.add_column(overflow="fold")
         # The endpoint's state quotes what it said (errors, labels of stuck series), and a gauge's
         # label is the server's own metric name: each goes through visible_text before it prints.
-        head.add_row(visible_text(Text(labels[name], style="bold")), visible_text(Text(ep.role.name)),
-                     visible_text(state.describe(name, now)))
+        head.add_row(
+            visible_text(Text(labels[name], style="bold")),
+            visible_text(Text(ep.role.name)),
+            visible_text(state.describe(name, now)),
+        )
         parts.append(head)
         shown = state.shown_gauges(name) if ep.sums else []
         if not shown:
@@ -291,12 +317,18 @@ def render_watch(state: WatchState, now_ns: int | None = None, width: int = 80) 
             values = list(ep.sums[g])[-spark_w:]
             style = "bold red" if g in stuck_names else ""
             label = GAUGE_LABELS.get(g, g.split(":", 1)[-1])
-            rows.add_row(visible_text(Text(f"  {label}")), Text(f"{values[-1]:g}", style=style),
-                         Text(sparkline(values), style=style))
+            rows.add_row(
+                visible_text(Text(f"  {label}")),
+                Text(f"{values[-1]:g}", style=style),
+                Text(sparkline(values), style=style),
+            )
         parts.append(rows)
     n = sum(len(v) for v in forming.values())
-    parts.append(Text(f"WEDGE forming: {n} gauge(s) held with no counter moving for >= {state.stuck_s:g} s",
-                      style="bold red") if n else Text("no wedge forming", style="green"))
+    parts.append(
+        Text(f"WEDGE forming: {n} gauge(s) held with no counter moving for >= {state.stuck_s:g} s", style="bold red")
+        if n
+        else Text("no wedge forming", style="green")
+    )
     return Group(*parts)
 
 
@@ -305,8 +337,14 @@ def _root(metrics_url: str) -> str:
     return base[: -len("/metrics")] if base.endswith("/metrics") else base
 
 
-async def watch_main(metrics_urls: list[str], duration: float, interval: float, stuck_s: float,
-                     console: Console | None = None, api_key: str | None = None) -> int:
+async def watch_main(
+    metrics_urls: list[str],
+    duration: float,
+    interval: float,
+    stuck_s: float,
+    console: Console | None = None,
+    api_key: str | None = None,
+) -> int:
     """Scrape every URL each `interval` s for `duration` s under a live view.
 
     Returns 1 if a wedge was marked at the end, 0 if not, 2 if no endpoint ever answered.
@@ -322,11 +360,13 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
         return render_watch(state, width=console.width)
 
     async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
+
         async def role_of(url: str) -> None:
             # Asked once: /get_server_info states it; the metrics labels fill in where it does not.
             state.set_role(url, await discover_role(client, _root(url), timeout=min(2.0, max(interval, 0.5))))
 
         with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
+
             async def scrape_loop(url: str) -> None:
                 # Its own clock: a scrape its kind lets take longer holds up no other endpoint.
                 known: Kind | None = None
@@ -351,4 +391,3 @@ async def watch_main(metrics_urls: list[str], duration: float, interval: float, 
         return 2
     # Judged at "now", not at the last sample: a gauge held through the final sleep counts too.
     return 1 if state.wedge_forming(time.monotonic_ns()) else 0
-

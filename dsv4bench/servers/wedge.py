@@ -68,14 +68,23 @@ class WedgeFinding:
 
     def as_dict(self) -> dict[str, Any]:
         """The run.json record: `check_errors` only when there are some, `canary` only when set."""
-        out: dict[str, Any] = {"codes": self.codes, "gauges": self.gauges, "drain_s": self.drain_s,
-                               "details": self.details}
+        out: dict[str, Any] = {
+            "codes": self.codes,
+            "gauges": self.gauges,
+            "drain_s": self.drain_s,
+            "details": self.details,
+        }
         if self.check_errors:
             out["check_errors"] = self.check_errors
         if self.canary is not None:
             c = self.canary
-            out["canary"] = {"ok": c.ok, "result": c.result, "http_status": c.http_status, "latency_s": c.latency_s,
-                             "error": c.error}
+            out["canary"] = {
+                "ok": c.ok,
+                "result": c.result,
+                "http_status": c.http_status,
+                "latency_s": c.latency_s,
+                "error": c.error,
+            }
         return out
 
 
@@ -101,8 +110,9 @@ def _flat_since(series: list[tuple[int, dict[str, float]]], key: str) -> int:
     return i
 
 
-def _judge_gauge(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str,
-                 cfg: WedgeConfig) -> tuple[str, str] | None:
+def _judge_gauge(
+    endpoint: str, series: list[tuple[int, dict[str, float]]], key: str, cfg: WedgeConfig
+) -> tuple[str, str] | None:
     """The queue_stuck a gauge above zero in the last sample earns, with its evidence line,
     or None while it may still be draining."""
     t_end, last = series[-1]
@@ -116,11 +126,11 @@ def _took_work(prev: dict[str, float], cur: dict[str, float], key: str) -> bool:
     """Whether the running gauge `key` took in work between two scrapes: it rose, or a queue
     ahead of it shrank (a request admitted, or a slow drain moving on)."""
     return cur.get(key, 0.0) > prev.get(key, 0.0) or any(
-        cur.get(k, 0.0) < v for k, v in prev.items() if k != key and is_queue_gauge(k))
+        cur.get(k, 0.0) < v for k, v in prev.items() if k != key and is_queue_gauge(k)
+    )
 
 
-def _judge_ghosts(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str,
-                  cfg: WedgeConfig) -> str | None:
+def _judge_ghosts(endpoint: str, series: list[tuple[int, dict[str, float]]], key: str, cfg: WedgeConfig) -> str | None:
     """The ghost_requests evidence line for the running gauge `key`, or None: its longest run
     of scrapes above zero that took in no work, if that run lasted `min_stuck_s` while tokens
     were generated."""
@@ -141,16 +151,19 @@ def _judge_ghosts(endpoint: str, series: list[tuple[int, dict[str, float]]], key
         return None
     span_s, gained, held = best
     now = series[-1][1].get(key, 0.0)
-    return (f"{key}={held:g} on {endpoint} stayed above 0 for {span_s:.1f} s after load stop, taking in no work, "
-            f"while {gained:g} tokens were generated for no client ({now:g} when the drain window closed)")
+    return (
+        f"{key}={held:g} on {endpoint} stayed above 0 for {span_s:.1f} s after load stop, taking in no work, "
+        f"while {gained:g} tokens were generated for no client ({now:g} when the drain window closed)"
+    )
 
 
 def _held_gauges(values: dict[str, float]) -> list[str]:
     return [k for k, v in sorted(values.items()) if is_queue_gauge(k) and v > 0]
 
 
-def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], load_stopped_ns: int,
-                   cfg: WedgeConfig) -> WedgeFinding:
+def _judge_metrics(
+    endpoint: str, series: list[tuple[int, dict[str, float]]], load_stopped_ns: int, cfg: WedgeConfig
+) -> WedgeFinding:
     found = WedgeFinding()
     if not series:
         return found
@@ -174,9 +187,11 @@ def _judge_metrics(endpoint: str, series: list[tuple[int, dict[str, float]]], lo
             codes.add(judged[0])
             found.details.append(judged[1])
         elif key not in ghosts:  # no verdict either way: say so, so a CLEAN here reads as the short window it is
-            found.details.append(f"{key}={last[key]:g} on {endpoint} when the drain window closed, but it had moved "
-                                 f"in its last {cfg.min_stuck_s:g} s: neither drained nor stuck (a longer "
-                                 "--drain-timeout would tell)")
+            found.details.append(
+                f"{key}={last[key]:g} on {endpoint} when the drain window closed, but it had moved "
+                f"in its last {cfg.min_stuck_s:g} s: neither drained nor stuck (a longer "
+                "--drain-timeout would tell)"
+            )
     found.codes = sorted(codes)
     rose = failures_rose(series[0][1], last)
     if rose:
@@ -203,8 +218,9 @@ def _check_error(found: WedgeFinding, text: str) -> None:
     found.check_errors.append(text)
 
 
-def _judge_probes(out: dict[str, WedgeFinding], health: list[HealthResult], canaries: list[CanaryResult],
-                  load_stopped_ns: int) -> None:
+def _judge_probes(
+    out: dict[str, WedgeFinding], health: list[HealthResult], canaries: list[CanaryResult], load_stopped_ns: int
+) -> None:
     after = [h for h in health if h.t_ns >= load_stopped_ns]
     for h in after:
         out.setdefault(h.endpoint, WedgeFinding())
@@ -245,9 +261,13 @@ def _judge_probes(out: dict[str, WedgeFinding], health: list[HealthResult], cana
         found.details.append(f"{h.endpoint} answered 200 while {gen.endpoint} {how}")
 
 
-def detect_wedge(samples: list[MetricSample], load_stopped_ns: int, cfg: WedgeConfig,
-                 health: list[HealthResult] | None = None,
-                 canaries: list[CanaryResult] | None = None) -> dict[str, WedgeFinding]:
+def detect_wedge(
+    samples: list[MetricSample],
+    load_stopped_ns: int,
+    cfg: WedgeConfig,
+    health: list[HealthResult] | None = None,
+    canaries: list[CanaryResult] | None = None,
+) -> dict[str, WedgeFinding]:
     """A finding per endpoint (per metrics endpoint, /health URL and canary base URL); codes [] is healthy."""
     window_end = load_stopped_ns + int(cfg.drain_timeout_s * _NS)
     by_endpoint: dict[str, list[tuple[int, dict[str, float]]]] = {}

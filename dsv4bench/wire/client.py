@@ -39,6 +39,7 @@ from dsv4bench.wire.turn_answer import (
     take_timeout,
 )
 
+
 async def chat_turn(
     client: httpx.AsyncClient,
     url: str,
@@ -81,10 +82,13 @@ async def chat_turn(
                 out.timings.first_byte_ns = arrival_clock(resp)()
                 out.http_status = resp.status_code
                 if is_http_error(resp.status_code):
-                    take_http_error(out, resp.status_code, resp.headers, (await _read_body(resp, bounds.error_body_bytes))[0])
+                    take_http_error(
+                        out, resp.status_code, resp.headers, (await _read_body(resp, bounds.error_body_bytes))[0]
+                    )
                 elif stream and not is_event_stream(resp.headers):
                     take_not_a_stream(out, resp.headers, (await _read_body(resp, 4096))[0])
                 elif stream:
+
                     def first_token() -> None:
                         first_token_read(resp)
                         at_first_token()

@@ -272,8 +272,9 @@ class DeltaAssembler:
         if fr is not None:
             fr = self._c.field("finish_reason", fr)
             if self._finished_at_chunk is not None and fr != r.finish_reason:
-                self._c.error(f"chunk {r.chunks}: second finish_reason {short_repr(fr)} after "
-                              f"{short_repr(r.finish_reason)}")
+                self._c.error(
+                    f"chunk {r.chunks}: second finish_reason {short_repr(fr)} after {short_repr(r.finish_reason)}"
+                )
             r.finish_reason = fr
             if self._finished_at_chunk is None:
                 self._finished_at_chunk = r.chunks
@@ -310,8 +311,12 @@ class DeltaAssembler:
         latest = self._latest_call
         out_of_order = latest is not None and idx < latest
         if out_of_order:
-            self._identity_breach(idx, "order", f"tool_calls[{idx}]: delta in chunk {r.chunks} after "
-                                                f"tool_calls[{latest}] started (indices out of order)")
+            self._identity_breach(
+                idx,
+                "order",
+                f"tool_calls[{idx}]: delta in chunk {r.chunks} after "
+                f"tool_calls[{latest}] started (indices out of order)",
+            )
         if call is None:
             if len(self._calls) >= self.bounds.tool_calls:
                 self._c.stop(f"more than {self.bounds.tool_calls:,} tool calls in one turn")
@@ -329,24 +334,33 @@ class DeltaAssembler:
             self._latest_call = idx if latest is None else max(latest, idx)
         else:
             if call_id and call.id and call_id != call.id:
-                self._identity_breach(idx, "id", f"tool_calls[{idx}]: a second call at index {idx} in chunk "
-                                                 f"{r.chunks} (id changed from {short_repr(call.id)} to "
-                                                 f"{short_repr(call_id)})")
+                self._identity_breach(
+                    idx,
+                    "id",
+                    f"tool_calls[{idx}]: a second call at index {idx} in chunk "
+                    f"{r.chunks} (id changed from {short_repr(call.id)} to "
+                    f"{short_repr(call_id)})",
+                )
             if call_id and not call.id:
                 call.id = call_id  # late, but the first delta's missing id is already noted
             if name and call.name:
                 if name == call.name:
-                    said = (f"function name {short_repr(name)} sent again in chunk {r.chunks} (a client that "
-                            f"joins deltas reads {short_repr(call.name + name)})")
+                    said = (
+                        f"function name {short_repr(name)} sent again in chunk {r.chunks} (a client that "
+                        f"joins deltas reads {short_repr(call.name + name)})"
+                    )
                 else:
-                    said = (f"function name sent again in chunk {r.chunks}, name changed from "
-                            f"{short_repr(call.name)} to {short_repr(name)}")
+                    said = (
+                        f"function name sent again in chunk {r.chunks}, name changed from "
+                        f"{short_repr(call.name)} to {short_repr(name)}"
+                    )
                 self._identity_breach(idx, "name", f"tool_calls[{idx}]: {said}")
             if name and not call.name:
                 call.name = name  # late, but the first delta's missing name is already noted
         if isinstance(args, str):
-            call.arguments += self._c.text(f"tool_calls[{idx}].arguments", args, len(call.arguments),
-                                           self.bounds.argument_chars)
+            call.arguments += self._c.text(
+                f"tool_calls[{idx}].arguments", args, len(call.arguments), self.bounds.argument_chars
+            )
         elif args is not None:
             self._c.error(f"tool_calls[{idx}]: arguments fragment is not a string")
         return bool(name) or bool(args)

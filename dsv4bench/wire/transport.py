@@ -176,7 +176,7 @@ SEAM: dict[str, str] = {
     f"{_HANDLER}.connection_lost(exc)": "overridden: the socket leaves the first-read set",
     f"{_HANDLER}.data_received(data)": "overridden: each read is stamped",
     f"{_HANDLER}.data_received calls _reschedule_timeout": "a read moves the lazy read timer; else it "
-                                                          "would time a live stream out",
+    "would time a live stream out",
     f"{_HANDLER}.set_response_params(*, ...)": "overridden, keywords only: a request goes out",
     f"{_HANDLER}._reschedule_timeout()": "overridden: the lazy read timer",
     f"{_HANDLER}._drop_timeout()": "called by the lazy read timer",
@@ -218,13 +218,15 @@ def seam_problems(connector: aiohttp.TCPConnector) -> dict[str, str]:
     if not isinstance(handler, type) or not issubclass(handler, asyncio.Protocol):
         problems[_HANDLER] = f"not found ({handler!r})"
     else:
-        for key, name, params in (("__init__(loop)", "__init__", ["loop"]),
-                                  ("connection_made(transport)", "connection_made", ["transport"]),
-                                  ("connection_lost(exc)", "connection_lost", ["exc"]),
-                                  ("data_received(data)", "data_received", ["data"]),
-                                  ("_reschedule_timeout()", "_reschedule_timeout", []),
-                                  ("_drop_timeout()", "_drop_timeout", []),
-                                  ("_on_read_timeout()", "_on_read_timeout", [])):
+        for key, name, params in (
+            ("__init__(loop)", "__init__", ["loop"]),
+            ("connection_made(transport)", "connection_made", ["transport"]),
+            ("connection_lost(exc)", "connection_lost", ["exc"]),
+            ("data_received(data)", "data_received", ["data"]),
+            ("_reschedule_timeout()", "_reschedule_timeout", []),
+            ("_drop_timeout()", "_drop_timeout", []),
+            ("_on_read_timeout()", "_on_read_timeout", []),
+        ):
             fn = getattr(handler, name, None)
             if not callable(fn):
                 problems[f"{_HANDLER}.{key}"] = "not found"
@@ -245,14 +247,20 @@ def seam_problems(connector: aiohttp.TCPConnector) -> dict[str, str]:
         except Exception as e:  # made as aiohttp makes it; how that fails is what changed
             problems[key] = f"{_HANDLER}(loop=...) raised {type(e).__name__}: {e}"
         else:
-            missing = [a for a in ("_payload", "_read_timeout", "_read_timeout_handle", "_loop") if not hasattr(probe, a)]
+            missing = [
+                a for a in ("_payload", "_read_timeout", "_read_timeout_handle", "_loop") if not hasattr(probe, a)
+            ]
             if missing:
                 problems[key] = f"no {', '.join(missing)}"
     if "socket_factory" not in inspect.signature(aiohttp.TCPConnector).parameters:
         problems["aiohttp.TCPConnector(socket_factory=)"] = "no such parameter"
     factory = getattr(connector, "_factory", None)
-    if not (isinstance(factory, functools.partial) and factory.func is handler and not factory.args
-            and set(factory.keywords) == {"loop"}):
+    if not (
+        isinstance(factory, functools.partial)
+        and factory.func is handler
+        and not factory.args
+        and set(factory.keywords) == {"loop"}
+    ):
         problems["aiohttp.TCPConnector._factory"] = f"{factory!r}"
     if "_protocol" not in _names_used(getattr(aiohttp.ClientResponse, "start", None)):
         problems["aiohttp.ClientResponse.start sets ._protocol"] = "it no longer does"
@@ -277,8 +285,11 @@ def _check_seam(connector: aiohttp.TCPConnector) -> dict[str, str]:
                 f"aiohttp {aiohttp.__version__} changed what dsv4bench's transport builds on: {named}. "
                 "This run reads its answers over httpx's own transport "
                 "(httpcore) instead: the same turns, more CPU per chunk, and first tokens stamped when "
-                "the run reads them, not when they arrived (bench-plan.md, \"The aiohttp seam\"). "
-                "pyproject.toml names the aiohttp releases tested.", RuntimeWarning, stacklevel=1)
+                'the run reads them, not when they arrived (bench-plan.md, "The aiohttp seam"). '
+                "pyproject.toml names the aiohttp releases tested.",
+                RuntimeWarning,
+                stacklevel=1,
+            )
     return _seam_verdict
 
 
@@ -532,10 +543,13 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def _open(self) -> None:
         if self._session is not None or self._public is not None:
             return
-        connector = aiohttp.TCPConnector(limit=self._limits.max_connections or 0, limit_per_host=0,
-                                         keepalive_timeout=self._limits.keepalive_expiry or 0,
-                                         force_close=self._limits.max_keepalive_connections == 0,
-                                         socket_factory=_stamped_socket)
+        connector = aiohttp.TCPConnector(
+            limit=self._limits.max_connections or 0,
+            limit_per_host=0,
+            keepalive_timeout=self._limits.keepalive_expiry or 0,
+            force_close=self._limits.max_keepalive_connections == 0,
+            socket_factory=_stamped_socket,
+        )
         if _check_seam(connector):
             # NOTE: set before the await, so the requests that come meanwhile take it too.
             self._public = httpx.AsyncHTTPTransport(limits=self._limits, trust_env=False)
@@ -545,8 +559,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         # NOTE: aiohttp takes no protocol factory; its connector keeps one (the seam check
         # holds it to the form replaced here).
         connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())
-        self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                              auto_decompress=False, trust_env=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False
+        )
 
     @property
     def fallback(self) -> httpx.AsyncBaseTransport | None:
@@ -563,15 +578,28 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         with _as_httpx_errors(request):
             response = await self._session.request(
-                request.method, str(request.url), headers=request.headers.multi_items(), data=body or None,
-                allow_redirects=False, compress=None, skip_auto_headers=("User-Agent", "Accept-Encoding"),
-                timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
-                                              sock_connect=timeout.get("connect"), sock_read=timeout.get("read")),
+                request.method,
+                str(request.url),
+                headers=request.headers.multi_items(),
+                data=body or None,
+                allow_redirects=False,
+                compress=None,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeout.get("pool"),
+                    sock_connect=timeout.get("connect"),
+                    sock_read=timeout.get("read"),
+                ),
             )
         body = _Body(response, request)
-        return httpx.Response(response.status, headers=response.raw_headers, stream=body, request=request,
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode(),
-                                          _ARRIVAL: body})
+        return httpx.Response(
+            response.status,
+            headers=response.raw_headers,
+            stream=body,
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode(), _ARRIVAL: body},
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -68,6 +68,7 @@ class Deadlines:
 
 # ---- the request ----------------------------------------------------------------------------------
 
+
 def encode_body(body: dict[str, Any]) -> bytes:
     """The request as JSON bytes (what httpx's `json=` sends), with ASCII escapes where the text
     holds something UTF-8 cannot encode, so no request built from a server's reply can fail. A
@@ -94,6 +95,7 @@ def request_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 # ---- the answer -----------------------------------------------------------------------------------
 
+
 def is_event_stream(headers: Mapping[str, str]) -> bool:
     """Whether the Content-Type is SSE's (a media type is case-insensitive: `Text/Event-Stream` is one)."""
     return "text/event-stream" in headers.get("content-type", "").partition(";")[0].lower()
@@ -109,8 +111,11 @@ def take_http_error(out: TurnOutcome, status: int, headers: Mapping[str, str], r
     """An answer whose status is_http_error (`raw`: the head of its body)."""
     text = raw.decode("utf-8", "replace")
     out.status, out.error_kind = TurnStatus.ERROR, ErrorKind.HTTP_ERROR
-    noted = "".join(f" ({name}: {value[:limit]})" for name, limit in (("Retry-After", 40), ("Location", 200))
-                    if (value := headers.get(name)))
+    noted = "".join(
+        f" ({name}: {value[:limit]})"
+        for name, limit in (("Retry-After", 40), ("Location", 200))
+        if (value := headers.get(name))
+    )
     out.error = f"HTTP {status}: {_error_message(text)}{noted}"
     out.raw_lines = [text[:4000]]
 
@@ -118,7 +123,9 @@ def take_http_error(out: TurnOutcome, status: int, headers: Mapping[str, str], r
 def take_not_a_stream(out: TurnOutcome, headers: Mapping[str, str], raw: bytes) -> None:
     """A streamed request answered with something that is no SSE stream (`raw`: its head)."""
     content_type = headers.get("content-type", "")
-    out.response = AssembledResponse(stream=True, protocol_errors=[f"not an SSE stream: Content-Type {content_type[:80]!r}"])
+    out.response = AssembledResponse(
+        stream=True, protocol_errors=[f"not an SSE stream: Content-Type {content_type[:80]!r}"]
+    )
     out.raw_lines = [raw.decode("utf-8", "replace")]
 
 
@@ -127,8 +134,9 @@ def take_completion(out: TurnOutcome, raw: bytes, over: bool, bounds: StreamBoun
     out.timings.first_token_ns = time.monotonic_ns()
     if over:
         detail = f"a response body larger than {bounds.body_bytes:,} bytes"
-        out.response = AssembledResponse(stream=False, stopped_at_bound=detail,
-                                         protocol_errors=[f"the harness stopped reading: {detail}"])
+        out.response = AssembledResponse(
+            stream=False, stopped_at_bound=detail, protocol_errors=[f"the harness stopped reading: {detail}"]
+        )
     else:
         try:
             parsed = json.loads(raw.decode("utf-8", "replace"))
@@ -168,8 +176,13 @@ class StreamedAnswer:
     assembled, the first token and the gaps between tokens stamped. `on_first_token` runs once,
     when the first token arrives (where the reader moves from the TTFT to the total deadline)."""
 
-    def __init__(self, out: TurnOutcome, probe: TurnProbe | None = None, bounds: StreamBounds = DEFAULT_BOUNDS,
-                 on_first_token: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        out: TurnOutcome,
+        probe: TurnProbe | None = None,
+        bounds: StreamBounds = DEFAULT_BOUNDS,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> None:
         self.t = out.timings
         self.asm = DeltaAssembler(bounds)
         self.reader = SSEEventReader(bounds)

@@ -35,16 +35,34 @@ except ImportError:  # no triton, or an older one: pointer loads only
 
 
 if AVAILABLE:
-
     # NOTE: MT (the row tiles a stripe may need) follows the batch: as a compile-time constant
     # (or an integer Triton specialises on) each CUDA-graph bucket compiled a kernel of its own
     @triton.jit(do_not_specialize=["MT"])
-    def _grouped_mm_kernel(a_ptr, gather_ptr, b_ptr, offs_ptr, c_ptr, scale_ptr, scatter_ptr,
-                           K, stride_am, stride_be, stride_bk, stride_cm, HALF, MT,
-                           E: tl.constexpr, E_P: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           GATHER: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
-                           TMA: tl.constexpr):
+    def _grouped_mm_kernel(
+        a_ptr,
+        gather_ptr,
+        b_ptr,
+        offs_ptr,
+        c_ptr,
+        scale_ptr,
+        scatter_ptr,
+        K,
+        stride_am,
+        stride_be,
+        stride_bk,
+        stride_cm,
+        HALF,
+        MT,
+        E: tl.constexpr,
+        E_P: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GATHER: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        SCATTER: tl.constexpr,
+        TMA: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         pid_n = pid // MT
         slot = pid % MT
@@ -109,8 +127,10 @@ if AVAILABLE:
 # 128-row tiles at 1024 (there the products are no longer bound by the weights alone); the
 # copy engine for b was no faster. A tuning sweep may replace the entries.
 CONFIG = {
-    (True, False): (64, 64, 64, 4, 4, False), (True, True): (128, 64, 64, 8, 4, False),
-    (False, False): (64, 128, 64, 4, 4, False), (False, True): (128, 128, 64, 8, 4, False),
+    (True, False): (64, 64, 64, 4, 4, False),
+    (True, True): (128, 64, 64, 8, 4, False),
+    (False, False): (64, 128, 64, 4, 4, False),
+    (False, True): (128, 128, 64, 8, 4, False),
 }
 
 
@@ -124,13 +144,18 @@ def shapes_ok(b: torch.Tensor, swiglu: bool) -> bool:
     _, K, N = b.shape
     n_out = N // 2 if swiglu else N
     tiles = [CONFIG[(swiglu, many)][1:3] for many in (False, True)]
-    return (b.is_contiguous() and (not swiglu or N % 2 == 0)
-            and all(K % bk == 0 and n_out % bn == 0 for bn, bk in tiles))
+    return b.is_contiguous() and (not swiglu or N % 2 == 0) and all(K % bk == 0 and n_out % bn == 0 for bn, bk in tiles)
 
 
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
-                gather: torch.Tensor | None, row_scale: torch.Tensor | None,
-                scatter: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
+def _grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    gather: torch.Tensor | None,
+    row_scale: torch.Tensor | None,
+    scatter: torch.Tensor | None,
+    swiglu: bool,
+) -> torch.Tensor:
     E, K, N = b.shape
     M = gather.shape[0] if gather is not None else a.shape[0]
     n_out = N // 2 if swiglu else N
@@ -143,19 +168,44 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     grid = (mt * (n_out // bn),)
     b_arg = TensorDescriptor.from_tensor(b.view(E * K, N), [bk, bn]) if tma else b
     _grouped_mm_kernel[grid](
-        a, gather.contiguous() if gather is not None else offs, b_arg, offs.contiguous(), out,
+        a,
+        gather.contiguous() if gather is not None else offs,
+        b_arg,
+        offs.contiguous(),
+        out,
         row_scale.contiguous() if row_scale is not None else offs,
         scatter.contiguous() if scatter is not None else offs,
-        K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), n_out, mt,
-        E=E, E_P=pow2(E), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GATHER=gather is not None, SWIGLU=swiglu, SCATTER=scatter is not None, TMA=tma,
-        num_warps=warps, num_stages=stages)
+        K,
+        a.stride(0),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        n_out,
+        mt,
+        E=E,
+        E_P=pow2(E),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GATHER=gather is not None,
+        SWIGLU=swiglu,
+        SCATTER=scatter is not None,
+        TMA=tma,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out
 
 
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
-               gather: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
-               scatter: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    gather: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    scatter: torch.Tensor | None = None,
+    swiglu: bool = False,
+) -> torch.Tensor:
     """Rows r in [offs[e-1], offs[e]) of the result are (a[gather[r]] if gather else a[r]) @
     b[e] (b: [E, K, N]), the options applied (module docstring); rows past offs[-1] are not
     written. With scatter, offs[-1] must be the row count and scatter a permutation of it."""
@@ -170,9 +220,12 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 
 if AVAILABLE:
     _grouped_mm_op = torch.library.custom_op(
-        "dsv4::grouped_mm", _grouped_mm, mutates_args=(),
+        "dsv4::grouped_mm",
+        _grouped_mm,
+        mutates_args=(),
         schema="(Tensor a, Tensor b, Tensor offs, Tensor? gather, Tensor? row_scale, "
-               "Tensor? scatter, bool swiglu) -> Tensor")
+        "Tensor? scatter, bool swiglu) -> Tensor",
+    )
 
     @_grouped_mm_op.register_fake
     def _(a, b, offs, gather, row_scale, scatter, swiglu):  # type: ignore[no-untyped-def]
@@ -190,8 +243,12 @@ def usable(device: torch.device, dtype: torch.dtype) -> bool:
     key = f"{device.type}:{dtype}"
     if key not in _USABLE:
         ok = False
-        if (AVAILABLE and device.type == "cuda" and dtype == torch.bfloat16
-                and os.environ.get("DSV4_MOE_KERNEL", "") != "torch"):
+        if (
+            AVAILABLE
+            and device.type == "cuda"
+            and dtype == torch.bfloat16
+            and os.environ.get("DSV4_MOE_KERNEL", "") != "torch"
+        ):
             try:
                 g = torch.Generator(device=device).manual_seed(0)
                 a = torch.randn(40, 128, device=device, dtype=dtype, generator=g)

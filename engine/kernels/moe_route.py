@@ -46,10 +46,10 @@ if AVAILABLE:
         return x
 
     @triton.jit
-    def _scores(logits_ptr, stride_l, rows, rm, cols, cm, SIGMOID: tl.constexpr,
-                ROUND: tl.constexpr):
-        z = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
-                    mask=rm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    def _scores(logits_ptr, stride_l, rows, rm, cols, cm, SIGMOID: tl.constexpr, ROUND: tl.constexpr):
+        z = tl.load(
+            logits_ptr + rows[:, None] * stride_l + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0
+        ).to(tl.float32)
         if SIGMOID:
             s = 1.0 / (1.0 + tl.exp(-z))
         else:
@@ -61,10 +61,23 @@ if AVAILABLE:
     # NOTE: row and tile counts follow the batch and are never specialised on, so one compile
     # serves every CUDA-graph bucket (grouped_moe.py says why)
     @triton.jit(do_not_specialize=["N"])
-    def _choose_kernel(logits_ptr, stride_l, bias_ptr, experts_ptr, rank_ptr, gates_ptr,
-                       counts_ptr, N, E: tl.constexpr, E_P: tl.constexpr, K: tl.constexpr,
-                       BLOCK_R: tl.constexpr, SIGMOID: tl.constexpr, ROUND: tl.constexpr,
-                       ROUND_BIASED: tl.constexpr):
+    def _choose_kernel(
+        logits_ptr,
+        stride_l,
+        bias_ptr,
+        experts_ptr,
+        rank_ptr,
+        gates_ptr,
+        counts_ptr,
+        N,
+        E: tl.constexpr,
+        E_P: tl.constexpr,
+        K: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        SIGMOID: tl.constexpr,
+        ROUND: tl.constexpr,
+        ROUND_BIASED: tl.constexpr,
+    ):
         """One tile of rows: each entry's expert, gate and rank among the tile's entries of
         that expert; the tile's count per expert."""
         t = tl.program_id(0)
@@ -93,15 +106,26 @@ if AVAILABLE:
             j = rows * K + c
             tl.store(experts_ptr + j, pick.to(tl.int32), mask=rm)
             tl.store(rank_ptr + j, tl.sum(tl.where(hit, earlier, 0), 1), mask=rm)
-            tl.store(gates_ptr + j, _round(tl.sum(tl.where(hit, s, 0.0), 1) / gate_sum, ROUND),
-                     mask=rm)
+            tl.store(gates_ptr + j, _round(tl.sum(tl.where(hit, s, 0.0), 1) / gate_sum, ROUND), mask=rm)
             left = tl.where(hit, float("-inf"), left)
         tl.store(counts_ptr + t * E_P + cols, tl.sum(chosen, 0))
 
     @triton.jit(do_not_specialize=["N", "T"])
-    def _place_kernel(experts_ptr, rank_ptr, counts_ptr, order_ptr, tok_ptr, offs_ptr, N, T,
-                      E: tl.constexpr, E_P: tl.constexpr, K: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    def _place_kernel(
+        experts_ptr,
+        rank_ptr,
+        counts_ptr,
+        order_ptr,
+        tok_ptr,
+        offs_ptr,
+        N,
+        T,
+        E: tl.constexpr,
+        E_P: tl.constexpr,
+        K: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+    ):
         """One tile of rows: each entry to its row in expert order (every tile's counts read)."""
         t = tl.program_id(0)
         cols = tl.arange(0, E_P)
@@ -109,8 +133,7 @@ if AVAILABLE:
         before = tl.zeros([E_P], dtype=tl.int32)  # rows of each expert in earlier tiles
         for t0 in range(0, T, BLOCK_T):
             ts = t0 + tl.arange(0, BLOCK_T)
-            c = tl.load(counts_ptr + ts[:, None] * E_P + cols[None, :], mask=(ts < T)[:, None],
-                        other=0)
+            c = tl.load(counts_ptr + ts[:, None] * E_P + cols[None, :], mask=(ts < T)[:, None], other=0)
             total += tl.sum(c, 0)
             before += tl.sum(tl.where((ts < t)[:, None], c, 0), 0)
         ends = tl.cumsum(total, 0)
@@ -128,8 +151,9 @@ if AVAILABLE:
             tl.store(tok_ptr + d, rows, mask=rm)
 
 
-def _route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _route(
+    logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     N, E = logits.shape
     dev = logits.device
     order = torch.empty(N * k, dtype=torch.int32, device=dev)
@@ -144,17 +168,44 @@ def _route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
     experts = torch.empty(N * k, dtype=torch.int32, device=dev)
     rank = torch.empty(N * k, dtype=torch.int32, device=dev)
     counts = torch.empty(tiles, e_p, dtype=torch.int32, device=dev)
-    _choose_kernel[(tiles,)](logits, logits.stride(0), bias.contiguous(), experts, rank, gates,
-                             counts, N, E=E, E_P=e_p, K=k, BLOCK_R=block_r, SIGMOID=sigmoid,
-                             ROUND=logits.dtype == torch.bfloat16,
-                             ROUND_BIASED=torch.promote_types(logits.dtype, bias.dtype) == torch.bfloat16)
-    _place_kernel[(tiles,)](experts, rank, counts, order, tok, offs, N, tiles, E=E, E_P=e_p, K=k,
-                            BLOCK_R=block_r, BLOCK_T=max(2, MAX_TILE // e_p))
+    _choose_kernel[(tiles,)](
+        logits,
+        logits.stride(0),
+        bias.contiguous(),
+        experts,
+        rank,
+        gates,
+        counts,
+        N,
+        E=E,
+        E_P=e_p,
+        K=k,
+        BLOCK_R=block_r,
+        SIGMOID=sigmoid,
+        ROUND=logits.dtype == torch.bfloat16,
+        ROUND_BIASED=torch.promote_types(logits.dtype, bias.dtype) == torch.bfloat16,
+    )
+    _place_kernel[(tiles,)](
+        experts,
+        rank,
+        counts,
+        order,
+        tok,
+        offs,
+        N,
+        tiles,
+        E=E,
+        E_P=e_p,
+        K=k,
+        BLOCK_R=block_r,
+        BLOCK_T=max(2, MAX_TILE // e_p),
+    )
     return order, tok, gates, offs
 
 
-def route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router logits [N, E] (their last axis contiguous) and the selection bias [E] ->
     (order, tok, gates, offs) (module docstring): MoE.route's choices and gates, in the
     counting sort's expert order."""
@@ -169,12 +220,19 @@ def route(logits: torch.Tensor, bias: torch.Tensor, k: int, sigmoid: bool
 
 if AVAILABLE:
     _route_op = torch.library.custom_op(
-        "dsv4::moe_route", _route, mutates_args=(),
-        schema="(Tensor logits, Tensor bias, int k, bool sigmoid) -> (Tensor, Tensor, Tensor, Tensor)")
+        "dsv4::moe_route",
+        _route,
+        mutates_args=(),
+        schema="(Tensor logits, Tensor bias, int k, bool sigmoid) -> (Tensor, Tensor, Tensor, Tensor)",
+    )
 
     @_route_op.register_fake
     def _(logits, bias, k, sigmoid):  # type: ignore[no-untyped-def]
         N, E = logits.shape
         i32 = dict(dtype=torch.int32, device=logits.device)
-        return (logits.new_empty(N * k, **i32), logits.new_empty(N * k, **i32),
-                logits.new_empty(N * k), logits.new_empty(E, **i32))
+        return (
+            logits.new_empty(N * k, **i32),
+            logits.new_empty(N * k, **i32),
+            logits.new_empty(N * k),
+            logits.new_empty(E, **i32),
+        )

@@ -85,9 +85,15 @@ def topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> to
     return idx
 
 
-def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
-                 idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
-                 topk: int) -> torch.Tensor:
+def indexer_topk(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    idx_k: torch.Tensor,
+    idx_scale: torch.Tensor | None,
+    cand: torch.Tensor,
+    n_eligible: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
     """Select compressed blocks for each query with the lightning indexer.
 
     q: [G, Q, Hi, di] index queries; w: [G, Q, Hi] head weights; cand: [G, NB] entry ids of
@@ -120,10 +126,19 @@ def softmax_with_sink(logits: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     return torch.softmax(full, dim=-1)[..., :-1]
 
 
-def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
-                            win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
-                            c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, scale: float) -> torch.Tensor:
+def sparse_decode_attention(
+    q: torch.Tensor,
+    kv_flat: torch.Tensor,
+    win_slots: torch.Tensor,
+    win_pos: torch.Tensor,
+    ckv_flat: torch.Tensor,
+    c_ids: torch.Tensor,
+    c_pos: torch.Tensor,
+    sink: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query per sequence over its window plus its selected compressed entries.
 
     q: [S, H, hd] (RoPE applied); win_slots/win_pos: [S, W] raw KV slots and their positions;

@@ -20,16 +20,16 @@ ROWS_PER_PROGRAM = 16
 if AVAILABLE:
 
     @triton.jit
-    def _scatter_rows_kernel(dst_ptr, idx_ptr, src_ptr, N, W, stride_d, stride_s,
-                             BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    def _scatter_rows_kernel(
+        dst_ptr, idx_ptr, src_ptr, N, W, stride_d, stride_s, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr
+    ):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rm = r < N
         i = tl.load(idx_ptr + r, mask=rm, other=0).to(tl.int64)
         c = tl.arange(0, BLOCK_W)
         m = rm[:, None] & (c < W)[None, :]
         v = tl.load(src_ptr + r.to(tl.int64)[:, None] * stride_s + c[None, :], mask=m)
-        tl.store(dst_ptr + i[:, None] * stride_d + c[None, :], v.to(dst_ptr.dtype.element_ty),
-                 mask=m)
+        tl.store(dst_ptr + i[:, None] * stride_d + c[None, :], v.to(dst_ptr.dtype.element_ty), mask=m)
 
 
 def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
@@ -39,9 +39,17 @@ def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> N
     n = index.numel()
     width = dst[0].numel() if dst.shape[0] else 0
     byte_float = dst.element_size() == 1 and dst.dtype != torch.uint8
-    if not (AVAILABLE and dst.is_cuda and n and width and src.shape[1:] == dst.shape[1:]
-            and dst.is_contiguous() and index.is_contiguous()
-            and src.reshape(n, -1).stride(-1) == 1 and (not byte_float or src.dtype == dst.dtype)):
+    if not (
+        AVAILABLE
+        and dst.is_cuda
+        and n
+        and width
+        and src.shape[1:] == dst.shape[1:]
+        and dst.is_contiguous()
+        and index.is_contiguous()
+        and src.reshape(n, -1).stride(-1) == 1
+        and (not byte_float or src.dtype == dst.dtype)
+    ):
         dst.index_copy_(0, index, src.to(dst.dtype))
         return
     if byte_float:
@@ -54,5 +62,14 @@ def _scatter(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
     n, width = index.numel(), dst[0].numel()
     flat_src = src.reshape(n, width)
     _scatter_rows_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
-        dst.view(dst.shape[0], width), index, flat_src, n, width, width, flat_src.stride(0),
-        BLOCK_R=ROWS_PER_PROGRAM, BLOCK_W=pow2(width), num_warps=4)
+        dst.view(dst.shape[0], width),
+        index,
+        flat_src,
+        n,
+        width,
+        width,
+        flat_src.stride(0),
+        BLOCK_R=ROWS_PER_PROGRAM,
+        BLOCK_W=pow2(width),
+        num_warps=4,
+    )

@@ -31,10 +31,23 @@ from .triton_support import AVAILABLE, pow2, tl, triton
 if AVAILABLE:
 
     @triton.jit
-    def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, s_ptr, cand_ptr, nelig_ptr, out_ptr, Q, NB,
-                               H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                               HAS_SCALE: tl.constexpr):
+    def _indexer_scores_kernel(
+        q_ptr,
+        w_ptr,
+        k_ptr,
+        s_ptr,
+        cand_ptr,
+        nelig_ptr,
+        out_ptr,
+        Q,
+        NB,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HAS_SCALE: tl.constexpr,
+    ):
         gq = tl.program_id(0)  # one (group, query) row
         g = gq // Q
         h = tl.arange(0, BLOCK_H)
@@ -42,16 +55,16 @@ if AVAILABLE:
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         hm = h < H
         dm = d < D
-        q = tl.load(q_ptr + gq * H * D + h[:, None] * D + d[None, :],
-                    mask=hm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + gq * H * D + h[:, None] * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0).to(
+            tl.float32
+        )
         w = tl.load(w_ptr + gq * H + h, mask=hm, other=0.0).to(tl.float32)
         n_elig = tl.load(nelig_ptr + gq)
         nm = (n < NB) & (n < n_elig)
         ids = tl.load(cand_ptr + g * NB + n, mask=nm, other=0)
         nm = nm & (ids >= 0)
         ids = tl.where(nm, ids, 0)
-        k = tl.load(k_ptr + ids[:, None] * D + d[None, :], mask=nm[:, None] & dm[None, :],
-                    other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + ids[:, None] * D + d[None, :], mask=nm[:, None] & dm[None, :], other=0.0).to(tl.float32)
         dots = tl.maximum(tl.sum(q[:, None, :] * k[None, :, :], axis=2), 0.0)  # [BH, BN]
         score = tl.sum(dots * w[:, None], axis=0)
         if HAS_SCALE:  # relu commutes with the positive per-entry scale (as in reference.py)
@@ -60,10 +73,30 @@ if AVAILABLE:
         tl.store(out_ptr + gq * NB + n, score, mask=n < NB)
 
     @triton.jit
-    def _attend_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
-                     cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
-                     HALF: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+    def _attend_tile(
+        acc_a,
+        acc_b,
+        acc_c,
+        m_i,
+        l_i,
+        qa,
+        qb,
+        qc,
+        src_ptr,
+        ids_ptr,
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        k0,
+        K,
+        max_pos,
+        scale,
+        HD: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        REST_P: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         kk = k0 + tl.arange(0, BLOCK_K)
         km = kk < K
         ids = tl.load(ids_ptr + kk, mask=km, other=-1)
@@ -76,15 +109,16 @@ if AVAILABLE:
         base = src_ptr + ids[:, None] * HD
         va = tl.load(base + j[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         vb = tl.load(base + HALF + j[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        vc = tl.load(base + 2 * HALF + r[None, :], mask=valid[:, None] & (r < REST)[None, :],
-                     other=0.0).to(tl.float32)
+        vc = tl.load(base + 2 * HALF + r[None, :], mask=valid[:, None] & (r < REST)[None, :], other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :])
         s = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :])
         ka = va * c - vb * s
         kb = vb * c + va * s
-        logits = (tl.sum(qa[:, None, :] * ka[None, :, :], axis=2)
-                  + tl.sum(qb[:, None, :] * kb[None, :, :], axis=2)
-                  + tl.sum(qc[:, None, :] * vc[None, :, :], axis=2)) * scale
+        logits = (
+            tl.sum(qa[:, None, :] * ka[None, :, :], axis=2)
+            + tl.sum(qb[:, None, :] * kb[None, :, :], axis=2)
+            + tl.sum(qc[:, None, :] * vc[None, :, :], axis=2)
+        ) * scale
         logits = tl.where(valid[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -96,11 +130,30 @@ if AVAILABLE:
         return acc_a, acc_b, acc_c, m_new, l_i
 
     @triton.jit
-    def _sparse_decode_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr, cpos_ptr,
-                              sink_ptr, cos_ptr, sin_ptr, out_ptr, W, KC, max_pos, scale,
-                              H: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
-                              REST: tl.constexpr, REST_P: tl.constexpr, BLOCK_H: tl.constexpr,
-                              BLOCK_K: tl.constexpr):
+    def _sparse_decode_kernel(
+        q_ptr,
+        kv_ptr,
+        win_ptr,
+        winpos_ptr,
+        ckv_ptr,
+        cid_ptr,
+        cpos_ptr,
+        sink_ptr,
+        cos_ptr,
+        sin_ptr,
+        out_ptr,
+        W,
+        KC,
+        max_pos,
+        scale,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        REST_P: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         sid = tl.program_id(0)
         h = tl.arange(0, BLOCK_H)
         hm = h < H
@@ -110,8 +163,7 @@ if AVAILABLE:
         qbase = q_ptr + sid * H * HD + h[:, None] * HD
         qa = tl.load(qbase + j[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
         qb = tl.load(qbase + HALF + j[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
-        qc = tl.load(qbase + 2 * HALF + r[None, :], mask=hm[:, None] & rm[None, :],
-                     other=0.0).to(tl.float32)
+        qc = tl.load(qbase + 2 * HALF + r[None, :], mask=hm[:, None] & rm[None, :], other=0.0).to(tl.float32)
         # NOTE: the sink starts the online softmax: running max = sink, denominator = 1
         m_i = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32)
         l_i = tl.full([BLOCK_H], 1.0, tl.float32)
@@ -120,29 +172,81 @@ if AVAILABLE:
         acc_c = tl.zeros([BLOCK_H, REST_P], tl.float32)
         for k0 in range(0, W, BLOCK_K):
             acc_a, acc_b, acc_c, m_i, l_i = _attend_tile(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
-                winpos_ptr + sid * W, cos_ptr, sin_ptr, k0, W, max_pos, scale,
-                HD, HALF, REST, REST_P, BLOCK_K)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                kv_ptr,
+                win_ptr + sid * W,
+                winpos_ptr + sid * W,
+                cos_ptr,
+                sin_ptr,
+                k0,
+                W,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                REST_P,
+                BLOCK_K,
+            )
         for k0 in range(0, KC, BLOCK_K):
             acc_a, acc_b, acc_c, m_i, l_i = _attend_tile(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
-                cpos_ptr + sid * KC, cos_ptr, sin_ptr, k0, KC, max_pos, scale,
-                HD, HALF, REST, REST_P, BLOCK_K)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                ckv_ptr,
+                cid_ptr + sid * KC,
+                cpos_ptr + sid * KC,
+                cos_ptr,
+                sin_ptr,
+                k0,
+                KC,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                REST_P,
+                BLOCK_K,
+            )
         inv = 1.0 / l_i
         obase = out_ptr + sid * H * HD + h[:, None] * HD
         ty = out_ptr.dtype.element_ty
         tl.store(obase + j[None, :], (acc_a * inv[:, None]).to(ty), mask=hm[:, None])
         tl.store(obase + HALF + j[None, :], (acc_b * inv[:, None]).to(ty), mask=hm[:, None])
-        tl.store(obase + 2 * HALF + r[None, :], (acc_c * inv[:, None]).to(ty),
-                 mask=hm[:, None] & rm[None, :])
+        tl.store(obase + 2 * HALF + r[None, :], (acc_c * inv[:, None]).to(ty), mask=hm[:, None] & rm[None, :])
 
 
 if AVAILABLE:
 
     @triton.jit
-    def _indexer_scores_dot_kernel(q_ptr, w_ptr, k_ptr, s_ptr, cand_ptr, nelig_ptr, out_ptr, Q, NB,
-                                   H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                                   BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr):
+    def _indexer_scores_dot_kernel(
+        q_ptr,
+        w_ptr,
+        k_ptr,
+        s_ptr,
+        cand_ptr,
+        nelig_ptr,
+        out_ptr,
+        Q,
+        NB,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HAS_SCALE: tl.constexpr,
+    ):
         gq = tl.program_id(0)
         g = gq // Q
         h = tl.arange(0, BLOCK_H)
@@ -178,8 +282,9 @@ if AVAILABLE:
         return ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | col.to(tl.int64)
 
     @triton.jit(do_not_specialize=["NB"])
-    def _topk_blocks_kernel(scores_ptr, nelig_ptr, out_ptr, NB, TOPK: tl.constexpr,
-                            TOPK_P: tl.constexpr, BLOCK: tl.constexpr):
+    def _topk_blocks_kernel(
+        scores_ptr, nelig_ptr, out_ptr, NB, TOPK: tl.constexpr, TOPK_P: tl.constexpr, BLOCK: tl.constexpr
+    ):
         # NOTE: the row is read in tiles of BLOCK columns and a running top TOPK_P kept (the
         # tile's top merged with it), so the kernel's shape never depends on the row's length:
         # one compile serves every page-table width (sorting the whole row at once compiled a
@@ -197,9 +302,29 @@ if AVAILABLE:
         tl.store(out_ptr + row * TOPK + k, pick, mask=k < TOPK)
 
     @triton.jit
-    def _attend_tile_dot(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
-                         cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
-                         HALF: tl.constexpr, REST: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _attend_tile_dot(
+        acc_a,
+        acc_b,
+        acc_c,
+        m_i,
+        l_i,
+        qa,
+        qb,
+        qc,
+        src_ptr,
+        ids_ptr,
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        k0,
+        K,
+        max_pos,
+        scale,
+        HD: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         kk = k0 + tl.arange(0, BLOCK_K)
         km = kk < K
         ids = tl.load(ids_ptr + kk, mask=km, other=-1)
@@ -234,11 +359,29 @@ if AVAILABLE:
         return acc_a, acc_b, acc_c, m_new, l_i
 
     @triton.jit
-    def _sparse_decode_dot_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr, cpos_ptr,
-                                  sink_ptr, cos_ptr, sin_ptr, out_ptr, W, KC, max_pos, scale,
-                                  H: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
-                                  REST: tl.constexpr, BLOCK_H: tl.constexpr,
-                                  BLOCK_K: tl.constexpr):
+    def _sparse_decode_dot_kernel(
+        q_ptr,
+        kv_ptr,
+        win_ptr,
+        winpos_ptr,
+        ckv_ptr,
+        cid_ptr,
+        cpos_ptr,
+        sink_ptr,
+        cos_ptr,
+        sin_ptr,
+        out_ptr,
+        W,
+        KC,
+        max_pos,
+        scale,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         sid = tl.program_id(0)
         h = tl.arange(0, BLOCK_H)
         hm = h < H
@@ -255,14 +398,52 @@ if AVAILABLE:
         acc_c = tl.zeros([BLOCK_H, REST], tl.float32)
         for k0 in range(0, W, BLOCK_K):
             acc_a, acc_b, acc_c, m_i, l_i = _attend_tile_dot(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
-                winpos_ptr + sid * W, cos_ptr, sin_ptr, k0, W, max_pos, scale,
-                HD, HALF, REST, BLOCK_K)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                kv_ptr,
+                win_ptr + sid * W,
+                winpos_ptr + sid * W,
+                cos_ptr,
+                sin_ptr,
+                k0,
+                W,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                BLOCK_K,
+            )
         for k0 in range(0, KC, BLOCK_K):
             acc_a, acc_b, acc_c, m_i, l_i = _attend_tile_dot(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
-                cpos_ptr + sid * KC, cos_ptr, sin_ptr, k0, KC, max_pos, scale,
-                HD, HALF, REST, BLOCK_K)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                ckv_ptr,
+                cid_ptr + sid * KC,
+                cpos_ptr + sid * KC,
+                cos_ptr,
+                sin_ptr,
+                k0,
+                KC,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                BLOCK_K,
+            )
         inv = 1.0 / l_i
         obase = out_ptr + sid * H * HD + h[:, None] * HD
         ty = out_ptr.dtype.element_ty
@@ -274,25 +455,110 @@ if AVAILABLE:
 if AVAILABLE:
 
     @triton.jit
-    def _attend_one_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
-                         cos_ptr, sin_ptr, k0, K, max_pos, scale, HD: tl.constexpr,
-                         HALF: tl.constexpr, REST: tl.constexpr, REST_P: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    def _attend_one_tile(
+        acc_a,
+        acc_b,
+        acc_c,
+        m_i,
+        l_i,
+        qa,
+        qb,
+        qc,
+        src_ptr,
+        ids_ptr,
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        k0,
+        K,
+        max_pos,
+        scale,
+        HD: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        REST_P: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT: tl.constexpr,
+    ):
         if DOT:
-            return _attend_tile_dot(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr,
-                                    pos_ptr, cos_ptr, sin_ptr, k0, K, max_pos, scale, HD, HALF,
-                                    REST, BLOCK_K)
-        return _attend_tile(acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, src_ptr, ids_ptr, pos_ptr,
-                            cos_ptr, sin_ptr, k0, K, max_pos, scale, HD, HALF, REST, REST_P,
-                            BLOCK_K)
+            return _attend_tile_dot(
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                src_ptr,
+                ids_ptr,
+                pos_ptr,
+                cos_ptr,
+                sin_ptr,
+                k0,
+                K,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                BLOCK_K,
+            )
+        return _attend_tile(
+            acc_a,
+            acc_b,
+            acc_c,
+            m_i,
+            l_i,
+            qa,
+            qb,
+            qc,
+            src_ptr,
+            ids_ptr,
+            pos_ptr,
+            cos_ptr,
+            sin_ptr,
+            k0,
+            K,
+            max_pos,
+            scale,
+            HD,
+            HALF,
+            REST,
+            REST_P,
+            BLOCK_K,
+        )
 
     @triton.jit
-    def _sparse_decode_split_kernel(q_ptr, kv_ptr, win_ptr, winpos_ptr, ckv_ptr, cid_ptr,
-                                    cpos_ptr, sink_ptr, cos_ptr, sin_ptr, part_ptr, ml_ptr, W, KC,
-                                    TW, NT, max_pos, scale, H: tl.constexpr, HD: tl.constexpr,
-                                    HD_P: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr,
-                                    REST_P: tl.constexpr, BLOCK_H: tl.constexpr,
-                                    BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    def _sparse_decode_split_kernel(
+        q_ptr,
+        kv_ptr,
+        win_ptr,
+        winpos_ptr,
+        ckv_ptr,
+        cid_ptr,
+        cpos_ptr,
+        sink_ptr,
+        cos_ptr,
+        sin_ptr,
+        part_ptr,
+        ml_ptr,
+        W,
+        KC,
+        TW,
+        NT,
+        max_pos,
+        scale,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HD_P: tl.constexpr,
+        HALF: tl.constexpr,
+        REST: tl.constexpr,
+        REST_P: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT: tl.constexpr,
+    ):
         # one program per (sequence, key tile): tiles 0 .. TW-1 of the window, then the
         # compressed entries'; the partial softmax (running max, denominator, unnormalised
         # output) goes to part/ml for _sparse_decode_combine_kernel. Tile 0 carries the sink.
@@ -319,14 +585,56 @@ if AVAILABLE:
         acc_c = tl.zeros([BLOCK_H, REST_P], tl.float32)
         if t < TW:
             acc_a, acc_b, acc_c, m_i, l_i = _attend_one_tile(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, kv_ptr, win_ptr + sid * W,
-                winpos_ptr + sid * W, cos_ptr, sin_ptr, t * BLOCK_K, W, max_pos, scale, HD,
-                HALF, REST, REST_P, BLOCK_K, DOT)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                kv_ptr,
+                win_ptr + sid * W,
+                winpos_ptr + sid * W,
+                cos_ptr,
+                sin_ptr,
+                t * BLOCK_K,
+                W,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                REST_P,
+                BLOCK_K,
+                DOT,
+            )
         else:
             acc_a, acc_b, acc_c, m_i, l_i = _attend_one_tile(
-                acc_a, acc_b, acc_c, m_i, l_i, qa, qb, qc, ckv_ptr, cid_ptr + sid * KC,
-                cpos_ptr + sid * KC, cos_ptr, sin_ptr, (t - TW) * BLOCK_K, KC, max_pos, scale,
-                HD, HALF, REST, REST_P, BLOCK_K, DOT)
+                acc_a,
+                acc_b,
+                acc_c,
+                m_i,
+                l_i,
+                qa,
+                qb,
+                qc,
+                ckv_ptr,
+                cid_ptr + sid * KC,
+                cpos_ptr + sid * KC,
+                cos_ptr,
+                sin_ptr,
+                (t - TW) * BLOCK_K,
+                KC,
+                max_pos,
+                scale,
+                HD,
+                HALF,
+                REST,
+                REST_P,
+                BLOCK_K,
+                DOT,
+            )
         tile = sid * NT + t
         pbase = part_ptr + tile * BLOCK_H * HD_P + h[:, None] * HD_P
         tl.store(pbase + j[None, :], acc_a)
@@ -336,9 +644,9 @@ if AVAILABLE:
         tl.store(ml_ptr + tile * 2 * BLOCK_H + BLOCK_H + h, l_i)
 
     @triton.jit
-    def _sparse_decode_combine_kernel(part_ptr, ml_ptr, out_ptr, NT, H: tl.constexpr,
-                                      HD: tl.constexpr, HD_P: tl.constexpr,
-                                      BLOCK_H: tl.constexpr):
+    def _sparse_decode_combine_kernel(
+        part_ptr, ml_ptr, out_ptr, NT, H: tl.constexpr, HD: tl.constexpr, HD_P: tl.constexpr, BLOCK_H: tl.constexpr
+    ):
         # the partial softmaxes of a sequence's tiles, merged as the online softmax would
         sid = tl.program_id(0)
         h = tl.arange(0, BLOCK_H)
@@ -359,8 +667,7 @@ if AVAILABLE:
             m = m_new
         acc = acc / den[:, None]
         mask = (h < H)[:, None] & (d < HD)[None, :]
-        tl.store(out_ptr + sid * H * HD + h[:, None] * HD + d[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + sid * H * HD + h[:, None] * HD + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _dot_ok(*dims: int) -> bool:
@@ -368,9 +675,14 @@ def _dot_ok(*dims: int) -> bool:
     return all(d >= 16 and d & (d - 1) == 0 for d in dims)
 
 
-def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
-                    idx_scale: torch.Tensor | None, cand: torch.Tensor,
-                    n_eligible: torch.Tensor) -> torch.Tensor:
+def _indexer_scores(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    idx_k: torch.Tensor,
+    idx_scale: torch.Tensor | None,
+    cand: torch.Tensor,
+    n_eligible: torch.Tensor,
+) -> torch.Tensor:
     """Index scores [G, Q, NB] float32 of queries q [G, Q, H, D] over candidates cand [G, NB]."""
     G, Q, H, D = q.shape
     NB = cand.shape[1]
@@ -379,16 +691,39 @@ def _indexer_scores(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
     grid = (G * Q, triton.cdiv(NB, BLOCK_N))
     if q.dtype == torch.bfloat16 and _dot_ok(D):
         _indexer_scores_dot_kernel[grid](
-            q.contiguous(), w.contiguous(), idx_k.contiguous(),
-            idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
-            n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=max(16, pow2(H)),
-            BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
+            q.contiguous(),
+            w.contiguous(),
+            idx_k.contiguous(),
+            idx_scale if idx_scale is not None else idx_k,
+            cand.contiguous(),
+            n_eligible.contiguous(),
+            scores,
+            Q,
+            NB,
+            H=H,
+            D=D,
+            BLOCK_H=max(16, pow2(H)),
+            BLOCK_N=BLOCK_N,
+            HAS_SCALE=idx_scale is not None,
+        )
         return scores
     _indexer_scores_kernel[grid](
-        q.float().contiguous(), w.float().contiguous(), idx_k.contiguous(),
-        idx_scale if idx_scale is not None else idx_k, cand.contiguous(),
-        n_eligible.contiguous(), scores, Q, NB, H=H, D=D, BLOCK_H=pow2(H), BLOCK_D=pow2(D),
-        BLOCK_N=BLOCK_N, HAS_SCALE=idx_scale is not None)
+        q.float().contiguous(),
+        w.float().contiguous(),
+        idx_k.contiguous(),
+        idx_scale if idx_scale is not None else idx_k,
+        cand.contiguous(),
+        n_eligible.contiguous(),
+        scores,
+        Q,
+        NB,
+        H=H,
+        D=D,
+        BLOCK_H=pow2(H),
+        BLOCK_D=pow2(D),
+        BLOCK_N=BLOCK_N,
+        HAS_SCALE=idx_scale is not None,
+    )
     return scores
 
 
@@ -407,22 +742,40 @@ def _topk_blocks(scores: torch.Tensor, n_eligible: torch.Tensor, topk: int) -> t
     NB = scores.shape[-1]
     rows = scores.numel() // NB
     out = torch.empty(*scores.shape[:-1], topk, dtype=torch.long, device=scores.device)
-    _topk_blocks_kernel[(rows,)](scores.contiguous(), n_eligible.contiguous(), out, NB,
-                                 TOPK=topk, TOPK_P=pow2(topk), BLOCK=max(_TOPK_TILE, pow2(topk)),
-                                 **_TOPK_LAUNCH)
+    _topk_blocks_kernel[(rows,)](
+        scores.contiguous(),
+        n_eligible.contiguous(),
+        out,
+        NB,
+        TOPK=topk,
+        TOPK_P=pow2(topk),
+        BLOCK=max(_TOPK_TILE, pow2(topk)),
+        **_TOPK_LAUNCH,
+    )
     return out
 
 
-def _indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
-                  idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
-                  topk: int) -> torch.Tensor:
-    return _topk_blocks(_indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible), n_eligible,
-                        topk)
+def _indexer_topk(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    idx_k: torch.Tensor,
+    idx_scale: torch.Tensor | None,
+    cand: torch.Tensor,
+    n_eligible: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    return _topk_blocks(_indexer_scores(q, w, idx_k, idx_scale, cand, n_eligible), n_eligible, topk)
 
 
-def indexer_topk(q: torch.Tensor, w: torch.Tensor, idx_k: torch.Tensor,
-                 idx_scale: torch.Tensor | None, cand: torch.Tensor, n_eligible: torch.Tensor,
-                 topk: int) -> torch.Tensor:
+def indexer_topk(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    idx_k: torch.Tensor,
+    idx_scale: torch.Tensor | None,
+    cand: torch.Tensor,
+    n_eligible: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
     """reference.indexer_topk with the scores and the top-k computed by Triton kernels."""
     assert AVAILABLE and q.is_cuda
     G, Q, H, D = q.shape
@@ -451,19 +804,37 @@ _DECODE_DOT_LAUNCH = dict(BLOCK_K=64, num_warps=4, num_stages=1)
 _DECODE_SPLIT_ROWS = 128
 
 
-def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
-                      win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
-                      c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor, scale: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor,
+    kv_flat: torch.Tensor,
+    win_slots: torch.Tensor,
+    win_pos: torch.Tensor,
+    ckv_flat: torch.Tensor,
+    c_ids: torch.Tensor,
+    c_pos: torch.Tensor,
+    sink: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     S, H, HD = q.shape
     half = cos.shape[1]
     rest = HD - 2 * half
     W, KC = win_slots.shape[1], c_ids.shape[1]
     out = torch.empty_like(q)
     dot = q.dtype == torch.bfloat16 and _dot_ok(half, rest)
-    args = (q.contiguous(), kv_flat, win_slots.contiguous(), win_pos.contiguous(), ckv_flat,
-            c_ids.contiguous(), c_pos.contiguous(), sink.float().contiguous(),
-            cos.float().contiguous(), sin.float().contiguous())
+    args = (
+        q.contiguous(),
+        kv_flat,
+        win_slots.contiguous(),
+        win_pos.contiguous(),
+        ckv_flat,
+        c_ids.contiguous(),
+        c_pos.contiguous(),
+        sink.float().contiguous(),
+        cos.float().contiguous(),
+        sin.float().contiguous(),
+    )
     block_k = _DECODE_DOT_LAUNCH["BLOCK_K"] if dot else 32
     block_h = max(16, pow2(H)) if dot else pow2(H)  # tl.dot takes 16 rows at least
     rest_p = rest if dot else pow2(max(rest, 1))
@@ -475,39 +846,88 @@ def _decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.T
         ml = torch.empty(S * nt * 2 * block_h, dtype=torch.float32, device=q.device)
         launch = {k: v for k, v in _DECODE_DOT_LAUNCH.items() if k != "BLOCK_K"} if dot else {}
         _sparse_decode_split_kernel[(S, nt)](
-            *args, part, ml, W, KC, tw, nt, cos.shape[0], scale, H=H, HD=HD, HD_P=hd_p,
-            HALF=half, REST=rest, REST_P=rest_p, BLOCK_H=block_h,
-            BLOCK_K=block_k, DOT=dot, **launch)
-        _sparse_decode_combine_kernel[(S,)](part, ml, out, nt, H=H, HD=HD, HD_P=hd_p,
-                                            BLOCK_H=block_h)
+            *args,
+            part,
+            ml,
+            W,
+            KC,
+            tw,
+            nt,
+            cos.shape[0],
+            scale,
+            H=H,
+            HD=HD,
+            HD_P=hd_p,
+            HALF=half,
+            REST=rest,
+            REST_P=rest_p,
+            BLOCK_H=block_h,
+            BLOCK_K=block_k,
+            DOT=dot,
+            **launch,
+        )
+        _sparse_decode_combine_kernel[(S,)](part, ml, out, nt, H=H, HD=HD, HD_P=hd_p, BLOCK_H=block_h)
         return out
     if dot:
         _sparse_decode_dot_kernel[(S,)](
-            *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-            BLOCK_H=block_h, **_DECODE_DOT_LAUNCH)
+            *args,
+            out,
+            W,
+            KC,
+            cos.shape[0],
+            scale,
+            H=H,
+            HD=HD,
+            HALF=half,
+            REST=rest,
+            BLOCK_H=block_h,
+            **_DECODE_DOT_LAUNCH,
+        )
         return out
     _sparse_decode_kernel[(S,)](
-        *args, out, W, KC, cos.shape[0], scale, H=H, HD=HD, HALF=half, REST=rest,
-        REST_P=rest_p, BLOCK_H=block_h, BLOCK_K=block_k)
+        *args,
+        out,
+        W,
+        KC,
+        cos.shape[0],
+        scale,
+        H=H,
+        HD=HD,
+        HALF=half,
+        REST=rest,
+        REST_P=rest_p,
+        BLOCK_H=block_h,
+        BLOCK_K=block_k,
+    )
     return out
 
 
-def sparse_decode_attention(q: torch.Tensor, kv_flat: torch.Tensor, win_slots: torch.Tensor,
-                            win_pos: torch.Tensor, ckv_flat: torch.Tensor, c_ids: torch.Tensor,
-                            c_pos: torch.Tensor, sink: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, scale: float) -> torch.Tensor:
+def sparse_decode_attention(
+    q: torch.Tensor,
+    kv_flat: torch.Tensor,
+    win_slots: torch.Tensor,
+    win_pos: torch.Tensor,
+    ckv_flat: torch.Tensor,
+    c_ids: torch.Tensor,
+    c_pos: torch.Tensor,
+    sink: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """reference.sparse_decode_attention as one Triton program per sequence."""
     assert AVAILABLE and q.is_cuda
     S, H, HD = q.shape
     half = cos.shape[1]
     if half & (half - 1) or S == 0:  # tl.arange needs a power of two
-        return reference.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
-                                                 c_ids, c_pos, sink, cos, sin, scale)
+        return reference.sparse_decode_attention(
+            q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale
+        )
     if _compiling():
-        return torch.ops.dsv4.sparse_decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat,
-                                                      c_ids, c_pos, sink, cos, sin, scale)
-    return _decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink,
-                             cos, sin, scale)
+        return torch.ops.dsv4.sparse_decode_attention(
+            q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale
+        )
+    return _decode_attention(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale)
 
 
 def _compiling() -> bool:
@@ -518,9 +938,12 @@ if AVAILABLE:
     # Opaque to torch.compile: the kernels read the pools (graph inputs that the step mutates
     # before these reads); functionalization orders the reads after the writes.
     _indexer_topk_op = torch.library.custom_op(
-        "dsv4::indexer_topk", _indexer_topk, mutates_args=(),
+        "dsv4::indexer_topk",
+        _indexer_topk,
+        mutates_args=(),
         schema="(Tensor q, Tensor w, Tensor idx_k, Tensor? idx_scale, Tensor cand, "
-               "Tensor n_eligible, int topk) -> Tensor")
+        "Tensor n_eligible, int topk) -> Tensor",
+    )
 
     @_indexer_topk_op.register_fake
     def _(q, w, idx_k, idx_scale, cand, n_eligible, topk):  # type: ignore[no-untyped-def]
@@ -528,10 +951,13 @@ if AVAILABLE:
         return q.new_empty(G, Q, topk, dtype=torch.long)
 
     _decode_attention_op = torch.library.custom_op(
-        "dsv4::sparse_decode_attention", _decode_attention, mutates_args=(),
+        "dsv4::sparse_decode_attention",
+        _decode_attention,
+        mutates_args=(),
         schema="(Tensor q, Tensor kv_flat, Tensor win_slots, Tensor win_pos, Tensor ckv_flat, "
-               "Tensor c_ids, Tensor c_pos, Tensor sink, Tensor cos, Tensor sin, float scale) "
-               "-> Tensor")
+        "Tensor c_ids, Tensor c_pos, Tensor sink, Tensor cos, Tensor sin, float scale) "
+        "-> Tensor",
+    )
 
     @_decode_attention_op.register_fake
     def _(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale):  # type: ignore[no-untyped-def]

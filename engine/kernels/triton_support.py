@@ -62,5 +62,4 @@ class CompileLog:
         by: dict[str, list[float]] = {}
         for name, s in self.compiled:
             by.setdefault(name, []).append(s)
-        return ", ".join(f"{n} x{len(v)} ({sum(v):.2f} s)"
-                         for n, v in sorted(by.items(), key=lambda kv: -sum(kv[1])))
+        return ", ".join(f"{n} x{len(v)} ({sum(v):.2f} s)" for n, v in sorted(by.items(), key=lambda kv: -sum(kv[1])))

@@ -49,8 +49,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.sink = nn.Parameter(torch.zeros(cfg.n_heads))
         self.compressor = Compressor(cfg.head_dim, self.rate)
-        self.indexer = (Indexer(cfg.d_model, cfg.head_dim, cfg.index_heads, cfg.index_dim,
-                                cfg.index_topk) if cfg.is_csa(layer) else None)
+        self.indexer = (
+            Indexer(cfg.d_model, cfg.head_dim, cfg.index_heads, cfg.index_dim, cfg.index_topk)
+            if cfg.is_csa(layer)
+            else None
+        )
         # Which compressed entries a CSA query attends on the dense path (the pooled path always
         # takes the indexer's top-k): "indexer"; "all" eligible ones, DSV4's dense warm-up that
         # teaches attention where far tokens are before the indexer decides; or, to measure how
@@ -62,8 +65,7 @@ class Attention(nn.Module):
         self.fused_in: torch.Tensor | None = None
 
     # --- pooled path ----------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
-                rope: Rope) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools, rope: Rope) -> torch.Tensor:
         """x [N, d_model] (normed) -> [N, d_model]. Writes the new tokens' KV and the entries
         (and index keys) of blocks they complete into the pools, then attends."""
         N, H, hd, l = x.shape[0], self.n_heads, self.head_dim, self.layer
@@ -86,10 +88,8 @@ class Attention(nn.Module):
                 pool_writes.write_index_k(pools, l, done.entries, self.indexer.keys(entries))
         # NOTE: as in DSV4's sparse attention, the indexer picks each query's blocks from the
         # index-K pool first; only then does attention read raw and compressed KV.
-        dec_blocks = (self._decode_blocks(x, plan.decode, pools, index_q)
-                      if plan.decode is not None else None)
-        ext_picks = [self._extend_picks(x[ext.row0 : ext.row0 + ext.length], ext, pools)
-                     for ext in plan.extends]
+        dec_blocks = self._decode_blocks(x, plan.decode, pools, index_q) if plan.decode is not None else None
+        ext_picks = [self._extend_picks(x[ext.row0 : ext.row0 + ext.length], ext, pools) for ext in plan.extends]
         pools.gate(l, "kv")
         if plan.decode is not None and plan.decode.every_row:
             out = self._decode(q, plan.decode, pools, rope, dec_blocks).to(x.dtype)
@@ -103,8 +103,9 @@ class Attention(nn.Module):
             out[rows_] = self._extend(q[rows_], ext, pools, rope, picks)
         return self.wo(out.view(N, H * hd))
 
-    def _project(self, x: torch.Tensor, static: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    def _project(
+        self, x: torch.Tensor, static: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """(wq(x), wkv(x), the indexer's queries of every row or None): on a static step with
         fused_in set, one product; otherwise the indexer projects the rows it selects for."""
         if not static or self.fused_in is None:
@@ -117,20 +118,20 @@ class Attention(nn.Module):
         q, kv, iq, iw = F.linear(x, self.fused_in).split([H, hd, ix.heads * ix.dim, ix.heads], -1)
         return q, kv, ix.scale_queries(iq, iw)
 
-    def _select(self, queries: tuple[torch.Tensor, torch.Tensor], cand: torch.Tensor,
-                n_eligible: torch.Tensor, pools: KVPools) -> torch.Tensor:
+    def _select(
+        self, queries: tuple[torch.Tensor, torch.Tensor], cand: torch.Tensor, n_eligible: torch.Tensor, pools: KVPools
+    ) -> torch.Tensor:
         """Indexer top-k for groups [G] of queries (Indexer.queries: [G, Q, heads, dim],
         [G, Q, heads]) over candidates cand [G, NB]."""
         assert self.indexer is not None
         pools.gate(self.layer, "index_k")
         qi, w = queries
         k_flat, s_flat = pools.idx_flat(self.layer)
-        return ops_for(qi.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible,
-                                               self.indexer.topk)
+        return ops_for(qi.device).indexer_topk(qi, w, k_flat, s_flat, cand, n_eligible, self.indexer.topk)
 
-    def _decode_blocks(self, x: torch.Tensor, dg: DecodeGroup, pools: KVPools,
-                       index_q: tuple[torch.Tensor, torch.Tensor] | None
-                       ) -> torch.Tensor | None:
+    def _decode_blocks(
+        self, x: torch.Tensor, dg: DecodeGroup, pools: KVPools, index_q: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor | None:
         """CSA layers: the block (index into dg.cand) each decode query selects [S, topk], -1
         pad; None in HCA layers and while no sequence has a complete block. index_q: the
         indexer's queries of every row, where _project made them."""
@@ -157,8 +158,9 @@ class Attention(nn.Module):
         qi, w = self.indexer.queries(x)
         return self._select((qi.unsqueeze(0), w.unsqueeze(0)), cand.unsqueeze(0), n_elig, pools)[0]
 
-    def _decode(self, q: torch.Tensor, dg: DecodeGroup, pools: KVPools, rope: Rope,
-                blocks: torch.Tensor | None) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, dg: DecodeGroup, pools: KVPools, rope: Rope, blocks: torch.Tensor | None
+    ) -> torch.Tensor:
         r, l = self.rate, self.layer
         cand = dg.cand[r]
         if cand.shape[1] == 0:  # no sequence has a complete block yet
@@ -170,11 +172,22 @@ class Attention(nn.Module):
             blocks = torch.arange(cand.shape[1], device=cand.device).expand_as(cand)
         c_pos = (blocks + 1) * r - 1
         return ops_for(q.device).sparse_decode_attention(
-            q, pools.kv_flat(l), dg.win_slots, dg.win_pos, pools.ckv_flat(l), c_ids, c_pos,
-            self.sink, rope.cos, rope.sin, self.scale)
+            q,
+            pools.kv_flat(l),
+            dg.win_slots,
+            dg.win_pos,
+            pools.ckv_flat(l),
+            c_ids,
+            c_pos,
+            self.sink,
+            rope.cos,
+            rope.sin,
+            self.scale,
+        )
 
-    def _extend(self, q: torch.Tensor, ext: ExtendSeq, pools: KVPools, rope: Rope,
-                picks: torch.Tensor | None) -> torch.Tensor:
+    def _extend(
+        self, q: torch.Tensor, ext: ExtendSeq, pools: KVPools, rope: Rope, picks: torch.Tensor | None
+    ) -> torch.Tensor:
         L, s, W, H, hd, r = ext.length, ext.start, self.window, self.n_heads, self.head_dim, self.rate
         dev = q.device
         # Window as a blocked band: query block n (Bq queries) sees buffer rows
@@ -217,8 +230,7 @@ class Attention(nn.Module):
             mask_c = (torch.arange(NB, device=dev) < n_elig.unsqueeze(1)).unsqueeze(1)
             vc = comp
         logits = torch.cat((lw, lc), -1) * self.scale
-        probs = softmax_with_sink(
-            logits.masked_fill(~torch.cat((mask_w, mask_c), -1), NEG_INF), self.sink)
+        probs = softmax_with_sink(logits.masked_fill(~torch.cat((mask_w, mask_c), -1), NEG_INF), self.sink)
         pw, pc = probs.split([Kw, lc.shape[-1]], dim=-1)
         out = torch.einsum("nqhk,nkd->nqhd", pw.reshape(nblk, Bq, H, Kw), vw).reshape(Lp, H, hd)
         if vc is not None and vc.dim() == 3:
@@ -228,8 +240,9 @@ class Attention(nn.Module):
         return out[:L]
 
     # --- dense path -------------------------------------------------------------------------
-    def forward_dense(self, x: torch.Tensor, rope: Rope, index_k_dtype: str | None,
-                      want_aux: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_dense(
+        self, x: torch.Tensor, rope: Rope, index_k_dtype: str | None, want_aux: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, T, d_model] (normed), positions 0..T-1 -> ([B, T, d_model], indexer
         distillation loss or None). No pools; differentiable except through top-k indices."""
         B, T, _ = x.shape
@@ -251,12 +264,12 @@ class Attention(nn.Module):
             eligible = (blocks + 1) * r <= (pos + 1).unsqueeze(1)  # [T, NB]
             mask_c = eligible.expand(B, T, NB)
             if self.indexer is not None:
-                chosen, scores = self.indexer.select_dense(x, comp, eligible, index_k_dtype,
-                                                           with_scores=want_aux)
+                chosen, scores = self.indexer.select_dense(x, comp, eligible, index_k_dtype, with_scores=want_aux)
                 if self.csa_pick == "random":
                     noise = torch.rand(chosen.shape, device=dev).masked_fill(~eligible, -1.0)
                     chosen = torch.zeros_like(chosen).scatter_(
-                        -1, noise.topk(min(self.indexer.topk, NB), -1).indices, True)
+                        -1, noise.topk(min(self.indexer.topk, NB), -1).indices, True
+                    )
                 if self.csa_pick != "all":
                     mask_c = mask_c & chosen & (self.csa_pick != "none")
                 if scores is not None:

@@ -54,6 +54,6 @@ class ForwardBatch:
             assert s.end_pos <= max_context, f"position {s.end_pos - 1} >= max_context"
             needed = (s.end_pos + page_size - 1) // page_size
             assert len(s.page_table) >= needed, (
-                f"page table covers {len(s.page_table) * page_size} positions, "
-                f"needs {s.end_pos}")
+                f"page table covers {len(s.page_table) * page_size} positions, needs {s.end_pos}"
+            )
             assert all(0 <= p < num_pages for p in s.page_table[:needed]), "page id out of range"

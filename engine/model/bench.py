@@ -46,7 +46,7 @@ def fill_random(pools: KVPools, pages: list[int]) -> None:
         k = pools.idx_k[l]
         if k is not None:
             keys = torch.randn(*k[idx].shape, device=k.device)
-            flat = (idx.unsqueeze(1) * k.shape[1] + torch.arange(k.shape[1], device=k.device))
+            flat = idx.unsqueeze(1) * k.shape[1] + torch.arange(k.shape[1], device=k.device)
             pools.write_index_k(l, flat.flatten(), keys.flatten(0, 1))
 
 
@@ -77,9 +77,11 @@ def main() -> None:
     P, sync = cfg.page_size, args.device.startswith("cuda")
     rng = random.Random(0)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"DSV4Mini default config: {n_params / 1e6:.2f}M parameters, "
-          f"{pools.bytes_per_page()} bytes/page, threads={torch.get_num_threads()}, "
-          f"device={args.device}, dtype={args.dtype}, index_k={args.index_k_dtype}")
+    print(
+        f"DSV4Mini default config: {n_params / 1e6:.2f}M parameters, "
+        f"{pools.bytes_per_page()} bytes/page, threads={torch.get_num_threads()}, "
+        f"device={args.device}, dtype={args.dtype}, index_k={args.index_k_dtype}"
+    )
 
     # long-lived decode sequences with 2-4k tokens of context
     ctx = [rng.randint(2048, 4096) for _ in range(80)]
@@ -88,8 +90,7 @@ def main() -> None:
     pos = list(ctx)
 
     def decode(n: int) -> None:
-        seqs = [SeqSlice([rng.randrange(cfg.model.vocab_size)], pos[i], tables[i])
-                for i in range(n)]
+        seqs = [SeqSlice([rng.randrange(cfg.model.vocab_size)], pos[i], tables[i]) for i in range(n)]
         model(ForwardBatch(seqs), pools)
         for i in range(n):  # advance within the pages reserved above
             pos[i] = ctx[i] + (pos[i] - ctx[i] + 1) % 48
@@ -109,8 +110,7 @@ def main() -> None:
         print(f"prefill 2048 tokens after {prefix:5d}: median {med:7.1f} ms  min {best:7.1f} ms")
 
     table = alloc.take((4096 + 2048) // P)
-    mixed = ForwardBatch([SeqSlice([1], pos[i], tables[i]) for i in range(79)]
-                         + [SeqSlice(chunk, 4096, table)])
+    mixed = ForwardBatch([SeqSlice([1], pos[i], tables[i]) for i in range(79)] + [SeqSlice(chunk, 4096, table)])
     model(mixed, pools)
     med, best = timed(lambda: model(mixed, pools), max(3, args.steps // 2), sync)
     print(f"mixed 79 decodes + 2048 prefill: median {med:7.1f} ms  min {best:7.1f} ms")

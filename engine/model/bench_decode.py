@@ -70,8 +70,7 @@ def time_replays(g: torch.cuda.CUDAGraph, n: int) -> float:
     return statistics.median(ts)
 
 
-def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 25,
-                    out_dir: str = "") -> None:
+def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 25, out_dir: str = "") -> None:
     """Kernels of n replays of g: count and time per step, top kernels by total time. With
     out_dir, also every kernel's row (`<label>.kernels.txt`) and the timeline as a Chrome trace
     (`<label>.trace.json`) there."""
@@ -103,12 +102,23 @@ def profile_replays(label: str, g: torch.cuda.CUDAGraph, n: int = 5, top: int = 
             f.write("\n".join(table) + "\n")
         prof.export_chrome_trace(f"{stem}.trace.json")
 
+
 # About 1.07B parameters: DSV4-mini's layout, wider and deeper. For this benchmark only.
 CONFIGS = {
     "default": ModelConfig(),
-    "1b": ModelConfig(d_model=2048, n_layers=16, n_heads=16, head_dim=128, rope_dim=64,
-                      index_heads=8, index_dim=64, n_experts=8, experts_per_token=2,
-                      expert_dim=1024, shared_expert_dim=1024),
+    "1b": ModelConfig(
+        d_model=2048,
+        n_layers=16,
+        n_heads=16,
+        head_dim=128,
+        rope_dim=64,
+        index_heads=8,
+        index_dim=64,
+        n_experts=8,
+        experts_per_token=2,
+        expert_dim=1024,
+        shared_expert_dim=1024,
+    ),
 }
 
 
@@ -164,6 +174,7 @@ def routed_experts(model: DSV4Mini, step, token_ids: torch.Tensor) -> list[int]:
         def record(norm, args, out):
             experts, _ = moe.route(out, token_ids)
             hit.append(int(experts.unique().numel()))
+
         return record
 
     hooks = [blk.ffn_norm.register_forward_hook(recorder(blk.moe)) for blk in model.blocks]
@@ -207,11 +218,11 @@ def main() -> None:
     ap.add_argument("--ctx", default="2048,4096", help="contexts drawn uniformly from this range")
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--eager", action="store_true", help="also time the eager forward() step")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time the torch.compile'd step (compiled_step.py)")
+    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (compiled_step.py)")
     ap.add_argument("--profile", default="", help="batches whose replayed steps are profiled")
-    ap.add_argument("--profile-out", default="",
-                    help="folder for the profiled steps' full kernel tables and Chrome traces")
+    ap.add_argument(
+        "--profile-out", default="", help="folder for the profiled steps' full kernel tables and Chrome traces"
+    )
     args = ap.parse_args()
     batches = parse_batches(args.batches)
     prof_batches = set(parse_batches(args.profile)) if args.profile else set()
@@ -228,8 +239,7 @@ def main() -> None:
     ctx_all = [rng.randint(lo, hi) for _ in range(max(batches))]
     P = EngineConfig().page_size
     pages_needed = sum(c // P + 1 for c in ctx_all) + 1
-    cfg = EngineConfig(model=mcfg, device=dev, index_k_dtype=args.index_k_dtype,
-                       num_pages=max(1024, pages_needed))
+    cfg = EngineConfig(model=mcfg, device=dev, index_k_dtype=args.index_k_dtype, num_pages=max(1024, pages_needed))
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     model = DSV4Mini(mcfg).to(dev, dtype).eval()
@@ -240,19 +250,22 @@ def main() -> None:
     fill_random(pools, [p for t in tables for p in t])
     bw = copy_bandwidth(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"config {args.config}: {n_params / 1e9:.3f}B parameters ({args.dtype}), KV bf16, index-K "
-          f"{args.index_k_dtype}, contexts {lo}-{hi}; {torch.cuda.get_device_name()}; copy bandwidth "
-          f"{bw / 1e12:.2f} TB/s (read + written)")
+    print(
+        f"config {args.config}: {n_params / 1e9:.3f}B parameters ({args.dtype}), KV bf16, index-K "
+        f"{args.index_k_dtype}, contexts {lo}-{hi}; {torch.cuda.get_device_name()}; copy bandwidth "
+        f"{bw / 1e12:.2f} TB/s (read + written)"
+    )
     compiled = None
     if args.compile:
         from .compiled_step import compile_static_decode
 
         compiled = compile_static_decode(model)
-    head = (f"{'batch':>5} {'graph step':>11} {'eager step':>11} {'MB read':>9} {'(weights':>9} {'window':>7} "
-            f"{'compr.':>7} {'index-K)':>8} {'TB/s':>6} {'of copy':>8} {'tok/s':>10} {'eager err':>8}")
+    head = (
+        f"{'batch':>5} {'graph step':>11} {'eager step':>11} {'MB read':>9} {'(weights':>9} {'window':>7} "
+        f"{'compr.':>7} {'index-K)':>8} {'TB/s':>6} {'of copy':>8} {'tok/s':>10} {'eager err':>8}"
+    )
     if compiled is not None:
-        head += (f" {'compiled':>11} {'of copy':>8} {'speedup':>8} {'compile':>8} {'logit err':>9}"
-                 f" {'argmax=':>7}")
+        head += f" {'compiled':>11} {'of copy':>8} {'speedup':>8} {'compile':>8} {'logit err':>9} {'argmax=':>7}"
     lines = [head]
     to_profile: list[tuple[str, torch.cuda.CUDAGraph]] = []  # (label, graph), profiled last
     print(head)
@@ -285,9 +298,11 @@ def main() -> None:
         nbytes = step_bytes(model, pools, ctx, experts_hit)
         total = sum(nbytes.values())
         rate = total / (ms / 1e3)
-        line = (f"{B:>5} {ms:>8.3f} ms {eager_ms:>8.2f} ms {total / 1e6:>9.1f} {nbytes['weights'] / 1e6:>9.1f} "
-                f"{nbytes['window'] / 1e6:>7.1f} {nbytes['compressed'] / 1e6:>7.1f} {nbytes['index_k'] / 1e6:>8.1f} "
-                f"{rate / 1e12:>6.2f} {rate / bw:>7.1%} {B / ms * 1e3:>10.0f}")
+        line = (
+            f"{B:>5} {ms:>8.3f} ms {eager_ms:>8.2f} ms {total / 1e6:>9.1f} {nbytes['weights'] / 1e6:>9.1f} "
+            f"{nbytes['window'] / 1e6:>7.1f} {nbytes['compressed'] / 1e6:>7.1f} {nbytes['index_k'] / 1e6:>8.1f} "
+            f"{rate / 1e12:>6.2f} {rate / bw:>7.1%} {B / ms * 1e3:>10.0f}"
+        )
         g.replay()
         torch.cuda.synchronize()
         # the bf16 noise floor of the logits: eager forward() (other kernels, other sums)
@@ -303,8 +318,10 @@ def main() -> None:
             try:
                 compiled(tok, pos, pt, pools)
             except Exception as e:  # a graph break under fullgraph: compile the pieces instead
-                print(f"fullgraph compile failed ({str(e).splitlines()[0][:300]}); "
-                      "compiling with graph breaks", flush=True)
+                print(
+                    f"fullgraph compile failed ({str(e).splitlines()[0][:300]}); compiling with graph breaks",
+                    flush=True,
+                )
                 from .compiled_step import compile_static_decode
 
                 compiled = compile_static_decode(model, fullgraph=False)
@@ -321,8 +338,9 @@ def main() -> None:
             err = ((logits_c.float() - logits.float()).norm() / logits.float().norm()).item()
             same = (logits_c.argmax(-1) == logits.argmax(-1)).float().mean().item()
             rate_c = total / (ms_c / 1e3)
-            line += (f" {ms_c:>8.3f} ms {rate_c / bw:>7.1%} {ms / ms_c:>7.2f}x {compile_s:>7.1f}s"
-                     f" {err:>9.1e} {same:>7.1%}")
+            line += (
+                f" {ms_c:>8.3f} ms {rate_c / bw:>7.1%} {ms / ms_c:>7.2f}x {compile_s:>7.1f}s {err:>9.1e} {same:>7.1%}"
+            )
             if B in prof_batches:
                 to_profile.append((f"compiled batch {B}", gc))
         lines.append(line)

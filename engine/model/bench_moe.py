@@ -27,30 +27,57 @@ LAYERS = 4
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, tma)
 SWEEP_SWIGLU = [
-    (64, 64, 64, 4, 4, False), (64, 64, 128, 4, 3, False), (64, 64, 64, 4, 6, False),
-    (128, 64, 64, 8, 4, False), (128, 64, 128, 8, 3, False), (32, 64, 128, 4, 4, False),
-    (64, 32, 128, 4, 4, False), (64, 128, 64, 8, 3, False),
-    (64, 64, 64, 4, 4, True), (64, 64, 128, 4, 3, True), (128, 64, 64, 8, 4, True),
-    (64, 64, 64, 4, 6, True), (32, 64, 128, 4, 4, True),
+    (64, 64, 64, 4, 4, False),
+    (64, 64, 128, 4, 3, False),
+    (64, 64, 64, 4, 6, False),
+    (128, 64, 64, 8, 4, False),
+    (128, 64, 128, 8, 3, False),
+    (32, 64, 128, 4, 4, False),
+    (64, 32, 128, 4, 4, False),
+    (64, 128, 64, 8, 3, False),
+    (64, 64, 64, 4, 4, True),
+    (64, 64, 128, 4, 3, True),
+    (128, 64, 64, 8, 4, True),
+    (64, 64, 64, 4, 6, True),
+    (32, 64, 128, 4, 4, True),
 ]
 SWEEP_OUT = [
-    (64, 128, 64, 4, 4, False), (64, 128, 128, 4, 3, False), (64, 64, 128, 4, 4, False),
-    (128, 128, 64, 8, 4, False), (64, 256, 64, 8, 3, False), (32, 128, 128, 4, 4, False),
+    (64, 128, 64, 4, 4, False),
+    (64, 128, 128, 4, 3, False),
+    (64, 64, 128, 4, 4, False),
+    (128, 128, 64, 8, 4, False),
+    (64, 256, 64, 8, 3, False),
+    (32, 128, 128, 4, 4, False),
     (64, 64, 64, 4, 6, False),
-    (64, 128, 64, 4, 4, True), (64, 128, 128, 4, 3, True), (64, 64, 128, 4, 4, True),
-    (128, 128, 64, 8, 4, True), (32, 128, 128, 4, 4, True),
+    (64, 128, 64, 4, 4, True),
+    (64, 128, 128, 4, 3, True),
+    (64, 64, 128, 4, 4, True),
+    (128, 128, 64, 8, 4, True),
+    (32, 128, 128, 4, 4, True),
 ]
 
 # around the best of the first sweep at batch 80-256 (64-row tiles)
 SWEEP2_SWIGLU = [
-    (64, 64, 64, 4, 4, False), (64, 64, 64, 4, 3, False), (64, 64, 64, 4, 5, False),
-    (64, 64, 64, 8, 4, False), (64, 64, 32, 4, 6, False), (64, 64, 32, 4, 8, False),
-    (32, 64, 64, 4, 4, False), (64, 128, 64, 4, 3, False), (64, 128, 32, 8, 5, False),
+    (64, 64, 64, 4, 4, False),
+    (64, 64, 64, 4, 3, False),
+    (64, 64, 64, 4, 5, False),
+    (64, 64, 64, 8, 4, False),
+    (64, 64, 32, 4, 6, False),
+    (64, 64, 32, 4, 8, False),
+    (32, 64, 64, 4, 4, False),
+    (64, 128, 64, 4, 3, False),
+    (64, 128, 32, 8, 5, False),
 ]
 SWEEP2_OUT = [
-    (64, 128, 64, 4, 4, False), (64, 128, 64, 4, 3, False), (64, 128, 64, 4, 5, False),
-    (64, 128, 64, 8, 4, False), (64, 128, 32, 4, 6, False), (64, 128, 32, 4, 8, False),
-    (32, 128, 64, 4, 4, False), (64, 256, 64, 4, 3, False), (64, 64, 64, 4, 4, False),
+    (64, 128, 64, 4, 4, False),
+    (64, 128, 64, 4, 3, False),
+    (64, 128, 64, 4, 5, False),
+    (64, 128, 64, 8, 4, False),
+    (64, 128, 32, 4, 6, False),
+    (64, 128, 32, 4, 8, False),
+    (32, 128, 64, 4, 4, False),
+    (64, 256, 64, 4, 3, False),
+    (64, 64, 64, 4, 4, False),
     (64, 256, 32, 8, 5, False),
 ]
 
@@ -76,8 +103,11 @@ def main() -> None:
     m = CONFIGS["1b"]
     E, k, d, h = m.n_experts, m.experts_per_token, m.d_model, m.expert_dim
     bw = copy_bandwidth(dev)
-    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (read + written); "
-          f"experts {E} x (w_in [{d}, {2 * h}], w_out [{h}, {d}]) bf16, top {k}", flush=True)
+    print(
+        f"{torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (read + written); "
+        f"experts {E} x (w_in [{d}, {2 * h}], w_out [{h}, {d}]) bf16, top {k}",
+        flush=True,
+    )
     torch.manual_seed(0)
     w_in = [torch.randn(E, d, 2 * h, device=dev, dtype=torch.bfloat16) * d**-0.5 for _ in range(LAYERS)]
     w_out = [torch.randn(E, h, d, device=dev, dtype=torch.bfloat16) * h**-0.5 for _ in range(LAYERS)]
@@ -122,13 +152,21 @@ def main() -> None:
 
         # torch._grouped_mm, as static_moe._grouped
         got = torch._grouped_mm(x[tok], w_in[0], offs=offs)
-        row(B, "torch._grouped_mm w_in (+ x[tok])",
-            time_graph(lambda: [torch._grouped_mm(x[tok], w, offs=offs) for w in w_in]), b_in,
-            rel(got, ref_h))
+        row(
+            B,
+            "torch._grouped_mm w_in (+ x[tok])",
+            time_graph(lambda: [torch._grouped_mm(x[tok], w, offs=offs) for w in w_in]),
+            b_in,
+            rel(got, ref_h),
+        )
         got = torch._grouped_mm(act_bf, w_out[0], offs=offs)
-        row(B, "torch._grouped_mm w_out",
-            time_graph(lambda: [torch._grouped_mm(act_bf, w, offs=offs) for w in w_out]), b_out,
-            rel(got, ref_y))
+        row(
+            B,
+            "torch._grouped_mm w_out",
+            time_graph(lambda: [torch._grouped_mm(act_bf, w, offs=offs) for w in w_out]),
+            b_out,
+            rel(got, ref_y),
+        )
 
         def torch_moe(wi: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
             hh = torch._grouped_mm(x[tok], wi, offs=offs)
@@ -136,9 +174,13 @@ def main() -> None:
             y = torch._grouped_mm((F.silu(g) * u).contiguous(), wo, offs=offs)
             return (y[dest].view(B, k, d) * gates.unsqueeze(-1).to(y.dtype)).sum(1)
 
-        row(B, "torch: both products + silu + combine",
-            time_graph(lambda: [torch_moe(a, b) for a, b in zip(w_in, w_out)]), b_in + b_out,
-            rel(torch_moe(w_in[0], w_out[0]), ref_out))
+        row(
+            B,
+            "torch: both products + silu + combine",
+            time_graph(lambda: [torch_moe(a, b) for a, b in zip(w_in, w_out)]),
+            b_in + b_out,
+            rel(torch_moe(w_in[0], w_out[0]), ref_out),
+        )
 
         saved = dict(gm.CONFIG)
         if args.sweep2:
@@ -155,25 +197,25 @@ def main() -> None:
         for swiglu, cfgs in ((True, in_cfgs), (False, out_cfgs)):
             for cfg in cfgs:
                 use(swiglu, cfg)
-                name = ("triton w_in+silu (gather) " if swiglu else "triton w_out (gate,scatter) ") + \
-                    ",".join(str(int(v)) for v in cfg)
+                name = ("triton w_in+silu (gather) " if swiglu else "triton w_out (gate,scatter) ") + ",".join(
+                    str(int(v)) for v in cfg
+                )
                 try:
                     if swiglu:
                         got = gm._grouped_mm(x, w_in[0], offs, tok, None, None, True)
                         err = rel(got, ref_act)
-                        ms = time_graph(lambda: [gm._grouped_mm(x, w, offs, tok, None, None, True)
-                                                 for w in w_in])
+                        ms = time_graph(lambda: [gm._grouped_mm(x, w, offs, tok, None, None, True) for w in w_in])
                         nb = b_in
                     else:
                         got = gm._grouped_mm(act_bf, w_out[0], offs, None, flat_gates, order, False)
                         want = ref_y[dest] * flat_gates.unsqueeze(-1)
                         err = rel(got, want)
-                        ms = time_graph(lambda: [gm._grouped_mm(act_bf, w, offs, None, flat_gates,
-                                                                order, False) for w in w_out])
+                        ms = time_graph(
+                            lambda: [gm._grouped_mm(act_bf, w, offs, None, flat_gates, order, False) for w in w_out]
+                        )
                         nb = b_out
                 except Exception as exc:  # noqa: BLE001 - a tile shape that does not build
-                    print(f"{B:>5} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                          flush=True)
+                    print(f"{B:>5} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
                     continue
                 row(B, name, ms, nb, err)
                 if err < 2e-2 and (swiglu not in best or ms < best[swiglu][0]):
@@ -188,10 +230,18 @@ def main() -> None:
             y = gm._grouped_mm(act, wo, offs, None, flat_gates, order, False)
             return y.view(B, k, d).sum(1)
 
-        label = "triton: both (best " + "/".join(
-            ",".join(str(int(v)) for v in gm.config(s, B * k, E)) for s in (True, False)) + ")"
-        row(B, label, time_graph(lambda: [triton_moe(a, b) for a, b in zip(w_in, w_out)]),
-            b_in + b_out, rel(triton_moe(w_in[0], w_out[0]), ref_out))
+        label = (
+            "triton: both (best "
+            + "/".join(",".join(str(int(v)) for v in gm.config(s, B * k, E)) for s in (True, False))
+            + ")"
+        )
+        row(
+            B,
+            label,
+            time_graph(lambda: [triton_moe(a, b) for a, b in zip(w_in, w_out)]),
+            b_in + b_out,
+            rel(triton_moe(w_in[0], w_out[0]), ref_out),
+        )
         gm.CONFIG.update(saved)
     print("\n".join(table))
 

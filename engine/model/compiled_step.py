@@ -38,14 +38,14 @@ def compile_static_decode(model: DSV4Mini, fullgraph: bool = False) -> Callable[
     # layer is compiled once per layer (its guards hold the layer index) and per bucket: the
     # engine captures up to a few dozen buckets of the model's layers
     cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), 1 << 16))
     compiled = torch.compile(model.static_decode_step, dynamic=False, fullgraph=fullgraph)
 
-    def step(token_ids: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
-             pools: KVPools) -> torch.Tensor:
+    def step(
+        token_ids: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor, pools: KVPools
+    ) -> torch.Tensor:
         # NOTE: traced outside inference mode (even when the caller is in it): functionalising
         # the in-place pool writes sets version counters, which inference tensors lack
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():

@@ -40,9 +40,14 @@ class Indexer(nn.Module):
         """Compressed entries [..., head_dim] -> float index keys [..., dim] (before storage)."""
         return self.wk(entries)
 
-    def select_dense(self, x: torch.Tensor, entries: torch.Tensor, eligible: torch.Tensor,
-                     mode: str | None, with_scores: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def select_dense(
+        self,
+        x: torch.Tensor,
+        entries: torch.Tensor,
+        eligible: torch.Tensor,
+        mode: str | None,
+        with_scores: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Dense selection over all blocks of a [B, T] batch.
 
         x: [B, T, d_model]; entries: [B, NB, head_dim]; eligible: [T, NB] bool; mode: index-K
@@ -63,8 +68,7 @@ class Indexer(nn.Module):
         return mask[..., :NB], (scores if with_scores else None)
 
 
-def distill_loss(scores: torch.Tensor, attn_logits: torch.Tensor,
-                 eligible: torch.Tensor) -> torch.Tensor:
+def distill_loss(scores: torch.Tensor, attn_logits: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
     """KL(p_attn || p_index) averaged over queries with at least one eligible block.
 
     scores: [B, T, NB] index scores; attn_logits: [B, T, H, NB] main attention logits over the

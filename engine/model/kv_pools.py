@@ -53,8 +53,13 @@ def roundtrip_index_k(k: torch.Tensor, mode: str) -> torch.Tensor:
 class KVPools:
     """All paged tensors of the model; see the module docstring for layout and addressing."""
 
-    def __init__(self, cfg: EngineConfig, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", scratch_page: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        scratch_page: bool = False,
+    ) -> None:
         m = cfg.model
         self.cfg = cfg
         self.page_size = cfg.page_size
@@ -69,10 +74,8 @@ class KVPools:
         assert P % m.hca_rate == 0 and P % m.csa_rate == 0
         # NOTE: zero-initialised: masked reads gather real (finite) rows, and 0 * NaN would
         # poison an attention output even at probability 0.
-        self.kv = [torch.zeros(n, P, m.head_dim, dtype=dtype, device=device)
-                   for _ in range(m.n_layers)]
-        self.ckv = [torch.zeros(n, P // m.rate(l), m.head_dim, dtype=dtype, device=device)
-                    for l in range(m.n_layers)]
+        self.kv = [torch.zeros(n, P, m.head_dim, dtype=dtype, device=device) for _ in range(m.n_layers)]
+        self.ckv = [torch.zeros(n, P // m.rate(l), m.head_dim, dtype=dtype, device=device) for l in range(m.n_layers)]
         self.idx_k: list[torch.Tensor | None] = []
         self.idx_scale: list[torch.Tensor | None] = []
         k_dtype = torch.float8_e4m3fn if cfg.index_k_dtype == "fp8" else torch.bfloat16
@@ -100,8 +103,7 @@ class KVPools:
         return k.view(-1, k.shape[-1]), (s.view(-1) if self.index_k_dtype == "fp8" else None)
 
     # --- addressing -------------------------------------------------------------------------
-    def slots(self, page_table: Sequence[int] | torch.Tensor, positions: torch.Tensor,
-              rate: int = 1) -> torch.Tensor:
+    def slots(self, page_table: Sequence[int] | torch.Tensor, positions: torch.Tensor, rate: int = 1) -> torch.Tensor:
         """Flat ids of `positions` (rate 1: raw KV slots; rate r: the entries of the blocks
         holding those positions) for one sequence's page table."""
         pt = torch.as_tensor(page_table, dtype=torch.long, device=positions.device)
@@ -115,12 +117,10 @@ class KVPools:
     def read_kv(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         return self.kv_flat(layer)[slots]
 
-    def write_kv_at(self, layer: int, page_table: Sequence[int], positions: torch.Tensor,
-                    values: torch.Tensor) -> None:
+    def write_kv_at(self, layer: int, page_table: Sequence[int], positions: torch.Tensor, values: torch.Tensor) -> None:
         self.write_kv(layer, self.slots(page_table, positions), values)
 
-    def read_kv_at(self, layer: int, page_table: Sequence[int],
-                   positions: torch.Tensor) -> torch.Tensor:
+    def read_kv_at(self, layer: int, page_table: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
         return self.read_kv(layer, self.slots(page_table, positions))
 
     # --- compressed entries and index keys ---------------------------------------------------
@@ -134,8 +134,9 @@ class KVPools:
         """Quantize float keys [n, index_dim] into the layer's index-K pool."""
         self.write_index_k_stored(layer, entries, *quantize_index_k(keys, self.index_k_dtype))
 
-    def write_index_k_stored(self, layer: int, entries: torch.Tensor, stored: torch.Tensor,
-                             scale: torch.Tensor | None) -> None:
+    def write_index_k_stored(
+        self, layer: int, entries: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor | None
+    ) -> None:
         """Write keys already quantized by quantize_index_k into the layer's index-K pool."""
         k_flat, s_flat = self.idx_flat(layer)
         if stored.dtype == torch.float8_e4m3fn:  # NOTE: index_copy_ has no fp8 CPU kernel
@@ -151,14 +152,14 @@ class KVPools:
         k_flat, s_flat = self.idx_flat(layer)
         return dequantize_index_k(k_flat[entries], None if s_flat is None else s_flat[entries])
 
-    def write_ckv_at(self, layer: int, page_table: Sequence[int], positions: torch.Tensor,
-                     values: torch.Tensor) -> None:
+    def write_ckv_at(
+        self, layer: int, page_table: Sequence[int], positions: torch.Tensor, values: torch.Tensor
+    ) -> None:
         """Write compressed entries of the blocks holding `positions` (one position per block)."""
         rate = self.cfg.model.rate(layer)
         self.write_ckv(layer, self.slots(page_table, positions, rate), values)
 
-    def read_ckv_at(self, layer: int, page_table: Sequence[int],
-                    positions: torch.Tensor) -> torch.Tensor:
+    def read_ckv_at(self, layer: int, page_table: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
         rate = self.cfg.model.rate(layer)
         return self.read_ckv(layer, self.slots(page_table, positions, rate))
 

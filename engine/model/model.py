@@ -32,18 +32,20 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.moe = MoE(cfg, layer)
 
-    def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools,
-                rope: Rope) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: BatchPlan, pools: KVPools, rope: Rope) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), plan, pools, rope)
         h = self.ffn_norm(x)
         # NOTE: on CUDA every step takes the MoE without a host sync (MoE.forward reads the
         # expert counts back: four syncs a step that leave the GPU idle behind Python)
-        return x + (static_moe(self.moe, h, plan.token_ids, plan.static)
-                    if plan.static or h.is_cuda else self.moe(h, plan.token_ids))
+        return x + (
+            static_moe(self.moe, h, plan.token_ids, plan.static)
+            if plan.static or h.is_cuda
+            else self.moe(h, plan.token_ids)
+        )
 
-    def forward_dense(self, x: torch.Tensor, token_ids: torch.Tensor, rope: Rope,
-                      index_k_dtype: str | None, want_aux: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_dense(
+        self, x: torch.Tensor, token_ids: torch.Tensor, rope: Rope, index_k_dtype: str | None, want_aux: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, aux = self.attn.forward_dense(self.attn_norm(x), rope, index_k_dtype, want_aux)
         x = x + a
         B, T, d = x.shape
@@ -60,8 +62,7 @@ class DSV4Mini(nn.Module):
         nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = (None if cfg.tie_embeddings
-                        else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False))
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rope = Rope(cfg.rope_dim, cfg.rope_theta, cfg.max_context)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -70,8 +71,7 @@ class DSV4Mini(nn.Module):
         return h @ self.embed.weight.t() if self.lm_head is None else self.lm_head(h)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, pools: KVPools,
-                all_logits: bool = False) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pools: KVPools, all_logits: bool = False) -> torch.Tensor:
         """Compute the new tokens of `batch` against `pools` (and write their KV, compressed
         entries and index keys there).
 
@@ -87,22 +87,23 @@ class DSV4Mini(nn.Module):
         return self.logits(x if all_logits else x[plan.last_rows])
 
     @torch.inference_mode()
-    def forward_static_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                              page_table: torch.Tensor, pools: KVPools) -> torch.Tensor:
+    def forward_static_decode(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor, pools: KVPools
+    ) -> torch.Tensor:
         """One step of B rows, one new token each (a prefill chunk is a row per token), with
         every shape fixed by the inputs' sizes and no host sync (plan.build_static_decode_plan;
         MoE through static_moe): what a CUDA graph captures. Needs pools built with a scratch
         page. Returns logits [B, vocab] of every row."""
         return self.static_decode_step(token_ids, positions, page_table, pools)
 
-    def static_decode_step(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                           page_table: torch.Tensor, pools: KVPools) -> torch.Tensor:
+    def static_decode_step(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor, pools: KVPools
+    ) -> torch.Tensor:
         """forward_static_decode without its inference-mode wrapper: what torch.compile traces
         (model/compiled_step.py; compiling in inference mode fails on the pools' in-place
         writes), to be called under no_grad."""
         assert pools.scratch_page is not None, "a static decode needs pools with a scratch page"
-        plan = build_static_decode_plan(token_ids, positions, page_table, self.cfg,
-                                        pools.page_size, pools.scratch_page)
+        plan = build_static_decode_plan(token_ids, positions, page_table, self.cfg, pools.page_size, pools.scratch_page)
         x = self.embed(plan.token_ids)
         for block in self.blocks:
             x = block(x, plan, pools, self.rope)
@@ -120,9 +121,9 @@ class DSV4Mini(nn.Module):
             block.attn.csa_pick = mode
             block.attn.read_compressed = hca or block.attn.indexer is not None
 
-    def forward_dense(self, token_ids: torch.Tensor, index_k_dtype: str | None = "fp8",
-                      return_indexer_loss: bool = False
-                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward_dense(
+        self, token_ids: torch.Tensor, index_k_dtype: str | None = "fp8", return_indexer_loss: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Full recompute of token_ids [T] or [B, T] (positions 0..T-1) -> logits [T, vocab] or
         [B, T, vocab]. Differentiable (top-k selections are not).
 
@@ -140,8 +141,9 @@ class DSV4Mini(nn.Module):
             return logits
         return logits, (aux if aux is not None else logits.sum() * 0.0)
 
-    def hidden_dense(self, ids: torch.Tensor, index_k_dtype: str | None = "fp8", want_aux: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def hidden_dense(
+        self, ids: torch.Tensor, index_k_dtype: str | None = "fp8", want_aux: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hidden states [B, T, d_model] before the final norm, and the indexer loss averaged
         over CSA layers (None when not asked or no CSA layer). Training takes logits only
         where it needs them, from these."""

@@ -31,8 +31,7 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 def hash_experts(token_ids: torch.Tensor, n_experts: int, k: int) -> torch.Tensor:
     """k distinct experts per token, a fixed function of the token id: [N] -> [N, k]."""
-    keys = _mix(token_ids.long().unsqueeze(-1) * n_experts
-                + torch.arange(n_experts, device=token_ids.device))
+    keys = _mix(token_ids.long().unsqueeze(-1) * n_experts + torch.arange(n_experts, device=token_ids.device))
     return torch.sort(keys, dim=-1, stable=True).indices[..., :k]
 
 
@@ -68,9 +67,13 @@ class MoE(nn.Module):
         # steps, once fused_projections.fuse_projections() has set it
         self.fused_in: torch.Tensor | None = None
 
-    def route(self, x: torch.Tensor, token_ids: torch.Tensor,
-              top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-              logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self,
+        x: torch.Tensor,
+        token_ids: torch.Tensor,
+        top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+        logits: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, d], token_ids [N] -> (experts [N, k] int64, gates [N, k] summing to 1).
         `top_k(biased scores [N, E], k)`: the k chosen columns, torch.topk's by default;
         `logits`: x's router logits [N, E] where the caller has them (fused_projections.py)."""

@@ -68,8 +68,7 @@ def _long(x: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.long).to(device)
 
 
-def build_plan(batch: ForwardBatch, cfg: ModelConfig, page_size: int,
-               device: torch.device) -> BatchPlan:
+def build_plan(batch: ForwardBatch, cfg: ModelConfig, page_size: int, device: torch.device) -> BatchPlan:
     """All index tensors of `batch` (see the module docstring)."""
     P, W = page_size, cfg.window
     rates = sorted({cfg.csa_rate, cfg.hca_rate})
@@ -106,28 +105,32 @@ def build_plan(batch: ForwardBatch, cfg: ModelConfig, page_size: int,
         row += n
         last_rows.append(row - 1)
     compress = {
-        r: CompressWrites(
-            _long(comp_slots[r], device).view(-1, r), _long(comp_entries[r], device))
-        for r in rates
+        r: CompressWrites(_long(comp_slots[r], device).view(-1, r), _long(comp_entries[r], device)) for r in rates
     }
     offsets = batch.offsets()
-    decode = (_decode_group(batch, [offsets[i] for i in dec_idx], dec_idx, rates, P, W, device)
-              if dec_idx else None)
+    decode = _decode_group(batch, [offsets[i] for i in dec_idx], dec_idx, rates, P, W, device) if dec_idx else None
     if decode is not None and not extends:
         decode.every_row = True
-    return BatchPlan(_long(tokens, device), _long(positions, device), _long(new_slots, device),
-                     _long(last_rows, device), compress, decode, extends)
+    return BatchPlan(
+        _long(tokens, device),
+        _long(positions, device),
+        _long(new_slots, device),
+        _long(last_rows, device),
+        compress,
+        decode,
+        extends,
+    )
 
 
-def _decode_group(batch: ForwardBatch, rows: list[int], idx: list[int], rates: list[int],
-                  P: int, W: int, device: torch.device) -> DecodeGroup:
+def _decode_group(
+    batch: ForwardBatch, rows: list[int], idx: list[int], rates: list[int], P: int, W: int, device: torch.device
+) -> DecodeGroup:
     seqs = [batch.seqs[i] for i in idx]
     t_list = [s.start_pos for s in seqs]
     n_pages = [t // P + 1 for t in t_list]
     width = max(n_pages)
     # NOTE: pad with the last needed page (a real page), never read unmasked
-    pt = _long([s.page_table[:n] + [s.page_table[n - 1]] * (width - n)
-                for s, n in zip(seqs, n_pages)], device)
+    pt = _long([s.page_table[:n] + [s.page_table[n - 1]] * (width - n) for s, n in zip(seqs, n_pages)], device)
     t = _long(t_list, device)
     win_pos = t[:, None] - (W - 1) + torch.arange(W, device=device)
     valid = win_pos >= 0
@@ -144,9 +147,14 @@ def _decode_group(batch: ForwardBatch, rows: list[int], idx: list[int], rates: l
     return DecodeGroup(_long(rows, device), t, win_slots, win_pos, cand, n_blocks)
 
 
-def build_static_decode_plan(token_ids: torch.Tensor, positions: torch.Tensor,
-                             page_table: torch.Tensor, cfg: ModelConfig, page_size: int,
-                             scratch_page: int) -> BatchPlan:
+def build_static_decode_plan(
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    page_table: torch.Tensor,
+    cfg: ModelConfig,
+    page_size: int,
+    scratch_page: int,
+) -> BatchPlan:
     """The plan of a step of B rows computed on the device from three tensors, with no host
     sync and shapes fixed by their sizes (what a captured CUDA graph needs). Each row is one
     new token planned as a decode: a prefill chunk is a row per token: its window and blocks
@@ -185,7 +193,7 @@ def build_static_decode_plan(token_ids: torch.Tensor, positions: torch.Tensor,
         page0 = torch.where(done, page0, scratch_page)
         off = torch.where(done, start % P, 0)
         compress[r] = CompressWrites(
-            (page0 * P + off).unsqueeze(1) + torch.arange(r, device=dev),
-            page0 * (P // r) + off // r)
+            (page0 * P + off).unsqueeze(1) + torch.arange(r, device=dev), page0 * (P // r) + off // r
+        )
     decode = DecodeGroup(rows, pos, win_slots, win_pos, cand, n_blocks, every_row=True)
     return BatchPlan(token_ids.long(), pos, new_slots, rows, compress, decode, [], static=True)

@@ -25,8 +25,9 @@ def write_ckv(pools: KVPools, layer: int, entries: torch.Tensor, values: torch.T
     pools.write_ckv(layer, entries, values)
 
 
-def _write_index_k_stored(pools: KVPools, layer: int, entries: torch.Tensor,
-                          stored: torch.Tensor, scale: torch.Tensor | None) -> None:
+def _write_index_k_stored(
+    pools: KVPools, layer: int, entries: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor | None
+) -> None:
     pools.write_index_k_stored(layer, entries, stored, scale)
 
 

@@ -31,9 +31,14 @@ def triton_moe_usable(moe: MoE, x: torch.Tensor) -> bool:
     if not x.is_cuda:
         return False
     mod = load_triton("grouped_moe")
-    return (mod is not None and mod.usable(x.device, x.dtype) and moe.w_in.dtype == x.dtype
-            and x.shape[-1] == moe.w_in.shape[1] and mod.shapes_ok(moe.w_in, swiglu=True)
-            and mod.shapes_ok(moe.w_out, swiglu=False))
+    return (
+        mod is not None
+        and mod.usable(x.device, x.dtype)
+        and moe.w_in.dtype == x.dtype
+        and x.shape[-1] == moe.w_in.shape[1]
+        and mod.shapes_ok(moe.w_in, swiglu=True)
+        and mod.shapes_ok(moe.w_out, swiglu=False)
+    )
 
 
 def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -55,8 +60,7 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_OK[key]
 
 
-def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
-               fused: bool = False) -> torch.Tensor:
+def static_moe(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """MoE.forward(x, token_ids) for x [N, d] without reading anything back to the host. With
     `fused` and moe.fused_in set (fused_projections.py), the shared expert's input projection
     and the router's logits come from one product."""
@@ -117,8 +121,7 @@ def _expert_order(E: int, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return order, dest, offs
 
 
-def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
-                    logits: torch.Tensor | None) -> torch.Tensor:
+def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
     gm = load_triton("grouped_moe")
     k = moe.k
     if moe.hashed:
@@ -127,8 +130,8 @@ def _grouped_triton(moe: MoE, x: torch.Tensor, token_ids: torch.Tensor,
         tok, gates = order // k, gates.reshape(-1)
     else:  # routing and expert order in one kernel (kernels/moe_route.py says why)
         order, tok, gates, offs = load_triton("moe_route").route(
-            x @ moe.router.t() if logits is None else logits, moe.selection_bias, k,
-            sigmoid=moe.score_fn == "sigmoid")
+            x @ moe.router.t() if logits is None else logits, moe.selection_bias, k, sigmoid=moe.score_fn == "sigmoid"
+        )
     act = gm.grouped_mm(x, moe.w_in, offs, gather=tok, swiglu=True)
     # rows back in (token, choice) order, each times its gate: the combine is a sum over k
     y = gm.grouped_mm(act, moe.w_out, offs, row_scale=gates, scatter=order)

@@ -49,6 +49,7 @@ class UnexpectedAbort(RuntimeError):
 
 # ---- the worker's messages, in the order a request's room sees them ------------------------------
 
+
 @dataclass(frozen=True)
 class OpenRoom:
     room: Room

@@ -105,7 +105,9 @@ class BootstrapClient:
                 channel.transfer.abort()
             return
         if channel.transfer is None:  # refused before any reservation: tell the room on its own
-            threading.Thread(target=self._abort_room, args=(channel.address,), name="pd-room-abort", daemon=True).start()
+            threading.Thread(
+                target=self._abort_room, args=(channel.address,), name="pd-room-abort", daemon=True
+            ).start()
             return
         channel.transfer.abort()
         self._tell(rid, {"op": "abort"})
@@ -166,8 +168,15 @@ class BootstrapClient:
                 return
             channel.sock = sock
             try:
-                send(sock, {"op": "prealloc", "room": a.room, "num_pages": len(transfer.dst_pages),
-                            "bytes_per_page": self.codec.bytes_per_page})
+                send(
+                    sock,
+                    {
+                        "op": "prealloc",
+                        "room": a.room,
+                        "num_pages": len(transfer.dst_pages),
+                        "bytes_per_page": self.codec.bytes_per_page,
+                    },
+                )
                 for header in channel.outbox:
                     send(sock, header)
             except WireError as e:
@@ -186,7 +195,10 @@ class BootstrapClient:
                 elif op == "done":
                     if transfer.status is TransferStatus.WAITING_FOR_INPUT:  # a prompt of no pages
                         transfer.begin([], -1, 0)
-                    transfer.first_token, transfer.cached_tokens = header.get("first_token"), header.get("cached_tokens", 0)
+                    transfer.first_token, transfer.cached_tokens = (
+                        header.get("first_token"),
+                        header.get("cached_tokens", 0),
+                    )
                     if not isinstance(transfer.first_token, int):
                         raise WireError("a done without its first token")
                     if transfer.keep_going():
@@ -209,7 +221,7 @@ class BootstrapClient:
         n = len(payload) // max(1, self.codec.bytes_per_page)
         if not isinstance(offset, int) or offset < 0 or offset + n > len(transfer.dst_pages):
             raise WireError(f"pages at offset {offset!r} past the {len(transfer.dst_pages)} reserved")
-        self.codec.unpack(transfer.dst_pages[offset:offset + n], payload)
+        self.codec.unpack(transfer.dst_pages[offset : offset + n], payload)
 
     @staticmethod
     def _fail(transfer: KVTransfer, error: str | None, aborted: bool = False) -> None:

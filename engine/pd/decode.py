@@ -36,6 +36,7 @@ from .bootstrap import BootstrapWorker
 from .stats import PDStats
 from .transfer import KVTransfer, TransferStatus, is_settled
 
+
 @dataclass(eq=False)
 class DecodeEntry:
     req: Request
@@ -52,8 +53,11 @@ class DecodeEngine(ServerLoop[DecodeEntry]):
     def __init__(self, cfg: EngineConfig, runner: ModelRunner, bootstrap: BootstrapWorker, eos_token_id: int) -> None:
         self.cfg = dataclasses.replace(cfg, enable_prefix_cache=False)
         self.allocator = PageAllocator(cfg.num_pages)
-        super().__init__("pd-decode", Scheduler(self.cfg, self.allocator, RadixCache(cfg.page_size, self.allocator),
-                                                eos_token_id), runner)
+        super().__init__(
+            "pd-decode",
+            Scheduler(self.cfg, self.allocator, RadixCache(cfg.page_size, self.allocator), eos_token_id),
+            runner,
+        )
         self.bootstrap = bootstrap
         self.prealloc_queue: dict[str, DecodeEntry] = {}
         self.transfer_queue: dict[str, DecodeEntry] = {}
@@ -186,12 +190,18 @@ class DecodeEngine(ServerLoop[DecodeEntry]):
     def snapshot(self) -> PDStats:
         s = self.scheduler.stats()
         return PDStats(
-            num_running=s.num_running, num_queued=s.num_waiting + s.num_prefill,
+            num_running=s.num_running,
+            num_queued=s.num_waiting + s.num_prefill,
             num_decode_prealloc_queue=count_users(self.prealloc_queue),
             num_decode_transfer_queue=count_users(self.transfer_queue),
-            pages_used=s.pages_used, pages_total=s.pages_total, token_usage=s.token_usage,
-            num_requests_total=self.counts["requests"], num_aborted_total=self.counts["aborted"],
-            gen_tokens_total=self.counts["gen"], last_step_ms=self.last_step_ms)
+            pages_used=s.pages_used,
+            pages_total=s.pages_total,
+            token_usage=s.token_usage,
+            num_requests_total=self.counts["requests"],
+            num_aborted_total=self.counts["aborted"],
+            gen_tokens_total=self.counts["gen"],
+            last_step_ms=self.last_step_ms,
+        )
 
     def fail_all(self) -> None:
         """This thread died: every client hears ABORT."""

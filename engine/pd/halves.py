@@ -63,9 +63,17 @@ class Half:
             part.stop()
 
 
-def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_host: str = "127.0.0.1",
-               bootstrap_port: int = DeploymentConfig.bootstrap_port, link_gbps: float = 0.0, weights: Path | None = None,
-               random_weights: bool = False, init_seed: int = 0) -> Half:
+def build_half(
+    role: str,
+    cfg: EngineConfig,
+    server_cfg: ServerConfig,
+    bootstrap_host: str = "127.0.0.1",
+    bootstrap_port: int = DeploymentConfig.bootstrap_port,
+    link_gbps: float = 0.0,
+    weights: Path | None = None,
+    random_weights: bool = False,
+    init_seed: int = 0,
+) -> Half:
     """Build (not start) the `role` half; the prefill's bootstrap port is bound here."""
     if role not in ROLES:
         raise ValueError(f"a PD half is prefill or decode, not {role!r}")
@@ -87,14 +95,25 @@ def build_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap
         ctx = min(cfg.model.max_context, engine.scheduler.max_seq_len)
         serving = DecodeServing(cfg, engine, client, (), tok.eos_token_id, ctx)
         parts = [client, engine]
-    app = build_app(serving, Frontend(tok, model_name=server_cfg.model_name, max_context=ctx,
-                                      tool_call_parser=cfg.tool_call_parser), server_cfg)
+    app = build_app(
+        serving,
+        Frontend(tok, model_name=server_cfg.model_name, max_context=ctx, tool_call_parser=cfg.tool_call_parser),
+        server_cfg,
+    )
     return Half(role, app, engine, parts, worker, transfers, server.port if server is not None else None)
 
 
-def serve_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap_port: int = DeploymentConfig.bootstrap_port,
-               link_gbps: float = 0.0, weights: Path | None = None, random_weights: bool = False, init_seed: int = 0,
-               log_level: str = "warning") -> None:
+def serve_half(
+    role: str,
+    cfg: EngineConfig,
+    server_cfg: ServerConfig,
+    bootstrap_port: int = DeploymentConfig.bootstrap_port,
+    link_gbps: float = 0.0,
+    weights: Path | None = None,
+    random_weights: bool = False,
+    init_seed: int = 0,
+    log_level: str = "warning",
+) -> None:
     """Serve one half in the foreground until interrupted. ServeError when it cannot listen,
     EngineSetupError when it cannot be built."""
     # NOTE: the role in every line: a deployment's processes share one terminal (deployment.py).
@@ -102,15 +121,24 @@ def serve_half(role: str, cfg: EngineConfig, server_cfg: ServerConfig, bootstrap
     sock = listen(server_cfg.host, server_cfg.port)
     try:
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        half = build_half(role, cfg, server_cfg, server_cfg.host, bootstrap_port, link_gbps, weights, random_weights,
-                          init_seed)
+        half = build_half(
+            role, cfg, server_cfg, server_cfg.host, bootstrap_port, link_gbps, weights, random_weights, init_seed
+        )
     except BaseException:
         sock.close()
         raise
     half.start()
     where = f", bootstrap port {half.bootstrap_port}" if half.bootstrap_port is not None else ""
-    log.warning("DSV4-mini PD %s half serving on http://%s:%d%s (device %s, %d pages of %d tokens)", role,
-                server_cfg.host, server_cfg.port, where, cfg.device, cfg.num_pages, cfg.page_size)
+    log.warning(
+        "DSV4-mini PD %s half serving on http://%s:%d%s (device %s, %d pages of %d tokens)",
+        role,
+        server_cfg.host,
+        server_cfg.port,
+        where,
+        cfg.device,
+        cfg.num_pages,
+        cfg.page_size,
+    )
     try:
         asyncio.run(serve_together([(half.app, sock)], log_level))
     finally:

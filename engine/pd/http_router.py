@@ -67,23 +67,37 @@ class Halves:
 
 
 class _Router:
-    def __init__(self, halves: Halves, cfg: EngineConfig, tokenizer: DSV4Tokenizer, max_context: int,
-                 server_cfg: ServerConfig, health_timeout_s: float) -> None:
+    def __init__(
+        self,
+        halves: Halves,
+        cfg: EngineConfig,
+        tokenizer: DSV4Tokenizer,
+        max_context: int,
+        server_cfg: ServerConfig,
+        health_timeout_s: float,
+    ) -> None:
         self.halves, self.cfg, self.tokenizer, self.max_context = halves, cfg, tokenizer, max_context
         self.server_cfg, self.health_timeout_s = server_cfg, health_timeout_s
         self.health_lies = Fault.HEALTH_LIES in cfg.faults
         headers = {"Authorization": f"Bearer {server_cfg.api_key}"} if server_cfg.api_key else {}
         # NOTE: no pool limit: every client connection is one upstream pair, as in SGLang's router;
         # no keep-alive either, so a connection ends with its request and none outlives the router.
-        self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(None, connect=5.0), trust_env=False,
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
+        self.client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=5.0),
+            trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        )
         self.active = 0
         self.counts: Counter[str] = Counter()
         self.metrics = ServerMetrics(self.stats, server_cfg.model_name, "router", cfg.page_size)
 
     def stats(self) -> EngineStats:
-        return EngineStats(num_running=self.active, num_requests_total=self.counts["requests"],
-                           num_aborted_total=self.counts["aborted"])
+        return EngineStats(
+            num_running=self.active,
+            num_requests_total=self.counts["requests"],
+            num_aborted_total=self.counts["aborted"],
+        )
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -97,8 +111,12 @@ class _Router:
         return await self._route(request, "/generate")
 
     def _with_room(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {**body, "bootstrap_host": self.halves.bootstrap_host, "bootstrap_port": self.halves.bootstrap_port,
-                "bootstrap_room": secrets.randbits(63)}
+        return {
+            **body,
+            "bootstrap_host": self.halves.bootstrap_host,
+            "bootstrap_port": self.halves.bootstrap_port,
+            "bootstrap_room": secrets.randbits(63),
+        }
 
     async def _route(self, request: Request, path: str) -> Response:
         body = await read_json(request, self.server_cfg.max_body_bytes)
@@ -108,11 +126,14 @@ class _Router:
         arrival = time.monotonic()
         prefill = asyncio.ensure_future(self.client.post(self.halves.prefill + path, json=body))
         try:
-            decode = await self.client.send(self.client.build_request("POST", self.halves.decode + path, json=body),
-                                            stream=True)
+            decode = await self.client.send(
+                self.client.build_request("POST", self.halves.decode + path, json=body), stream=True
+            )
         except httpx.HTTPError as e:
             await _cancel(prefill)
-            raise RequestError(503, f"the decode server is not answering: {type(e).__name__}", code="engine_unavailable")
+            raise RequestError(
+                503, f"the decode server is not answering: {type(e).__name__}", code="engine_unavailable"
+            )
         self.active += 1
         self.counts["requests"] += 1
         done = _Upstream(self, decode, prefill, arrival)
@@ -133,8 +154,12 @@ class _Router:
 
     async def _halves_alive(self) -> bool:
         try:
-            answers = await asyncio.gather(*(self.client.get(f"{root}/health", timeout=self.health_timeout_s)
-                                             for root in (self.halves.prefill, self.halves.decode)))
+            answers = await asyncio.gather(
+                *(
+                    self.client.get(f"{root}/health", timeout=self.health_timeout_s)
+                    for root in (self.halves.prefill, self.halves.decode)
+                )
+            )
         except httpx.HTTPError:
             return False
         return all(r.status_code == 200 for r in answers)
@@ -143,8 +168,10 @@ class _Router:
         """One one-token completion through both halves within the health timeout."""
         body = self._with_room(HEALTH_PROBE)
         headers = {HEALTH_PROBE_HEADER: "1"}
-        halves = [asyncio.ensure_future(self.client.post(root + "/v1/completions", json=body, headers=headers))
-                  for root in (self.halves.prefill, self.halves.decode)]
+        halves = [
+            asyncio.ensure_future(self.client.post(root + "/v1/completions", json=body, headers=headers))
+            for root in (self.halves.prefill, self.halves.decode)
+        ]
         try:
             done, late = await asyncio.wait(halves, timeout=self.health_timeout_s)
         finally:
@@ -154,9 +181,15 @@ class _Router:
 
     async def workers(self, request: Request) -> Response:
         alive = [await self._alive(root) for root in (self.halves.prefill, self.halves.decode)]
-        listed = [{"url": self.halves.prefill, "worker_type": "prefill", "bootstrap_port": self.halves.bootstrap_port,
-                   "is_healthy": alive[0]},
-                  {"url": self.halves.decode, "worker_type": "decode", "is_healthy": alive[1]}]
+        listed = [
+            {
+                "url": self.halves.prefill,
+                "worker_type": "prefill",
+                "bootstrap_port": self.halves.bootstrap_port,
+                "is_healthy": alive[0],
+            },
+            {"url": self.halves.decode, "worker_type": "decode", "is_healthy": alive[1]},
+        ]
         return JSONResponse({"workers": listed, "total": 2, "stats": {"prefill_count": 1, "decode_count": 1}})
 
     async def _alive(self, root: str) -> bool:
@@ -166,14 +199,24 @@ class _Router:
             return False
 
     async def server_info(self, request: Request) -> Response:
-        facts = server_facts.server_info(self.cfg, "router", self.server_cfg.model_name, self.tokenizer,
-                                         self.max_context)
-        return JSONResponse({**facts, "prefill_urls": [self.halves.prefill], "decode_urls": [self.halves.decode],
-                             "disaggregation_bootstrap_port": self.halves.bootstrap_port})
+        facts = server_facts.server_info(
+            self.cfg, "router", self.server_cfg.model_name, self.tokenizer, self.max_context
+        )
+        return JSONResponse(
+            {
+                **facts,
+                "prefill_urls": [self.halves.prefill],
+                "decode_urls": [self.halves.decode],
+                "disaggregation_bootstrap_port": self.halves.bootstrap_port,
+            }
+        )
 
     async def model_info(self, request: Request) -> Response:
-        return JSONResponse(server_facts.model_info("router", self.server_cfg.model_name, self.tokenizer,
-                                                    self.tokenizer.eos_token_id, self.max_context))
+        return JSONResponse(
+            server_facts.model_info(
+                "router", self.server_cfg.model_name, self.tokenizer, self.tokenizer.eos_token_id, self.max_context
+            )
+        )
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(model_list(self.server_cfg.model_name, self.max_context))
@@ -183,10 +226,18 @@ class _Router:
         (it knows the client's request ids; an abort there reaches the prefill through the room)."""
         raw = await request.body()
         try:
-            answers = await asyncio.gather(*(self.client.request(request.method, root + request.url.path, content=raw,
-                                                                 headers={"content-type": "application/json"},
-                                                                 timeout=10.0)
-                                             for root in (self.halves.prefill, self.halves.decode)))
+            answers = await asyncio.gather(
+                *(
+                    self.client.request(
+                        request.method,
+                        root + request.url.path,
+                        content=raw,
+                        headers={"content-type": "application/json"},
+                        timeout=10.0,
+                    )
+                    for root in (self.halves.prefill, self.halves.decode)
+                )
+            )
         except httpx.HTTPError as e:
             raise RequestError(503, f"a PD server is not answering: {type(e).__name__}") from None
         decode = answers[1]
@@ -233,8 +284,11 @@ class _ProxyStream(StreamingResponse):
 
     def __init__(self, upstream: _Upstream) -> None:
         self.upstream = upstream
-        super().__init__(self._body(), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            self._body(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def _body(self) -> AsyncIterator[bytes]:
         completed = False
@@ -242,7 +296,9 @@ class _ProxyStream(StreamingResponse):
             async for chunk in self.upstream.decode.aiter_raw():
                 if self.upstream.first_byte_at is None:
                     self.upstream.first_byte_at = time.monotonic()
-                    self.upstream.router.metrics.observe_first_token(self.upstream.first_byte_at - self.upstream.arrival)
+                    self.upstream.router.metrics.observe_first_token(
+                        self.upstream.first_byte_at - self.upstream.arrival
+                    )
                 completed = completed or b"[DONE]" in chunk
                 yield chunk
         except httpx.HTTPError:
@@ -257,8 +313,14 @@ class _ProxyStream(StreamingResponse):
             await self.upstream.close(completed=False)  # a no-op when the body closed it
 
 
-def build_router_app(halves: Halves, cfg: EngineConfig, tokenizer: DSV4Tokenizer, max_context: int,
-                     server_cfg: ServerConfig, health_timeout_s: float) -> Starlette:
+def build_router_app(
+    halves: Halves,
+    cfg: EngineConfig,
+    tokenizer: DSV4Tokenizer,
+    max_context: int,
+    server_cfg: ServerConfig,
+    health_timeout_s: float,
+) -> Starlette:
     r = _Router(halves, cfg, tokenizer, max_context, server_cfg, health_timeout_s)
     routes = [
         Route("/v1/chat/completions", guarded(r.chat), methods=["POST"]),
@@ -276,7 +338,8 @@ def build_router_app(halves: Halves, cfg: EngineConfig, tokenizer: DSV4Tokenizer
         Route("/flush_cache", guarded(r.to_both), methods=["GET", "POST"]),
         Route("/metrics", guarded(r.metrics_text), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, middleware=auth_middleware(server_cfg),
-                    exception_handlers={HTTPException: http_error})
+    app = Starlette(
+        routes=routes, middleware=auth_middleware(server_cfg), exception_handlers={HTTPException: http_error}
+    )
     app.state.router = r
     return app

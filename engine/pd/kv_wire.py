@@ -101,5 +101,5 @@ class PageCodec:
         for t in self.tensors:
             raw = t.view(torch.uint8)
             size = len(pages) * raw[0].numel()
-            raw.index_copy_(0, idx, flat[at:at + size].view(len(pages), *raw.shape[1:]).to(raw.device))
+            raw.index_copy_(0, idx, flat[at : at + size].view(len(pages), *raw.shape[1:]).to(raw.device))
             at += size

@@ -69,8 +69,14 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
 
     stats_type = PDStats
 
-    def __init__(self, cfg: EngineConfig, runner: ModelRunner, bootstrap: BootstrapWorker,
-                 transfers: TransferWorker, eos_token_id: int) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        runner: ModelRunner,
+        bootstrap: BootstrapWorker,
+        transfers: TransferWorker,
+        eos_token_id: int,
+    ) -> None:
         self.cfg = cfg
         self.allocator = PageAllocator(cfg.num_pages)
         self.cache = RadixCache(cfg.page_size, self.allocator)
@@ -91,11 +97,13 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
 
     def flush_cache(self) -> Future[bool]:
         """Drop the prefix cache when no request is here; False otherwise."""
+
         def flush() -> bool:
             if self.bootstrap_queue or self.prefilling or self.inflight_queue:
                 return False
             self.cache.reset()
             return True
+
         return self.call(flush)
 
     # ---- the engine thread ----------------------------------------------------------------
@@ -216,13 +224,20 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
     def snapshot(self) -> PDStats:
         s = self.scheduler.stats()
         return PDStats(
-            num_running=s.num_prefill + s.num_running, num_queued=s.num_waiting,
+            num_running=s.num_prefill + s.num_running,
+            num_queued=s.num_waiting,
             num_prefill_bootstrap_queue=count_users(self.bootstrap_queue),
             num_prefill_inflight_queue=count_users(self.inflight_queue),
-            pages_used=s.pages_used, pages_total=s.pages_total, num_cached_pages=s.num_cached_pages,
-            token_usage=s.token_usage, cache_hit_rate=s.cache_hit_rate,
-            num_requests_total=self.counts["requests"], num_aborted_total=self.counts["aborted"],
-            prompt_tokens_total=self.counts["prompt"], last_step_ms=self.last_step_ms)
+            pages_used=s.pages_used,
+            pages_total=s.pages_total,
+            num_cached_pages=s.num_cached_pages,
+            token_usage=s.token_usage,
+            cache_hit_rate=s.cache_hit_rate,
+            num_requests_total=self.counts["requests"],
+            num_aborted_total=self.counts["aborted"],
+            prompt_tokens_total=self.counts["prompt"],
+            last_step_ms=self.last_step_ms,
+        )
 
     def fail_all(self) -> None:
         """This thread died: abort every transfer it owes, so the decode side frees its pages

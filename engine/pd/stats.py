@@ -20,8 +20,15 @@ class PDStats(EngineStats):
     @property
     def in_flight(self) -> int:
         """User requests anywhere in this server."""
-        return (self.num_running + self.num_queued + self.num_prefill + self.num_prefill_bootstrap_queue
-                + self.num_prefill_inflight_queue + self.num_decode_prealloc_queue + self.num_decode_transfer_queue)
+        return (
+            self.num_running
+            + self.num_queued
+            + self.num_prefill
+            + self.num_prefill_bootstrap_queue
+            + self.num_prefill_inflight_queue
+            + self.num_decode_prealloc_queue
+            + self.num_decode_transfer_queue
+        )
 
     @property
     def leaked_pages(self) -> int:

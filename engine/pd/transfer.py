@@ -111,8 +111,7 @@ class TransferWorker:
     are in a decode process, and each transfer (bootstrap_server.RemoteKVTransfer) sends its
     pages down its own connection as bytes (kv_wire.PageCodec)."""
 
-    def __init__(self, src: KVPools, dst: KVPools | None, link_bytes_per_s: float = 0.0,
-                 chunk_pages: int = 8) -> None:
+    def __init__(self, src: KVPools, dst: KVPools | None, link_bytes_per_s: float = 0.0, chunk_pages: int = 8) -> None:
         assert dst is None or (src.page_size == dst.page_size and len(src.page_tensors()) == len(dst.page_tensors()))
         assert link_bytes_per_s >= 0 and chunk_pages >= 1
         self.src, self.dst = src, dst
@@ -163,8 +162,12 @@ class TransferWorker:
     def run(self, transfer: KVTransfer) -> None:
         """Copy one transfer's pages chunk by chunk, checking for an abort before each chunk."""
         if len(transfer.src_pages) != len(transfer.dst_pages):
-            log.error("transfer %s: %d source pages for %d reserved", transfer.rid, len(transfer.src_pages),
-                      len(transfer.dst_pages))
+            log.error(
+                "transfer %s: %d source pages for %d reserved",
+                transfer.rid,
+                len(transfer.src_pages),
+                len(transfer.dst_pages),
+            )
             transfer.conclude(ok=False)
             return
         start = time.monotonic()

@@ -49,8 +49,14 @@ class DiscardedKVTransfer(KVTransfer):
 class _Half:
     """What both halves share: the ServingEngine face over one engine loop and its helpers."""
 
-    def __init__(self, cfg: EngineConfig, engine: PrefillEngine | DecodeEngine, needs: Sequence[Callable[[], bool]],
-                 eos_token_id: int, max_context: int) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        engine: PrefillEngine | DecodeEngine,
+        needs: Sequence[Callable[[], bool]],
+        eos_token_id: int,
+        max_context: int,
+    ) -> None:
         self.cfg, self.engine, self.needs = cfg, engine, needs
         self.eos_token_id, self.max_context = eos_token_id, max_context
         self.health_lies = Fault.HEALTH_LIES in cfg.faults
@@ -91,8 +97,15 @@ class _Half:
 
 
 class PrefillServing(_Half):
-    def __init__(self, cfg: EngineConfig, engine: PrefillEngine, server: BootstrapServer,
-                 needs: Sequence[Callable[[], bool]], eos_token_id: int, max_context: int) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        engine: PrefillEngine,
+        server: BootstrapServer,
+        needs: Sequence[Callable[[], bool]],
+        eos_token_id: int,
+        max_context: int,
+    ) -> None:
         super().__init__(cfg, engine, needs, eos_token_id, max_context)
         self.prefill, self.server = engine, server
 
@@ -101,8 +114,9 @@ class PrefillServing(_Half):
         """Where decode servers reach this server's rooms (SGLang's disaggregation_bootstrap_port)."""
         return self.server.port
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> AsyncIterator[TokenEvent]:
         if bootstrap is None:
             assert is_health_probe(rid), "the server refuses a PD half's request without its room"
             async for event in self._probe(rid, prompt_ids, params):
@@ -114,8 +128,9 @@ class PrefillServing(_Half):
             return
         try:
             sink = AsyncSink(asyncio.get_running_loop())
-            self.prefill.submit(Request(room.rid, list(prompt_ids), dataclasses.replace(self._params(params), max_tokens=1)),
-                                room, sink)
+            self.prefill.submit(
+                Request(room.rid, list(prompt_ids), dataclasses.replace(self._params(params), max_tokens=1)), room, sink
+            )
             async for event in self._events(rid, room.rid, sink):
                 yield event
         finally:
@@ -128,8 +143,9 @@ class PrefillServing(_Half):
         worker.prealloc(rid, DiscardedKVTransfer(rid, list(range(-(-len(prompt_ids) // self.cfg.page_size)))))
         try:
             sink = AsyncSink(asyncio.get_running_loop())
-            self.prefill.submit(Request(rid, list(prompt_ids), dataclasses.replace(self._params(params), max_tokens=1)),
-                                room, sink)
+            self.prefill.submit(
+                Request(rid, list(prompt_ids), dataclasses.replace(self._params(params), max_tokens=1)), room, sink
+            )
             async for event in self._events(rid, rid, sink):
                 yield event
         finally:
@@ -143,13 +159,21 @@ class PrefillServing(_Half):
 
 
 class DecodeServing(_Half):
-    def __init__(self, cfg: EngineConfig, engine: DecodeEngine, client: BootstrapClient,
-                 needs: Sequence[Callable[[], bool]], eos_token_id: int, max_context: int) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        engine: DecodeEngine,
+        client: BootstrapClient,
+        needs: Sequence[Callable[[], bool]],
+        eos_token_id: int,
+        max_context: int,
+    ) -> None:
         super().__init__(cfg, engine, needs, eos_token_id, max_context)
         self.decode, self.client = engine, client
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       bootstrap: Bootstrap | None = None) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, bootstrap: Bootstrap | None = None
+    ) -> AsyncIterator[TokenEvent]:
         probe = bootstrap is None
         engine_rid = rid
         if probe:

@@ -36,8 +36,9 @@ class EncodedSession:
     mask: list[int]
 
 
-def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = False,
-                   rename: bool = False) -> EncodedSession:
+def encode_session(
+    frontend: Frontend, family: str, seed: int, perturb: bool = False, rename: bool = False
+) -> EncodedSession:
     """Play, render and encode one expert session with its loss mask.
 
     With `perturb`, one to three turns of the session are mistakes (a wrong argument value, a
@@ -55,12 +56,17 @@ def encode_session(frontend: Frontend, family: str, seed: int, perturb: bool = F
     return encode_messages(frontend, family, seed, messages, slipped)
 
 
-def encode_messages(frontend: Frontend, family: str, seed: int, messages: list[dict],
-                    skip_turns: set[int] | None = None) -> EncodedSession:
+def encode_messages(
+    frontend: Frontend, family: str, seed: int, messages: list[dict], skip_turns: set[int] | None = None
+) -> EncodedSession:
     """Encode a finished transcript as the server would; the loss covers every assistant turn
     except those numbered in `skip_turns`."""
-    body = {"model": frontend.model_name, "messages": messages, "tools": FAMILIES[family].openai_tools(),
-            "chat_template_kwargs": {"thinking": False}}
+    body = {
+        "model": frontend.model_name,
+        "messages": messages,
+        "tools": FAMILIES[family].openai_tools(),
+        "chat_template_kwargs": {"thinking": False},
+    }
     # The server's own path; it appends the next turn's `<｜Assistant｜></think>`, dropped here.
     ids = frontend.prepare_chat(body).prompt_ids[:-2]
     return EncodedSession(family, seed, ids, assistant_mask(ids, frontend.tokenizer, skip_turns=skip_turns))
@@ -88,8 +94,20 @@ def assistant_mask(ids: list[int], tok: DSV4Tokenizer, skip_turns: set[int] | No
 
 # Tools that only read the world: repeating one of their earlier calls changes nothing but the
 # length of the session.
-READ_ONLY = frozenset({"list_dir", "read_file", "search_code", "list_tables", "describe_table", "run_query",
-                       "compute_aggregate", "list_services", "get_logs", "get_metrics"})
+READ_ONLY = frozenset(
+    {
+        "list_dir",
+        "read_file",
+        "search_code",
+        "list_tables",
+        "describe_table",
+        "run_query",
+        "compute_aggregate",
+        "list_services",
+        "get_logs",
+        "get_metrics",
+    }
+)
 
 
 def play_with_slips(family: str, seed: int, max_turns: int = 16) -> tuple[ExpertSession, set[int]]:
@@ -151,8 +169,11 @@ _SHORT_LIST = 3
 def _unique_lists(family: str, call: ToolAction) -> list[str]:
     """The call's short, non-empty list arguments whose schema wants unique items."""
     props = FAMILIES[family].tool_schemas().get(call.name, {}).get("properties", {})
-    return [k for k, v in call.arguments.items()
-            if isinstance(v, list) and 0 < len(v) <= _SHORT_LIST and props.get(k, {}).get("uniqueItems")]
+    return [
+        k
+        for k, v in call.arguments.items()
+        if isinstance(v, list) and 0 < len(v) <= _SHORT_LIST and props.get(k, {}).get("uniqueItems")
+    ]
 
 
 def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = None) -> ToolAction:
@@ -166,8 +187,13 @@ def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = 
     required = [k for k in schema.get("required", []) if k in call.arguments]
     numbers = [k for k, v in call.arguments.items() if isinstance(v, int) and not isinstance(v, bool)]
     unique = _unique_lists(family, call)
-    kinds = (["value"] * 3 if strings else []) + (["missing"] if required else []) + \
-        (["as_string"] if numbers else []) + ["foreign"] + ["repeated_item"] * 4 * bool(unique)
+    kinds = (
+        (["value"] * 3 if strings else [])
+        + (["missing"] if required else [])
+        + (["as_string"] if numbers else [])
+        + ["foreign"]
+        + ["repeated_item"] * 4 * bool(unique)
+    )
     kind = kind or rng.choice(kinds)
     if kind == "repeated_item":  # e.g. the same service twice where the schema wants unique items
         k = rng.choice(unique)
@@ -176,7 +202,7 @@ def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = 
             # The form a model writes when it misses one item (a dependency's root cause): the
             # item it did find written in its place, as [symptom, symptom] for [symptom, root].
             at = rng.randrange(len(items))
-            items[at] = rng.choice(items[:at] + items[at + 1:])
+            items[at] = rng.choice(items[:at] + items[at + 1 :])
             return ToolAction(call.name, {**call.arguments, k: items})
         return ToolAction(call.name, {**call.arguments, k: [*items, rng.choice(items)]})
     if kind == "value":
@@ -194,8 +220,15 @@ def _slip(family: str, call: ToolAction, rng: random.Random, kind: str | None = 
     return ToolAction(rng.choice(others), dict(call.arguments))
 
 
-def build_corpus(families: Iterable[str], seeds: Iterable[int], out: Path, frontend: Frontend | None = None,
-                 max_tokens: int | None = None, slip_share: float = 0.5, rename_share: float = 0.0) -> dict:
+def build_corpus(
+    families: Iterable[str],
+    seeds: Iterable[int],
+    out: Path,
+    frontend: Frontend | None = None,
+    max_tokens: int | None = None,
+    slip_share: float = 0.5,
+    rename_share: float = 0.0,
+) -> dict:
     """Encode every (family, seed) session and write the .npz corpus; returns its summary.
     `slip_share` of the sessions have slipped turns, `rename_share` have their world renamed."""
     frontend = frontend or Frontend(load_tokenizer())
@@ -231,11 +264,21 @@ def write_corpus(sessions: Iterable[EncodedSession], out: Path, max_tokens: int 
     if not meta:
         raise ValueError("no sessions to write")
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, tokens=np.concatenate(tokens), loss_mask=np.concatenate(masks),
-                        offsets=np.asarray(offsets, dtype=np.int64), meta=np.asarray(json.dumps(meta)))
+    np.savez_compressed(
+        out,
+        tokens=np.concatenate(tokens),
+        loss_mask=np.concatenate(masks),
+        offsets=np.asarray(offsets, dtype=np.int64),
+        meta=np.asarray(json.dumps(meta)),
+    )
     lengths = np.diff(offsets)
-    return {"sessions": len(meta), "tokens": int(offsets[-1]), "loss_tokens": int(sum(m.sum() for m in masks)),
-            "median_len": int(np.median(lengths)), "max_len": int(lengths.max())}
+    return {
+        "sessions": len(meta),
+        "tokens": int(offsets[-1]),
+        "loss_tokens": int(sum(m.sum() for m in masks)),
+        "median_len": int(np.median(lengths)),
+        "max_len": int(lengths.max()),
+    }
 
 
 def read_corpus(path: Path) -> list[EncodedSession]:
@@ -244,5 +287,7 @@ def read_corpus(path: Path) -> list[EncodedSession]:
         tokens, mask, offsets = z["tokens"], z["loss_mask"], z["offsets"]
         meta = json.loads(str(z["meta"]))
     # Array slices, not lists: a corpus holds tens of millions of tokens.
-    return [EncodedSession(fam, int(seed), tokens[a:b], mask[a:b])  # type: ignore[arg-type]
-            for (fam, seed), a, b in zip(meta, offsets[:-1], offsets[1:])]
+    return [
+        EncodedSession(fam, int(seed), tokens[a:b], mask[a:b])  # type: ignore[arg-type]
+        for (fam, seed), a, b in zip(meta, offsets[:-1], offsets[1:])
+    ]

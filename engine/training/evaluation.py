@@ -32,9 +32,14 @@ async def eval_family(url: str, family: str, seeds: range, max_turns: int, conte
                 got = {v.code for v in verdicts}
                 codes.update(got)
                 if got:
-                    bad_turns.append({"seed": seed, "turn": sess.turn,
-                                      "verdicts": [v.to_json() for v in verdicts],
-                                      "tool_calls": [tc.to_json() for tc in (out.response.tool_calls if out.response else [])]})
+                    bad_turns.append(
+                        {
+                            "seed": seed,
+                            "turn": sess.turn,
+                            "verdicts": [v.to_json() for v in verdicts],
+                            "tool_calls": [tc.to_json() for tc in (out.response.tool_calls if out.response else [])],
+                        }
+                    )
                 c["turns"] += 1
                 c["turns_errored"] += out.status is not TurnStatus.OK
                 c["dsml_clean"] += not any(code.startswith("dsml_") for code in got)

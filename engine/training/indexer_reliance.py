@@ -32,8 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout", type=Path, required=True, help="Held-out corpus (corpus.build_corpus).")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default=",".join(MODES), help=f"Comma-separated, of {', '.join(MODES)}.")
-    p.add_argument("--tokenizer", type=Path, default=None,
-                   help="The corpus's tokenizer.json: also report the share of written numbers with a wrong token.")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="The corpus's tokenizer.json: also report the share of written numbers with a wrong token.",
+    )
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
     if bad := [m for m in modes if m not in MODES]:

@@ -83,7 +83,7 @@ def _same_move(model: list[tuple[str, Any]] | None, expert: Step) -> bool:
 def _went_wrong(messages: list[dict[str, Any]], at: int) -> bool:
     """Whether the assistant turn at message index `at` was refused, failed, or unusable: an
     error tool result, or the harness's nudge after a reply it could not use."""
-    for m in messages[at + 1:]:
+    for m in messages[at + 1 :]:
         if m.get("role") == "assistant":
             break
         if m.get("role") == "user" or (m.get("role") == "tool" and is_error(str(m.get("content") or ""))):
@@ -131,8 +131,9 @@ def takeovers(family: str, seed: int, messages: list[dict[str, Any]]) -> Takeove
     return Takeovers(diverged, went_wrong, len(positions))
 
 
-def expert_takeover(family: str, seed: int, messages: list[dict[str, Any]], turn: int,
-                    max_turns: int = 16) -> tuple[list[dict[str, Any]], bool]:
+def expert_takeover(
+    family: str, seed: int, messages: list[dict[str, Any]], turn: int, max_turns: int = 16
+) -> tuple[list[dict[str, Any]], bool]:
     """The rollout's transcript up to assistant turn `turn`, then the expert's turns to the end.
 
     The model's calls are replayed on a fresh world through the same gate the harness uses;
@@ -213,10 +214,18 @@ def score(rollout: Rollout) -> RolloutScore:
 
 
 def _call_message(n: int, calls: tuple[ToolAction, ...]) -> dict[str, Any]:
-    return {"role": "assistant", "content": "", "tool_calls": [
-        {"id": f"call_x{n}_{i}", "type": "function",
-         "function": {"name": a.name, "arguments": json.dumps(a.arguments, ensure_ascii=False)}}
-        for i, a in enumerate(calls)]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"call_x{n}_{i}",
+                "type": "function",
+                "function": {"name": a.name, "arguments": json.dumps(a.arguments, ensure_ascii=False)},
+            }
+            for i, a in enumerate(calls)
+        ],
+    }
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,31 @@ from ...agents.data_world import REGIONS, SEGMENTS
 from ...agents.ops_world import SERVICES, TEAMS
 
 POOLS: tuple[tuple[str, ...], ...] = (PACKAGES, MODULES, REGIONS, SEGMENTS, SERVICES, TEAMS)
-_ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gl", "h", "k", "l", "m", "n", "p", "pr", "r", "s", "st", "t", "tr",
-           "v", "w", "z")
+_ONSETS = (
+    "b",
+    "br",
+    "c",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gl",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pr",
+    "r",
+    "s",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "w",
+    "z",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "n", "r", "l", "s", "x", "m", "nd", "rk")
 _KNOWN = {name for pool in POOLS for name in pool}
@@ -66,7 +89,9 @@ def rename_entities(messages: list[dict[str, Any]], mapping: dict[str, str]) -> 
         if m["role"] in ("user", "tool", "assistant") and isinstance(m.get("content"), str):
             m["content"] = sub(m["content"])
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": sub(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": sub(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
         out.append(m)
     return out

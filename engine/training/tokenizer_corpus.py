@@ -29,7 +29,8 @@ def rendered_prompts(seeds: int, first_seed: int = 0) -> Iterator[str]:
     encoding = dr.DeepseekV4Encoding()
     options = {
         thinking: dr.ConversionOptions(default_thinking_mode=thinking).with_model_alias(
-            MODEL_ALIAS, dr.ModelVersion.DeepseekV4Pro)
+            MODEL_ALIAS, dr.ModelVersion.DeepseekV4Pro
+        )
         for thinking in (False, True)
     }
     for family in FAMILIES.values():

@@ -53,8 +53,9 @@ def load_corpus(path: Path, max_len: int) -> list[tuple[np.ndarray, np.ndarray]]
     return [(tokens[a:b][:max_len].astype(np.int64), mask[a:b][:max_len]) for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def make_batches(corpus: list[tuple[np.ndarray, np.ndarray]], batch_tokens: int,
-                 rng: np.random.Generator) -> list[list[int]]:
+def make_batches(
+    corpus: list[tuple[np.ndarray, np.ndarray]], batch_tokens: int, rng: np.random.Generator
+) -> list[list[int]]:
     """Sessions grouped by length so padding stays small; each group's padded size <= batch_tokens."""
     order = sorted(range(len(corpus)), key=lambda i: len(corpus[i][0]))
     batches, cur = [], []
@@ -81,8 +82,9 @@ def collate(corpus, idx: list[int], device: torch.device) -> tuple[torch.Tensor,
     return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
 
 
-def loss_on_written_tokens(model: DSV4Mini, ids: torch.Tensor, mask: torch.Tensor, index_k_dtype: str | None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_on_written_tokens(
+    model: DSV4Mini, ids: torch.Tensor, mask: torch.Tensor, index_k_dtype: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(LM loss on the assistant-written tokens, indexer loss). Logits only where a loss is
     taken: the lm_head over every position of 8k-token sessions would dominate memory."""
     x, aux = model.hidden_dense(ids, index_k_dtype, want_aux=True)
@@ -93,8 +95,9 @@ def loss_on_written_tokens(model: DSV4Mini, ids: torch.Tensor, mask: torch.Tenso
     return lm, (aux if aux is not None else lm * 0.0)
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path,
-          log=print, init: Path | None = None) -> TrainResult:
+def train(
+    model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path, log=print, init: Path | None = None
+) -> TrainResult:
     """Train (from scratch, or on from the weights at `init`) and write the weights to `out`."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -111,9 +114,15 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in trained if p.dim() >= 2 and "embed" not in n]
     other = [p for n, p in trained if not (p.dim() >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda",
+    )
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    )
     start = time.monotonic()
     budget_s = cfg.minutes * 60
     total_steps = cfg.max_steps
@@ -129,8 +138,10 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
         lr = cfg.lr * _schedule(step, cfg.warmup, total_steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        model.set_csa_pick("all" if step < cfg.csa_dense_share * total_steps else "indexer",
-                           hca=not (cfg.hca_drop and rng.random() < cfg.hca_drop))
+        model.set_csa_pick(
+            "all" if step < cfg.csa_dense_share * total_steps else "indexer",
+            hca=not (cfg.hca_drop and rng.random() < cfg.hca_drop),
+        )
         with autocast:
             lm, idx_loss = loss_on_written_tokens(model, ids, mask, "fp8")
             loss = lm + cfg.indexer_loss_weight * idx_loss
@@ -157,23 +168,44 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, corpus_path: Path, out: Path
         if step % cfg.log_every == 0 or step == total_steps:
             mean = sum(window) / len(window)
             losses.append((step, mean))
-            log(f"step {step}/{total_steps} lm {mean:.4f} idx {float(idx_loss.detach()):.4f} lr {lr:.2e} "
-                f"tokens {tokens_seen / 1e6:.1f}M elapsed {time.monotonic() - start:.0f}s")
+            log(
+                f"step {step}/{total_steps} lm {mean:.4f} idx {float(idx_loss.detach()):.4f} lr {lr:.2e} "
+                f"tokens {tokens_seen / 1e6:.1f}M elapsed {time.monotonic() - start:.0f}s"
+            )
             window = []
         if time.monotonic() - start > budget_s * 1.05:
             log("time budget reached")
             break
     wall = time.monotonic() - start
-    result = TrainResult(step, losses[-1][1] if losses else float("nan"), wall, tokens_seen, loss_tokens, len(corpus), losses)
+    result = TrainResult(
+        step, losses[-1][1] if losses else float("nan"), wall, tokens_seen, loss_tokens, len(corpus), losses
+    )
     model.eval()
-    save_weights(model, out, info={"train_config": dataclasses.asdict(cfg), "steps": step, "final_loss": result.final_loss,
-                                   "wall_s": wall, "tokens_seen": tokens_seen, "sessions": len(corpus)})
+    save_weights(
+        model,
+        out,
+        info={
+            "train_config": dataclasses.asdict(cfg),
+            "steps": step,
+            "final_loss": result.final_loss,
+            "wall_s": wall,
+            "tokens_seen": tokens_seen,
+            "sessions": len(corpus),
+        },
+    )
     return result
 
 
 @torch.no_grad()
-def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max_len: int = 16384,
-                   csa_pick: str = "indexer", hca: bool = True, digit_ids: Collection[int] = ()) -> dict:
+def heldout_errors(
+    model: DSV4Mini,
+    corpus_path: Path,
+    device: torch.device,
+    max_len: int = 16384,
+    csa_pick: str = "indexer",
+    hca: bool = True,
+    digit_ids: Collection[int] = (),
+) -> dict:
     """Teacher-forced greedy errors on held-out sessions: the share of assistant-written tokens
     whose argmax is not the expert's token, and the share of assistant turns with any such
     token. A turn with none is one the model would write exactly as the expert did. `csa_pick`
@@ -205,7 +237,12 @@ def heldout_errors(model: DSV4Mini, corpus_path: Path, device: torch.device, max
             numbers, bad_numbers = numbers + n, bad_numbers + bad
     model.set_csa_pick("indexer")
     model.train()
-    out = {"token_error": wrong / max(1, total), "turn_error": bad_turns / max(1, turns), "tokens": total, "turns": turns}
+    out = {
+        "token_error": wrong / max(1, total),
+        "turn_error": bad_turns / max(1, turns),
+        "tokens": total,
+        "turns": turns,
+    }
     if digits.numel():
         out |= {"number_error": bad_numbers / max(1, numbers), "numbers": numbers}
     return out

@@ -8,8 +8,16 @@ import statistics
 import pytest
 from jsonschema import Draft202012Validator
 
-from dsv4bench.agents import (FAMILIES, ExpertSession, is_error, observations_from_messages, play_expert,
-                              session_messages, task_solved, transcript_chars)
+from dsv4bench.agents import (
+    FAMILIES,
+    ExpertSession,
+    is_error,
+    observations_from_messages,
+    play_expert,
+    session_messages,
+    task_solved,
+    transcript_chars,
+)
 from dsv4bench.agents.base import Observation, ToolAction
 
 NAMES = list(FAMILIES)
@@ -112,9 +120,11 @@ def test_detours_and_garbage_do_not_derail_the_expert(name: str) -> None:
             if step.is_final:
                 break
             if turn in (1, 4):  # a model's detour: unknown tool, garbled arguments, mangled result
-                seen += [Observation(ToolAction("no_such_tool", {"x": 1}), "Error: unknown tool"),
-                         Observation(ToolAction(step.calls[0].name, {"garbage": True}), "Error: invalid arguments"),
-                         Observation(step.calls[0], "<｜DSML｜invoke name=garbled")]
+                seen += [
+                    Observation(ToolAction("no_such_tool", {"x": 1}), "Error: unknown tool"),
+                    Observation(ToolAction(step.calls[0].name, {"garbage": True}), "Error: invalid arguments"),
+                    Observation(step.calls[0], "<｜DSML｜invoke name=garbled"),
+                ]
             for a in step.calls:
                 seen.append(Observation(a, world.execute(a.name, dict(a.arguments))))
         assert step.is_final

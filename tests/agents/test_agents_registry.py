@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4bench.agents import (FAMILIES, family_for_session, get_family, play_expert, run_expert_session,
-                              session_messages)
+from dsv4bench.agents import FAMILIES, family_for_session, get_family, play_expert, run_expert_session, session_messages
 from dsv4bench.agents.base import ScenarioFamily, Step, Task
 
 
@@ -25,7 +24,14 @@ def test_unknown_family_names_the_known_ones() -> None:
 
 def test_family_for_session() -> None:
     assert [family_for_session("mixed", i).name for i in range(7)] == [
-        "coding", "data", "ops", "coding", "data", "ops", "coding"]
+        "coding",
+        "data",
+        "ops",
+        "coding",
+        "data",
+        "ops",
+        "coding",
+    ]
     assert family_for_session("data", 5) is FAMILIES["data"]
     with pytest.raises(KeyError):
         family_for_session("nope", 0)

@@ -61,8 +61,7 @@ BAD: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("rollback_service", {"service": "nope", "version": "latest"}),
         ("open_incident", {"title": "title!", "severity": "sev0", "affected_services": ["a"], "summary": "s" * 20}),
         ("open_incident", {"title": "title!", "severity": "sev1", "affected_services": [], "summary": "s" * 20}),
-        ("open_incident", {"title": "title!", "severity": "sev1", "affected_services": ["nope"],
-                           "summary": "s" * 20}),
+        ("open_incident", {"title": "title!", "severity": "sev1", "affected_services": ["nope"], "summary": "s" * 20}),
     ],
 }
 CASES = [(n, tool, args) for n, cases in BAD.items() for tool, args in cases]
@@ -121,8 +120,17 @@ def test_tools_touch_nothing_on_the_host(tmp_path: Path, monkeypatch: pytest.Mon
     for name in FAMILIES:  # warm up imports and caches before the host is walled off
         play_expert(name, 0)
     monkeypatch.chdir(tmp_path)
-    for target, attr in ((builtins, "open"), (io, "open"), (os, "open"), (os, "system"), (os, "remove"),
-                         (os, "mkdir"), (subprocess, "Popen"), (socket, "socket"), (socket, "create_connection")):
+    for target, attr in (
+        (builtins, "open"),
+        (io, "open"),
+        (os, "open"),
+        (os, "system"),
+        (os, "remove"),
+        (os, "mkdir"),
+        (subprocess, "Popen"),
+        (socket, "socket"),
+        (socket, "create_connection"),
+    ):
         monkeypatch.setattr(target, attr, _forbidden)
     for name in FAMILIES:
         for seed in range(3):
@@ -174,9 +182,30 @@ def _last(metrics: str) -> float:
     return float(metrics.rsplit("last ", 1)[1])
 
 
-FUZZ: list[Any] = [None, -1, 0, 1, 10**12, 2.5, float("nan"), True, "", " ", "x" * 5000, "../../etc/passwd", "*",
-                   "[", "\x00", [], [None], ["x"], {}, {"old": "a", "new": "b"}, [{"column": "month", "op": ">",
-                   "value": 1}], [{"old": "", "new": ""}]]
+FUZZ: list[Any] = [
+    None,
+    -1,
+    0,
+    1,
+    10**12,
+    2.5,
+    float("nan"),
+    True,
+    "",
+    " ",
+    "x" * 5000,
+    "../../etc/passwd",
+    "*",
+    "[",
+    "\x00",
+    [],
+    [None],
+    ["x"],
+    {},
+    {"old": "a", "new": "b"},
+    [{"column": "month", "op": ">", "value": 1}],
+    [{"old": "", "new": ""}],
+]
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

@@ -115,7 +115,9 @@ def test_schema_violation_reports_every_error_bounded() -> None:
 
 
 def test_schema_violation_skips_what_other_checkers_own() -> None:
-    ctx = turn(calls=[("write_file", {"x": 1}), ("read_file", "not json"), ("read_file", "[1]"), ("read_file", {"path": 1})])
+    ctx = turn(
+        calls=[("write_file", {"x": 1}), ("read_file", "not json"), ("read_file", "[1]"), ("read_file", {"path": 1})]
+    )
     [v] = check_schema_violation(ctx)
     assert v.where == "tool_calls[3].arguments"
 

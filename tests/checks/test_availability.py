@@ -28,8 +28,16 @@ FAILED = [
     (failed(TurnStatus.ERROR, None, 307), "http_error", "HTTP 307"),  # a redirect: no answer came
     (failed(TurnStatus.ERROR, "http_error", None, "bad status"), "http_error", "HTTP None: bad status"),
     (failed(TurnStatus.ERROR, None, 200, "peer closed"), "connection_error", "after HTTP 200: peer closed"),
-    (failed(TurnStatus.ERROR, "connection_error", None, "ConnectError: refused"), "connection_error", "connection_error: ConnectError"),
-    (failed(TurnStatus.ERROR, "connection_error", None, "RemoteProtocolError: peer closed"), "connection_error", "peer closed"),
+    (
+        failed(TurnStatus.ERROR, "connection_error", None, "ConnectError: refused"),
+        "connection_error",
+        "connection_error: ConnectError",
+    ),
+    (
+        failed(TurnStatus.ERROR, "connection_error", None, "RemoteProtocolError: peer closed"),
+        "connection_error",
+        "peer closed",
+    ),
     (  # the stream began with 200, then the connection dropped: not an HTTP error
         failed(TurnStatus.ERROR, "connection_error", 200, "RemoteProtocolError: incomplete chunked read"),
         "connection_error",

@@ -23,7 +23,7 @@ LEAKS = {
     "space after <": 'x < ｜DSML｜invoke name="read_file">',
     "space inside tool_calls": "<｜DSML｜tool _calls>\n" + BLOCK[len("<｜DSML｜tool_calls>") :],
     "space around underscore": "<｜DSML｜tool_ calls>",
-    "spaces everywhere": '< / ｜ DSML ｜ invoke >',
+    "spaces everywhere": "< / ｜ DSML ｜ invoke >",
     "bare invoke": 'I will now call <invoke name="read_file">\n<parameter name="path">a.py</parameter>\n</invoke>',
     "bare parameter": '<parameter name="path" string="true">a.py</parameter>',
     "bare closing invoke": "done.</invoke>",
@@ -139,7 +139,7 @@ def test_leak_in_reasoning(reasoning: str) -> None:
         json.dumps({"command": 'ls <｜DSML｜parameter name="x" string="true">'}, ensure_ascii=True),  # \uff5c escapes
         '{"path": "a.py</｜DSML｜parameter>\n<｜DSML｜parameter name="max_lines" string="false">5"}',
         '{"path": "a.py"}<｜DSML｜invoke name="read_file">',  # a second call glued on, not JSON
-        json.dumps({"command": "echo <invoke name=\"read_file\">"}),
+        json.dumps({"command": 'echo <invoke name="read_file">'}),
     ],
 )
 def test_leak_in_arguments(arguments: str) -> None:

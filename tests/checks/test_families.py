@@ -22,8 +22,13 @@ from tests.fixtures.family_markup import MARKUP_CODES as CORRUPTION_MARKUP
 
 from .turns import turn
 
-READ_FILE = {"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
 
 
 def codes(ctx) -> set[str]:
@@ -61,10 +66,19 @@ def test_mistral_block_is_what_mistral_common_renders() -> None:
     data = Path(mc.__file__).parent / "data"
     tokenizer = MistralTokenizer.from_file(str(data / "tekken_240911.json"))
     request = ChatCompletionRequest(
-        messages=[UserMessage(content="read it"), AssistantMessage(tool_calls=[ToolCall(id="abcdefghi", function=FunctionCall(
-            name="read_file", arguments='{"path": "src/main.py"}'))]),
-            ToolMessage(tool_call_id="abcdefghi", content="print('hi')")],
-        tools=[Tool(function=Function(**READ_FILE["function"]))])
+        messages=[
+            UserMessage(content="read it"),
+            AssistantMessage(
+                tool_calls=[
+                    ToolCall(
+                        id="abcdefghi", function=FunctionCall(name="read_file", arguments='{"path": "src/main.py"}')
+                    )
+                ]
+            ),
+            ToolMessage(tool_call_id="abcdefghi", content="print('hi')"),
+        ],
+        tools=[Tool(function=Function(**READ_FILE["function"]))],
+    )
     text = tokenizer.decode(tokenizer.encode_chat_completion(request).tokens, special_token_policy="keep")
     found = [m for m in find_markup(text, "mistral", ["read_file"]) if m.structural]
     assert found and "[TOOL_CALLS]" in text and "read_file" in text
@@ -103,11 +117,19 @@ def test_markup_the_task_gave_the_model_is_clean(family: str) -> None:
     token from the user's question. Both appear in what the request gave the model."""
     block, _, token, _ = BLOCKS[family]
     task = f"Fix the parser. The fixture file must hold exactly:\n{block}\nand the stop token is {token}."
-    write = turn("Writing the fixture.", calls=[("edit_file", {"path": "tests/fixture.txt",
-                                                               "edits": [{"old": "", "new": block}]})],
-                 given=task, family=family)
-    assert codes(write) == set() and codes(turn("Writing.", calls=[("edit_file", {"path": "f", "edits": [
-        {"old": "", "new": block}]})], given=task)) == set()
+    write = turn(
+        "Writing the fixture.",
+        calls=[("edit_file", {"path": "tests/fixture.txt", "edits": [{"old": "", "new": block}]})],
+        given=task,
+        family=family,
+    )
+    assert (
+        codes(write) == set()
+        and codes(
+            turn("Writing.", calls=[("edit_file", {"path": "f", "edits": [{"old": "", "new": block}]})], given=task)
+        )
+        == set()
+    )
     quoted = turn(f"The model stops at `{token}`, so the parser must drop it.", given=task, family=family)
     assert codes(quoted) == set()
 
@@ -125,8 +147,10 @@ CLEAN_ANSWERS = {
     "text before a call": dict(content="Let me read the file first.", calls=[("read_file", {"path": "src/main.py"})]),
     "empty-argument call": dict(calls=[("list_services", {})]),
     "types kept": dict(calls=[("read_file", {"path": "src/数据/naïve 📄.py", "max_lines": 30})]),
-    "prose about formats": dict(content="Qwen wraps calls in tool_call tags; Mistral uses a TOOL_CALLS token; "
-                                        "GLM writes arg_key and arg_value pairs. Vec<Think> is Rust, <s>x</s> is HTML."),
+    "prose about formats": dict(
+        content="Qwen wraps calls in tool_call tags; Mistral uses a TOOL_CALLS token; "
+        "GLM writes arg_key and arg_value pairs. Vec<Think> is Rust, <s>x</s> is HTML."
+    ),
     "json answer": dict(content='{"name": "Ada", "parameters": {"age": 36}}'),
     "markdown and pipes": dict(content="| a | b |\n|---|---|\n| 1 | 2 |\n`cat x | grep y`"),
     "chinese fullwidth bars": dict(content="选项A｜选项B｜选项C"),
@@ -146,45 +170,56 @@ def test_llama_bare_json_call_needs_an_offered_tool_name() -> None:
     assert codes(turn('{"name": "Ada", "parameters": {"age": 36}}', family="llama3")) == set()
 
 
-@pytest.mark.parametrize(("model", "parser", "family"), [
-    ("deepseek-ai/DeepSeek-V4-Pro", None, "deepseek-v4"),
-    ("deepseek-ai/DeepSeek-V3.2-Exp", None, "deepseek-v3.2"),
-    ("deepseek-ai/DeepSeek-V3.1-Terminus", None, "deepseek-v3.1"),
-    ("deepseek-ai/DeepSeek-R1-0528", None, "deepseek-v3"),
-    ("Qwen/Qwen3-Coder-480B-A35B-Instruct", None, "qwen3-coder"),
-    ("Qwen/Qwen3-235B-A22B", None, "qwen"),
-    ("moonshotai/Kimi-K2-Instruct-0905", None, "kimi-k2"),
-    ("zai-org/GLM-4.6", None, "glm"),
-    ("openai/gpt-oss-120b", None, "gpt-oss"),
-    ("meta-llama/Llama-3.3-70B-Instruct", None, "llama3"),
-    ("mistralai/Devstral-Small-2507", None, "mistral"),
-    ("google/gemma-3-27b-it", None, "gemma"),
-    ("my-finetune", "qwen3_coder", "qwen3-coder"),
-    ("gpt-4o", "deepseek_v31", "deepseek-v3.1"),
-    ("default", None, None),
-])
+@pytest.mark.parametrize(
+    ("model", "parser", "family"),
+    [
+        ("deepseek-ai/DeepSeek-V4-Pro", None, "deepseek-v4"),
+        ("deepseek-ai/DeepSeek-V3.2-Exp", None, "deepseek-v3.2"),
+        ("deepseek-ai/DeepSeek-V3.1-Terminus", None, "deepseek-v3.1"),
+        ("deepseek-ai/DeepSeek-R1-0528", None, "deepseek-v3"),
+        ("Qwen/Qwen3-Coder-480B-A35B-Instruct", None, "qwen3-coder"),
+        ("Qwen/Qwen3-235B-A22B", None, "qwen"),
+        ("moonshotai/Kimi-K2-Instruct-0905", None, "kimi-k2"),
+        ("zai-org/GLM-4.6", None, "glm"),
+        ("openai/gpt-oss-120b", None, "gpt-oss"),
+        ("meta-llama/Llama-3.3-70B-Instruct", None, "llama3"),
+        ("mistralai/Devstral-Small-2507", None, "mistral"),
+        ("google/gemma-3-27b-it", None, "gemma"),
+        ("my-finetune", "qwen3_coder", "qwen3-coder"),
+        ("gpt-4o", "deepseek_v31", "deepseek-v3.1"),
+        ("default", None, None),
+    ],
+)
 def test_the_family_comes_from_the_parser_setting_then_the_model_name(model, parser, family) -> None:
     assert family_for(parser=parser, models=[model]) == family
 
 
-@pytest.mark.parametrize(("facts", "family"), [
-    ({"server_info": {"tool_call_parser": "kimi_k2"}, "models": ["served"]}, "kimi-k2"),
-    # model names say nothing for the whole run (a gateway lists several families): each turn's own answer does
-    ({"server_info": {"model_path": "/models/GLM-4.6"}, "models": [{"id": "zai-org/GLM-4.6"}]}, None),
-    ({"server_info": {"tool_call_parser": None}, "models": "not a list"}, None),
-    ({"server_info": "not a dict"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("facts", "family"),
+    [
+        ({"server_info": {"tool_call_parser": "kimi_k2"}, "models": ["served"]}, "kimi-k2"),
+        # model names say nothing for the whole run (a gateway lists several families): each turn's own answer does
+        ({"server_info": {"model_path": "/models/GLM-4.6"}, "models": [{"id": "zai-org/GLM-4.6"}]}, None),
+        ({"server_info": {"tool_call_parser": None}, "models": "not a list"}, None),
+        ({"server_info": "not a dict"}, None),
+        ({}, None),
+    ],
+)
 def test_a_runs_family_comes_from_what_preflight_read(facts, family) -> None:
     from dsv4bench.families import family_of_server
+
     assert family_of_server(facts) == family
 
 
 STRIPPED = {
-    "gpt-oss channels glued after their tokens were dropped": ("analysisThe user wants the file.assistantfinalHere.",
-                                                                "special_token_leak"),
-    "Kimi call id and arguments with the tokens dropped": ('Reading. functions.read_file:0 {"path": "src/main.py"}',
-                                                           "markup_leak_content"),
+    "gpt-oss channels glued after their tokens were dropped": (
+        "analysisThe user wants the file.assistantfinalHere.",
+        "special_token_leak",
+    ),
+    "Kimi call id and arguments with the tokens dropped": (
+        'Reading. functions.read_file:0 {"path": "src/main.py"}',
+        "markup_leak_content",
+    ),
     "DeepSeek tool token cut at the end": ("I'll read it.<｜tool▁calls", "dsml_leak_content"),
 }
 
@@ -194,22 +229,34 @@ def test_markup_whose_tokens_were_dropped_or_cut_is_still_seen(text: str, code: 
     assert codes(turn(text)) == {code}
 
 
-@pytest.mark.parametrize("text", ["The assistant finally answered.", "A final assistant message; analysis follows.",
-                                  "call functions.read_file:0 later", "<｜end▁of the list", "options: a｜b"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The assistant finally answered.",
+        "A final assistant message; analysis follows.",
+        "call functions.read_file:0 later",
+        "<｜end▁of the list",
+        "options: a｜b",
+    ],
+)
 def test_their_look_alikes_are_clean(text: str) -> None:
     assert codes(turn(text)) == set()
 
 
-@pytest.mark.parametrize(("flag", "want"), [("auto", "auto"), ("ALL", "all"), ("qwen", "qwen"), ("kimi_k2", "kimi-k2"),
-                                            ("deepseek_v31", "deepseek-v3.1")])
+@pytest.mark.parametrize(
+    ("flag", "want"),
+    [("auto", "auto"), ("ALL", "all"), ("qwen", "qwen"), ("kimi_k2", "kimi-k2"), ("deepseek_v31", "deepseek-v3.1")],
+)
 def test_the_family_flag_takes_names_and_parser_names(flag: str, want: str) -> None:
     from dsv4bench.families import chosen_family, family_flag
+
     assert family_flag(flag) == want
     assert chosen_family("auto", "glm") == "glm" and chosen_family("all", "glm") == "all"
 
 
 def test_the_family_flag_refuses_what_it_does_not_know_naming_what_it_takes() -> None:
     from dsv4bench.families import family_flag
+
     with pytest.raises(ValueError, match="deepseek-v4.*qwen3-coder.*gemma"):
         family_flag("gpt-4o")
 
@@ -239,22 +286,37 @@ def test_the_corpus_the_recall_figures_count(case, known: bool) -> None:
 REAL_LEAKS = {
     # trtllm-serve, gpt-oss-120b (a final answer holding the call it should have made, recipient lost)
     "harmony call left in content without its recipient": (
-        '<|channel|>commentary<|message|>{\n  "path": "/",\n  "name_pattern": "*Chen*"\n}<|end|>', "special_token_leak"),
+        '<|channel|>commentary<|message|>{\n  "path": "/",\n  "name_pattern": "*Chen*"\n}<|end|>',
+        "special_token_leak",
+    ),
     # a provider that strips harmony's tokens but never splits its channels
     "harmony channels glued to the answer": (
-        'analysisWe need to answer "What is 2+2?". The answer is "four".assistantfinalfour', "special_token_leak"),
+        'analysisWe need to answer "What is 2+2?". The answer is "four".assistantfinalfour',
+        "special_token_leak",
+    ),
     # DSML with doubled bars, as an orchestrator showed it to its operator
-    "doubled-bar DSML block": ('Let me check.\n\n<｜｜DSML｜｜tool_calls>\n<｜｜DSML｜｜invoke name="workspace_list">\n'
-                               '</｜｜DSML｜｜invoke>\n</｜｜DSML｜｜tool_calls>', "dsml_leak_content"),
+    "doubled-bar DSML block": (
+        'Let me check.\n\n<｜｜DSML｜｜tool_calls>\n<｜｜DSML｜｜invoke name="workspace_list">\n'
+        "</｜｜DSML｜｜invoke>\n</｜｜DSML｜｜tool_calls>",
+        "dsml_leak_content",
+    ),
     # Qwen3.x: preamble, then Qwen3-Coder XML left in content by a streaming translator
-    "preamble then Qwen3-Coder XML": ("I'll investigate systematically.\n<tool_call>\n<function=grep>\n<parameter=pattern>"
-                                      "mountain</parameter>\n</function>\n</tool_call>", "markup_leak_content"),
+    "preamble then Qwen3-Coder XML": (
+        "I'll investigate systematically.\n<tool_call>\n<function=grep>\n<parameter=pattern>"
+        "mountain</parameter>\n</function>\n</tool_call>",
+        "markup_leak_content",
+    ),
     # Kimi K3 XTML with its channel glued on, in an answer's text
-    "Kimi K3 XTML call": ('<|open|>toolscall tool="StrReplace" index="1"<|sep|><|open|>argument key="path" type="string"'
-                          '<|sep|>src/renderer<|close|>argument<|sep|><|close|>call<|sep|>', "markup_leak_content"),
+    "Kimi K3 XTML call": (
+        '<|open|>toolscall tool="StrReplace" index="1"<|sep|><|open|>argument key="path" type="string"'
+        "<|sep|>src/renderer<|close|>argument<|sep|><|close|>call<|sep|>",
+        "markup_leak_content",
+    ),
     # bare invoke markup with no block around it
-    "bare invoke": ('Let me read it.\n\n<invoke name="Read">\n<parameter name="file_path">a.md</parameter>\n</invoke>',
-                    "dsml_leak_content"),
+    "bare invoke": (
+        'Let me read it.\n\n<invoke name="Read">\n<parameter name="file_path">a.md</parameter>\n</invoke>',
+        "dsml_leak_content",
+    ),
 }
 
 
@@ -277,11 +339,23 @@ def test_markup_the_model_wrote_first_and_a_tool_echoed_is_still_the_models() ->
     from dsv4bench.history.records import GivenText
 
     eos = "<｜end▁of▁sentence｜>"
-    leaked = {"messages": [
-        {"role": "user", "content": "Sum the orders."},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function", "function": {
-            "name": "read_file", "arguments": json.dumps({"path": "orders" + eos})}}]},
-        {"role": "tool", "tool_call_id": "c0", "content": f"no file orders{eos}"}]}
+    leaked = {
+        "messages": [
+            {"role": "user", "content": "Sum the orders."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c0",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": json.dumps({"path": "orders" + eos})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c0", "content": f"no file orders{eos}"},
+        ]
+    }
     asked = {"messages": [{"role": "user", "content": f"What does {eos} mean?"}, *leaked["messages"][1:]]}
     ctx = turn("Done." + eos, family="deepseek-v4")
     ctx.given = GivenText.of_body(leaked)

@@ -10,8 +10,33 @@ import pytest
 from dsv4bench.checks import text
 from dsv4bench.families import deepseek
 
-WORDS = ["the", "file", "server", "x = 1", "<div>", "|", "DSML", "string", "tool", "Ã©", "—", "\x07", "é", "ſ",
-         "é", "0, ", "-", "  ", "\n", "invoke", "<｜DSML｜invoke name=\"f\">", "def f():", "return", "{}", "ab"]
+WORDS = [
+    "the",
+    "file",
+    "server",
+    "x = 1",
+    "<div>",
+    "|",
+    "DSML",
+    "string",
+    "tool",
+    "Ã©",
+    "—",
+    "\x07",
+    "é",
+    "ſ",
+    "é",
+    "0, ",
+    "-",
+    "  ",
+    "\n",
+    "invoke",
+    '<｜DSML｜invoke name="f">',
+    "def f():",
+    "return",
+    "{}",
+    "ab",
+]
 
 
 def _texts(seed: int, n: int = 300) -> list[str]:

@@ -96,7 +96,9 @@ def _server(**kw):
 
 
 def test_oracle_agrees_with_a_correct_server() -> None:
-    ctx = _server(content="I'll read it.", reasoning="The user wants the file.", calls=[("read_file", '{"path":"src/main.py"}')])
+    ctx = _server(
+        content="I'll read it.", reasoning="The user wants the file.", calls=[("read_file", '{"path":"src/main.py"}')]
+    )
     assert check_parser_disagreement(ctx) == []
 
 
@@ -133,7 +135,13 @@ def test_no_raw_completion_no_oracle() -> None:
 
 @pytest.mark.parametrize(
     ("a", "b", "equal"),
-    [(5, 5.0, True), (True, 1, False), ({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]}, True), ("1", 1, False), ([1, 2], [2, 1], False)],
+    [
+        (5, 5.0, True),
+        (True, 1, False),
+        ({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]}, True),
+        ("1", 1, False),
+        ([1, 2], [2, 1], False),
+    ],
 )
 def test_json_equal(a, b, equal: bool) -> None:
     assert json_equal(a, b) is equal

@@ -7,9 +7,21 @@ from __future__ import annotations
 import pytest
 
 from dsv4bench.checks import sglang_oracle
-from dsv4bench.checks.parser_view import (NOT_READ, RECIPE, SERVER, SGLANG_STREAM, SGLANG_WHOLE, disagreements,
-                                          family_read_as, first_reader, kept_oracles, not_read, read_oracles,
-                                          readings, sglang_like)
+from dsv4bench.checks.parser_view import (
+    NOT_READ,
+    RECIPE,
+    SERVER,
+    SGLANG_STREAM,
+    SGLANG_WHOLE,
+    disagreements,
+    family_read_as,
+    first_reader,
+    kept_oracles,
+    not_read,
+    read_oracles,
+    readings,
+    sglang_like,
+)
 from dsv4bench.checks.sglang_oracle import sglang_missing
 from dsv4bench.history.records import OracleReadings, ToolCall
 
@@ -39,8 +51,10 @@ def test_the_view_groups_the_sources_that_agree() -> None:
     assert d.where == "content"
     assert [sources for sources, _ in d.groups] == [(SERVER, RECIPE, SGLANG_STREAM), (SGLANG_WHOLE,)]
     assert d.apart(RECIPE, SGLANG_WHOLE) and not d.apart(SERVER, sglang_like(ctx.response))
-    assert d.describe() == ("content: server = deepseek-recipe = SGLang streamed 'Use the'; "
-                            "SGLang whole 'Use the <｜DSML｜ marker wisely. Done.'")
+    assert d.describe() == (
+        "content: server = deepseek-recipe = SGLang streamed 'Use the'; "
+        "SGLang whole 'Use the <｜DSML｜ marker wisely. Done.'"
+    )
 
 
 @installed
@@ -50,10 +64,13 @@ def test_calls_one_reading_lacks_show_as_no_call() -> None:
     kept = kept_oracles(ctx)
     assert kept is not None and ctx.response is not None
     names, args = disagreements(ctx.response, kept)
-    assert names.describe() == ('tool call names: server = deepseek-recipe \'["read_file"]\'; '
-                                'SGLang streamed = SGLang whole \'["read_file", "read_file"]\'')
-    assert args.describe() == ("tool_calls[1].arguments: server = deepseek-recipe -; "
-                               "SGLang streamed = SGLang whole '{\"path\": \"b.py\"}'")
+    assert names.describe() == (
+        "tool call names: server = deepseek-recipe '[\"read_file\"]'; "
+        'SGLang streamed = SGLang whole \'["read_file", "read_file"]\''
+    )
+    assert args.describe() == (
+        'tool_calls[1].arguments: server = deepseek-recipe -; SGLang streamed = SGLang whole \'{"path": "b.py"}\''
+    )
 
 
 def test_without_sglang_the_view_is_the_server_and_deepseek_recipe(monkeypatch) -> None:
@@ -123,8 +140,13 @@ OLD_ANSWER = {"model": "DeepSeek-V4-Pro", "content": "Use the", "stream": False,
 
 def test_a_record_from_before_the_readers_were_named_was_deepseek_recipes() -> None:
     # What turns.jsonl held before other families were read: `recipe` and `sglang` only.
-    old = OracleReadings.from_json({"raw_completion": "</think>Use the <｜DSML｜ marker.", "recipe": OLD_ANSWER,
-                                    "sglang": {"state": "sglang 0.5.23", "stream": None, "whole": None, "log": []}})
+    old = OracleReadings.from_json(
+        {
+            "raw_completion": "</think>Use the <｜DSML｜ marker.",
+            "recipe": OLD_ANSWER,
+            "sglang": {"state": "sglang 0.5.23", "stream": None, "whole": None, "log": []},
+        }
+    )
     assert (old.reader, old.family, old.not_read) == (RECIPE, None, None)
     assert old.recipe is not None and old.recipe.content == "Use the" and old.sglang.state == "sglang 0.5.23"
     assert first_reader(old) == RECIPE and family_read_as(old) == "family not recorded"
@@ -132,11 +154,21 @@ def test_a_record_from_before_the_readers_were_named_was_deepseek_recipes() -> N
 
 
 def test_records_of_the_stopgap_that_named_the_reader_in_the_model_read_as_meant() -> None:
-    sglang_first = OracleReadings.from_json({"raw_completion": "x", "recipe": {**OLD_ANSWER, "model": "SGLang qwen25"},
-                                             "sglang": {"state": "sglang 0.5.23"}})
+    sglang_first = OracleReadings.from_json(
+        {
+            "raw_completion": "x",
+            "recipe": {**OLD_ANSWER, "model": "SGLang qwen25"},
+            "sglang": {"state": "sglang 0.5.23"},
+        }
+    )
     assert (sglang_first.reader, sglang_first.recipe, sglang_first.not_read) == ("SGLang qwen25", None, None)
-    unread = OracleReadings.from_json({"raw_completion": "x", "recipe": {"model": "not read", "stream": False},
-                                       "sglang": {"state": "not read: no reader for model family 'x'"}})
+    unread = OracleReadings.from_json(
+        {
+            "raw_completion": "x",
+            "recipe": {"model": "not read", "stream": False},
+            "sglang": {"state": "not read: no reader for model family 'x'"},
+        }
+    )
     assert (unread.reader, unread.recipe, unread.not_read) == (None, None, "no reader for model family 'x'")
     assert not_read(unread) == "no reader for model family 'x'" and first_reader(unread) == NOT_READ
 
@@ -144,8 +176,9 @@ def test_records_of_the_stopgap_that_named_the_reader_in_the_model_read_as_meant
 def test_a_damaged_oracle_record_is_not_passed_off_as_read() -> None:
     empty = OracleReadings.from_json({"raw_completion": "x"})
     assert empty.reader is None and empty.not_read == "the record kept no reading"
-    odd = OracleReadings.from_json({"raw_completion": "x", "reader": 5, "family": ["qwen"], "not_read": None,
-                                    "recipe": None, "sglang": {}})
+    odd = OracleReadings.from_json(
+        {"raw_completion": "x", "reader": 5, "family": ["qwen"], "not_read": None, "recipe": None, "sglang": {}}
+    )
     assert (odd.reader, odd.family, odd.not_read) == (None, None, "the record names no reader")
     assert first_reader(odd) == NOT_READ
     with pytest.raises(ValueError):  # a reading of the wrong shape makes the record unreadable, as any field does

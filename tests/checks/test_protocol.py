@@ -7,7 +7,12 @@ import dataclasses
 import pytest
 
 from dsv4bench.checks import run_checks
-from dsv4bench.checks.protocol import check_empty_turn, check_finish_reason_mismatch, check_stream_protocol, check_truncated
+from dsv4bench.checks.protocol import (
+    check_empty_turn,
+    check_finish_reason_mismatch,
+    check_stream_protocol,
+    check_truncated,
+)
 from dsv4bench.history.records import ToolCall, TurnContext
 from dsv4bench.history.request_terms import RequestTerms
 from dsv4bench.wire.turn_answer import TurnOutcome
@@ -20,6 +25,7 @@ def asked(ctx: TurnContext, **body: object) -> TurnContext:
     """`ctx` as the answer to a request whose body held `body`'s fields."""
     terms = RequestTerms.of_body({"messages": [], **body})
     return dataclasses.replace(ctx, terms=terms, thinking=terms.thinking)
+
 
 READ = ("read_file", {"path": "a.py"})
 
@@ -82,7 +88,10 @@ def test_empty_turn(ctx) -> None:
 @pytest.mark.parametrize(
     "ctx",
     [
-        turn("", finish="length"), turn("", finish=None), turn("", calls=[READ]), turn("."),
+        turn("", finish="length"),
+        turn("", finish=None),
+        turn("", calls=[READ]),
+        turn("."),
         # reasoning only is not "nothing": reasoning_only judges it (checks/request_terms.py)
         turn("", reasoning="I need to read the file, then answer."),
         turn("\n\n", reasoning="Thinking..."),
@@ -103,6 +112,7 @@ def test_a_turn_that_only_thought_is_reasoning_only_alone() -> None:
 
 # --- a turn cut at its token cap whose finish_reason says otherwise ------------------------
 
+
 def capped(ctx: TurnContext, completion_tokens: object, max_tokens: object, **body: object) -> TurnContext:
     """`ctx` with usage.completion_tokens and the request's max_tokens (and other body fields)."""
     assert ctx.response is not None
@@ -113,19 +123,29 @@ def capped(ctx: TurnContext, completion_tokens: object, max_tokens: object, **bo
 CUT_CALL = ("edit_file", {"path": "a.py", "edits": [{"old": "x", "new": "y"}]})  # parses: only the count tells
 
 CUT_AT_CAP = {
-    "call, says tool_calls": (capped(turn(calls=[CUT_CALL]), 256, 256), "completion_tokens 256 reached "
-                              "max_tokens 256 but finish_reason 'tool_calls'"),
-    "call, says stop": (capped(turn(calls=[CUT_CALL], finish="stop"), 256, 256),
-                        "reached max_tokens 256 but finish_reason 'stop'"),
+    "call, says tool_calls": (
+        capped(turn(calls=[CUT_CALL]), 256, 256),
+        "completion_tokens 256 reached max_tokens 256 but finish_reason 'tool_calls'",
+    ),
+    "call, says stop": (
+        capped(turn(calls=[CUT_CALL], finish="stop"), 256, 256),
+        "reached max_tokens 256 but finish_reason 'stop'",
+    ),
     "prose, says stop": (capped(turn("The answer is"), 64, 64), "reached max_tokens 64 but finish_reason 'stop'"),
     "past the cap": (capped(turn(calls=[READ]), 300, 256), "completion_tokens 300 reached max_tokens 256 (past it)"),
     "streamed or not": (capped(turn(calls=[READ], stream=False), 128, 128), "but finish_reason 'tool_calls'"),
-    "past the cap under stop sequences": (capped(turn("Thought:"), 65, 64, stop=["\nObservation:"]),
-                                          "(past it) but finish_reason 'stop'"),
-    "stop sequences, but tool_calls": (capped(turn(calls=[READ]), 64, 64, stop=["\nObservation:"]),
-                                       "but finish_reason 'tool_calls'"),
-    "reasoning cut, says stop": (capped(turn("", reasoning="First, consider"), 512, 512),
-                                 "reached max_tokens 512 but finish_reason 'stop'"),
+    "past the cap under stop sequences": (
+        capped(turn("Thought:"), 65, 64, stop=["\nObservation:"]),
+        "(past it) but finish_reason 'stop'",
+    ),
+    "stop sequences, but tool_calls": (
+        capped(turn(calls=[READ]), 64, 64, stop=["\nObservation:"]),
+        "but finish_reason 'tool_calls'",
+    ),
+    "reasoning cut, says stop": (
+        capped(turn("", reasoning="First, consider"), 512, 512),
+        "reached max_tokens 512 but finish_reason 'stop'",
+    ),
 }
 
 

@@ -30,22 +30,51 @@ SAY = "I'll read it."
 
 # family: (raw completion, the content a correct server sends beside the read_file call)
 RAW: dict[str, tuple[str, str]] = {
-    "deepseek-v3": ("Plan.</think>" + SAY + "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n"
-                    f"```json\n{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>", SAY),
-    "deepseek-v3.1": (SAY + f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{J}<｜tool▁call▁end｜>"
-                      "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>", SAY),
-    "deepseek-v4": ("Plan.</think>" + SAY + "\n\n" + BLOCK.replace(
-        "</｜DSML｜invoke>", '<｜DSML｜parameter name="max_lines" string="false">5</｜DSML｜parameter>\n</｜DSML｜invoke>'), SAY),
-    "qwen": ("<think>\nPlan.\n</think>\n\n" + SAY + f'\n<tool_call>\n{{"name": "read_file", "arguments": {J}}}\n</tool_call>'
-             "<|im_end|>", SAY),
-    "qwen3-coder": (SAY + "\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.py\n</parameter>\n"
-                    "<parameter=max_lines>\n5\n</parameter>\n</function>\n</tool_call><|im_end|>", SAY),
-    "kimi-k2": (SAY + "<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>"
-                f"{J}<|tool_call_end|><|tool_calls_section_end|>", SAY),
-    "glm": ("<think>Plan.</think>\n" + SAY + "\n<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>src/main.py"
-            "</arg_value>\n<arg_key>max_lines</arg_key>\n<arg_value>5</arg_value>\n</tool_call><|observation|>", SAY),
-    "gpt-oss": ("<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>commentary to=functions.read_file "
-                f"<|constrain|>json<|message|>{J}<|call|>", ""),
+    "deepseek-v3": (
+        "Plan.</think>" + SAY + "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n"
+        f"```json\n{J}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        SAY,
+    ),
+    "deepseek-v3.1": (
+        SAY + f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{J}<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        SAY,
+    ),
+    "deepseek-v4": (
+        "Plan.</think>"
+        + SAY
+        + "\n\n"
+        + BLOCK.replace(
+            "</｜DSML｜invoke>",
+            '<｜DSML｜parameter name="max_lines" string="false">5</｜DSML｜parameter>\n</｜DSML｜invoke>',
+        ),
+        SAY,
+    ),
+    "qwen": (
+        "<think>\nPlan.\n</think>\n\n" + SAY + f'\n<tool_call>\n{{"name": "read_file", "arguments": {J}}}\n</tool_call>'
+        "<|im_end|>",
+        SAY,
+    ),
+    "qwen3-coder": (
+        SAY + "\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/main.py\n</parameter>\n"
+        "<parameter=max_lines>\n5\n</parameter>\n</function>\n</tool_call><|im_end|>",
+        SAY,
+    ),
+    "kimi-k2": (
+        SAY + "<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>"
+        f"{J}<|tool_call_end|><|tool_calls_section_end|>",
+        SAY,
+    ),
+    "glm": (
+        "<think>Plan.</think>\n" + SAY + "\n<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>src/main.py"
+        "</arg_value>\n<arg_key>max_lines</arg_key>\n<arg_value>5</arg_value>\n</tool_call><|observation|>",
+        SAY,
+    ),
+    "gpt-oss": (
+        "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>commentary to=functions.read_file "
+        f"<|constrain|>json<|message|>{J}<|call|>",
+        "",
+    ),
     "llama3": (f'<|python_tag|>{{"name": "read_file", "parameters": {J}}}<|eom_id|>', ""),
     "mistral": (SAY + f"[TOOL_CALLS]read_file[ARGS]{J}</s>", SAY),
     "gemma": (SAY + '<|tool_call>call:read_file{max_lines:5,path:<|"|>src/main.py<|"|>}<tool_call|>', SAY),
@@ -53,8 +82,15 @@ RAW: dict[str, tuple[str, str]] = {
 FAMILIES = list(RAW)
 
 
-def server(family: str, *, stream: bool = True, content: str | None = None, args: Any = ARGS,
-           calls: int = 1, known: bool = False) -> TurnContext:
+def server(
+    family: str,
+    *,
+    stream: bool = True,
+    content: str | None = None,
+    args: Any = ARGS,
+    calls: int = 1,
+    known: bool = False,
+) -> TurnContext:
     """The turn a correct server answers with (changed as asked), with its raw completion; the
     server's family known (`TurnContext.family`) or left for the text to tell."""
     raw, said = RAW[family]
@@ -123,7 +159,9 @@ def test_a_family_group_reads_the_format_the_text_is_in() -> None:
 def test_the_servers_family_reads_even_anothers_markup_as_its_parser_would() -> None:
     # A Qwen server leaves V3 markup as text: its own parser would too, so that is no disagreement.
     raw, _ = RAW["deepseek-v3"]
-    ctx = turn(raw.removeprefix("Plan.</think>").removesuffix("<｜end▁of▁sentence｜>"), raw=raw.removeprefix("Plan.</think>"))
+    ctx = turn(
+        raw.removeprefix("Plan.</think>").removesuffix("<｜end▁of▁sentence｜>"), raw=raw.removeprefix("Plan.</think>")
+    )
     ctx.family = "qwen"
     assert check_parser_disagreement(ctx) == []
 
@@ -168,7 +206,11 @@ def test_a_reader_that_raises_is_not_read(monkeypatch) -> None:
     monkeypatch.setattr("dsv4bench.checks.raw_readers.read_with_sglang", broken)
     ctx = server("deepseek-v4", calls=0)
     reading = oracle_reading(ctx)
-    assert reading is not None and reading.oracle is None and reading.not_read == "deepseek-v4's reader raised RuntimeError: boom"
+    assert (
+        reading is not None
+        and reading.oracle is None
+        and reading.not_read == "deepseek-v4's reader raised RuntimeError: boom"
+    )
     assert check_parser_disagreement(ctx) == []
 
 

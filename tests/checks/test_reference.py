@@ -15,13 +15,28 @@ from dsv4bench.harness.reference_run import ReferenceAnswers, ReferenceRunError,
 from .turns import turn
 
 BODY = {
-    "model": "dsv4-mini", "user": "s00001", "stream": True, "stream_options": {"include_usage": True},
-    "temperature": 0.0, "max_tokens": 256, "tool_choice": "auto", "tools": [{"type": "function"}],
+    "model": "dsv4-mini",
+    "user": "s00001",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "temperature": 0.0,
+    "max_tokens": 256,
+    "tool_choice": "auto",
+    "tools": [{"type": "function"}],
     "messages": [
         {"role": "system", "content": "You fix code."},
         {"role": "user", "content": "Fix median()."},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_a1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_a1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_a1", "content": "def median(xs): ..."},
     ],
 }
@@ -40,10 +55,16 @@ def test_the_key_ignores_what_does_not_reach_the_model():
     assert request_key(other) == request_key(BODY)
 
 
-@pytest.mark.parametrize("change", [
-    {"max_tokens": 255}, {"temperature": 0.5}, {"tool_choice": "none"}, {"tools": []},
-    {"chat_template_kwargs": {"thinking": True}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_tokens": 255},
+        {"temperature": 0.5},
+        {"tool_choice": "none"},
+        {"tools": []},
+        {"chat_template_kwargs": {"thinking": True}},
+    ],
+)
 def test_the_key_changes_with_what_decides_the_answer(change):
     assert request_key(_variant(**change)) != request_key(BODY)
 
@@ -73,13 +94,16 @@ def test_the_same_answer_is_no_finding_and_no_reference_is_no_finding():
     assert check_reference_mismatch(turn("hello")) == []
 
 
-@pytest.mark.parametrize("reference,where,needle", [
-    (turn(calls=[("read_file", {"path": "b.py"})]), "tool_calls[0].arguments", "at character 10"),
-    (turn(calls=[("edit_file", {"path": "a.py"})]), "tool_calls[0].name", "'edit_file'"),
-    (turn(calls=[("read_file", {"path": "a.py"}), ("list_services", {})]), "tool_calls", "1 tool call(s) here, 2"),
-    (turn(calls=[("read_file", {"path": "a.py"})], reasoning="look first"), "reasoning", "'look first'"),
-    (turn(calls=[("read_file", {"path": "a.py"})], finish="stop"), "finish_reason", "'stop'"),
-])
+@pytest.mark.parametrize(
+    "reference,where,needle",
+    [
+        (turn(calls=[("read_file", {"path": "b.py"})]), "tool_calls[0].arguments", "at character 10"),
+        (turn(calls=[("edit_file", {"path": "a.py"})]), "tool_calls[0].name", "'edit_file'"),
+        (turn(calls=[("read_file", {"path": "a.py"}), ("list_services", {})]), "tool_calls", "1 tool call(s) here, 2"),
+        (turn(calls=[("read_file", {"path": "a.py"})], reasoning="look first"), "reasoning", "'look first'"),
+        (turn(calls=[("read_file", {"path": "a.py"})], finish="stop"), "finish_reason", "'stop'"),
+    ],
+)
 def test_a_different_answer_names_where_it_first_differs(reference, where, needle):
     ours = turn(calls=[("read_file", {"path": "a.py"})])
     ours.reference = _ref(reference, session="s00007", turn=3)
@@ -106,10 +130,16 @@ def test_run_checks_judges_it_only_on_completed_turns():
 
 # --- loading a reference run ---------------------------------------------------------------------------
 
+
 def _record(key: str, content: str, *, temperature=0.0, status="ok", session="s00000", turn_no=1) -> dict:
-    return {"run": "r1", "session": session, "turn": turn_no, "status": status,
-            "request": {"key": key, "temperature": temperature},
-            "response": {"content": content, "finish_reason": "stop", "tool_calls": []}}
+    return {
+        "run": "r1",
+        "session": session,
+        "turn": turn_no,
+        "status": status,
+        "request": {"key": key, "temperature": temperature},
+        "response": {"content": content, "finish_reason": "stop", "tool_calls": []},
+    }
 
 
 def _write_run(folder, records) -> None:
@@ -118,10 +148,16 @@ def _write_run(folder, records) -> None:
 
 
 def test_load_keeps_completed_greedy_turns_and_counts_its_own_conflicts(tmp_path):
-    _write_run(tmp_path / "out" / "run1", [
-        _record("k1", "a"), _record("k2", "b"), _record("k2", "b2", session="s00001"),  # answered two ways
-        _record("k3", "c", temperature=0.7), _record("k4", "d", status="killed"),
-    ])
+    _write_run(
+        tmp_path / "out" / "run1",
+        [
+            _record("k1", "a"),
+            _record("k2", "b"),
+            _record("k2", "b2", session="s00001"),  # answered two ways
+            _record("k3", "c", temperature=0.7),
+            _record("k4", "d", status="killed"),
+        ],
+    )
     ref = ReferenceAnswers.load(tmp_path / "out")  # an --out folder holding one run is enough
     assert ref.run_dir == tmp_path / "out" / "run1"
     assert set(ref.answers) == {"k1", "k2"} and ref.conflicts == 1

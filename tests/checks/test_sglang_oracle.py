@@ -19,9 +19,13 @@ from .turns import BLOCK, TOOLS
 
 installed = pytest.mark.skipif(sglang_missing() is not None, reason=sglang_missing() or "")
 
-BODY = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "."}], "tool_choice": "auto",
-        "tools": [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in TOOLS.items()],
-        "chat_template_kwargs": {"thinking": True}}
+BODY = {
+    "model": "DeepSeek-V4-Pro",
+    "messages": [{"role": "user", "content": "."}],
+    "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in TOOLS.items()],
+    "chat_template_kwargs": {"thinking": True},
+}
 EOS, END = "<｜end▁of▁sentence｜>", "</think>"
 CALL = [("read_file", {"path": "src/main.py"})]
 
@@ -63,21 +67,39 @@ def three(raw: str, finish: str = "stop") -> tuple[Any, Any, Any]:
 
 
 AGREE = {
-    "canonical, prose and EOS": ("Let me look." + END + "I'll read it.\n\n" + BLOCK + EOS,
-                                 ("I'll read it.", "Let me look.", CALL)),
-    "two calls in one block": (END + block(invoke("read_file", param("path", "a.py", True)),
-                                           invoke("run_shell", param("command", "ls", True) + param("background", "true"))),
-                               ("", "", [("read_file", {"path": "a.py"}), ("run_shell", {"command": "ls", "background": True})])),
-    "JSON parameters": (END + block(invoke("edit_file", param("path", "a.py", True)
-                                           + param("edits", '[{"old": "x = 1", "new": "x = 2"}]'))),
-                        ("", "", [("edit_file", {"path": "a.py", "edits": [{"old": "x = 1", "new": "x = 2"}]})])),
-    "a number": (END + with_param(param("max_lines", "5")), ("", "", [("read_file", {"path": "src/main.py", "max_lines": 5})])),
+    "canonical, prose and EOS": (
+        "Let me look." + END + "I'll read it.\n\n" + BLOCK + EOS,
+        ("I'll read it.", "Let me look.", CALL),
+    ),
+    "two calls in one block": (
+        END
+        + block(
+            invoke("read_file", param("path", "a.py", True)),
+            invoke("run_shell", param("command", "ls", True) + param("background", "true")),
+        ),
+        ("", "", [("read_file", {"path": "a.py"}), ("run_shell", {"command": "ls", "background": True})]),
+    ),
+    "JSON parameters": (
+        END
+        + block(
+            invoke("edit_file", param("path", "a.py", True) + param("edits", '[{"old": "x = 1", "new": "x = 2"}]'))
+        ),
+        ("", "", [("edit_file", {"path": "a.py", "edits": [{"old": "x = 1", "new": "x = 2"}]})]),
+    ),
+    "a number": (
+        END + with_param(param("max_lines", "5")),
+        ("", "", [("read_file", {"path": "src/main.py", "max_lines": 5})]),
+    ),
     "a bare invoke": (END + "ok\n\n" + invoke("read_file", param("path", "src/main.py", True)), ("ok", "", CALL)),
-    "zero arguments, self-closing": (END + block('<｜DSML｜invoke name="list_services"/>\n'),
-                                     ("", "", [("list_services", {})])),
+    "zero arguments, self-closing": (
+        END + block('<｜DSML｜invoke name="list_services"/>\n'),
+        ("", "", [("list_services", {})]),
+    ),
     "zero arguments": (END + block(invoke("list_services", "")), ("", "", [("list_services", {})])),
-    "special tokens in a string": (END + BLOCK.replace("src/main.py", f"a{EOS}b</think>c｜DSML｜d"),
-                                   ("", "", [("read_file", {"path": f"a{EOS}b</think>c｜DSML｜d"})])),
+    "special tokens in a string": (
+        END + BLOCK.replace("src/main.py", f"a{EOS}b</think>c｜DSML｜d"),
+        ("", "", [("read_file", {"path": f"a{EOS}b</think>c｜DSML｜d"})]),
+    ),
     "ASCII bars": (END + BLOCK.replace("｜", "|"), (BLOCK.replace("｜", "|"), "", [])),
     "lower-case dsml": (END + BLOCK.replace("DSML", "dsml"), (BLOCK.replace("DSML", "dsml"), "", [])),
     "prose after the block": (END + "Sure.\n\n" + BLOCK + "\n\nMore.", ("Sure.", "", CALL)),
@@ -97,41 +119,98 @@ def test_the_parsers_agree(name: str) -> None:
 NOT_JSON = '{"path": "src/main.py", "max_lines": 5x}'
 # name: raw completion, deepseek-recipe's reading, SGLang's whole one, SGLang's streamed one.
 DIFFER = {
-    "spaces around a string": (END + BLOCK.replace("src/main.py", "  src/main.py\n"),
-                               ("", "", [("read_file", {"path": "  src/main.py\n"})]), ("", "", CALL), ("", "", CALL)),
-    "a value that is not JSON": (END + with_param(param("max_lines", "5x")), ("", "", [("read_file", NOT_JSON)]),
-                                 ("", "", [("read_file", {"path": "src/main.py", "max_lines": "5x"})]),
-                                 ("", "", [("read_file", {"path": "src/main.py", "max_lines": "5x"})])),
-    "NaN": (END + with_param(param("max_lines", "NaN")),
-            ("", "", [("read_file", '{"path": "src/main.py", "max_lines": NaN}')]),
-            ("", "", [("read_file", {"path": "src/main.py", "max_lines": "NaN"})]),
-            ("", "", [("read_file", {"path": "src/main.py", "max_lines": "NaN"})])),
-    "a plain string as string=false": (END + BLOCK.replace('string="true"', 'string="false"'),
-                                       ("", "", [("read_file", '{"path": src/main.py}')]), ("", "", CALL), ("", "", CALL)),
-    "a JSON object as the invoke body": (END + block(invoke("read_file", '{"path": "src/main.py"}\n')),
-                                         ("", "", [("read_file", {})]), ("", "", CALL), ("", "", CALL)),
-    "a JSON body that is no object": (END + block(invoke("read_file", "[1]\n")),
-                                      ("", "", [("read_file", {})]), ("", "", []), ("", "", [])),
-    "no string attribute": (END + BLOCK.replace(' string="true"', ""),
-                            ("", "", [("read_file", '{"path">src/main.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
-                                                    "</｜DSML｜tool_calls>")]), ("", "", []), ("", "", [])),
-    "a closing tag in a string": (END + BLOCK.replace("src/main.py", "a</｜DSML｜parameter>b"),
-                                  ("", "", [("read_file", {"path": "a"})]), ("", "", []), ("", "", [])),
-    "two blocks": (END + BLOCK + "\n\n" + BLOCK.replace("src/main.py", "b.py"), ("", "", CALL),
-                   ("", "", [*CALL, ("read_file", {"path": "b.py"})]), ("", "", [*CALL, ("read_file", {"path": "b.py"})])),
-    "a block in the reasoning": ("Thinking " + BLOCK, ("", "Thinking", CALL),
-                                 ("", "Thinking " + BLOCK, []), ("", "Thinking " + BLOCK, [])),
+    "spaces around a string": (
+        END + BLOCK.replace("src/main.py", "  src/main.py\n"),
+        ("", "", [("read_file", {"path": "  src/main.py\n"})]),
+        ("", "", CALL),
+        ("", "", CALL),
+    ),
+    "a value that is not JSON": (
+        END + with_param(param("max_lines", "5x")),
+        ("", "", [("read_file", NOT_JSON)]),
+        ("", "", [("read_file", {"path": "src/main.py", "max_lines": "5x"})]),
+        ("", "", [("read_file", {"path": "src/main.py", "max_lines": "5x"})]),
+    ),
+    "NaN": (
+        END + with_param(param("max_lines", "NaN")),
+        ("", "", [("read_file", '{"path": "src/main.py", "max_lines": NaN}')]),
+        ("", "", [("read_file", {"path": "src/main.py", "max_lines": "NaN"})]),
+        ("", "", [("read_file", {"path": "src/main.py", "max_lines": "NaN"})]),
+    ),
+    "a plain string as string=false": (
+        END + BLOCK.replace('string="true"', 'string="false"'),
+        ("", "", [("read_file", '{"path": src/main.py}')]),
+        ("", "", CALL),
+        ("", "", CALL),
+    ),
+    "a JSON object as the invoke body": (
+        END + block(invoke("read_file", '{"path": "src/main.py"}\n')),
+        ("", "", [("read_file", {})]),
+        ("", "", CALL),
+        ("", "", CALL),
+    ),
+    "a JSON body that is no object": (
+        END + block(invoke("read_file", "[1]\n")),
+        ("", "", [("read_file", {})]),
+        ("", "", []),
+        ("", "", []),
+    ),
+    "no string attribute": (
+        END + BLOCK.replace(' string="true"', ""),
+        ("", "", [("read_file", '{"path">src/main.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')]),
+        ("", "", []),
+        ("", "", []),
+    ),
+    "a closing tag in a string": (
+        END + BLOCK.replace("src/main.py", "a</｜DSML｜parameter>b"),
+        ("", "", [("read_file", {"path": "a"})]),
+        ("", "", []),
+        ("", "", []),
+    ),
+    "two blocks": (
+        END + BLOCK + "\n\n" + BLOCK.replace("src/main.py", "b.py"),
+        ("", "", CALL),
+        ("", "", [*CALL, ("read_file", {"path": "b.py"})]),
+        ("", "", [*CALL, ("read_file", {"path": "b.py"})]),
+    ),
+    "a block in the reasoning": (
+        "Thinking " + BLOCK,
+        ("", "Thinking", CALL),
+        ("", "Thinking " + BLOCK, []),
+        ("", "Thinking " + BLOCK, []),
+    ),
     "a written <think>": ("<think>abc" + END + "x", ("x", "<think>abc", []), ("x", "abc", []), ("x", "abc", [])),
     # SGLang's two paths read these apart.
-    "an unknown tool": (END + BLOCK.replace("read_file", "delete_all"), ("", "", [("delete_all", {"path": "src/main.py"})]),
-                        ("", "", []), ("", "", [("delete_all", {"path": "src/main.py"})])),
-    "an unclosed block": (END + BLOCK.removesuffix("</｜DSML｜tool_calls>"), ("", "", CALL), ("", "", []), ("", "", CALL)),
-    "a stray marker in prose": (END + "Use the <｜DSML｜ marker wisely. Done.", ("Use the", "", []),
-                                ("Use the <｜DSML｜ marker wisely. Done.", "", []), ("Use the", "", [])),
-    "a spaced opener": (END + BLOCK.replace("<｜DSML｜tool_calls>", "<｜DSML｜ tool_calls>"), ("", "", CALL),
-                        ("", "", CALL), ("<｜DSML｜ tool_calls>", "", CALL)),
-    "V3.2's block name": (END + BLOCK.replace("tool_calls", "function_calls"), ("", "", CALL),
-                          ("", "", CALL), ("<｜DSML｜function_calls>", "", CALL)),
+    "an unknown tool": (
+        END + BLOCK.replace("read_file", "delete_all"),
+        ("", "", [("delete_all", {"path": "src/main.py"})]),
+        ("", "", []),
+        ("", "", [("delete_all", {"path": "src/main.py"})]),
+    ),
+    "an unclosed block": (
+        END + BLOCK.removesuffix("</｜DSML｜tool_calls>"),
+        ("", "", CALL),
+        ("", "", []),
+        ("", "", CALL),
+    ),
+    "a stray marker in prose": (
+        END + "Use the <｜DSML｜ marker wisely. Done.",
+        ("Use the", "", []),
+        ("Use the <｜DSML｜ marker wisely. Done.", "", []),
+        ("Use the", "", []),
+    ),
+    "a spaced opener": (
+        END + BLOCK.replace("<｜DSML｜tool_calls>", "<｜DSML｜ tool_calls>"),
+        ("", "", CALL),
+        ("", "", CALL),
+        ("<｜DSML｜ tool_calls>", "", CALL),
+    ),
+    "V3.2's block name": (
+        END + BLOCK.replace("tool_calls", "function_calls"),
+        ("", "", CALL),
+        ("", "", CALL),
+        ("<｜DSML｜function_calls>", "", CALL),
+    ),
 }
 
 
@@ -146,7 +225,7 @@ def test_the_parsers_differ(name: str) -> None:
 @installed
 @pytest.mark.parametrize("cut", ["src/ma", "</｜DSML｜invoke>"])
 def test_a_call_cut_by_the_length_limit(cut: str) -> None:
-    raw = END + BLOCK[:BLOCK.index(cut)]
+    raw = END + BLOCK[: BLOCK.index(cut)]
     recipe, whole, stream = three(raw, "length")
     assert [name for name, _ in recipe[2]] == ["read_file"] and whole == stream == ("", "", [])
     sg = read_with_sglang(raw, BODY, finish_reason="length")
@@ -211,6 +290,10 @@ def test_a_parser_that_raises_is_a_state_not_a_crash() -> None:
 def test_without_sglang_the_state_says_so_and_nothing_is_read(monkeypatch) -> None:
     monkeypatch.setattr(sglang_oracle, "_sglang", lambda: "SGLang's parser not installed (No module named 'sglang')")
     sg = read_with_sglang(END + BLOCK, BODY)
-    assert (sg.state, sg.whole, sg.stream, sg.log) == ("SGLang's parser not installed (No module named 'sglang')",
-                                                       None, None, [])
+    assert (sg.state, sg.whole, sg.stream, sg.log) == (
+        "SGLang's parser not installed (No module named 'sglang')",
+        None,
+        None,
+        [],
+    )
     assert sglang_state().startswith("SGLang's parser not installed") and sglang_missing() == sglang_state()

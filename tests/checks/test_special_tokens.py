@@ -7,8 +7,13 @@ import json
 import pytest
 
 from dsv4bench.checks import run_checks
-from dsv4bench.checks.special_tokens import (TOKENS, bundled_tokens, check_special_token_leak, find_special_tokens,
-                                             recipe_tokens)
+from dsv4bench.checks.special_tokens import (
+    TOKENS,
+    bundled_tokens,
+    check_special_token_leak,
+    find_special_tokens,
+    recipe_tokens,
+)
 from dsv4bench.wire.sse import DeltaAssembler
 
 from .turns import BLOCK, turn
@@ -100,22 +105,28 @@ def test_verdict_does_not_depend_on_the_thinking_flag() -> None:
     assert codes == [["special_token_leak"]] * 3
 
 
-@pytest.mark.parametrize("reasoning", [
-    "I should read the file first." + EOS,
-    "Plan: read it.</think>",
-    "The user asked.<｜Assistant｜>I will now",
-])
+@pytest.mark.parametrize(
+    "reasoning",
+    [
+        "I should read the file first." + EOS,
+        "Plan: read it.</think>",
+        "The user asked.<｜Assistant｜>I will now",
+    ],
+)
 def test_leak_in_reasoning(reasoning: str) -> None:
     [v] = check_special_token_leak(turn("Done.", reasoning=reasoning))
     assert v.where.startswith("reasoning@")
 
 
-@pytest.mark.parametrize("arguments", [
-    json.dumps({"path": "src/main.py" + EOS}, ensure_ascii=False),
-    json.dumps({"path": "src/main.py" + EOS}, ensure_ascii=True),  # \uff5c escapes: seen decoded
-    '{"command": "ls <\\/think>"}',  # a JSON-escaped slash
-    '{"path": "a.py"}' + EOS,  # not JSON: judged raw
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        json.dumps({"path": "src/main.py" + EOS}, ensure_ascii=False),
+        json.dumps({"path": "src/main.py" + EOS}, ensure_ascii=True),  # \uff5c escapes: seen decoded
+        '{"command": "ls <\\/think>"}',  # a JSON-escaped slash
+        '{"path": "a.py"}' + EOS,  # not JSON: judged raw
+    ],
+)
 def test_leak_in_arguments(arguments: str) -> None:
     [v] = check_special_token_leak(turn(calls=[("list_services", {}), ("read_file", arguments)]))
     assert v.where == "tool_calls[1].arguments"

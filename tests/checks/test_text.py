@@ -49,10 +49,13 @@ MARKDOWN_TABLE = "| service | status | p99 ms | errors |\n|---|---|---|---|\n" +
     f"| svc-{i:02d} | ok | {100 + 7 * i} | 0 |\n" for i in range(30)
 )
 JSON_ARRAY = json.dumps([{"id": i, "name": f"user{i}", "active": True, "roles": ["read"]} for i in range(40)], indent=2)
-LOG_EXCERPT = "".join(
-    f"2024-05-01T12:00:{i:02d}.{(i * 37) % 1000:03d}Z INFO  worker-{i % 4} request done status=200 latency_ms={40 + i % 9}\n"
-    for i in range(40)
-) + "2024-05-01T12:00:41.000Z WARN  worker-2 retrying upstream\n" * 3
+LOG_EXCERPT = (
+    "".join(
+        f"2024-05-01T12:00:{i:02d}.{(i * 37) % 1000:03d}Z INFO  worker-{i % 4} request done status=200 latency_ms={40 + i % 9}\n"
+        for i in range(40)
+    )
+    + "2024-05-01T12:00:41.000Z WARN  worker-2 retrying upstream\n" * 3
+)
 RULERS = "Results\n" + "=" * 80 + "\nall green\n" + "-" * 80 + "\n" + "─" * 79
 CSV = "date,region,sales\n" + "".join(f"2024-01-{d:02d},eu,{1000 + d * 13}\n" for d in range(1, 31))
 ENGLISH = (
@@ -108,7 +111,10 @@ def test_loops_are_found(text: str) -> None:
         ("content", turn("Here it is: " + "the " * 50)),
         ("reasoning", turn("Done.", reasoning=ENGLISH + "Let me reconsider. " * 8)),
         ("tool_calls[0].arguments", turn(calls=[("run_shell", '{"command": "echo ' + "}" * 200)], finish="length")),
-        ("tool_calls[0].arguments", turn(calls=[("edit_file", {"path": "a.py", "edits": [{"old": "", "new": "x = 1\n" * 40}]})])),
+        (
+            "tool_calls[0].arguments",
+            turn(calls=[("edit_file", {"path": "a.py", "edits": [{"old": "", "new": "x = 1\n" * 40}]})]),
+        ),
     ],
 )
 def test_degenerate_repetition_names_the_field(field: str, ctx) -> None:
@@ -196,7 +202,11 @@ def test_language_is_not_garbled(text: str) -> None:
         (turn("Hello w\ufffdrld"), "content@7", "U+FFFD"),
         (turn("ok", reasoning="ĠĠĊĠthe"), "reasoning@0", "BPE"),
         (turn(calls=[("run_shell", {"command": "echo w\ufffdrld"})]), "tool_calls[0].arguments", "U+FFFD"),
-        (turn(calls=[("run_shell", '{"command": "echo \u0007"')]), "tool_calls[0].arguments", "invalid character U+0007"),
+        (
+            turn(calls=[("run_shell", '{"command": "echo \u0007"')]),
+            "tool_calls[0].arguments",
+            "invalid character U+0007",
+        ),
         (turn(calls=[("read_file", {"path": "CafÃ©/rÃ©sumÃ©.txt"})]), "tool_calls[0].arguments", "mojibake"),
     ],
 )

@@ -72,7 +72,9 @@ def tool_calls(calls: list[Call] | list[ToolCall]) -> list[ToolCall]:
             out.append(c)
             continue
         name, args = c
-        out.append(ToolCall(index=i, id=f"call_{i}", name=name, arguments=args if isinstance(args, str) else json.dumps(args)))
+        out.append(
+            ToolCall(index=i, id=f"call_{i}", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
+        )
     return out
 
 
@@ -102,10 +104,18 @@ def turn(
     fields: dict[str, Any] = {"response_id": "chatcmpl-1", "model": "DeepSeek-V4-Pro", "saw_done": True, "chunks": 10}
     fields.update(response)
     resp = AssembledResponse(content=content, reasoning=reasoning, tool_calls=made, finish_reason=finish, **fields)
-    return TurnContext(response=resp, tools=TOOLS if tools is None else tools, status=status, raw_completion=raw,
-                       given=None if given is None else GivenText((given,)), family=family)
+    return TurnContext(
+        response=resp,
+        tools=TOOLS if tools is None else tools,
+        status=status,
+        raw_completion=raw,
+        given=None if given is None else GivenText((given,)),
+        family=family,
+    )
 
 
-def failed(status: TurnStatus, kind: str | None, http_status: int | None = None, error: str | None = None) -> TurnContext:
+def failed(
+    status: TurnStatus, kind: str | None, http_status: int | None = None, error: str | None = None
+) -> TurnContext:
     """A turn that did not complete: no response, only the error fields."""
     return TurnContext(response=None, tools=TOOLS, status=status, http_status=http_status, error=error, error_kind=kind)

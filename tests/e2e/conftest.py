@@ -45,8 +45,13 @@ def start_fixture_server(script: str, tmp: Path, ready_path: str, *args: str, ti
     port = free_port()
     log_path = tmp / f"{Path(script).stem}-{port}.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / script), "--port", str(port), *args],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "fixtures" / script), "--port", str(port), *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     srv = FixtureServer(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,9 +86,18 @@ def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0, family: s
     """The replay server; `family`: the model family its answers are written in (its --family)."""
     ledger = tmp / f"ledger-{len(list(tmp.glob('ledger-*')))}.jsonl"
     ledger.touch()
-    srv = start_fixture_server("replay_server.py", tmp, "/v1/models", "--fault-rate", str(fault_rate),
-                               "--ledger", str(ledger), "--stall", str(stall),
-                               *(("--family", family) if family else ()))
+    srv = start_fixture_server(
+        "replay_server.py",
+        tmp,
+        "/v1/models",
+        "--fault-rate",
+        str(fault_rate),
+        "--ledger",
+        str(ledger),
+        "--stall",
+        str(stall),
+        *(("--family", family) if family else ()),
+    )
     return ReplayServer(f"{srv.root}/v1", ledger, srv)
 
 
@@ -118,8 +132,9 @@ def clean_replay(tmp_path):
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def only_run_dir(out: Path) -> Path:

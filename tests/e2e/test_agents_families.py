@@ -34,7 +34,14 @@ from .conftest import ROOT, only_run_dir, run_cli
 
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from replay_server import (  # noqa: E402
-    ANSWER_HEADER, FINAL_SUFFIX, FORMATS, LOOKALIKE_CALLS, MIXED, SAMPLE_CALL, family_faults, quoted_markers,
+    ANSWER_HEADER,
+    FINAL_SUFFIX,
+    FORMATS,
+    LOOKALIKE_CALLS,
+    MIXED,
+    SAMPLE_CALL,
+    family_faults,
+    quoted_markers,
     serve_in_thread,
 )
 
@@ -70,8 +77,9 @@ def ledger_lines(ledger: Path) -> list[dict]:
 def agents_run(url: str, ledger: Path, out: Path, stream: bool, *args: str) -> Run:
     """One `agents` run against the replay server at `url`, with the ledger lines written during it."""
     before = len(ledger_lines(ledger))
-    r = run_cli("agents", "--url", url, "--out", str(out), *RUN_ARGS, *args, *(() if stream else ("--no-stream",)),
-                timeout=180)
+    r = run_cli(
+        "agents", "--url", url, "--out", str(out), *RUN_ARGS, *args, *(() if stream else ("--no-stream",)), timeout=180
+    )
     planted = {(d["session"], d["turn"]): d for d in ledger_lines(ledger)[before:]}
     return Run(stream, only_run_dir(out) if out.exists() else out, planted, r.returncode, r.stderr)
 
@@ -92,11 +100,15 @@ def played(tmp_path_factory) -> Played:
     ledger.touch()
     with serve_in_thread(fault_rate_pct=FAULT_RATE, ledger=ledger, stall_s=1.0, family=MIXED) as (root, srv):
         url = f"{root}/v1"
-        faulty = [agents_run(url, ledger, tmp / f"faulty-{mode}", mode == "streamed", *FAULTY_ARGS)
-                  for mode in ("streamed", "unstreamed")]
+        faulty = [
+            agents_run(url, ledger, tmp / f"faulty-{mode}", mode == "streamed", *FAULTY_ARGS)
+            for mode in ("streamed", "unstreamed")
+        ]
         srv.rate = 0
-        clean = [agents_run(url, ledger, tmp / f"clean-{mode}", mode == "streamed", *CLEAN_ARGS)
-                 for mode in ("streamed", "unstreamed")]
+        clean = [
+            agents_run(url, ledger, tmp / f"clean-{mode}", mode == "streamed", *CLEAN_ARGS)
+            for mode in ("streamed", "unstreamed")
+        ]
         exchanges = [(family, *key, rec) for family in FAMILIES for key, rec in scripted_exchanges(url, family)]
     capture, out = tmp / "capture.jsonl", tmp / "audit.jsonl"
     capture.write_text("".join(json.dumps(x[-1], ensure_ascii=False) + "\n" for x in exchanges), encoding="utf-8")
@@ -138,8 +150,12 @@ def test_each_corrupt_answer_lands_under_its_codes_and_each_clean_answer_under_n
         clean_calls = [c for t in turns if (t.session, t.turn) not in planted for c in t.response.tool_calls]
         sent = [(c.name, json.loads(c.arguments)) for c in clean_calls]
         assert all((c.name, c.arguments) in sent for c in LOOKALIKE_CALLS[:2]), (mode, sent)
-        assert any("\\u001b[1m" in c.arguments and '"case_sensitive": true' in c.arguments and '"max_results": 5,'
-                   in c.arguments for c in clean_calls)  # the escape and the JSON types as the server wrote them
+        assert any(
+            "\\u001b[1m" in c.arguments
+            and '"case_sensitive": true' in c.arguments
+            and '"max_results": 5,' in c.arguments
+            for c in clean_calls
+        )  # the escape and the JSON types as the server wrote them
     for run in played.faulty:
         summary = json.loads((run.dir / "summary.json").read_text())
         assert summary["verdict"] == "CORRUPTION" and summary["turns"]["corrupt"] == len(run.planted)
@@ -167,12 +183,31 @@ def test_runs_with_only_clean_answers_say_clean(played):
 
 # --- look-alikes that need the request to hold the markup: a capture judged by `audit` ----------
 
-WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a text file.", "parameters": {
-    "type": "object", "additionalProperties": False, "required": ["path", "content"],
-    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "overwrite": {"type": "boolean"},
-                   "mode": {"type": "integer"}}}}}
-READ_FILE = {"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+WRITE_FILE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a text file.",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["path", "content"],
+            "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"},
+                "overwrite": {"type": "boolean"},
+                "mode": {"type": "integer"},
+            },
+        },
+    },
+}
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
 
 
 def request_messages(family: str, answer: str, holds: str) -> list[dict]:
@@ -184,16 +219,32 @@ def request_messages(family: str, answer: str, holds: str) -> list[dict]:
     if holds == "user":
         return [system, {"role": "user", "content": f"What do these mean, and save an example call:\n{text}"}]
     if holds == "tool":
-        return [system, {"role": "user", "content": "Read the parser's fixture and explain it."},
-                {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {
-                    "name": "read_file", "arguments": json.dumps({"path": "tests/fixtures/notes.md"})}}]},
-                {"role": "tool", "tool_call_id": "call_0", "content": f"# notes\n{text}\n"}]
+        return [
+            system,
+            {"role": "user", "content": "Read the parser's fixture and explain it."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": json.dumps({"path": "tests/fixtures/notes.md"})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": f"# notes\n{text}\n"},
+        ]
     return [system, {"role": "user", "content": "Explain how the model ends a tool call, and save an example call."}]
 
 
 # (answer, the request holds its text where, stream) -> codes `audit` must give
-CASES = [(answer, holds, stream) for answer in ("quote", "write_block") for holds in ("user", "tool", "none")
-         for stream in (True, False)]
+CASES = [
+    (answer, holds, stream)
+    for answer in ("quote", "write_block")
+    for holds in ("user", "tool", "none")
+    for stream in (True, False)
+]
 
 
 def expected_codes(family: str, answer: str, holds: str) -> set[str]:
@@ -210,12 +261,20 @@ def scripted_exchanges(url: str, family: str) -> list[tuple[tuple[str, str, bool
     out = []
     with httpx.Client(timeout=10) as client:
         for answer, holds, stream in CASES:
-            body = {"model": FORMATS[family].model, "messages": request_messages(family, answer, holds),
-                    "tools": [WRITE_FILE, READ_FILE], "stream": stream}
+            body = {
+                "model": FORMATS[family].model,
+                "messages": request_messages(family, answer, holds),
+                "tools": [WRITE_FILE, READ_FILE],
+                "stream": stream,
+            }
             r = client.post(f"{url}/chat/completions", json=body, headers={ANSWER_HEADER: answer})
             assert r.status_code == 200, r.text
-            out.append(((answer, holds, stream), {"request": body, "sse": r.text} if stream
-                        else {"request": body, "response": r.json()}))
+            out.append(
+                (
+                    (answer, holds, stream),
+                    {"request": body, "sse": r.text} if stream else {"request": body, "response": r.json()},
+                )
+            )
     return out
 
 

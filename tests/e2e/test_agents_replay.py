@@ -26,9 +26,26 @@ OTHER_FAMILIES_CODES = {"markup_leak_content", "markup_leak_reasoning", "markup_
 
 def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay, tmp_path):
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", replay.url, "--concurrency", "80", "--sessions", "200", "--max-turns", "12",
-                "--ttft-timeout", "10", "--total-timeout", "30", "--quiet", "--out", str(out),
-                "--fail-on", "corruption")
+    r = run_cli(
+        "agents",
+        "--url",
+        replay.url,
+        "--concurrency",
+        "80",
+        "--sessions",
+        "200",
+        "--max-turns",
+        "12",
+        "--ttft-timeout",
+        "10",
+        "--total-timeout",
+        "30",
+        "--quiet",
+        "--out",
+        str(out),
+        "--fail-on",
+        "corruption",
+    )
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1, r.stderr  # --fail-on corruption with planted corruption
     assert "CORRUPTION" in r.stdout
@@ -56,8 +73,10 @@ def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay,
     # request that asked for it: test_request_mix.py, against its own known-bad server; other
     # families' markup: test_agents_families.py).
     shapes = Counter(code for codes in planted.values() for code in codes)
-    assert set(shapes) >= (set(CORRUPTION_CODES) - {"garbled_text", REFERENCE_CODE} - REQUEST_TERMS_CODES
-                           - OTHER_FAMILIES_CODES | {"http_error", "timeout_ttft", "connection_error"})
+    assert set(shapes) >= (
+        set(CORRUPTION_CODES) - {"garbled_text", REFERENCE_CODE} - REQUEST_TERMS_CODES - OTHER_FAMILIES_CODES
+        | {"http_error", "timeout_ttft", "connection_error"}
+    )
     assert shapes["garbled_text"] >= 1
 
     # summary.json counts exactly what was planted.
@@ -88,8 +107,21 @@ def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay,
 
 def test_clean_server_gives_clean_report_without_stream(clean_replay, tmp_path):
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", clean_replay.url, "--concurrency", "4", "--sessions", "6", "--no-stream",
-                "--quiet", "--out", str(out), "--fail-on", "corruption,errors")
+    r = run_cli(
+        "agents",
+        "--url",
+        clean_replay.url,
+        "--concurrency",
+        "4",
+        "--sessions",
+        "6",
+        "--no-stream",
+        "--quiet",
+        "--out",
+        str(out),
+        "--fail-on",
+        "corruption,errors",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((only_run_dir(out) / "summary.json").read_text())
     assert summary["verdict"] == "CLEAN" and summary["turns"]["corrupt"] == 0 and summary["turns"]["total"] >= 30
@@ -99,15 +131,32 @@ def test_sessions_end_before_the_context_is_full_and_the_report_stays_clean(clea
     """A context too small for a second turn: every session ends context_full after its first,
     no request is refused, and the verdict is CLEAN (the workload, not the server, ran out)."""
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", clean_replay.url, "--concurrency", "4", "--sessions", "6", "--max-tokens", "1000",
-                "--context-length", "1100", "--quiet", "--out", str(out), "--fail-on", "corruption,errors")
+    r = run_cli(
+        "agents",
+        "--url",
+        clean_replay.url,
+        "--concurrency",
+        "4",
+        "--sessions",
+        "6",
+        "--max-tokens",
+        "1000",
+        "--context-length",
+        "1100",
+        "--quiet",
+        "--out",
+        str(out),
+        "--fail-on",
+        "corruption,errors",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((only_run_dir(out) / "summary.json").read_text())
     assert summary["verdict"] == "CLEAN" and summary["turns"]["error"] == 0
     ended = summary["sessions"]["ended_by"]
     assert ended.get("context_full", 0) >= 1 and sum(ended.values()) == 6
-    bad = run_cli("agents", "--url", clean_replay.url, "--sessions", "1", "--context-length", "500", "--quiet",
-                  "--out", str(out))
+    bad = run_cli(
+        "agents", "--url", clean_replay.url, "--sessions", "1", "--context-length", "500", "--quiet", "--out", str(out)
+    )
     assert bad.returncode == 2 and "--context-length must be more than --max-tokens" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -115,9 +164,26 @@ def test_sessions_end_before_the_context_is_full_and_the_report_stays_clean(clea
 def test_kill_9_leaves_a_history_that_report_renders(replay, tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4bench", "agents", "--url", replay.url, "--concurrency", "16", "--duration", "120",
-         "--ttft-timeout", "10", "--quiet", "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--url",
+            replay.url,
+            "--concurrency",
+            "16",
+            "--duration",
+            "120",
+            "--ttft-timeout",
+            "10",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     turns_file = None
@@ -144,13 +210,30 @@ def test_ctrl_c_writes_the_report_and_exits_130(clean_replay, tmp_path):
     finish (a shell's 130), not a verdict of 0 that a script would read as a whole clean run."""
     out = tmp_path / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4bench", "agents", "--url", clean_replay.url, "--concurrency", "8",
-         "--duration", "120", "--quiet", "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--url",
+            clean_replay.url,
+            "--concurrency",
+            "8",
+            "--duration",
+            "120",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(
-            len(p.read_text().splitlines()) >= 8 for p in (out.glob("*/turns.jsonl") if out.exists() else [])):
+        len(p.read_text().splitlines()) >= 8 for p in (out.glob("*/turns.jsonl") if out.exists() else [])
+    ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
@@ -164,8 +247,21 @@ def test_ctrl_c_writes_the_report_and_exits_130(clean_replay, tmp_path):
 
 def test_raw_oracle_agrees_on_clean_turns_and_disagrees_on_leaks(replay, tmp_path):
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", replay.url, "--concurrency", "8", "--sessions", "24", "--raw",
-                "--ttft-timeout", "10", "--quiet", "--out", str(out))
+    r = run_cli(
+        "agents",
+        "--url",
+        replay.url,
+        "--concurrency",
+        "8",
+        "--sessions",
+        "24",
+        "--raw",
+        "--ttft-timeout",
+        "10",
+        "--quiet",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     h = read_history(only_run_dir(out))
     planted = replay.planted()
@@ -184,8 +280,22 @@ def test_raw_oracle_agrees_on_clean_turns_and_disagrees_on_leaks(replay, tmp_pat
 
 def test_open_model_poisson_arrivals_run_every_session(clean_replay, tmp_path):
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", clean_replay.url, "--rate", "40", "--concurrency", "16", "--sessions", "20",
-                "--scenario", "data", "--quiet", "--out", str(out))
+    r = run_cli(
+        "agents",
+        "--url",
+        clean_replay.url,
+        "--rate",
+        "40",
+        "--concurrency",
+        "16",
+        "--sessions",
+        "20",
+        "--scenario",
+        "data",
+        "--quiet",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     h = read_history(only_run_dir(out))
     starts = [e for e in h.events if e["kind"] == "session_start"]

@@ -47,11 +47,20 @@ def _prometheus(tmp: Path, targets: list[str]) -> Iterator[str]:
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: dsv4bench\n    static_configs:\n"
-        f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
+        f"      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+    )
     with open(tmp / "prometheus.log", "w") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
@@ -83,8 +92,13 @@ def _wait(what: str, ready, timeout: float = 30.0) -> None:
 
 
 def _chat(api: str, i: int) -> None:
-    body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 8,
-            "temperature": 0, "stream": i % 2 == 0}
+    body = {
+        "model": "dsv4-mini",
+        "messages": [{"role": "user", "content": f"Say {i}."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": i % 2 == 0,
+    }
     r = httpx.post(f"{api}/chat/completions", json=body, timeout=60, trust_env=False)
     assert r.status_code == 200, r.text
 
@@ -118,14 +132,18 @@ def test_every_panel_query_finds_series(tmp_path):
     handle = exporter.start(0)
     try:
         # Beside the bundled engine, a recorded SGLang decode page with priority breakdowns.
-        with start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path) as engine, \
-                serving({"/metrics": page("sglang_pd_decode")}) as recorded:
+        with (
+            start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path) as engine,
+            serving({"/metrics": page("sglang_pd_decode")}) as recorded,
+        ):
             recorded_target = recorded.removeprefix("http://")
             targets = [u.removeprefix("http://").removesuffix("/metrics") for u in engine.metrics_urls]
             targets += [f"127.0.0.1:{handle.port}", recorded_target]
             with _prometheus(tmp_path, targets) as api:
-                _wait("prometheus ready",
-                      lambda: httpx.get(f"{api}/-/ready", timeout=2, trust_env=False).status_code == 200)
+                _wait(
+                    "prometheus ready",
+                    lambda: httpx.get(f"{api}/-/ready", timeout=2, trust_env=False).status_code == 200,
+                )
                 _wait("every target up", lambda: sum(float(s["value"][1]) for s in _query(api, "up")) == len(targets))
                 # Traffic spread over a few scrapes, so every counter and histogram moves in the window.
                 for i in range(6):
@@ -138,10 +156,16 @@ def test_every_panel_query_finds_series(tmp_path):
                 time.sleep(2.5)  # the last of it scraped
                 exprs = _exprs(dash)
                 empty = [f"{title}: {expr}" for title, expr in exprs if not _query(api, expr)]
-                empty += [f"variable {name}: {match}" for name, match, label in _variables(dash)
-                          if not _label_values(api, label, match)]
-                transfer = next(expr for _, expr in exprs if expr.startswith(
-                    "sum by (instance) (sglang:num_decode_transfer_queue_reqs"))
+                empty += [
+                    f"variable {name}: {match}"
+                    for name, match, label in _variables(dash)
+                    if not _label_values(api, label, match)
+                ]
+                transfer = next(
+                    expr
+                    for _, expr in exprs
+                    if expr.startswith("sum by (instance) (sglang:num_decode_transfer_queue_reqs")
+                )
                 per_instance = {r["metric"]["instance"]: float(r["value"][1]) for r in _query(api, transfer)}
         assert not empty, "queries with no series:\n" + "\n".join(empty)
         # The total of the priority classes, not the total plus each class again.

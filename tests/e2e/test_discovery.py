@@ -13,8 +13,22 @@ from .conftest import only_run_dir, run_cli
 def test_agents_with_the_routers_url_alone_scrapes_the_halves_it_lists(tmp_path):
     with start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path / "engine") as engine:
         router, prefill, decode = engine.roots
-        r = run_cli("agents", "--url", engine.url, "--sessions", "1", "--max-turns", "1", "--no-stream",
-                    "--metrics-interval", "0.2", "--drain-timeout", "2", "--out", str(tmp_path / "runs"))
+        r = run_cli(
+            "agents",
+            "--url",
+            engine.url,
+            "--sessions",
+            "1",
+            "--max-turns",
+            "1",
+            "--no-stream",
+            "--metrics-interval",
+            "0.2",
+            "--drain-timeout",
+            "2",
+            "--out",
+            str(tmp_path / "runs"),
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert "deployment: 3 servers (from " in r.stderr and "transfer tcp" in r.stderr, r.stderr
         assert f"found 2 servers behind the router at {router} (its /workers)" in r.stderr, r.stderr
@@ -23,7 +37,10 @@ def test_agents_with_the_routers_url_alone_scrapes_the_halves_it_lists(tmp_path)
         assert summary["verdict"] == "CLEAN" and summary["wedge_checked"], summary
         assert {f"{prefill}/metrics", f"{decode}/metrics"} <= set(summary["wedge"])
         assert [(e["root"], e["role"]) for e in summary["deployment"]["endpoints"]] == [
-            (router, "router"), (prefill, "prefill"), (decode, "decode")]
+            (router, "router"),
+            (prefill, "prefill"),
+            (decode, "decode"),
+        ]
         run = json.loads((run_dir / "run.json").read_text())
         assert run["server"]["deployment"]["found_via"] == [router]
         header = (run_dir / "report.md").read_text().split("## Run", 1)[0]

@@ -35,8 +35,26 @@ def _serve(tmp: Path, modes: str | None = None):
 
 
 def _agents(url: str, out: Path, *extra: str):
-    return run_cli("agents", "--url", f"{url}/v1", "--concurrency", "8", "--max-turns", "2", "--ttft-timeout", "4",
-                   "--total-timeout", "3", "--canary-timeout", "3", "--quiet", "--out", str(out), *extra, timeout=120)
+    return run_cli(
+        "agents",
+        "--url",
+        f"{url}/v1",
+        "--concurrency",
+        "8",
+        "--max-turns",
+        "2",
+        "--ttft-timeout",
+        "4",
+        "--total-timeout",
+        "3",
+        "--canary-timeout",
+        "3",
+        "--quiet",
+        "--out",
+        str(out),
+        *extra,
+        timeout=120,
+    )
 
 
 def _assert_report_safe(run_dir: Path) -> str:

@@ -35,13 +35,14 @@ SHOWN = "\\x1b[2J \\x1b]52;c;ZXZpbA=="
 
 def _clean(text: str, where: str) -> None:
     m = _RAW.search(text)
-    assert m is None, f"{where}: raw {m.group()!r} at {text[max(0, m.start() - 80):m.end() + 80]!r}"
+    assert m is None, f"{where}: raw {m.group()!r} at {text[max(0, m.start() - 80) : m.end() + 80]!r}"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = start_fixture_server("hostile_server.py", tmp_path_factory.mktemp("term"), "/health", "--modes", "normal",
-                               "--terminal-text")
+    srv = start_fixture_server(
+        "hostile_server.py", tmp_path_factory.mktemp("term"), "/health", "--modes", "normal", "--terminal-text"
+    )
     yield srv
     srv.stop()
 
@@ -49,8 +50,24 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def agents_run(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    r = run_cli("agents", "--url", f"{server.root}/v1", "--sessions", "2", "--max-turns", "1", "--concurrency", "2",
-                "--ttft-timeout", "5", "--total-timeout", "10", "--out", str(out), timeout=120)
+    r = run_cli(
+        "agents",
+        "--url",
+        f"{server.root}/v1",
+        "--sessions",
+        "2",
+        "--max-turns",
+        "1",
+        "--concurrency",
+        "2",
+        "--ttft-timeout",
+        "5",
+        "--total-timeout",
+        "10",
+        "--out",
+        str(out),
+        timeout=120,
+    )
     return r, only_run_dir(out)
 
 
@@ -100,15 +117,35 @@ def test_watch_view_shows_a_servers_error_visibly():
 def test_proxy_logs_a_clients_user_visibly(tmp_path):
     upstream = start_fixture_server("hostile_server.py", tmp_path, "/health", "--default-mode", "http_500")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4bench", "proxy", "--upstream", f"{upstream.root}/v1",
-                             "--port", str(port), "--duration", "6", "--out", str(tmp_path / "runs")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "proxy",
+            "--upstream",
+            f"{upstream.root}/v1",
+            "--port",
+            str(port),
+            "--duration",
+            "6",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=5,
-                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": TERMINAL_TEXT})
+                httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    timeout=5,
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": TERMINAL_TEXT},
+                )
                 break
             except httpx.TransportError:
                 time.sleep(0.2)
@@ -123,8 +160,10 @@ def test_proxy_logs_a_clients_user_visibly(tmp_path):
 
 
 def test_visible_escapes_controls_and_keeps_text():
-    assert visible("a\x1b[2Jb\x07\r\n\x9b\u202e\u2066\u200e\x7f") == \
-        "a\\x1b[2Jb\\x07\\x0d\\x0a\\x9b\\u202e\\u2066\\u200e\\x7f"
+    assert (
+        visible("a\x1b[2Jb\x07\r\n\x9b\u202e\u2066\u200e\x7f")
+        == "a\\x1b[2Jb\\x07\\x0d\\x0a\\x9b\\u202e\\u2066\\u200e\\x7f"
+    )
     assert visible("tab\tok 数据库 ✅ [x]") == "tab\tok 数据库 ✅ [x]"
     assert markup_safe("[link=http://evil]x[/link]") == "\\[link=http://evil]x\\[/link]"
 

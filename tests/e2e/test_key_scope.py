@@ -20,14 +20,29 @@ METRICS = b"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\nsgl
 def _answer(stream: bool) -> tuple[str, bytes]:
     message = {"role": "assistant", "content": "done"}
     if not stream:
-        return "application/json", json.dumps({
-            "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-    chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-              for delta, finish in (({"role": "assistant", "content": "done"}, None), ({}, "stop"))]
-    return "text/event-stream", b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return "application/json", json.dumps(
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        ).encode()
+    chunks = [
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        for delta, finish in (({"role": "assistant", "content": "done"}, None), ({}, "stop"))
+    ]
+    return "text/event-stream", b"".join(
+        b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks
+    ) + b"data: [DONE]\n\n"
 
 
 class Server:
@@ -53,8 +68,13 @@ class Server:
                 outer.seen.append((self.path, self.headers.get("Authorization")))
                 path = self.path.split("?")[0]
                 if path == "/workers" and workers is not None:
-                    self._send(200, "application/json", json.dumps(
-                        {"workers": [{"url": w, "worker_type": "regular", "is_healthy": True} for w in workers]}).encode())
+                    self._send(
+                        200,
+                        "application/json",
+                        json.dumps(
+                            {"workers": [{"url": w, "worker_type": "regular", "is_healthy": True} for w in workers]}
+                        ).encode(),
+                    )
                 elif path == "/metrics":
                     self._send(200, "text/plain", METRICS)
                 elif path == "/v1/models":
@@ -119,9 +139,28 @@ def test_probe_with_key_to_workers_sends_it_there(router_and_sink):
 
 
 def _agents(router: Server, tmp_path, *extra: str):
-    return run_cli("agents", "--url", f"{router.root}/v1", "--api-key", KEY, "--sessions", "1", "--max-turns", "1",
-                   "--no-stream", "--metrics-interval", "0.2", "--drain-timeout", "1", "--canary-timeout", "5",
-                   "--quiet", "--out", str(tmp_path), *extra)
+    return run_cli(
+        "agents",
+        "--url",
+        f"{router.root}/v1",
+        "--api-key",
+        KEY,
+        "--sessions",
+        "1",
+        "--max-turns",
+        "1",
+        "--no-stream",
+        "--metrics-interval",
+        "0.2",
+        "--drain-timeout",
+        "1",
+        "--canary-timeout",
+        "5",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        *extra,
+    )
 
 
 def test_agents_sends_no_key_to_a_worker_the_user_never_named(router_and_sink, tmp_path):
@@ -132,8 +171,10 @@ def test_agents_sends_no_key_to_a_worker_the_user_never_named(router_and_sink, t
     assert sink.keyed() == []
     assert "/v1/chat/completions" in router.keyed()
     report = (only_run_dir(tmp_path) / "report.md").read_text()
-    assert (f"API key sent to: `{router.root.removeprefix('http://')}`" in report
-            or f"API key sent to: `{router.root}`" in report), report
+    assert (
+        f"API key sent to: `{router.root.removeprefix('http://')}`" in report
+        or f"API key sent to: `{router.root}`" in report
+    ), report
     assert "not sent to" in report and sink.root.rsplit(":", 1)[1] in report.split("not sent to", 1)[1]
     assert KEY not in "".join(p.read_text(errors="replace") for p in only_run_dir(tmp_path).rglob("*") if p.is_file())
 

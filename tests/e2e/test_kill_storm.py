@@ -21,7 +21,9 @@ def _run(srv, out: Path, *args: str) -> tuple[Path, dict[str, Any]]:
 
 
 def test_kill_all_storm_at_concurrency_80_is_clean(clean_replay, tmp_path):
-    run_dir, summary = _run(clean_replay, tmp_path / "out", "--concurrency", "80", "--duration", "30", "--kill", "all@4s")
+    run_dir, summary = _run(
+        clean_replay, tmp_path / "out", "--concurrency", "80", "--duration", "30", "--kill", "all@4s"
+    )
     assert summary["verdict"] == "CLEAN"
     turns = _jsonl(run_dir / "turns.jsonl")
     killed = [t for t in turns if t["status"] == "killed"]
@@ -41,8 +43,9 @@ def test_kill_all_storm_at_concurrency_80_is_clean(clean_replay, tmp_path):
 
 
 def test_who_ttft_kills_only_turns_before_their_first_token(clean_replay, tmp_path):
-    run_dir, summary = _run(clean_replay, tmp_path / "out", "--concurrency", "40", "--duration", "4",
-                            "--kill", "all@2s,who=ttft")
+    run_dir, summary = _run(
+        clean_replay, tmp_path / "out", "--concurrency", "40", "--duration", "4", "--kill", "all@2s,who=ttft"
+    )
     assert summary["verdict"] == "CLEAN"
     killed = [t for t in _jsonl(run_dir / "turns.jsonl") if t["status"] == "killed"]
     assert killed
@@ -52,8 +55,9 @@ def test_who_ttft_kills_only_turns_before_their_first_token(clean_replay, tmp_pa
 
 
 def test_restart_relaunches_killed_sessions(clean_replay, tmp_path):
-    run_dir, summary = _run(clean_replay, tmp_path / "out", "--concurrency", "20", "--duration", "4",
-                            "--kill", "all@1.5s,restart,abort")
+    run_dir, summary = _run(
+        clean_replay, tmp_path / "out", "--concurrency", "20", "--duration", "4", "--kill", "all@1.5s,restart,abort"
+    )
     assert summary["verdict"] == "CLEAN"
     events = _jsonl(run_dir / "events.jsonl")
     kill = next(e for e in events if e["kind"] == "kill")
@@ -68,8 +72,20 @@ def test_restart_relaunches_killed_sessions(clean_replay, tmp_path):
 def test_drain_events_with_metrics(clean_replay, tmp_path):
     # The replay server serves no /metrics: every scrape fails, so the drain runs its full window.
     metrics = clean_replay.url.removesuffix("/v1") + "/metrics"
-    run_dir, _ = _run(clean_replay, tmp_path / "out", "--concurrency", "4", "--sessions", "4", "--metrics", metrics,
-                      "--metrics-interval", "0.2", "--drain-timeout", "1")
+    run_dir, _ = _run(
+        clean_replay,
+        tmp_path / "out",
+        "--concurrency",
+        "4",
+        "--sessions",
+        "4",
+        "--metrics",
+        metrics,
+        "--metrics-interval",
+        "0.2",
+        "--drain-timeout",
+        "1",
+    )
     events = _jsonl(run_dir / "events.jsonl")
     kinds = [e["kind"] for e in events]
     assert kinds.index("load_stopped") < kinds.index("drain_end") < kinds.index("run_end")
@@ -81,7 +97,16 @@ def test_drain_events_with_metrics(clean_replay, tmp_path):
 
 
 def test_bad_kill_spec_is_a_one_line_error(tmp_path):
-    r = run_cli("agents", "--url", "http://127.0.0.1:9/v1", "--duration", "5", "--kill", "all@3s,who=idle",
-                "--out", str(tmp_path))
+    r = run_cli(
+        "agents",
+        "--url",
+        "http://127.0.0.1:9/v1",
+        "--duration",
+        "5",
+        "--kill",
+        "all@3s,who=idle",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 2
     assert "who must be one of all, ttft, toolcall" in " ".join(r.stderr.split())

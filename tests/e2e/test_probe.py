@@ -81,8 +81,9 @@ def test_probe_unreachable_exits_2(server):
     assert probe_exit_code(result) == 2
 
 
-async def _record(root: str, scrapes: int,
-                  every: float) -> tuple[list[MetricSample], int, list[HealthResult], list[CanaryResult]]:
+async def _record(
+    root: str, scrapes: int, every: float
+) -> tuple[list[MetricSample], int, list[HealthResult], list[CanaryResult]]:
     """Scrape like the monitor does after load stops, then canary + /health like a run does."""
     async with httpx.AsyncClient(trust_env=False) as client:
         stopped = time.monotonic_ns()
@@ -122,6 +123,7 @@ def test_detector_on_real_scrapes_ghost_and_healthy(server):
 
 # --- each endpoint by its role --------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory):
     """Three wedge servers playing a PD deployment: router, prefill (says so in /get_server_info)
@@ -142,8 +144,11 @@ def play(roots: list[str], router: dict | None = None, prefill: dict | None = No
 def test_a_healthy_pd_trio_is_healthy_and_only_the_router_gets_a_canary(trio):
     play(trio)
     result = probe(trio, timeout=TIMEOUT)
-    assert [(e.role, e.state) for e in result.endpoints] == [("router", "healthy"), ("prefill", "healthy"),
-                                                             ("decode", "healthy")]
+    assert [(e.role, e.state) for e in result.endpoints] == [
+        ("router", "healthy"),
+        ("prefill", "healthy"),
+        ("decode", "healthy"),
+    ]
     router, prefill, decode = result.endpoints
     assert router.canary.ok and router.role_source == "/get_server_info engine_type"
     assert prefill.role_source == "/get_server_info disaggregation_mode"
@@ -165,16 +170,21 @@ def test_a_leaked_queue_behind_a_serving_router_is_stuck_after_stuck_s(trio):
 
 
 def test_a_hanging_router_makes_the_held_worker_queues_stuck(trio):
-    play(trio, router={"wedged": True, "lie_health": True},
-         prefill={"stuck": {"sglang:num_prefill_bootstrap_queue_reqs": 2}})
+    play(
+        trio,
+        router={"wedged": True, "lie_health": True},
+        prefill={"stuck": {"sglang:num_prefill_bootstrap_queue_reqs": 2}},
+    )
     router, prefill, decode = probe(trio, timeout=TIMEOUT).endpoints
     assert router.codes == ["canary_timeout", "health_lies"]
     assert prefill.codes == ["queue_stuck"] and "hung" in prefill.reasons[0]
     assert decode.state == "healthy"
 
 
-@pytest.mark.parametrize("answer,state,code", [("404", "error", 2), ("401", "error", 2), ("html", "error", 2),
-                                               ("not_json", "error", 2), ("500", "unhealthy", 1)])
+@pytest.mark.parametrize(
+    "answer,state,code",
+    [("404", "error", 2), ("401", "error", 2), ("html", "error", 2), ("not_json", "error", 2), ("500", "unhealthy", 1)],
+)
 def test_a_canary_answered_with_an_error_is_that_error_never_a_hang(trio, answer, state, code):
     play(trio, router={"chat_answer": answer, "lie_health": True})
     result = probe(trio, timeout=TIMEOUT)
@@ -193,8 +203,11 @@ def test_a_worker_whose_health_generate_hangs_while_health_says_200_lies(trio):
 
 
 def test_the_probe_output_fits_80_columns_with_one_verdict_line_per_endpoint(trio):
-    play(trio, router={"wedged": True, "lie_health": True},
-         decode={"stuck": {"sglang:num_decode_transfer_queue_reqs": 58}})
+    play(
+        trio,
+        router={"wedged": True, "lie_health": True},
+        decode={"stuck": {"sglang:num_decode_transfer_queue_reqs": 58}},
+    )
     result = probe(trio, timeout=TIMEOUT)
     console = Console(width=80, record=True, file=io.StringIO())
     render_probe(result, console)
@@ -202,9 +215,11 @@ def test_the_probe_output_fits_80_columns_with_one_verdict_line_per_endpoint(tri
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, text
     heads = [line.rstrip() for line in lines if not line.startswith(" ")]
-    assert heads[:3] == [f"router   {trio[0]}: wedged (canary_timeout, health_lies)",
-                         f"prefill  {trio[1]}: healthy",
-                         f"decode   {trio[2]}: wedged (queue_stuck)"]
+    assert heads[:3] == [
+        f"router   {trio[0]}: wedged (canary_timeout, health_lies)",
+        f"prefill  {trio[1]}: healthy",
+        f"decode   {trio[2]}: wedged (queue_stuck)",
+    ]
     assert heads[3] == "1 healthy, 2 wedged (exit 1)"
     assert "sglang:num_decode_transfer_queue_reqs=58" in text
     assert "not sent: a prefill server takes its requests from the router" in text
@@ -212,10 +227,17 @@ def test_the_probe_output_fits_80_columns_with_one_verdict_line_per_endpoint(tri
 
 # --- the bundled PD engine ------------------------------------------------------------------------
 
+
 def cli_80(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`dsv4bench ARGS` in an 80-column terminal."""
-    return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80"},
+    )
 
 
 def test_probe_and_watch_on_the_healthy_bundled_pd_engine(tmp_path):
@@ -229,8 +251,11 @@ def test_probe_and_watch_on_the_healthy_bundled_pd_engine(tmp_path):
             assert f"{role:<8} {root}: healthy" in r.stdout, r.stdout
         assert "listed by the router as prefill, healthy" in r.stdout and "transfer tcp" in r.stdout, r.stdout
         found = json.loads((tmp_path / "p.json").read_text())
-        assert [(e["root"], e["role"]) for e in found["endpoints"]] == [(router, "router"), (prefill, "prefill"),
-                                                                      (decode, "decode")]
+        assert [(e["root"], e["role"]) for e in found["endpoints"]] == [
+            (router, "router"),
+            (prefill, "prefill"),
+            (decode, "decode"),
+        ]
         assert found["endpoints"][0]["canary"]["ok"] and found["endpoints"][1]["canary"] == {}
         assert found["deployment"]["found_via"] == [router]
         halves = found["deployment"]["endpoints"][1:]
@@ -246,20 +271,30 @@ def test_probe_and_watch_on_the_healthy_bundled_pd_engine(tmp_path):
         assert lines and max(len(line) for line in lines) <= 80, w.stderr
         assert "{" not in w.stderr and "no wedge forming" in w.stderr
         heads = [line.split() for line in lines if not line.startswith(" ") and ":" in line.split()[0]]
-        assert [h[:3] for h in heads[-3:]] == [[urlsplit(u).netloc, role, "idle"] for u, role in
-                                               zip(engine.roots, ("router", "prefill", "decode"))]
-        router_rows = lines[lines.index(next(x for x in lines if x.startswith(urlsplit(router).netloc + " "))) + 1:][:2]
+        assert [h[:3] for h in heads[-3:]] == [
+            [urlsplit(u).netloc, role, "idle"] for u, role in zip(engine.roots, ("router", "prefill", "decode"))
+        ]
+        router_rows = lines[lines.index(next(x for x in lines if x.startswith(urlsplit(router).netloc + " "))) + 1 :][
+            :2
+        ]
         assert [row.split()[:2] for row in router_rows] == [["waiting", "0"], ["running", "0"]]
 
 
 def _storm(served, n: int, ready, max_tokens: int = 200) -> None:
     """`n` streamed chats through the router at once; when `ready()`, every client disconnects."""
+
     async def main() -> None:
         async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+
             async def one(i: int) -> None:
                 text = " ".join(f"file{i}_{j}.py" for j in range(40))
-                body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": f"Read {text}"}],
-                        "max_tokens": max_tokens, "temperature": 0, "stream": True}
+                body = {
+                    "model": "dsv4-mini",
+                    "messages": [{"role": "user", "content": f"Read {text}"}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                }
                 async with client.stream("POST", f"{served.api}/chat/completions", json=body) as r:
                     async for _ in r.aiter_lines():
                         pass
@@ -300,8 +335,14 @@ def test_abort_leak_after_a_killed_load_is_wedged(tmp_path):
     try:
         code, found, out = _probe_pd(served, tmp_path)
         assert code == 0 and [e["state"] for e in found] == ["healthy"] * 3, out
-        _storm(served, 12, lambda: served.pd.prefill.stats.num_prefill_inflight_queue >= 1
-               and served.pd.decode.stats.num_decode_transfer_queue >= 3)
+        _storm(
+            served,
+            12,
+            lambda: (
+                served.pd.prefill.stats.num_prefill_inflight_queue >= 1
+                and served.pd.decode.stats.num_decode_transfer_queue >= 3
+            ),
+        )
         wait_until(lambda: served.pd.decode.stats.num_running == 0, what="the killed decodes to end")
         code, found, out = _probe_pd(served, tmp_path, "--stuck-s", "1")
         assert code == 1, out
@@ -339,6 +380,7 @@ def test_bootstrap_stall_after_a_killed_load_is_wedged(tmp_path):
 
 # --- the run's final checks, by role --------------------------------------------------------------
 
+
 def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
     from dsv4bench.history.run_folder import EVENTS_FILE, read_jsonl
 
@@ -346,9 +388,28 @@ def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
 
     play(trio, router={"chat_answer": "html"})
     metrics = [a for root in trio for a in ("--metrics", f"{root}/metrics")]
-    r = run_cli("agents", "--url", f"{trio[0]}/v1", *metrics, "--metrics-interval", "0.2", "--sessions", "1",
-                "--concurrency", "1", "--max-turns", "1", "--no-stream", "--quiet", "--drain-timeout", "1",
-                "--canary-timeout", "2", "--out", str(tmp_path))
+    r = run_cli(
+        "agents",
+        "--url",
+        f"{trio[0]}/v1",
+        *metrics,
+        "--metrics-interval",
+        "0.2",
+        "--sessions",
+        "1",
+        "--concurrency",
+        "1",
+        "--max-turns",
+        "1",
+        "--no-stream",
+        "--quiet",
+        "--drain-timeout",
+        "1",
+        "--canary-timeout",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     run_dir = only_run_dir(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["verdict"] != "WEDGE", r.stdout + r.stderr
@@ -361,11 +422,16 @@ def test_the_runs_final_checks_judge_each_server_by_its_role(trio, tmp_path):
     found = summary["wedge"][f"{trio[0]}/v1"]
     assert found["codes"] == [] and any("not a hang" in e for e in found["check_errors"])
     stopped = next(e["t_ns"] for e in events if e["kind"] == "load_stopped")
-    after = {(e["endpoint"], e.get("role")) for e in events if e["kind"] == "health" and e["t_ns"] >= stopped
-             and "role" in e}
-    assert after == {(f"{trio[0]}/health", "router"), (f"{trio[1]}/health", "prefill"),
-                     (f"{trio[1]}/health_generate", "prefill"), (f"{trio[2]}/health", "decode"),
-                     (f"{trio[2]}/health_generate", "decode")}
+    after = {
+        (e["endpoint"], e.get("role")) for e in events if e["kind"] == "health" and e["t_ns"] >= stopped and "role" in e
+    }
+    assert after == {
+        (f"{trio[0]}/health", "router"),
+        (f"{trio[1]}/health", "prefill"),
+        (f"{trio[1]}/health_generate", "prefill"),
+        (f"{trio[2]}/health", "decode"),
+        (f"{trio[2]}/health_generate", "decode"),
+    }
 
 
 def test_failure_counters_that_rose_during_the_probe_are_shown_not_judged():
@@ -373,8 +439,13 @@ def test_failure_counters_that_rose_during_the_probe_are_shown_not_judged():
 
     failed = 'sglang:num_bootstrap_failed_reqs_total{engine_type="prefill"}'
     ok = [HealthResult(0, f"http://p:1{path}", "ok", 0.01, 200) for path in ("/health", "/health_generate")]
-    ep = EndpointProbe(root="http://p:1", role="prefill", health=ok[0], health_generate=ok[1],
-                       looks=[(0, {failed: 1.0}), (10**9, {failed: 4.0})])
+    ep = EndpointProbe(
+        root="http://p:1",
+        role="prefill",
+        health=ok[0],
+        health_generate=ok[1],
+        looks=[(0, {failed: 1.0}), (10**9, {failed: 4.0})],
+    )
     _classify(ep, None, DEFAULT_STUCK_S)
     assert ep.state == "healthy" and ep.codes == [] and ep.failures == [f"{failed} +3"]
     console = Console(width=80, record=True, file=io.StringIO())

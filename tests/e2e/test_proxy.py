@@ -43,9 +43,26 @@ class ProxyProcess:
 
 def start_proxy_cli(upstream: str, out: Path, *args: str) -> ProxyProcess:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4bench", "proxy", "--upstream", upstream, "--port", str(port),
-                             "--out", str(out), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "proxy",
+            "--upstream",
+            upstream,
+            "--port",
+            str(port),
+            "--out",
+            str(out),
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     proxy = ProxyProcess(f"http://127.0.0.1:{port}/v1", proc, out)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -61,14 +78,19 @@ def start_proxy_cli(upstream: str, out: Path, *args: str) -> ProxyProcess:
 
 def tagged(session: str, turn: int = 0) -> dict[str, str]:
     """The headers the replay server plays the expert's step by."""
-    return {"X-Dsv4bench-Session": session, "X-Dsv4bench-Turn": str(turn), "X-Dsv4bench-Scenario": "coding",
-            "X-Dsv4bench-Seed": "7"}
+    return {
+        "X-Dsv4bench-Session": session,
+        "X-Dsv4bench-Turn": str(turn),
+        "X-Dsv4bench-Scenario": "coding",
+        "X-Dsv4bench-Seed": "7",
+    }
 
 
 def sdk_stream_bytes(base_url: str, headers: dict[str, str], **request) -> bytes:
     with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30) as client:
-        with client.chat.completions.with_streaming_response.create(stream=True, extra_headers=headers,
-                                                                     **request) as resp:
+        with client.chat.completions.with_streaming_response.create(
+            stream=True, extra_headers=headers, **request
+        ) as resp:
             return b"".join(resp.iter_bytes())
 
 
@@ -93,10 +115,26 @@ def test_agents_through_the_proxy_and_the_sdk_get_the_servers_bytes_and_the_same
             through_sdk = sdk_stream_bytes(proxy.url, tagged(f"sdk-{i}"), **request)
             through_raw = raw_stream_bytes(proxy.url, tagged(f"sdk-{i}"), **request)
             # The replay server stamps `created` with its clock: all else is the same bytes.
-            assert PER_REQUEST.sub(b"", through_sdk) == PER_REQUEST.sub(b"", direct) == PER_REQUEST.sub(b"", through_raw)
+            assert (
+                PER_REQUEST.sub(b"", through_sdk) == PER_REQUEST.sub(b"", direct) == PER_REQUEST.sub(b"", through_raw)
+            )
             assert direct.endswith(b"data: [DONE]\n\n")
-        agents = run_cli("agents", "--url", proxy.url, "--sessions", "24", "--concurrency", "8", "--max-turns", "6",
-                         "--seed", "3", "--out", str(tmp_path / "agents"), "--quiet")
+        agents = run_cli(
+            "agents",
+            "--url",
+            proxy.url,
+            "--sessions",
+            "24",
+            "--concurrency",
+            "8",
+            "--max-turns",
+            "6",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path / "agents"),
+            "--quiet",
+        )
         assert agents.returncode == 0, agents.stderr
     finally:
         rc, stdout, stderr = proxy.interrupt()
@@ -118,8 +156,12 @@ def test_the_bundled_engine_streams_the_same_bytes_through_the_proxy(tmp_path):
     engine = start_engine([], log_dir=tmp_path)
     try:
         proxy = start_proxy_cli(engine.url, tmp_path / "proxy", "--duration", "600", "--quiet")
-        request = {"model": "dsv4-mini", "temperature": 0, "max_tokens": 48,
-                   "messages": [{"role": "user", "content": "List the files under src/ and read main.py."}]}
+        request = {
+            "model": "dsv4-mini",
+            "temperature": 0,
+            "max_tokens": 48,
+            "messages": [{"role": "user", "content": "List the files under src/ and read main.py."}],
+        }
         try:
             direct = raw_stream_bytes(engine.url, {}, **request)
             through = sdk_stream_bytes(proxy.url, {}, **request)
@@ -139,16 +181,19 @@ def test_the_bundled_engine_streams_the_same_bytes_through_the_proxy(tmp_path):
     assert "".join((c["choices"][0]["delta"].get("content") or "") for c in data if c["choices"]) == content
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--port", "70000"], "--port must be a port number"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--duration", "-1"], "--duration must be a positive"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--fail-on", "nope"], "--fail-on takes"),
-    (["--upstream", f"http://127.0.0.1:{free_port()}/v1"], "cannot reach it"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--max-body", "lots"], "--max-body must be a size in bytes"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--read-timeout", "0"], "--read-timeout must be a positive"),
-    (["--upstream", "http://127.0.0.1:9/v1", "--max-connections", "0"], "--max-connections must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--port", "70000"], "--port must be a port number"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--duration", "-1"], "--duration must be a positive"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--fail-on", "nope"], "--fail-on takes"),
+        (["--upstream", f"http://127.0.0.1:{free_port()}/v1"], "cannot reach it"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--max-body", "lots"], "--max-body must be a size in bytes"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--read-timeout", "0"], "--read-timeout must be a positive"),
+        (["--upstream", "http://127.0.0.1:9/v1", "--max-connections", "0"], "--max-connections must be at least 1"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(args, needle, tmp_path):
     r = run_cli("proxy", *args, "--out", str(tmp_path), timeout=60)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -158,7 +203,9 @@ def test_a_busy_port_is_one_line(fast_replay, tmp_path):
     proxy = start_proxy_cli(fast_replay.url, tmp_path / "first", "--quiet")
     try:
         port = proxy.url.rsplit(":", 1)[1].split("/")[0]
-        r = run_cli("proxy", "--upstream", fast_replay.url, "--port", port, "--out", str(tmp_path / "second"), timeout=60)
+        r = run_cli(
+            "proxy", "--upstream", fast_replay.url, "--port", port, "--out", str(tmp_path / "second"), timeout=60
+        )
     finally:
         proxy.interrupt()
     assert r.returncode == 2 and f"--port {port}: cannot listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -166,8 +213,9 @@ def test_a_busy_port_is_one_line(fast_replay, tmp_path):
 
 def test_duration_ends_the_run_and_the_key_is_written_nowhere(fast_replay, tmp_path):
     key = "sk-bench-secret-0451"
-    proxy = start_proxy_cli(fast_replay.url, tmp_path / "proxy", "--duration", "4", "--api-key", key,
-                            "--fail-on", "corruption,errors")
+    proxy = start_proxy_cli(
+        fast_replay.url, tmp_path / "proxy", "--duration", "4", "--api-key", key, "--fail-on", "corruption,errors"
+    )
     raw_stream_bytes(proxy.url, tagged("d-0"), model="replay-dsv4", messages=[{"role": "user", "content": "hi"}])
     stdout, stderr = proxy.proc.communicate(timeout=60)
     run_dir = only_run_dir(tmp_path / "proxy")
@@ -203,8 +251,11 @@ def test_oversized_bodies_are_refused_with_flat_memory_and_noted(fast_replay, tm
                 r = c.post(f"{proxy.url}/chat/completions", content=fifty_mb())
                 assert r.status_code == 413 and time.monotonic() - start < 5
             # A body under the cap is still served.
-            ok = c.post(f"{proxy.url}/chat/completions", json={"model": "replay-dsv4", "messages": [
-                {"role": "user", "content": "hi " * 100_000}]}, headers=tagged("big-0"))
+            ok = c.post(
+                f"{proxy.url}/chat/completions",
+                json={"model": "replay-dsv4", "messages": [{"role": "user", "content": "hi " * 100_000}]},
+                headers=tagged("big-0"),
+            )
             assert ok.status_code == 200
         grown = peak_rss_mb(proxy.proc.pid) - before
     finally:

@@ -23,9 +23,28 @@ def qwen_server(tmp_path):
 
 def test_raw_not_offered_for_the_family_is_said_once_recorded_and_reported(qwen_server, tmp_path):
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", f"{qwen_server}/v1", "--raw", "--sessions", "3", "--concurrency", "3",
-                "--max-turns", "2", "--quiet", "--drain-timeout", "1", "--canary-timeout", "2",
-                "--ttft-timeout", "5", "--out", str(out), timeout=180)
+    r = run_cli(
+        "agents",
+        "--url",
+        f"{qwen_server}/v1",
+        "--raw",
+        "--sessions",
+        "3",
+        "--concurrency",
+        "3",
+        "--max-turns",
+        "2",
+        "--quiet",
+        "--drain-timeout",
+        "1",
+        "--canary-timeout",
+        "2",
+        "--ttft-timeout",
+        "5",
+        "--out",
+        str(out),
+        timeout=180,
+    )
     run_dir = only_run_dir(out)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert r.returncode == 0 and summary["verdict"] == "CLEAN", (summary, r.stderr[-2000:])

@@ -56,8 +56,9 @@ def test_a_reference_that_answered_differently_is_found_at_that_turn(engine, ref
     (changed / "turns.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
     out = tmp_path / "runs"
-    r = run_cli("agents", "--url", engine.url, *RUN, "--out", str(out), "--reference", str(changed),
-                "--fail-on", "corruption")
+    r = run_cli(
+        "agents", "--url", engine.url, *RUN, "--out", str(out), "--reference", str(changed), "--fail-on", "corruption"
+    )
     assert r.returncode == 1 and "CORRUPTION" in r.stdout, r.stderr
     run_dir = only_run_dir(out)
     h = read_history(run_dir)
@@ -67,15 +68,30 @@ def test_a_reference_that_answered_differently_is_found_at_that_turn(engine, ref
     assert v.where == "tool_calls[0].arguments" and f"reference {target['session']} turn 2" in v.detail
     # The answer was well formed: the session went on to its next turn as in the reference.
     assert any(t.session == target["session"] and t.turn == 3 for t in h.turns) == any(
-        x["session"] == target["session"] and x["turn"] == 3 for x in records)
+        x["session"] == target["session"] and x["turn"] == 3 for x in records
+    )
     s = _summary(run_dir)
     assert s["counts"]["reference_mismatch"] == 1 and s["reference"]["mismatched"] == 1
     assert "**Reference run**" in (run_dir / "report.md").read_text()
 
 
 def test_a_reference_from_other_tasks_compares_nothing_and_says_so(engine, reference, tmp_path):
-    r = run_cli("agents", "--url", engine.url, "--sessions", "1", "--max-turns", "1", "--seed", "99", "--quiet",
-                "--out", str(tmp_path), "--reference", str(reference))
+    r = run_cli(
+        "agents",
+        "--url",
+        engine.url,
+        "--sessions",
+        "1",
+        "--max-turns",
+        "1",
+        "--seed",
+        "99",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+        "--reference",
+        str(reference),
+    )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path)
     assert _summary(run_dir)["reference"]["compared"] == 0

@@ -35,8 +35,23 @@ def test_every_broken_term_is_caught_and_the_report_splits_codes_by_variant(term
     out = tmp_path / "runs"
     # Every dimension varied; more thinking and stop turns than the default, so each break shows.
     mix = "frameworks;tool_choice=auto,required,named,none;thinking=off:3,on,high,max;stop=none,set"
-    r = run_cli("agents", "--url", url, "--concurrency", "8", "--sessions", "24", "--max-turns", "6",
-                "--request-mix", mix, "--out", str(out), "-q", timeout=240)
+    r = run_cli(
+        "agents",
+        "--url",
+        url,
+        "--concurrency",
+        "8",
+        "--sessions",
+        "24",
+        "--max-turns",
+        "6",
+        "--request-mix",
+        mix,
+        "--out",
+        str(out),
+        "-q",
+        timeout=240,
+    )
     assert "Traceback" not in r.stderr, r.stderr
     assert r.stdout.startswith("CORRUPTION"), r.stdout + r.stderr
     run_dir = only_run_dir(out)
@@ -44,8 +59,7 @@ def test_every_broken_term_is_caught_and_the_report_splits_codes_by_variant(term
     planted = {(d["session"], d["turn"]): d for d in map(json.loads, ledger.read_text().splitlines())}
     assert {d["broke"] for d in planted.values()} == {"none", "required", "named", "parallel", "stop", "reasoning"}
 
-    found = {(t["session"], t["turn"]): {v["code"] for v in t["verdicts"] if v["code"] in TERMS_CODES}
-             for t in turns}
+    found = {(t["session"], t["turn"]): {v["code"] for v in t["verdicts"] if v["code"] in TERMS_CODES} for t in turns}
     for key, d in planted.items():
         assert d["code"] in found[key], (key, d, found[key])
     flagged = {key for key, codes in found.items() if codes}
@@ -74,8 +88,11 @@ def test_every_broken_term_is_caught_and_the_report_splits_codes_by_variant(term
     verdicts = tmp_path / "audit.jsonl"
     a = run_cli("audit", str(run_dir), "--out", str(verdicts))
     assert a.returncode in (0, 1) and "Traceback" not in a.stderr, a.stderr
-    audited = {(x["session"], x["turn"]) for x in map(json.loads, verdicts.read_text().splitlines())
-               if any(v["code"] in TERMS_CODES for v in x["verdicts"])}
+    audited = {
+        (x["session"], x["turn"])
+        for x in map(json.loads, verdicts.read_text().splitlines())
+        if any(v["code"] in TERMS_CODES for v in x["verdicts"])
+    }
     assert audited == set(planted)
 
 
@@ -85,8 +102,12 @@ def test_a_thinking_request_without_its_reasoning_is_refused_by_the_fixture(term
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True, "reasoning_effort": "high"}
     assert RequestTerms.of_body(body).thinking
     for turn in range(8):  # a turn it answers with a call (it breaks the terms on some turns)
-        headers = {"X-Dsv4bench-Scenario": "coding", "X-Dsv4bench-Seed": "3", "X-Dsv4bench-Session": "s",
-                   "X-Dsv4bench-Turn": str(turn)}
+        headers = {
+            "X-Dsv4bench-Scenario": "coding",
+            "X-Dsv4bench-Seed": "3",
+            "X-Dsv4bench-Session": "s",
+            "X-Dsv4bench-Turn": str(turn),
+        }
         first = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=10)
         deltas = [json.loads(line[6:])["choices"] for line in first.text.splitlines() if line.startswith("data: {")]
         calls = [tc for choices in deltas for c in choices for tc in c["delta"].get("tool_calls") or [] if tc.get("id")]
@@ -94,8 +115,11 @@ def test_a_thinking_request_without_its_reasoning_is_refused_by_the_fixture(term
             break
     call = calls[0]
     call = {"id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": "{}"}}
-    messages = [*body["messages"], {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call["id"], "content": "a.py"}]
+    messages = [
+        *body["messages"],
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "a.py"},
+    ]
     body = {**body, "messages": messages}
     r = httpx.post(f"{url}/chat/completions", json=body, timeout=10)
     assert r.status_code == 400 and "reasoning_content" in r.text
@@ -109,10 +133,27 @@ def test_the_bundled_engine_is_clean_under_the_mix_its_model_can_answer(tmp_path
     term (tests/engine/test_tool_choice_decoding.py holds it to none and a named function)."""
     out = tmp_path / "runs"
     mix = "tool_choice=auto:6,required:2;parallel_tool_calls=unset,true,false;stop=none:3,set"
-    r = run_cli("agents", "--concurrency", "8", "--sessions", "8", "--max-turns", "6", "--request-mix", mix,
-                "--out", str(out), "-q", timeout=600)
+    r = run_cli(
+        "agents",
+        "--concurrency",
+        "8",
+        "--sessions",
+        "8",
+        "--max-turns",
+        "6",
+        "--request-mix",
+        mix,
+        "--out",
+        str(out),
+        "-q",
+        timeout=600,
+    )
     assert r.stdout.startswith("CLEAN"), r.stdout + r.stderr
     summary = json.loads((only_run_dir(out) / "summary.json").read_text())
     by = summary["by_variant"]
-    assert set(by["tool_choice"]) == {"auto", "required"} and set(by["parallel_tool_calls"]) == {"unset", "true", "false"}
+    assert set(by["tool_choice"]) == {"auto", "required"} and set(by["parallel_tool_calls"]) == {
+        "unset",
+        "true",
+        "false",
+    }
     assert set(by["stop"]) == {"none", "set"} and all(not g["codes"] for v in by.values() for g in v.values())

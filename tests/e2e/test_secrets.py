@@ -21,8 +21,9 @@ KEY = "sk-test-8c1f0e5d2b7a"
 
 
 def files_holding_the_key(folder: Path) -> list[str]:
-    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*"))
-            if p.is_file() and KEY.encode() in p.read_bytes()]
+    return [
+        str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_file() and KEY.encode() in p.read_bytes()
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,28 @@ def keyed_engine(tmp_path_factory):
 
 
 def test_agents_against_a_keyed_engine_writes_no_key(keyed_engine, tmp_path):
-    r = run_cli("agents", "--url", keyed_engine.url, "--api-key", KEY, "--sessions", "2", "--concurrency", "2",
-                "--max-turns", "2", "--metrics", keyed_engine.metrics_url, "--drain-timeout", "1", "--quiet",
-                "--kill", "all@4s,abort", "--out", str(tmp_path))
+    r = run_cli(
+        "agents",
+        "--url",
+        keyed_engine.url,
+        "--api-key",
+        KEY,
+        "--sessions",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "2",
+        "--metrics",
+        keyed_engine.metrics_url,
+        "--drain-timeout",
+        "1",
+        "--quiet",
+        "--kill",
+        "all@4s,abort",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -49,9 +69,28 @@ def test_agents_against_a_keyed_engine_writes_no_key(keyed_engine, tmp_path):
 
 def test_key_from_the_environment_writes_no_key(keyed_engine, tmp_path):
     env = {**os.environ, "DSV4BENCH_API_KEY": KEY}
-    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--url", keyed_engine.url, "--sessions", "1",
-                        "--max-turns", "1", "--quiet", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--url",
+            keyed_engine.url,
+            "--sessions",
+            "1",
+            "--max-turns",
+            "1",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert files_holding_the_key(tmp_path) == []
 
@@ -65,11 +104,33 @@ def test_probe_json_of_a_keyed_engine_writes_no_key(keyed_engine, tmp_path):
 
 def test_recovery_command_and_its_output_lose_the_key(wedge_server, tmp_path):
     httpx.post(f"{wedge_server}/control", json={"stuck": {"sglang:num_prefill_inflight_queue_reqs": 1}}, timeout=5)
-    fix = (f"API_TOKEN={KEY} {sys.executable} -c \"import httpx; print('using {KEY}'); "
-           f"httpx.post('{wedge_server}/control', json={{'reset': True}})\" --password {KEY}")
-    r = run_cli("agents", "--url", f"{wedge_server}/v1", "--metrics", f"{wedge_server}/metrics",
-                "--metrics-interval", "0.2", "--sessions", "1", "--max-turns", "1", "--no-stream", "--quiet",
-                "--api-key", KEY, "--drain-timeout", "6", "--recover-cmd", fix, "--out", str(tmp_path))
+    fix = (
+        f"API_TOKEN={KEY} {sys.executable} -c \"import httpx; print('using {KEY}'); "
+        f"httpx.post('{wedge_server}/control', json={{'reset': True}})\" --password {KEY}"
+    )
+    r = run_cli(
+        "agents",
+        "--url",
+        f"{wedge_server}/v1",
+        "--metrics",
+        f"{wedge_server}/metrics",
+        "--metrics-interval",
+        "0.2",
+        "--sessions",
+        "1",
+        "--max-turns",
+        "1",
+        "--no-stream",
+        "--quiet",
+        "--api-key",
+        KEY,
+        "--drain-timeout",
+        "6",
+        "--recover-cmd",
+        fix,
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run = json.loads((only_run_dir(tmp_path) / "run.json").read_text())
     assert run["recovery"]["exit_code"] == 0  # the command ran as given, key and all
@@ -83,8 +144,22 @@ def test_a_server_that_echoes_the_key_back_leaves_no_key_in_the_run(tmp_path):
     srv = start_fixture_server("hostile_server.py", tmp_path, "/health", "--modes", "echo_auth,normal")
     try:
         out = tmp_path / "runs"
-        r = run_cli("agents", "--url", f"{srv.root}/v1", "--api-key", KEY, "--sessions", "2", "--concurrency", "2",
-                    "--max-turns", "1", "--quiet", "--out", str(out))
+        r = run_cli(
+            "agents",
+            "--url",
+            f"{srv.root}/v1",
+            "--api-key",
+            KEY,
+            "--sessions",
+            "2",
+            "--concurrency",
+            "2",
+            "--max-turns",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        )
         assert r.returncode == 0, r.stderr
         run_dir = only_run_dir(out)
         turns = [json.loads(line) for line in (run_dir / "turns.jsonl").read_text().splitlines()]
@@ -112,8 +187,22 @@ def assert_every_record_reads_back(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("key", AWKWARD_KEYS)
 def test_an_awkward_key_leaves_every_record_whole_and_every_turn_reported(key, clean_replay, tmp_path):
-    r = run_cli("agents", "--url", clean_replay.url, "--api-key", key, "--sessions", "2", "--concurrency", "2",
-                "--max-turns", "3", "--quiet", "--out", str(tmp_path))
+    r = run_cli(
+        "agents",
+        "--url",
+        clean_replay.url,
+        "--api-key",
+        key,
+        "--sessions",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "3",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path)
     turns = assert_every_record_reads_back(run_dir)
@@ -131,8 +220,12 @@ def test_a_proxy_client_sending_bearer_true_corrupts_no_record(clean_replay, tmp
     proxy = start_proxy_cli(clean_replay.url, tmp_path / "proxy", "--quiet")
     try:
         for i in range(8):
-            raw_stream_bytes(proxy.url, {**tagged(f"t-{i}"), "Authorization": "Bearer true"}, model="replay-dsv4",
-                             messages=[{"role": "user", "content": "is it true? null or ok"}])
+            raw_stream_bytes(
+                proxy.url,
+                {**tagged(f"t-{i}"), "Authorization": "Bearer true"},
+                model="replay-dsv4",
+                messages=[{"role": "user", "content": "is it true? null or ok"}],
+            )
     finally:
         rc, _, stderr = proxy.interrupt()
     assert rc == 0, stderr
@@ -144,12 +237,16 @@ def test_a_proxy_client_sending_bearer_true_corrupts_no_record(clean_replay, tmp
 
 
 def test_run_folder_and_every_file_in_it_are_private(clean_replay, tmp_path):
-    r = run_cli("agents", "--url", clean_replay.url, "--sessions", "2", "--max-turns", "2", "--quiet",
-                "--out", str(tmp_path))
+    r = run_cli(
+        "agents", "--url", clean_replay.url, "--sessions", "2", "--max-turns", "2", "--quiet", "--out", str(tmp_path)
+    )
     assert r.returncode == 0, r.stderr
     run_dir = only_run_dir(tmp_path)
     paths = [run_dir, *run_dir.rglob("*")]
     assert any(p.suffix == ".png" for p in paths) and (run_dir / "report.md").exists()
-    wrong = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in paths
-             if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600)}
+    wrong = {
+        str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+        for p in paths
+        if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600)
+    }
     assert wrong == {}

@@ -35,9 +35,21 @@ class KindsServer:
     def __init__(self, tmp: Path, *args: str, ready_path: str = "/v1/models", timeout: float = 60.0) -> None:
         port_file = tmp / f"port-{os.getpid()}-{time.monotonic_ns()}"
         self.log = open(port_file.with_suffix(".log"), "w")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / "kinds_server.py"), "--port",
-                                      "0", "--port-file", str(port_file), *args], cwd=ROOT,
-                                     stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "fixtures" / "kinds_server.py"),
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                *args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             if port_file.exists():
@@ -49,8 +61,9 @@ class KindsServer:
                     pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"kinds_server.py {' '.join(args)} did not start: "
-                           f"{port_file.with_suffix('.log').read_text()[-2000:]}")
+        raise RuntimeError(
+            f"kinds_server.py {' '.join(args)} did not start: {port_file.with_suffix('.log').read_text()[-2000:]}"
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -72,13 +85,15 @@ def servers(tmp_path_factory):
 
 
 def wedge(root: str, how: str, after: int = 0, **more: float) -> None:
-    httpx.post(f"{root}/control", json={"wedge": how, "wedge_after": after, **more}, timeout=10,
-               trust_env=False).raise_for_status()
+    httpx.post(
+        f"{root}/control", json={"wedge": how, "wedge_after": after, **more}, timeout=10, trust_env=False
+    ).raise_for_status()
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_healthy_server_of_each_kind_is_healthy_and_its_missing_endpoints_are_not_offered(servers, kind, tmp_path,
-                                                                                            capsys):
+def test_a_healthy_server_of_each_kind_is_healthy_and_its_missing_endpoints_are_not_offered(
+    servers, kind, tmp_path, capsys
+):
     root = servers[kind]
     wedge(root, "none")
     code = probe_main([root], HEALTHY_TIMEOUT, tmp_path / "p.json")
@@ -113,8 +128,10 @@ def test_a_wedged_server_of_each_kind_is_wedged(servers, kind, how, tmp_path):
     if how == "stall":
         # Unstreamed, it answers: only the stream shows the hang, and it did start.
         assert ep["canary"]["ok"] and ep["canary_stream"]["result"] == "timeout"
-        assert ep["canary_stream"]["first_chunk_s"] is not None and "stalled after its first chunk" in \
-            ep["canary_stream"]["error"]
+        assert (
+            ep["canary_stream"]["first_chunk_s"] is not None
+            and "stalled after its first chunk" in ep["canary_stream"]["error"]
+        )
     else:
         assert ep["canary"]["result"] == "timeout" and ep["canary_stream"]["result"] == "timeout"
         assert "queue_stuck" in ep["codes"]  # its gauges held while the canary hung
@@ -147,12 +164,34 @@ def test_a_server_of_no_known_kind_is_judged_by_what_answers(plain, tmp_path, ca
 
 # --- agents: the wedge after the load -------------------------------------------------------------
 
+
 def agents(root: str, out, *extra: str):
     # A drain window of several scrapes, however slow each, and canaries and turns that a loaded
     # machine answers in time: the healthy look-alikes stay CLEAN, the wedges still show.
-    return run_cli("agents", "--url", f"{root}/v1", "--metrics-interval", "0.2", "--sessions", "2",
-                   "--concurrency", "2", "--max-turns", "2", "--quiet", "--drain-timeout", "3",
-                   "--canary-timeout", "3", "--ttft-timeout", "20", "--out", str(out), *extra, timeout=180)
+    return run_cli(
+        "agents",
+        "--url",
+        f"{root}/v1",
+        "--metrics-interval",
+        "0.2",
+        "--sessions",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "2",
+        "--quiet",
+        "--drain-timeout",
+        "3",
+        "--canary-timeout",
+        "3",
+        "--ttft-timeout",
+        "20",
+        "--out",
+        str(out),
+        *extra,
+        timeout=180,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -185,8 +224,11 @@ def test_agents_find_the_wedge_that_sets_in_after_the_load(servers, kind, how, t
 
 def _canary_cell(report: str, endpoint: str) -> str:
     """The canary column of the report's wedge row for `endpoint`."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in report.splitlines()
-            if line.startswith("|")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in report.splitlines()
+        if line.startswith("|")
+    ]
     return next(row[-1] for row in rows if row[0] == endpoint and len(row) == 5)
 
 

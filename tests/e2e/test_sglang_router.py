@@ -31,8 +31,19 @@ STORM = ("--concurrency", "6", "--sessions", "18", "--max-turns", "4", "--kill",
 
 
 def _agents(out: Path, *args: str, load: tuple[str, ...] = STORM, drain_s: float = 8) -> tuple[Path, dict[str, Any]]:
-    r = run_cli("agents", "--engine-router", "sglang", "--out", str(out), "-q", "--drain-timeout", str(drain_s), *load,
-                *args, timeout=400)
+    r = run_cli(
+        "agents",
+        "--engine-router",
+        "sglang",
+        "--out",
+        str(out),
+        "-q",
+        "--drain-timeout",
+        str(drain_s),
+        *load,
+        *args,
+        timeout=400,
+    )
     run_dir = only_run_dir(out)
     return run_dir, {"rc": r.returncode, "stderr": r.stderr, **json.loads((run_dir / "summary.json").read_text())}
 
@@ -50,7 +61,9 @@ def test_kill_storm_through_the_sglang_router_is_clean(tmp_path):
     router = json.loads((run_dir / "run.json").read_text())["server"]["bundled_engine"]["sglang_router"]
     samples = [s for s in _jsonl(run_dir / "metrics.jsonl") if s["endpoint"] == router["metrics"] and s["ok"]]
     # The router's own metrics were scraped: it counted the run's requests to its worker.
-    assert samples and any(k.startswith("smg_router_requests_total") and v > 0 for k, v in samples[-1]["values"].items())
+    assert samples and any(
+        k.startswith("smg_router_requests_total") and v > 0 for k, v in samples[-1]["values"].items()
+    )
 
 
 @needs_router
@@ -68,7 +81,16 @@ def test_ghost_decode_behind_the_sglang_router_is_a_wedge(tmp_path):
 
 # Kill storms every 2 s under a full pool, each of half the sessions still waiting for their first
 # token: their KV is on its way between the halves, the abort-leak's trigger.
-PD_STORM = ("--concurrency", "24", "--sessions", "400", "--duration", "12", "--kill", "frac=0.5/every=2s/from=3s,who=ttft")
+PD_STORM = (
+    "--concurrency",
+    "24",
+    "--sessions",
+    "400",
+    "--duration",
+    "12",
+    "--kill",
+    "frac=0.5/every=2s/from=3s,who=ttft",
+)
 # The drain window for it: the wedge's 5 s without progress, after the two loaded halves have
 # finished what was still running when the load stopped (about 1 s here, more on a busier
 # machine). A clean engine's window ends when its queues are empty.
@@ -124,10 +146,13 @@ def test_a_missing_router_is_one_line(monkeypatch):
     assert "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
-    (["--engine-router", "sglang", "--url", "http://127.0.0.1:1/v1"], "not with --url"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
+        (["--engine-router", "sglang", "--url", "http://127.0.0.1:1/v1"], "not with --url"),
+    ],
+)
 def test_bad_engine_router_flags_are_one_line(args, needle):
     result = CliRunner().invoke(app, ["agents", "--sessions", "1", *args])
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -140,8 +165,9 @@ def test_probe_on_the_sglang_router_and_the_halves(tmp_path, fault, code):
     """`probe` on SGLang's router and the two halves behind it: 0 on the healthy deployment
     before and after a storm of clients that leave mid-answer, 1 once the stalled bootstrap
     worker has wedged it (the router still says 200)."""
-    routed = start_engine(["--pd", "--router", "sglang", "--num-pages", "2048",
-                           *((f"--fault={fault}",) if fault else ())])
+    routed = start_engine(
+        ["--pd", "--router", "sglang", "--num-pages", "2048", *((f"--fault={fault}",) if fault else ())]
+    )
     try:
         roots = routed.roots  # SGLang's router, then the prefill and decode processes behind it
 
@@ -153,15 +179,23 @@ def test_probe_on_the_sglang_router_and_the_halves(tmp_path, fault, code):
 
         async def storm() -> None:
             async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+
                 async def one(i: int) -> None:
-                    body = {"model": "dsv4-mini", "max_tokens": 200, "stream": True, "messages": [
-                        {"role": "user", "content": "Read " + " ".join(f"f{i}_{j}.py" for j in range(40))}]}
+                    body = {
+                        "model": "dsv4-mini",
+                        "max_tokens": 200,
+                        "stream": True,
+                        "messages": [
+                            {"role": "user", "content": "Read " + " ".join(f"f{i}_{j}.py" for j in range(40))}
+                        ],
+                    }
                     async with client.stream("POST", f"{routed.url}/chat/completions", json=body) as r:
                         lines = 0
                         async for _ in r.aiter_lines():
                             lines += 1
                             if lines > 5:
                                 return  # the client leaves while its answer streams
+
                 await asyncio.gather(*(one(i) for i in range(12)))
 
         asyncio.run(storm())

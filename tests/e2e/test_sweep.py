@@ -18,17 +18,47 @@ def loaded_replay(tmp_path):
     Its latency keeps every session's request at the server long enough for them to overlap."""
     ledger = tmp_path / "ledger.jsonl"
     ledger.touch()
-    srv = start_fixture_server("replay_server.py", tmp_path, "/v1/models", "--fault-rate", "50",
-                               "--corrupt-above", str(CORRUPT_ABOVE), "--latency", "0.02", "--stall", "0.2",
-                               "--ledger", str(ledger))
+    srv = start_fixture_server(
+        "replay_server.py",
+        tmp_path,
+        "/v1/models",
+        "--fault-rate",
+        "50",
+        "--corrupt-above",
+        str(CORRUPT_ABOVE),
+        "--latency",
+        "0.02",
+        "--stall",
+        "0.2",
+        "--ledger",
+        str(ledger),
+    )
     yield f"{srv.root}/v1", ledger
     srv.stop()
 
 
 def _sweep(url: str, out, levels: str, *extra: str):
-    return run_cli("sweep", "--url", url, "--concurrency", levels, "--sessions", "16", "--max-turns", "4",
-                   "--precision", "0.2", "--level-turns", "200", "--ttft-timeout", "5", "--out", str(out), *extra,
-                   timeout=120)
+    return run_cli(
+        "sweep",
+        "--url",
+        url,
+        "--concurrency",
+        levels,
+        "--sessions",
+        "16",
+        "--max-turns",
+        "4",
+        "--precision",
+        "0.2",
+        "--level-turns",
+        "200",
+        "--ttft-timeout",
+        "5",
+        "--out",
+        str(out),
+        *extra,
+        timeout=120,
+    )
 
 
 def test_sweep_finds_the_concurrency_above_which_corruption_is_planted(loaded_replay, tmp_path):
@@ -84,12 +114,15 @@ def test_sweep_below_the_threshold_passes_fail_on(loaded_replay, tmp_path):
     assert summary["threshold"] is None and [lv["concurrency"] for lv in summary["levels"]] == [1, 2, 4]
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--concurrency", "8-1"), "the range ends below its start"),
-    (("--concurrency", "1,8", "--precision", "0"), "--precision"),
-    (("--concurrency", "1,8", "--fail-on", "slowness"), "--fail-on takes"),
-    (("--concurrency", "1,8", "--url", "ftp://x"), "--url must be an http(s) URL"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--concurrency", "8-1"), "the range ends below its start"),
+        (("--concurrency", "1,8", "--precision", "0"), "--precision"),
+        (("--concurrency", "1,8", "--fail-on", "slowness"), "--fail-on takes"),
+        (("--concurrency", "1,8", "--url", "ftp://x"), "--url must be an http(s) URL"),
+    ],
+)
 def test_bad_flags_are_one_line_and_start_nothing(tmp_path, args, says):
     out = tmp_path / "sweeps"
     r = run_cli("sweep", "--out", str(out), *args, timeout=60)

@@ -12,9 +12,26 @@ from .conftest import only_run_dir, run_cli
 
 
 def agents(root: str, out, *extra: str):
-    return run_cli("agents", "--url", f"{root}/v1", "--metrics", f"{root}/metrics", "--metrics-interval", "0.2",
-                   "--sessions", "2", "--concurrency", "2", "--max-turns", "1", "--no-stream", "--quiet",
-                   "--out", str(out), *extra)
+    return run_cli(
+        "agents",
+        "--url",
+        f"{root}/v1",
+        "--metrics",
+        f"{root}/metrics",
+        "--metrics-interval",
+        "0.2",
+        "--sessions",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "1",
+        "--no-stream",
+        "--quiet",
+        "--out",
+        str(out),
+        *extra,
+    )
 
 
 def test_healthy_server_drains_and_is_clean(wedge_server, tmp_path):

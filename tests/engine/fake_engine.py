@@ -32,8 +32,16 @@ class Seen:
 class FakeEngine:
     """The ServingEngine interface (engine/serving_engine.py) over a fixed script."""
 
-    def __init__(self, script: list[int], eos_token_id: int, max_context: int = 16384, *,
-                 chunk: int = 3, delay: float = 0.0, cached_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        script: list[int],
+        eos_token_id: int,
+        max_context: int = 16384,
+        *,
+        chunk: int = 3,
+        delay: float = 0.0,
+        cached_tokens: int = 0,
+    ) -> None:
         self.script, self.eos_token_id, self.max_context = list(script), eos_token_id, max_context
         self.chunk, self.delay, self.cached_tokens = chunk, delay, cached_tokens
         self.cfg = EngineConfig()
@@ -46,8 +54,9 @@ class FakeEngine:
     def alive(self) -> bool:
         return self.is_alive
 
-    async def generate(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                       bootstrap: object = None) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, rid: str, prompt_ids: list[int], params: SamplingParams, bootstrap: object = None
+    ) -> AsyncIterator[TokenEvent]:
         seen = self.seen[rid] = Seen(list(prompt_ids), params)
         with self._lock:
             self._stats.num_requests_total += 1
@@ -61,7 +70,7 @@ class FakeEngine:
                     seen.outcome = "aborted"
                     yield TokenEvent([], FinishReason.ABORT, n_prompt, self.cached_tokens)
                     return
-                piece, last = script[i: i + self.chunk], i + self.chunk >= len(script)
+                piece, last = script[i : i + self.chunk], i + self.chunk >= len(script)
                 reason = None
                 if last:
                     reason = FinishReason.LENGTH if truncated else FinishReason.STOP
@@ -89,8 +98,14 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             running = sum(1 for s in self.seen.values() if s.outcome == "running")
-            return EngineStats(**{**self._stats.__dict__, "num_running": running, "pages_used": running,
-                                  "token_usage": running / self._stats.pages_total})
+            return EngineStats(
+                **{
+                    **self._stats.__dict__,
+                    "num_running": running,
+                    "pages_used": running,
+                    "token_usage": running / self._stats.pages_total,
+                }
+            )
 
     def flush_cache(self) -> bool:
         return not any(s.outcome == "running" for s in self.seen.values())

@@ -9,8 +9,9 @@ from dsv4bench.engine.kernels import triton_support
 from dsv4bench.engine.kernels.triton_support import CompileLog
 
 runtime = getattr(getattr(triton_support.triton, "knobs", None), "runtime", None)
-pytestmark = pytest.mark.skipif(runtime is None or not hasattr(runtime, "jit_post_compile_hook"),
-                                reason="needs a triton with JIT hooks (>= 3.4)")
+pytestmark = pytest.mark.skipif(
+    runtime is None or not hasattr(runtime, "jit_post_compile_hook"), reason="needs a triton with JIT hooks (>= 3.4)"
+)
 
 
 def _compile(name: str) -> None:
@@ -18,11 +19,13 @@ def _compile(name: str) -> None:
     with the same key."""
     key, fn = object(), SimpleNamespace(name=name)
     if runtime.jit_cache_hook:
-        assert not runtime.jit_cache_hook(key=key, repr=name, fn=fn, compile={}, is_manual_warmup=False,
-                                          already_compiled=False)
+        assert not runtime.jit_cache_hook(
+            key=key, repr=name, fn=fn, compile={}, is_manual_warmup=False, already_compiled=False
+        )
     if runtime.jit_post_compile_hook:
-        runtime.jit_post_compile_hook(key=key, repr=name, fn=fn, compile={}, is_manual_warmup=False,
-                                      already_compiled=False)
+        runtime.jit_post_compile_hook(
+            key=key, repr=name, fn=fn, compile={}, is_manual_warmup=False, already_compiled=False
+        )
 
 
 def test_it_records_the_compiles_inside_and_chains_to_hooks_already_set():

@@ -26,8 +26,7 @@ CFG = ModelConfig(n_layers=4, max_context=2048)
 
 
 def _pool_copy(pools: KVPools) -> list[torch.Tensor]:
-    return [(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).clone()
-            for t in pools.page_tensors()]
+    return [(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).clone() for t in pools.page_tensors()]
 
 
 def _restore(pools: KVPools, saved: list[torch.Tensor]) -> None:

@@ -100,10 +100,13 @@ def test_engine_processes_sharing_the_cores_spin_as_libgomp_throttles(monkeypatc
     from dsv4bench.engine import cpu_threads
 
     cores = os.cpu_count() or 1
-    for omp, processes, want in (("", 2, cpu_threads.SHARED_SPIN_COUNT), ("", 1, cpu_threads.SPIN_COUNT),
-                                 ("1", 2, cpu_threads.SPIN_COUNT if cores >= 2 else cpu_threads.SHARED_SPIN_COUNT),
-                                 ("4,2", 2, cpu_threads.SHARED_SPIN_COUNT if cores < 8 else cpu_threads.SPIN_COUNT),
-                                 ("junk", 2, cpu_threads.SHARED_SPIN_COUNT)):
+    for omp, processes, want in (
+        ("", 2, cpu_threads.SHARED_SPIN_COUNT),
+        ("", 1, cpu_threads.SPIN_COUNT),
+        ("1", 2, cpu_threads.SPIN_COUNT if cores >= 2 else cpu_threads.SHARED_SPIN_COUNT),
+        ("4,2", 2, cpu_threads.SHARED_SPIN_COUNT if cores < 8 else cpu_threads.SPIN_COUNT),
+        ("junk", 2, cpu_threads.SHARED_SPIN_COUNT),
+    ):
         monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
         cpu_threads.set_openmp_spin(processes)

@@ -18,14 +18,32 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsv4bench.engine.launcher import start_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
-MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Read main.py please."}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+MESSAGES = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Read main.py please."},
+]
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    ep = start_engine(["--num-pages", "4096", "--max-running-requests", "96"], log_dir=tmp_path_factory.mktemp("engine"))
+    ep = start_engine(
+        ["--num-pages", "4096", "--max-running-requests", "96"], log_dir=tmp_path_factory.mktemp("engine")
+    )
     yield ep
     ep.stop()
 
@@ -37,15 +55,28 @@ def gauges(ep) -> dict[str, float]:
 
 def test_openai_client_streaming_and_not_with_tools(engine):
     with openai.OpenAI(base_url=engine.url, api_key="none", max_retries=0) as client:
-        r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+        r = client.chat.completions.create(
+            model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0
+        )
         assert r.id.startswith("chatcmpl-") and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert r.usage.prompt_tokens > 20 and 1 <= r.usage.completion_tokens <= 16
-        chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16,
-                                                     temperature=0, stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="dsv4-mini",
+                messages=MESSAGES,
+                tools=TOOLS,
+                max_tokens=16,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
         assert any(c.choices and c.choices[0].finish_reason for c in chunks)
         # Greedy decoding is deterministic: the same request twice gives the same text.
-        again = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0)
+        again = client.chat.completions.create(
+            model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0
+        )
         assert again.choices[0].message.content == r.choices[0].message.content
         # The second request reused the prompt's cached pages.
         assert again.usage.prompt_tokens == r.usage.prompt_tokens
@@ -53,8 +84,14 @@ def test_openai_client_streaming_and_not_with_tools(engine):
 
 def test_80_streams_half_disconnect_leave_nothing_behind(engine):
     async def one(i: int, client: httpx.AsyncClient) -> str:
-        body = {"model": "dsv4-mini", "messages": [*MESSAGES, {"role": "user", "content": f"task {i}"}],
-                "tools": TOOLS, "max_tokens": 48 if i % 2 else 4000, "temperature": 0, "stream": True}
+        body = {
+            "model": "dsv4-mini",
+            "messages": [*MESSAGES, {"role": "user", "content": f"task {i}"}],
+            "tools": TOOLS,
+            "max_tokens": 48 if i % 2 else 4000,
+            "temperature": 0,
+            "stream": True,
+        }
         async with client.stream("POST", f"{engine.url}/chat/completions", json=body) as resp:
             assert resp.status_code == 200
             n = 0
@@ -83,22 +120,30 @@ def test_80_streams_half_disconnect_leave_nothing_behind(engine):
     # With the prefix cache flushed, every KV page is free.
     assert httpx.post(f"{engine.url.removesuffix('/v1')}/flush_cache", timeout=10).status_code == 200
     info = httpx.get(f"{engine.url.removesuffix('/v1')}/metrics", timeout=5).text
-    used = [s.value for f in text_string_to_metric_families(info) for s in f.samples if s.name == "sglang:num_used_tokens"]
+    used = [
+        s.value for f in text_string_to_metric_families(info) for s in f.samples if s.name == "sglang:num_used_tokens"
+    ]
     assert used == [0]
 
 
-@pytest.mark.parametrize("body,raw", [
-    (None, b"{not json"),
-    ({"model": "dsv4-mini", "messages": "hello"}, None),
-    ({"model": "dsv4-mini", "messages": MESSAGES, "max_tokens": -5}, None),
-    ({"model": "dsv4-mini", "messages": MESSAGES, "temperature": "hot"}, None),
-    ({"model": "dsv4-mini", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "sometimes"}, None),
-    ({"model": "dsv4-mini", "messages": [{"role": "user", "content": "word " * 40000}]}, None),
-])
+@pytest.mark.parametrize(
+    "body,raw",
+    [
+        (None, b"{not json"),
+        ({"model": "dsv4-mini", "messages": "hello"}, None),
+        ({"model": "dsv4-mini", "messages": MESSAGES, "max_tokens": -5}, None),
+        ({"model": "dsv4-mini", "messages": MESSAGES, "temperature": "hot"}, None),
+        ({"model": "dsv4-mini", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "sometimes"}, None),
+        ({"model": "dsv4-mini", "messages": [{"role": "user", "content": "word " * 40000}]}, None),
+    ],
+)
 def test_malformed_requests_get_4xx_and_the_server_keeps_serving(engine, body, raw):
     url = f"{engine.url}/chat/completions"
-    r = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=30) if raw else \
-        httpx.post(url, json=body, timeout=30)
+    r = (
+        httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=30)
+        if raw
+        else httpx.post(url, json=body, timeout=30)
+    )
     assert 400 <= r.status_code < 500, r.text
     assert r.json()["error"]["message"]
     ok = httpx.post(url, json={"model": "dsv4-mini", "messages": MESSAGES, "max_tokens": 2}, timeout=30)
@@ -108,9 +153,30 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(engine, body, r
 
 def test_agents_without_url_starts_the_bundled_engine(tmp_path):
     out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--sessions", "2", "--concurrency", "2",
-                        "--max-turns", "2", "--max-tokens", "24", "--quiet", "--out", str(out),
-                        "--engine-arg=--num-pages=1024"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--sessions",
+            "2",
+            "--concurrency",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "24",
+            "--quiet",
+            "--out",
+            str(out),
+            "--engine-arg=--num-pages=1024",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     run_dir = next(out.iterdir())
     run = json.loads((run_dir / "run.json").read_text())
@@ -129,9 +195,25 @@ def test_killing_the_harness_stops_its_bundled_engine(tmp_path):
     import os
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4bench", "agents", "--duration", "120", "--concurrency", "2",
-                             "--quiet", "--out", str(tmp_path / "runs"), "--engine-arg=--num-pages=1024"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--duration",
+            "120",
+            "--concurrency",
+            "2",
+            "--quiet",
+            "--out",
+            str(tmp_path / "runs"),
+            "--engine-arg=--num-pages=1024",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     run_json = None
     while time.monotonic() < deadline and run_json is None:
@@ -155,10 +237,37 @@ def test_killing_the_harness_stops_its_bundled_engine(tmp_path):
 
 def test_kill_storm_with_abort_request_leaves_the_engine_idle(engine, tmp_path):
     out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "dsv4bench", "agents", "--url", engine.url, "--concurrency", "8",
-                        "--duration", "30", "--kill", "all@3s,abort", "--metrics", engine.metrics_url,
-                        "--metrics-interval", "0.25", "--drain-timeout", "10", "--quiet", "--out", str(out),
-                        "--fail-on", "wedge"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            "--url",
+            engine.url,
+            "--concurrency",
+            "8",
+            "--duration",
+            "30",
+            "--kill",
+            "all@3s,abort",
+            "--metrics",
+            engine.metrics_url,
+            "--metrics-interval",
+            "0.25",
+            "--drain-timeout",
+            "10",
+            "--quiet",
+            "--out",
+            str(out),
+            "--fail-on",
+            "wedge",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     run_dir = next(out.iterdir())
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]

@@ -17,10 +17,21 @@ from dsv4bench.engine.tokenizer import load_tokenizer
 from .fake_engine import TokenEvent
 from .test_tokenizer import DSML_CALL
 
-TOOLS = [{"type": "function", "function": {
-    "name": "read_file", "description": "Read a file.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "start_line": {"type": "integer"}},
-                   "required": ["path"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "start_line": {"type": "integer"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 USER = [{"role": "user", "content": "Read src/main.py from line 12."}]
 ABORT = object()  # in a script: an ABORT event instead of the finish
 
@@ -34,12 +45,13 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "dsv4-mini", "messages": USER, "tools": TOOLS, **extra}
 
 
-async def events(fe: Frontend, req: PreparedRequest, text: str, *, step: int = 3, end: object = FinishReason.STOP,
-                 cached: int = 0) -> AsyncIterator[TokenEvent]:
+async def events(
+    fe: Frontend, req: PreparedRequest, text: str, *, step: int = 3, end: object = FinishReason.STOP, cached: int = 0
+) -> AsyncIterator[TokenEvent]:
     ids = fe.tokenizer.encode(text)
     n = len(req.prompt_ids)
     for i in range(0, len(ids), step):
-        yield TokenEvent(ids[i:i + step], None, n, cached)
+        yield TokenEvent(ids[i : i + step], None, n, cached)
     if end is ABORT:
         yield TokenEvent([], FinishReason.ABORT, n, cached)
     else:
@@ -49,6 +61,7 @@ async def events(fe: Frontend, req: PreparedRequest, text: str, *, step: int = 3
 def stream(fe: Frontend, req: PreparedRequest, text: str, **kw: Any) -> list[str]:
     async def run() -> list[str]:
         return [p async for p in fe.stream_chat(req, events(fe, req, text, **kw))]
+
     return asyncio.run(run())
 
 
@@ -97,26 +110,33 @@ def test_sampling_and_max_tokens(fe):
     assert fe.prepare_chat(chat(max_completion_tokens=50)).params.max_tokens == 50
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": USER, "max_tokens": -1}, "max_tokens"),
-    ({"messages": USER, "max_tokens": "5"}, "max_tokens"),
-    ({"messages": USER, "temperature": "hot"}, "temperature"),
-    ({"messages": USER, "temperature": 3}, "temperature"),
-    ({"messages": USER, "stream": "yes"}, "stream"),
-    ({"model": "dsv4-mini"}, "messages"),
-    ({"messages": "hi"}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": USER, "max_tokens": 4090}, "max_tokens"),  # prompt + max_tokens over the context
-    ({"messages": [{"role": "user", "content": "word " * 5000}]}, "messages"),
-    ({"messages": USER, "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice"),
-    ({"messages": USER, "tools": TOOLS, "tool_choice": "required", "chat_template_kwargs": {"thinking": True}},
-     "tool_choice"),
-    ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"messages": USER, "n": 2}, "n"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, None),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": USER, "max_tokens": -1}, "max_tokens"),
+        ({"messages": USER, "max_tokens": "5"}, "max_tokens"),
+        ({"messages": USER, "temperature": "hot"}, "temperature"),
+        ({"messages": USER, "temperature": 3}, "temperature"),
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"model": "dsv4-mini"}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": USER, "max_tokens": 4090}, "max_tokens"),  # prompt + max_tokens over the context
+        ({"messages": [{"role": "user", "content": "word " * 5000}]}, "messages"),
+        ({"messages": USER, "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        (
+            {"messages": USER, "tools": TOOLS, "tool_choice": "required", "chat_template_kwargs": {"thinking": True}},
+            "tool_choice",
+        ),
+        ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": USER, "n": 2}, "n"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, None),
+    ],
+)
 def test_bad_chat_bodies_are_4xx(fe, body, param):
     with pytest.raises(RequestError) as e:
         fe.prepare_chat(body)
@@ -125,15 +145,23 @@ def test_bad_chat_bodies_are_4xx(fe, body, param):
         assert e.value.param == param
 
 
-CALL = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"a.py","start_line":3}'}}
-TURNS = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
-         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "print(1)"}]}]
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "read_file", "arguments": '{"path":"a.py","start_line":3}'},
+}
+TURNS = [
+    *USER,
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "print(1)"}]},
+]
 
 
 def test_sdk_message_shapes_render_as_sglang_renders_them(fe):
     """The OpenAI SDK's `developer` role is a system message, and tool-call arguments sent as an
     object are their JSON text (SGLang's DeepSeek-V4 serving reads both so; the recipe alone
     refuses them)."""
+
     def prompt(messages: list[dict[str, Any]]) -> list[int]:
         return fe.prepare_chat(chat(messages=messages)).prompt_ids
 
@@ -147,7 +175,7 @@ def test_tool_choice_forms(fe):
     tc = fe.tokenizer.encode("<｜DSML｜tool_calls>")
     for choice in ("required", {"type": "function", "function": {"name": "read_file"}}):
         req = fe.prepare_chat(chat(tool_choice=choice))
-        assert req.prompt_ids[-len(tc) - 1:-1] == tc  # the prompt opens the block
+        assert req.prompt_ids[-len(tc) - 1 : -1] == tc  # the prompt opens the block
         out = assembled(stream(fe, fe.prepare_chat(chat(tool_choice=choice, stream=True)), DSML_CALL.split(">", 1)[1]))
         assert out["names"] == ["read_file"] and out["finish"] == "tool_calls"
     none = assembled(stream(fe, fe.prepare_chat(chat(tool_choice="none", stream=True)), "just text"))
@@ -219,6 +247,7 @@ def completion(fe: Frontend, text: str, **body: Any) -> tuple[dict[str, Any], li
     async def run() -> list[str]:
         sreq = fe.prepare_completion({"prompt": "x", "stream": True, **body})
         return [p async for p in fe.stream_completion(sreq, events(fe, sreq, text, step=1))]
+
     return whole, asyncio.run(run())
 
 
@@ -239,8 +268,17 @@ def test_completion_stop_strings_and_utf8(fe):
     assert "".join(texts) == "数据库 ok " and all("\ufffd" not in t for t in texts)
 
 
-@pytest.mark.parametrize("body", [{"prompt": 5}, {"prompt": ""}, {"prompt": "x", "max_tokens": 0},
-                                  {"prompt": "x" * 30000}, {"prompt": "x", "stop": [""]}, {"prompt": [99999]}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": 5},
+        {"prompt": ""},
+        {"prompt": "x", "max_tokens": 0},
+        {"prompt": "x" * 30000},
+        {"prompt": "x", "stop": [""]},
+        {"prompt": [99999]},
+    ],
+)
 def test_bad_completion_bodies(fe, body):
     with pytest.raises(RequestError):
         fe.prepare_completion(body)
@@ -253,8 +291,15 @@ def test_a_batch_of_one_prompt_is_that_prompt(fe):
         assert fe.prepare_completion({"prompt": prompt}).prompt_ids == ids
 
 
-@pytest.mark.parametrize("body, param", [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1], [2]]}, "prompt"),
-                                         ({"prompt": [[]]}, "prompt"), ({"prompt": "a", "n": 2}, "n")])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [[1], [2]]}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": "a", "n": 2}, "n"),
+    ],
+)
 def test_completions_that_would_need_several_choices_are_refused(fe, body, param):
     with pytest.raises(RequestError) as e:
         fe.prepare_completion(body)

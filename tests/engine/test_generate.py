@@ -56,8 +56,11 @@ def stream(url: str, body: dict[str, Any]) -> list[Any]:
     """The payloads of a streamed /generate, `[DONE]` as the string."""
     with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:])
-                for line in r.iter_lines() if line.startswith("data: ")]
+        return [
+            line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ")
+        ]
 
 
 def assert_sglang_shape(answer: dict[str, Any], rid: str | None = None) -> None:
@@ -82,6 +85,7 @@ def assert_stream_is_the_answer(chunks: list[Any], answer: dict[str, Any]) -> No
 
 # ---- unified ---------------------------------------------------------------------------------
 
+
 def test_text_and_input_ids_give_the_same_answer(unified):
     by_text = generate(unified.url, {"text": PROMPT, "sampling_params": GREEDY, "rid": "native-1"})
     assert by_text.status_code == 200, by_text.text
@@ -95,8 +99,9 @@ def test_text_and_input_ids_give_the_same_answer(unified):
 
 def test_greedy_answer_is_the_completions_one(unified):
     ids = TOK.encode("Once upon a time")
-    completion = httpx.post(f"{unified.url}/v1/completions", timeout=60,
-                            json={"prompt": ids, "max_tokens": 12, "temperature": 0}).json()
+    completion = httpx.post(
+        f"{unified.url}/v1/completions", timeout=60, json={"prompt": ids, "max_tokens": 12, "temperature": 0}
+    ).json()
     answer = generate(unified.url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
     native = answer.json()
     assert native["text"] == completion["choices"][0]["text"]
@@ -112,8 +117,10 @@ def test_streamed_answer_is_the_whole_one_in_pieces(unified):
 
 def test_top_k_1_is_greedy(unified):
     sampled = {"max_new_tokens": 12, "temperature": 1.0, "top_k": 1, "sampling_seed": 7, "ignore_eos": True}
-    assert (generate(unified.url, {"text": PROMPT, "sampling_params": sampled}).json()["output_ids"]
-            == generate(unified.url, {"text": PROMPT, "sampling_params": GREEDY}).json()["output_ids"])
+    assert (
+        generate(unified.url, {"text": PROMPT, "sampling_params": sampled}).json()["output_ids"]
+        == generate(unified.url, {"text": PROMPT, "sampling_params": GREEDY}).json()["output_ids"]
+    )
 
 
 def test_stops_say_what_they_matched(unified):
@@ -125,8 +132,9 @@ def test_stops_say_what_they_matched(unified):
     text = whole["text"]
     assert len(text) > 6, "the random weights gave too little text to cut"
     stop = text[3:6]
-    by_str = generate(unified.url, {"text": PROMPT,
-                                    "sampling_params": {**GREEDY, "max_new_tokens": 24, "stop": [stop]}}).json()
+    by_str = generate(
+        unified.url, {"text": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 24, "stop": [stop]}}
+    ).json()
     assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert by_str["text"] == text[: text.index(stop)]
 
@@ -189,15 +197,31 @@ def test_a_prompt_beyond_the_context_is_400(unified):
 
 
 def test_no_op_values_of_unsupported_fields_pass(unified):
-    body = {"text": "a", "return_logprob": False, "sampling_params": {
-        "max_new_tokens": 2, "n": 1, "frequency_penalty": 0, "repetition_penalty": 1.0, "top_k": -1,
-        "min_p": 0.0, "no_stop_trim": False, "spaces_between_special_tokens": True, "skip_special_tokens": False}}
+    body = {
+        "text": "a",
+        "return_logprob": False,
+        "sampling_params": {
+            "max_new_tokens": 2,
+            "n": 1,
+            "frequency_penalty": 0,
+            "repetition_penalty": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "no_stop_trim": False,
+            "spaces_between_special_tokens": True,
+            "skip_special_tokens": False,
+        },
+    }
     assert generate(unified.url, body).status_code == 200
 
 
 def test_a_rid_in_flight_is_refused_and_abort_request_ends_it(unified):
-    body = {"text": PROMPT, "rid": "twice", "stream": True, "sampling_params": {"max_new_tokens": 3000,
-                                                                               "ignore_eos": True}}
+    body = {
+        "text": PROMPT,
+        "rid": "twice",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+    }
     with httpx.Client(timeout=60) as client, client.stream("POST", f"{unified.url}/generate", json=body) as r:
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
@@ -230,6 +254,7 @@ def test_a_client_leaving_a_whole_answer_leaves_nothing_running(unified):
 
 # ---- PD: the halves as servers, our router and SGLang's in front ----------------------------
 
+
 @dataclass
 class PD:
     prefill: str
@@ -257,8 +282,11 @@ def pd() -> Iterator[PD]:
         assert prefill.bootstrap_port is not None
         halves = Halves(servers[0].url, servers[1].url, prefill.bootstrap_port)
         ctx = decode.app.state.server.engine.max_context
-        servers.append(ServerThread(build_router_app(halves, cfg, TOK, ctx, ServerConfig(engine_type="router"),
-                                                     health_timeout_s=4.0)))
+        servers.append(
+            ServerThread(
+                build_router_app(halves, cfg, TOK, ctx, ServerConfig(engine_type="router"), health_timeout_s=4.0)
+            )
+        )
         yield PD(servers[0].url, servers[1].url, servers[2].url, prefill.bootstrap_port, (prefill, decode))
     finally:
         for srv in reversed(servers):
@@ -285,8 +313,10 @@ def to_both(pd: PD, body: dict[str, Any], room: int, headers: dict[str, str] | N
 
     async def main() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60, headers=headers) as client:
-            return list(await asyncio.gather(*(client.post(f"{root}/generate", json=body)
-                                               for root in (pd.prefill, pd.decode))))
+            return list(
+                await asyncio.gather(*(client.post(f"{root}/generate", json=body) for root in (pd.prefill, pd.decode)))
+            )
+
     return asyncio.run(main())
 
 
@@ -297,17 +327,21 @@ def test_each_half_answers_its_part(pd):
     assert prefill.status_code == 200 and decode.status_code == 200, (prefill.text, decode.text)
     assert prefill.json()["meta_info"]["completion_tokens"] == 1
     assert prefill.json()["meta_info"]["id"] == decode.json()["meta_info"]["id"] == "both-halves"
-    assert decode.json()["output_ids"] == generate(pd.router, {"input_ids": body["input_ids"],
-                                                               "sampling_params": GREEDY}).json()["output_ids"]
+    assert (
+        decode.json()["output_ids"]
+        == generate(pd.router, {"input_ids": body["input_ids"], "sampling_params": GREEDY}).json()["output_ids"]
+    )
     wait_until(pd.idle, what="both halves to be idle")
 
 
 def test_a_health_probe_through_the_halves_counts_as_no_request(pd):
     def totals() -> list[int]:
         return [h.app.state.server.engine.stats().num_requests_total for h in pd.halves]
+
     before = totals()
-    answers = to_both(pd, {"text": "ping", "sampling_params": {"max_new_tokens": 1}}, room=4343,
-                      headers={HEALTH_PROBE_HEADER: "1"})
+    answers = to_both(
+        pd, {"text": "ping", "sampling_params": {"max_new_tokens": 1}}, room=4343, headers={HEALTH_PROBE_HEADER: "1"}
+    )
     assert [a.status_code for a in answers] == [200, 200]
     assert all(a.json()["meta_info"]["id"].startswith("HEALTH_CHECK_") for a in answers)
     assert totals() == before
@@ -338,8 +372,9 @@ def test_the_router_lists_the_model_as_the_servers_do(pd, unified):
 @pytest.mark.skipif(not sglang_router.installed(), reason=sglang_router.MISSING)
 def test_sglang_router_forwards_generate_to_both_halves(pd, tmp_path):
     """SGLang's real router in PD mode adds the room to /generate itself and sends it to both."""
-    router = sglang_router.start_sglang_router(prefill=[(pd.prefill, pd.bootstrap_port)], decode=[pd.decode],
-                                               log_dir=tmp_path)
+    router = sglang_router.start_sglang_router(
+        prefill=[(pd.prefill, pd.bootstrap_port)], decode=[pd.decode], log_dir=tmp_path
+    )
     try:
         body = {"text": PROMPT, "sampling_params": GREEDY}
         expected = generate(pd.router, body).json()

@@ -29,15 +29,19 @@ def prompts(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[lis
     return [[rng.randrange(100, vocab - 100) for _ in range(rng.randint(*lengths))] for _ in range(n)]
 
 
-def serve(runner: ModelRunner, cfg: EngineConfig, batch: list[list[int]], max_tokens: int,
-          abort_at: dict[int, int] | None = None, late: list[list[int]] | None = None
-          ) -> dict[str, list[int]]:
+def serve(
+    runner: ModelRunner,
+    cfg: EngineConfig,
+    batch: list[list[int]],
+    max_tokens: int,
+    abort_at: dict[int, int] | None = None,
+    late: list[list[int]] | None = None,
+) -> dict[str, list[int]]:
     """Every prompt at once, greedy, to completion; `abort_at` {step: request index} aborts a
     request at that step, and `late` prompts arrive then, on the freed pages."""
     alloc = PageAllocator(cfg.num_pages)
     s = Scheduler(cfg, alloc, RadixCache(cfg.page_size, alloc), eos_token_id=-1)
-    reqs = [Request(f"r{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-            for i, p in enumerate(batch)]
+    reqs = [Request(f"r{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for i, p in enumerate(batch)]
     for r in reqs:
         s.add(r)
     step = 0
@@ -72,8 +76,9 @@ def test_shipped_weights_same_greedy_tokens_on_cuda_as_on_cpu():
 
 def test_graphs_equal_eager_under_aborts_page_reuse_and_growing_contexts():
     # SMALL: pages of 16 tokens, so contexts of 100-160 tokens cross the 8-page bucket
-    cfg = EngineConfig(model=SMALL, device="cuda", page_size=16, num_pages=128,
-                       enable_prefix_cache=False, max_running_requests=12)
+    cfg = EngineConfig(
+        model=SMALL, device="cuda", page_size=16, num_pages=128, enable_prefix_cache=False, max_running_requests=12
+    )
     torch.manual_seed(0)
     model = DSV4Mini(SMALL)
     batch = prompts(10, (20, 120), SMALL.vocab_size, seed=2)
@@ -118,9 +123,19 @@ def test_bf16_tensor_core_decode_attention_matches_reference(S, W, Kc):
     c_ids = torch.randint(0, 200, (S, Kc), generator=gen)
     if Kc:
         c_ids[1, Kc // 2 :] = -1
-    args = [torch.randn(S, H, hd, generator=gen), kv, win, torch.randint(0, 4000, (S, W), generator=gen),
-            ckv, c_ids, torch.randint(0, 4000, (S, Kc), generator=gen), torch.randn(H, generator=gen),
-            rope.cos, rope.sin, hd**-0.5]
+    args = [
+        torch.randn(S, H, hd, generator=gen),
+        kv,
+        win,
+        torch.randint(0, 4000, (S, W), generator=gen),
+        ckv,
+        c_ids,
+        torch.randint(0, 4000, (S, Kc), generator=gen),
+        torch.randn(H, generator=gen),
+        rope.cos,
+        rope.sin,
+        hd**-0.5,
+    ]
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
     for i in (0, 1, 4):
         args[i] = args[i].bfloat16()

@@ -8,8 +8,21 @@ import pytest
 
 from dsv4bench.engine.launcher import start_engine
 
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 PAGES, PAGE = 48, 32
 
 
@@ -21,9 +34,16 @@ def engine(tmp_path_factory):
 
 
 def ask(engine, topic: str) -> tuple[dict, dict]:
-    body = {"model": "dsv4-mini", "tools": TOOLS, "max_tokens": 24, "temperature": 0, "messages": [
-        {"role": "system", "content": "You are a coding agent. " + topic * 40},
-        {"role": "user", "content": "Read main.py please."}]}
+    body = {
+        "model": "dsv4-mini",
+        "tools": TOOLS,
+        "max_tokens": 24,
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "You are a coding agent. " + topic * 40},
+            {"role": "user", "content": "Read main.py please."},
+        ],
+    }
     r = httpx.post(f"{engine.url}/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     out = r.json()

@@ -73,8 +73,9 @@ def make(num_pages: int = 16, host_slots: int = 32) -> tuple[PageAllocator, Fake
     return a, mv, HiRadixCache(P, a, mv)
 
 
-def compute(a: PageAllocator, mv: FakeMover, c: HiRadixCache, tokens: list[int],
-            shared: list[int] | None = None) -> list[int] | None:
+def compute(
+    a: PageAllocator, mv: FakeMover, c: HiRadixCache, tokens: list[int], shared: list[int] | None = None
+) -> list[int] | None:
     """A request that computed the full pages of `tokens` after the `shared` ones into fresh
     device pages (evicting if short); None when they do not fit."""
     pages = list(shared or [])
@@ -277,9 +278,14 @@ class GatedModel:
 def test_scheduler_on_hicache_with_aborts_mid_load_keeps_integrity(seed: int) -> None:
     rng = random.Random(seed)
     pages = rng.choice([20, 32])
-    cfg = EngineConfig(model=ModelConfig(csa_rate=2, hca_rate=4, window=8, max_context=4096), page_size=P,
-                       num_pages=pages, chunked_prefill_tokens=rng.choice([8, 32]),
-                       max_running_requests=rng.choice([4, 16]), hicache=True)
+    cfg = EngineConfig(
+        model=ModelConfig(csa_rate=2, hca_rate=4, window=8, max_context=4096),
+        page_size=P,
+        num_pages=pages,
+        chunked_prefill_tokens=rng.choice([8, 32]),
+        max_running_requests=rng.choice([4, 16]),
+        hicache=True,
+    )
     a, mv = PageAllocator(pages), FakeMover(rng.choice([8, 64]))
     s = Scheduler(cfg, a, HiRadixCache(P, a, mv), eos_token_id=VOCAB - 1)
     model = GatedModel(mv)
@@ -290,7 +296,7 @@ def test_scheduler_on_hicache_with_aborts_mid_load_keeps_integrity(seed: int) ->
         if rng.random() < 0.6:
             k = rng.randrange(len(sessions))
             grown = sessions[k] + [rng.randrange(800) for _ in range(rng.randint(1, 12))]
-            sessions[k] = grown if len(grown) < 60 else grown[:rng.randint(1, 12)]
+            sessions[k] = grown if len(grown) < 60 else grown[: rng.randint(1, 12)]
             r = Request(f"r{i}", list(sessions[k]), SamplingParams(max_tokens=rng.randint(1, 6)))
             s.add(r)
             live.append(r)

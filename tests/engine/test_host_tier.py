@@ -32,8 +32,15 @@ RACE = "hicache-index-race"
 
 
 def cfg_for(mode: str = "fp8", gbps: float = SLOW, fault: bool = False, num_pages: int = 64) -> EngineConfig:
-    return EngineConfig(model=SMALL, page_size=P, num_pages=num_pages, index_k_dtype=mode, hicache=True,
-                        hicache_load_gbps=gbps, faults=frozenset({RACE} if fault else ()))
+    return EngineConfig(
+        model=SMALL,
+        page_size=P,
+        num_pages=num_pages,
+        index_k_dtype=mode,
+        hicache=True,
+        hicache_load_gbps=gbps,
+        faults=frozenset({RACE} if fault else ()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +55,9 @@ def never_evicted(model: DSV4Mini, cfg: EngineConfig, prefix: list[int], new: li
     return model.forward_all_logits(ForwardBatch([SeqSlice(new, len(prefix), list(range(13)))]), pools)
 
 
-def loaded_back(model: DSV4Mini, cfg: EngineConfig, prefix: list[int], new: list[int],
-                wait: bool = False) -> tuple[torch.Tensor, HostTier]:
+def loaded_back(
+    model: DSV4Mini, cfg: EngineConfig, prefix: list[int], new: list[int], wait: bool = False
+) -> tuple[torch.Tensor, HostTier]:
     """The prefix computed in pages 0-9, backed up to host slots 0-9, pages 20-29 holding another
     sequence (what reused pages hold), then loaded into 20-29 while the new chunk runs."""
     pools = KVPools(cfg)
@@ -124,8 +132,7 @@ def test_a_reader_waits_for_its_layer_and_no_longer():
         waited.append(time.monotonic() - t0)
         if layer == 0:
             assert not load.done(), "layer 0 must open before the whole load has landed"
-    link = [sum(tier.layer_bytes_per_page[: l + 1]) * n / (cfg.hicache_load_gbps * 1e9)
-            for l in range(SMALL.n_layers)]
+    link = [sum(tier.layer_bytes_per_page[: l + 1]) * n / (cfg.hicache_load_gbps * 1e9) for l in range(SMALL.n_layers)]
     for got, want in zip(waited, link):
         assert want * 0.9 <= got <= want + 0.15, (waited, link)
     tier.close()

@@ -14,9 +14,15 @@ import dsv4bench.engine
 
 ENGINE = Path(dsv4bench.engine.__file__).resolve().parent
 FORBIDDEN = ("dsv4bench.agents", "dsv4bench.engine.training")
-SERVING = ["dsv4bench.engine.serve", "dsv4bench.engine.deployment", "dsv4bench.engine.pd.halves",
-           "dsv4bench.engine.pd.http_router", "dsv4bench.engine.server", "dsv4bench.engine.launcher",
-           "dsv4bench.engine.model_runner"]
+SERVING = [
+    "dsv4bench.engine.serve",
+    "dsv4bench.engine.deployment",
+    "dsv4bench.engine.pd.halves",
+    "dsv4bench.engine.pd.http_router",
+    "dsv4bench.engine.server",
+    "dsv4bench.engine.launcher",
+    "dsv4bench.engine.model_runner",
+]
 
 
 def forbidden(name: str) -> bool:
@@ -58,7 +64,7 @@ def imported_names(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                head = package[:len(package) - node.level + 1]
+                head = package[: len(package) - node.level + 1]
                 base = ".".join([*head, base] if base else head)
             names.add(base)
             names.update(f"{base}.{a.name}" for a in node.names)

@@ -29,19 +29,37 @@ def files(tmp_path_factory):
 
 
 def test_one_line_per_mode_with_number_errors(files, capsys):
-    indexer_reliance.main(["--weights", str(files / "w.safetensors"), "--heldout", str(files / "h.npz"),
-                           "--device", "cpu", "--modes", "indexer,no-hca", "--tokenizer", str(DEFAULT_PATH)])
+    indexer_reliance.main(
+        [
+            "--weights",
+            str(files / "w.safetensors"),
+            "--heldout",
+            str(files / "h.npz"),
+            "--device",
+            "cpu",
+            "--modes",
+            "indexer,no-hca",
+            "--tokenizer",
+            str(DEFAULT_PATH),
+        ]
+    )
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [x["csa_pick"] for x in lines] == ["indexer", "no-hca"]
     assert all(x["numbers"] > 0 and 0.0 <= x["number_error"] <= 1.0 for x in lines)
 
 
-@pytest.mark.parametrize("args,message", [(["--modes", "bogus"], "unknown mode"),
-                                          (["--tokenizer", "README.md"], "not a BPE tokenizer.json"),
-                                          (["--tokenizer", "missing.json"], "not a BPE tokenizer.json"),
-                                          (["--weights", "README.md"], "cannot read README.md as safetensors")])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--modes", "bogus"], "unknown mode"),
+        (["--tokenizer", "README.md"], "not a BPE tokenizer.json"),
+        (["--tokenizer", "missing.json"], "not a BPE tokenizer.json"),
+        (["--weights", "README.md"], "cannot read README.md as safetensors"),
+    ],
+)
 def test_bad_arguments_get_one_line(files, capsys, args, message):
     with pytest.raises(SystemExit):
-        indexer_reliance.main(["--weights", str(files / "w.safetensors"), "--heldout", str(files / "h.npz"),
-                               "--device", "cpu", *args])
+        indexer_reliance.main(
+            ["--weights", str(files / "w.safetensors"), "--heldout", str(files / "h.npz"), "--device", "cpu", *args]
+        )
     assert message in capsys.readouterr().err

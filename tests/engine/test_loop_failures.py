@@ -38,8 +38,14 @@ def doom(runner: ModelRunner, seed: int = DOOMED_SEED) -> None:
 
 
 def body(seed: int, stream: bool, max_tokens: int = 6) -> dict:
-    return {"model": "dsv4-mini", "messages": [{"role": "user", "content": "Read main.py please."}],
-            "max_tokens": max_tokens, "temperature": 0.7, "seed": seed, "stream": stream}
+    return {
+        "model": "dsv4-mini",
+        "messages": [{"role": "user", "content": "Read main.py please."}],
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "seed": seed,
+        "stream": stream,
+    }
 
 
 async def one(client: httpx.AsyncClient, api: str, seed: int, stream: bool) -> tuple[int, Any]:
@@ -53,10 +59,15 @@ async def one(client: httpx.AsyncClient, api: str, seed: int, stream: bool) -> t
 
 def exercise(api: str, roots: list[str]) -> None:
     """A doomed request beside a good one, non-streamed and streamed, then the engine is asked again."""
+
     async def main() -> list[tuple[int, Any]]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(one(client, api, DOOMED_SEED, False), one(client, api, 5, False),
-                                        one(client, api, DOOMED_SEED, True), one(client, api, 5, True))
+            return await asyncio.gather(
+                one(client, api, DOOMED_SEED, False),
+                one(client, api, 5, False),
+                one(client, api, DOOMED_SEED, True),
+                one(client, api, 5, True),
+            )
 
     (bad, bad_body), (good, good_body), (bad_s, bad_events), (good_s, good_events) = asyncio.run(main())
     assert bad == 500 and bad_body["error"]["code"] == "engine_error", bad_body
@@ -106,6 +117,7 @@ def test_a_seed_torch_refuses_fails_only_its_request(single):
 
         async def fine_request() -> list[Any]:
             return [ev async for ev in built.engine.generate("fine", ids, SamplingParams(4, 0.7, seed=3))]
+
         return await asyncio.gather(fatal_request(), fine_request())
 
     fatal_events, fine_events = asyncio.run(main())
@@ -115,8 +127,14 @@ def test_a_seed_torch_refuses_fails_only_its_request(single):
 
 
 def test_sampling_params_refuse_what_the_sampler_cannot_take():
-    for bad in ({"seed": 2**64}, {"seed": -1}, {"seed": 1.5}, {"max_tokens": 2.0}, {"temperature": float("nan")},
-                {"top_p": float("inf")}):
+    for bad in (
+        {"seed": 2**64},
+        {"seed": -1},
+        {"seed": 1.5},
+        {"max_tokens": 2.0},
+        {"temperature": float("nan")},
+        {"top_p": float("inf")},
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
@@ -146,8 +164,7 @@ def test_the_prefill_s_failure_reaches_the_decode_side_s_client():
     built = build_tiny()
     doom(built.prefill.runner)
     sink = ListSink()
-    built.dispatch("r1", prompt(40, seed=1), SamplingParams(max_tokens=4, temperature=0.7,
-                                                                   seed=DOOMED_SEED), sink)
+    built.dispatch("r1", prompt(40, seed=1), SamplingParams(max_tokens=4, temperature=0.7, seed=DOOMED_SEED), sink)
     pump = Pump(built)
     pump.until(lambda: sink.finish is not None)
     pump.until_quiet()
@@ -164,13 +181,24 @@ def test_a_retry_with_a_fresh_room_after_a_prefill_error_leaves_no_room_behind()
     assert isinstance(bootstrap_server, BootstrapServer)
 
     def attempt(room: int, seed: int) -> list[httpx.Response]:
-        routed = {**body(seed, False), "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill_half.bootstrap_port,
-                  "bootstrap_room": room}
+        routed = {
+            **body(seed, False),
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": prefill_half.bootstrap_port,
+            "bootstrap_room": room,
+        }
 
         async def main() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=60) as client:
-                return list(await asyncio.gather(*(client.post(f"{root}/v1/chat/completions", json=routed)
-                                                   for root in (served.prefill, served.decode))))
+                return list(
+                    await asyncio.gather(
+                        *(
+                            client.post(f"{root}/v1/chat/completions", json=routed)
+                            for root in (served.prefill, served.decode)
+                        )
+                    )
+                )
+
         return asyncio.run(main())
 
     try:

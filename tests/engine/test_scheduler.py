@@ -16,15 +16,27 @@ from dsv4bench.engine.scheduler import OutputEvent, ScheduledBatch, Scheduler
 P = 4
 VOCAB = 1000
 EOS = VOCAB - 1
-W, PF, RN, FI, AB = (RequestState.WAITING, RequestState.PREFILL, RequestState.RUNNING,
-                     RequestState.FINISHED, RequestState.ABORTED)
+W, PF, RN, FI, AB = (
+    RequestState.WAITING,
+    RequestState.PREFILL,
+    RequestState.RUNNING,
+    RequestState.FINISHED,
+    RequestState.ABORTED,
+)
 
 
-def make(num_pages: int = 256, chunk: int = 64, max_running: int = 128, max_context: int = 4096,
-         prefix_cache: bool = True) -> Scheduler:
+def make(
+    num_pages: int = 256, chunk: int = 64, max_running: int = 128, max_context: int = 4096, prefix_cache: bool = True
+) -> Scheduler:
     model = ModelConfig(csa_rate=2, hca_rate=4, window=8, max_context=max_context)
-    cfg = EngineConfig(model=model, page_size=P, num_pages=num_pages, max_running_requests=max_running,
-                       chunked_prefill_tokens=chunk, enable_prefix_cache=prefix_cache)
+    cfg = EngineConfig(
+        model=model,
+        page_size=P,
+        num_pages=num_pages,
+        max_running_requests=max_running,
+        chunked_prefill_tokens=chunk,
+        enable_prefix_cache=prefix_cache,
+    )
     alloc = PageAllocator(num_pages)
     return Scheduler(cfg, alloc, RadixCache(P, alloc), eos_token_id=EOS)
 
@@ -115,8 +127,9 @@ def test_single_request_lifecycle_with_chunked_prefill() -> None:
 def test_eighty_concurrent_requests_all_finish() -> None:
     rng = random.Random(0)
     s, m = make(num_pages=400, chunk=128, max_running=48), FakeModel()
-    reqs = [req(f"r{i}", [rng.randrange(800) for _ in range(rng.randint(1, 120))], rng.randint(1, 30))
-            for i in range(80)]
+    reqs = [
+        req(f"r{i}", [rng.randrange(800) for _ in range(rng.randint(1, 120))], rng.randint(1, 30)) for i in range(80)
+    ]
     for r in reqs:
         s.add(r)
     steps = drain(s, m)

@@ -31,10 +31,13 @@ def busy_port():
 def test_listen_binds_or_says_why_in_one_line(busy_port):
     sock = listen("127.0.0.1", _free())
     sock.close()
-    for host, port, needle in (("127.0.0.1", busy_port, "Address already in use"), ("no-such-host.invalid", 8000,
-                                                                                    "does not resolve"),
-                               ("127.0.0.1", 70000, "1..65535"), ("127.0.0.1", 0, "1..65535"),
-                               ("256.1.1.1", 8000, "does not resolve")):
+    for host, port, needle in (
+        ("127.0.0.1", busy_port, "Address already in use"),
+        ("no-such-host.invalid", 8000, "does not resolve"),
+        ("127.0.0.1", 70000, "1..65535"),
+        ("127.0.0.1", 0, "1..65535"),
+        ("256.1.1.1", 8000, "does not resolve"),
+    ):
         with pytest.raises(ServeError) as e:
             listen(host, port)
         assert needle in str(e.value) and "\n" not in str(e.value)
@@ -47,14 +50,23 @@ def test_serve_fails_before_building_or_logging_anything(busy_port, caplog):
             serve(EngineConfig(), ServerConfig(port=busy_port))
         with pytest.raises(ServeError):
             # a deployment checks every part's port before it starts any process
-            serve_deployment(EngineConfig(pd=True), ServerConfig(port=_free()),
-                             DeploymentConfig(prefill_port=busy_port, decode_port=_free(), bootstrap_port=_free()), [])
+            serve_deployment(
+                EngineConfig(pd=True),
+                ServerConfig(port=_free()),
+                DeploymentConfig(prefill_port=busy_port, decode_port=_free(), bootstrap_port=_free()),
+                [],
+            )
     assert "serving" not in caplog.text
 
 
 def test_the_cli_says_it_in_one_line(busy_port):
-    r = subprocess.run([sys.executable, "-m", "dsv4bench", "engine", "serve", "--port", str(busy_port)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "dsv4bench", "engine", "serve", "--port", str(busy_port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "Address already in use" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "serving" not in r.stderr + r.stdout
@@ -80,6 +92,7 @@ def test_the_launcher_chooses_ports_again_when_one_was_taken(monkeypatch):
             tries.append(ep)
             if len(tries) < n:
                 raise launcher._PortTaken("the bundled engine exited with code 2: error: ... Address already in use")
+
         return wait_ready, tries
 
     monkeypatch.setattr(launcher, "_spawn", lambda *args: Spawned())

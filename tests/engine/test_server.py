@@ -68,8 +68,11 @@ def test_the_harness_preflight_reads_the_context_length(url, engine):
 
 
 def test_streaming_tool_call_with_usage(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=USER, tools=TOOLS, stream=True, stream_options={"include_usage": True}
+        )
+    )
     calls = [tc for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []]
     names = [tc.function.name for tc in calls if tc.function.name]
     args = "".join(tc.function.arguments or "" for tc in calls)
@@ -89,26 +92,34 @@ def test_non_streaming_tool_call(client, engine):
 
 def test_raw_completion_keeps_special_tokens(client, engine):
     with engine.scripted(TOK.encode("ok</think>" + DSML_CALL)):
-        raw = client.completions.create(model=MODEL, prompt="<｜User｜>hi<｜Assistant｜>", max_tokens=200,
-                                        extra_body={"skip_special_tokens": False})
+        raw = client.completions.create(
+            model=MODEL, prompt="<｜User｜>hi<｜Assistant｜>", max_tokens=200, extra_body={"skip_special_tokens": False}
+        )
         plain = client.completions.create(model=MODEL, prompt="hi", max_tokens=200)
-        streamed = "".join(c.choices[0].text for c in client.completions.create(
-            model=MODEL, prompt="hi", max_tokens=200, stream=True, extra_body={"skip_special_tokens": False})
-            if c.choices)
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(
+                model=MODEL, prompt="hi", max_tokens=200, stream=True, extra_body={"skip_special_tokens": False}
+            )
+            if c.choices
+        )
     assert raw.choices[0].text == streamed == "ok</think>" + DSML_CALL
     assert "</think>" not in plain.choices[0].text and "｜DSML｜" not in plain.choices[0].text
     assert engine.seen[raw.id].prompt_ids[0] == TOK.special_id("User")
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"model": MODEL, "messages": USER, "max_tokens": -5}, "max_tokens"),
-    ({"model": MODEL, "messages": USER, "temperature": "warm"}, "temperature"),
-    ({"model": MODEL, "messages": {"role": "user"}}, "messages"),
-    ({"model": MODEL}, "messages"),
-    ({"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 4000}]}, "messages"),
-    ({"model": MODEL, "messages": USER, "max_tokens": 5000}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": MODEL, "messages": USER, "max_tokens": -5}, "max_tokens"),
+        ({"model": MODEL, "messages": USER, "temperature": "warm"}, "temperature"),
+        ({"model": MODEL, "messages": {"role": "user"}}, "messages"),
+        ({"model": MODEL}, "messages"),
+        ({"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 4000}]}, "messages"),
+        ({"model": MODEL, "messages": USER, "max_tokens": 5000}, "max_tokens"),
+    ],
+)
 def test_malformed_requests_get_400(url, body, param):
     r = httpx.post(f"{url}/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
@@ -131,16 +142,25 @@ def test_bad_json_unknown_routes_and_big_bodies(url):
 
 def test_openai_client_sees_bad_request(client, url):
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
-                                       extra_body={"chat_template_kwargs": {"thinking": True}})
+        client.chat.completions.create(
+            model=MODEL,
+            messages=USER,
+            tools=TOOLS,
+            tool_choice="required",
+            extra_body={"chat_template_kwargs": {"thinking": True}},
+        )
     still_serving(url)
 
 
 def test_client_disconnect_mid_stream_aborts(url, engine):
     # The engine stalls after the first event: only the disconnect itself can end the request.
     with engine.scripted(engine.script * 50, delay=30):
-        with httpx.Client(timeout=5) as h, h.stream("POST", f"{url}/v1/chat/completions",
-                                                    json={"model": MODEL, "messages": USER, "stream": True}) as r:
+        with (
+            httpx.Client(timeout=5) as h,
+            h.stream(
+                "POST", f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": True}
+            ) as r,
+        ):
             first = next(line for line in r.iter_lines() if line.startswith("data: "))
             rid = json.loads(first[6:])["id"]
         assert engine.wait_outcome(rid, {"closed"}, timeout=1.0) == "closed"
@@ -160,8 +180,12 @@ def test_client_disconnect_non_stream_aborts(url, engine):
 
 def test_abort_request_targets_the_response_id(url, engine):
     with engine.scripted(engine.script * 50, delay=0.05):
-        with httpx.Client(timeout=5) as h, h.stream("POST", f"{url}/v1/chat/completions",
-                                                    json={"model": MODEL, "messages": USER, "stream": True}) as r:
+        with (
+            httpx.Client(timeout=5) as h,
+            h.stream(
+                "POST", f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": True}
+            ) as r,
+        ):
             lines = r.iter_lines()
             rid = json.loads(next(x for x in lines if x.startswith("data: "))[6:])["id"]
             assert httpx.post(f"{url}/abort_request", json={"rid": rid}).json() == {"rid": rid, "aborted": True}

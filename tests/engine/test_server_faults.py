@@ -48,8 +48,11 @@ class ScriptedRunner:
     def __call__(self, batch: ScheduledBatch) -> dict[str, int]:
         self.gate.wait()
         time.sleep(self.step_s)
-        return {e.req.rid: TOK.eos_token_id if len(e.req.output_ids) == self.eos_at else TEXT_ID
-                for e in batch.entries if e.sample}
+        return {
+            e.req.rid: TOK.eos_token_id if len(e.req.output_ids) == self.eos_at else TEXT_ID
+            for e in batch.entries
+            if e.sample
+        }
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +147,9 @@ def test_ghost_decode_disconnect_decodes_past_eos_to_max_tokens(serve, loop, run
 def test_ghost_decode_leaves_a_non_streamed_request_running_until_abort_all(serve, loop):
     url = serve("ghost-decode")
     with pytest.raises(httpx.ReadTimeout):  # the client gives up; nobody watches for that
-        httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2000},
-                   timeout=0.3)
+        httpx.post(
+            f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2000}, timeout=0.3
+        )
     time.sleep(0.2)
     assert loop.stats.num_running == 1
     aborted = httpx.post(f"{url}/abort_request", json={"abort_all": True}).json()["aborted"]
@@ -188,11 +192,17 @@ def test_health_generates_one_token_and_is_503_when_the_loop_is_stuck(serve, loo
 def test_health_lies_answers_from_the_liveness_flag_until_the_loop_dies():
     cfg = EngineConfig(num_pages=64, faults=frozenset({"health-lies"}))
     allocator = PageAllocator(cfg.num_pages)
-    loop = UnifiedEngine(cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id),
-                      lambda batch: 1 // 0)  # the first step kills the loop
+    loop = UnifiedEngine(
+        cfg, Scheduler(cfg, allocator, RadixCache(cfg.page_size, allocator), TOK.eos_token_id), lambda batch: 1 // 0
+    )  # the first step kills the loop
     loop.start()
-    srv = ServerThread(build_app(AsyncEngine(cfg, loop, TOK.eos_token_id), Frontend(TOK, MODEL, 4096),
-                                 ServerConfig(model_name=MODEL, health_generate_timeout_s=0.5)))
+    srv = ServerThread(
+        build_app(
+            AsyncEngine(cfg, loop, TOK.eos_token_id),
+            Frontend(TOK, MODEL, 4096),
+            ServerConfig(model_name=MODEL, health_generate_timeout_s=0.5),
+        )
+    )
     try:
         assert httpx.get(f"{srv.url}/health").status_code == 200  # no generation asked, none tried
         assert httpx.get(f"{srv.url}/health_generate").status_code == 503  # its probe's step raised
@@ -210,8 +220,10 @@ def dsml_servers() -> Iterator[dict[str, tuple[str, FakeEngine]]]:
     for name, faults in (("clean", frozenset()), ("parser-split", frozenset({"parser-split"}))):
         engine = FakeEngine(TOK.encode("\n\n" + DSML_CALL), TOK.eos_token_id, max_context=4096, chunk=1)
         engine.cfg = EngineConfig(faults=faults)
-        out[name] = (ServerThread(build_app(engine, Frontend(TOK, MODEL, 4096), ServerConfig(model_name=MODEL))),
-                     engine)
+        out[name] = (
+            ServerThread(build_app(engine, Frontend(TOK, MODEL, 4096), ServerConfig(model_name=MODEL))),
+            engine,
+        )
     yield {name: (srv.url, engine) for name, (srv, engine) in out.items()}
     for srv, _ in out.values():
         srv.stop()

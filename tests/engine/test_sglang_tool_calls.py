@@ -29,10 +29,12 @@ installed = pytest.mark.skipif(sglang_missing() is not None, reason=sglang_missi
 
 # The shipped model's greedy output for the first turn of the ops session of seed 0 (as in
 # test_stream_parse_fault.py), with a line of prose before it.
-RECORDED = ('Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="list_services">\n'
-            '<｜DSML｜parameter name="status" string="true">any</｜DSML｜parameter>\n'
-            '<｜DSML｜parameter name="include_dependencies" string="false">true</｜DSML｜parameter>\n'
-            '</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+RECORDED = (
+    'Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="list_services">\n'
+    '<｜DSML｜parameter name="status" string="true">any</｜DSML｜parameter>\n'
+    '<｜DSML｜parameter name="include_dependencies" string="false">true</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+)
 CALL = {"name": "list_services", "arguments": {"status": "any", "include_dependencies": True}}
 
 
@@ -46,8 +48,9 @@ def body() -> dict[str, Any]:
     return AgentSession("s", get_family("ops"), 0, SessionConfig(model="dsv4-mini")).next_request()
 
 
-def events(fe: Frontend, req: PreparedRequest, chunks: list[list[int]], fed: list[int] | None = None
-           ) -> AsyncIterator[TokenEvent]:
+def events(
+    fe: Frontend, req: PreparedRequest, chunks: list[list[int]], fed: list[int] | None = None
+) -> AsyncIterator[TokenEvent]:
     """The engine's events carrying `chunks`, then EOS with the finish; `fed[0]`: the one last sent."""
     fed = [0] if fed is None else fed
 
@@ -57,6 +60,7 @@ def events(fe: Frontend, req: PreparedRequest, chunks: list[list[int]], fed: lis
             yield TokenEvent(chunk, None, len(req.prompt_ids), 0)
         fed[0] = len(chunks)
         yield TokenEvent([fe.tokenizer.eos_token_id], FinishReason.STOP, len(req.prompt_ids), 0)
+
     return gen()
 
 
@@ -66,6 +70,7 @@ def payloads(fe: Frontend, req: PreparedRequest, chunks: list[list[int]]) -> lis
 
     async def run() -> list[tuple[int, str]]:
         return [(fed[0], p) async for p in fe.stream_chat(req, events(fe, req, chunks, fed))]
+
     return [(k, json.loads(p)) for k, p in asyncio.run(run()) if p != "[DONE]"]
 
 
@@ -142,7 +147,9 @@ def test_the_parser_is_a_checked_engine_setting(monkeypatch):
     assert EngineConfig().tool_call_parser == "deepseek-recipe"
     with pytest.raises(ValueError, match="tool-call parser must be one of deepseek-recipe, sglang"):
         EngineConfig(tool_call_parser="vllm")
-    monkeypatch.setattr(sglang_tool_calls, "_sglang", lambda: "SGLang's parser not installed (No module named 'sglang')")
+    monkeypatch.setattr(
+        sglang_tool_calls, "_sglang", lambda: "SGLang's parser not installed (No module named 'sglang')"
+    )
     result = CliRunner().invoke(app, ["engine", "serve", "--tool-call-parser", "sglang"])
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1, result.stderr
@@ -162,8 +169,9 @@ def test_the_http_server_streams_sglangs_shape():
 
     tok = load_tokenizer()
     engine = FakeEngine(tok.encode("\n\n" + DSML_CALL), tok.eos_token_id, max_context=4096, chunk=1)
-    srv = ServerThread(build_app(engine, Frontend(tok, MODEL, 4096, tool_call_parser="sglang"),
-                                 ServerConfig(model_name=MODEL)))
+    srv = ServerThread(
+        build_app(engine, Frontend(tok, MODEL, 4096, tool_call_parser="sglang"), ServerConfig(model_name=MODEL))
+    )
     try:
         with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x") as client:
             chunks = list(client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True))

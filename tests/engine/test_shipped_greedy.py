@@ -29,8 +29,7 @@ RECORD = Path(__file__).with_name("shipped_greedy.json")
 MAX_TOKENS = 48
 # (family, held-out seed, cut: the index of an assistant turn's first written token, or a
 # plain token count when negative)
-CUTS = [("coding", 0, 1), ("data", 0, 2), ("ops", 1, 1), ("coding", 1, 3), ("data", 1, 4),
-        ("ops", 2, -137)]
+CUTS = [("coding", 0, 1), ("data", 0, 2), ("ops", 1, 1), ("coding", 1, 3), ("data", 1, 4), ("ops", 2, -137)]
 
 
 def weights_digest() -> str:
@@ -49,7 +48,8 @@ def test_shipped_weights_answer_as_recorded():
     rec = json.loads(RECORD.read_text())
     assert rec["weights_sha256"] == weights_digest(), (
         "the shipped weights are not the ones these answers were recorded with: record again "
-        "(see this module's docstring)")
+        "(see this module's docstring)"
+    )
     got = greedy_answers([p["prompt_ids"] for p in rec["prompts"]], rec["max_tokens"])
     for p, (out, logits) in zip(rec["prompts"], got):
         assert out == p["output_ids"], f"{p['source']}: answer differs from the recorded one"
@@ -58,8 +58,9 @@ def test_shipped_weights_answer_as_recorded():
         # (6% of the logit). Float32 sums taken in another order move them far less, but by
         # more on long prompts and on another CPU's kernels: 1.3e-3 (6e-5 of a logit of 21) at
         # 4,641 tokens on an AMD EPYC, for a record taken on another machine.
-        torch.testing.assert_close(torch.tensor(logits), torch.tensor(p["logits"]), rtol=2e-4,
-                                   atol=1e-3, msg=lambda m: f"{p['source']}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(logits), torch.tensor(p["logits"]), rtol=2e-4, atol=1e-3, msg=lambda m: f"{p['source']}: {m}"
+        )
 
 
 def record() -> None:
@@ -77,8 +78,9 @@ def record() -> None:
         prompts.append({"source": f"{family} seed {seed}, {where}", "prompt_ids": s.ids[:end]})
     for p, (out, logits) in zip(prompts, greedy_answers([p["prompt_ids"] for p in prompts], MAX_TOKENS)):
         p["output_ids"], p["logits"] = out, [round(x, 5) for x in logits]
-    RECORD.write_text(json.dumps({"weights_sha256": weights_digest(), "max_tokens": MAX_TOKENS,
-                                  "prompts": prompts}) + "\n")
+    RECORD.write_text(
+        json.dumps({"weights_sha256": weights_digest(), "max_tokens": MAX_TOKENS, "prompts": prompts}) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,12 @@ from dsv4bench.wire.sse import DeltaAssembler
 
 # The shipped model's greedy output for the first turn of the ops session of seed 0 (without
 # its EOS); the tokenizer encodes this text back to exactly the ids the model sampled.
-RECORDED = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="list_services">\n'
-            '<｜DSML｜parameter name="status" string="true">any</｜DSML｜parameter>\n'
-            '<｜DSML｜parameter name="include_dependencies" string="false">true</｜DSML｜parameter>\n'
-            '</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+RECORDED = (
+    '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="list_services">\n'
+    '<｜DSML｜parameter name="status" string="true">any</｜DSML｜parameter>\n'
+    '<｜DSML｜parameter name="include_dependencies" string="false">true</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+)
 CALL = ("list_services", {"status": "any", "include_dependencies": True})
 
 
@@ -53,10 +55,12 @@ def ids(fe: Frontend) -> list[int]:
     return fe.tokenizer.encode(RECORDED)
 
 
-def streamed(fe: Frontend, req: PreparedRequest, chunks: list[list[int]],
-             output: type[ChatOutput] = ChatOutput) -> AssembledResponse:
+def streamed(
+    fe: Frontend, req: PreparedRequest, chunks: list[list[int]], output: type[ChatOutput] = ChatOutput
+) -> AssembledResponse:
     """The harness's assembly of the SSE payloads when the engine's events carry `chunks`,
     then EOS with the finish, as the engine sends them."""
+
     async def events() -> AsyncIterator[TokenEvent]:
         for chunk in chunks:
             yield TokenEvent(chunk, None, len(req.prompt_ids), 0)
@@ -92,11 +96,12 @@ def test_recorded_output_is_one_well_formed_call(fe, req, ids):
 def test_clean_parse_gives_the_same_turn_for_every_chunking(fe, req, ids):
     expected = streamed(fe, req, [[i] for i in ids])
     chunkings = [[ids[:i], ids[i:]] for i in range(1, len(ids))]
-    chunkings += [[ids[i:i + k] for i in range(0, len(ids), k)] for k in (2, 3, 5, 8, len(ids))]
+    chunkings += [[ids[i : i + k] for i in range(0, len(ids), k)] for k in (2, 3, 5, 8, len(ids))]
     for chunks in chunkings:
         resp = streamed(fe, req, chunks)
-        assert (resp.content, calls(resp), resp.finish_reason) == (expected.content, calls(expected), "tool_calls"), \
-            [fe.tokenizer.decode(c) for c in chunks]
+        assert (resp.content, calls(resp), resp.finish_reason) == (expected.content, calls(expected), "tool_calls"), [
+            fe.tokenizer.decode(c) for c in chunks
+        ]
 
 
 def test_eager_parse_leaks_exactly_the_openers_cut_across_chunks(fe, req, ids):
@@ -105,7 +110,7 @@ def test_eager_parse_leaks_exactly_the_openers_cut_across_chunks(fe, req, ids):
         resp = streamed(fe, req, [ids[:i], ids[i:]], EagerParseChatOutput)
         assert calls(resp) == [CALL] and resp.finish_reason == "tool_calls", i
         if i in inside:  # the opener's pieces before the cut went out as content
-            assert resp.content == fe.tokenizer.decode(ids[inside.start - 1:i]), i
+            assert resp.content == fe.tokenizer.decode(ids[inside.start - 1 : i]), i
         else:
             assert resp.content == "", i
 
@@ -133,9 +138,11 @@ def test_the_harness_flags_the_leak_as_dsml_leak_content(fe, req, ids, session):
 
 def test_eager_parser_on_literal_chunks():
     p = EagerDsmlParser()
-    assert p.feed("Checking. <｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">") == ("Checking. ", [])
-    text, got = p.feed('<｜DSML｜parameter name="q" string="true">日本</｜DSML｜parameter>\n'
-                       '<｜DSML｜parameter name="n" string="false">[1, 2</｜DSML｜parameter></｜DSML｜invoke>\n<｜DSML｜in')
+    assert p.feed('Checking. <｜DSML｜tool_calls>\n<｜DSML｜invoke name="a">') == ("Checking. ", [])
+    text, got = p.feed(
+        '<｜DSML｜parameter name="q" string="true">日本</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="n" string="false">[1, 2</｜DSML｜parameter></｜DSML｜invoke>\n<｜DSML｜in'
+    )
     assert text == "" and [c["function"] for c in got] == [{"name": "a", "arguments": '{"q": "日本", "n": [1, 2}'}]
     text, got = p.feed('voke name="b">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls> done')
     assert text == " done" and [(c["index"], c["function"]["name"]) for c in got] == [(1, "b")]

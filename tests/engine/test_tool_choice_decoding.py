@@ -15,8 +15,10 @@ from dsv4bench.engine.tokenizer import load_tokenizer
 from dsv4bench.engine.tool_choice_decoding import ToolChoiceDecoding, for_request
 from dsv4bench.harness.session import AgentSession, SessionConfig
 
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
-         for n in ("read_file", "list_dir")]
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+    for n in ("read_file", "list_dir")
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +85,12 @@ def engine(tmp_path_factory):
 def _first_turns(n: int) -> list[tuple[AgentSession, dict]]:
     out = []
     for i in range(n):
-        s = AgentSession(f"s{i}", family_for_session("mixed", i), 1000 + i,
-                         SessionConfig(model="dsv4-mini", stream=False, max_tokens=200))
+        s = AgentSession(
+            f"s{i}",
+            family_for_session("mixed", i),
+            1000 + i,
+            SessionConfig(model="dsv4-mini", stream=False, max_tokens=200),
+        )
         out.append((s, s.next_request()))
     return out
 
@@ -99,8 +105,10 @@ def test_the_shipped_model_served_keeps_to_none_named_and_one_call(engine) -> No
             name = s.tools[-1]["function"]["name"]
             for extra, check in (
                 ({"tool_choice": "none"}, lambda m: not m.get("tool_calls") and "DSML" not in (m["content"] or "")),
-                ({"tool_choice": {"type": "function", "function": {"name": name}}},
-                 lambda m: [c["function"]["name"] for c in m.get("tool_calls") or []] == [name]),
+                (
+                    {"tool_choice": {"type": "function", "function": {"name": name}}},
+                    lambda m: [c["function"]["name"] for c in m.get("tool_calls") or []] == [name],
+                ),
                 ({"parallel_tool_calls": False}, lambda m: len(m.get("tool_calls") or []) <= 1),
             ):
                 r = client.post(f"{engine.url}/chat/completions", json={**body, **extra})

@@ -18,8 +18,22 @@ from dsv4bench.engine.training.corpus import READ_ONLY, build_corpus, encode_ses
 from dsv4bench.engine.training.renames import rename_entities, rename_map
 from dsv4bench.engine.weights import WeightsError, load_weights
 
-TINY = ModelConfig(d_model=32, n_layers=2, n_heads=2, head_dim=16, rope_dim=8, window=32, hca_rate=8, csa_rate=2,
-                   index_heads=2, index_dim=8, index_topk=4, n_experts=4, expert_dim=32, shared_expert_dim=32)
+TINY = ModelConfig(
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    head_dim=16,
+    rope_dim=8,
+    window=32,
+    hca_rate=8,
+    csa_rate=2,
+    index_heads=2,
+    index_dim=8,
+    index_topk=4,
+    n_experts=4,
+    expert_dim=32,
+    shared_expert_dim=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +55,17 @@ def test_slips_are_refused_exactly_as_the_harness_refuses_them():
                 call, result = session.steps[n].calls[0], session.results[n][0].result
                 if not result.startswith("error"):
                     continue  # a detour
-                seen |= {k for k, needle in (("foreign", "unknown tool"), ("missing", "is a required property"),
-                                            ("invalid", "invalid arguments at $"), ("world", "no such"),
-                                            ("repeated", "has non-unique elements"))
-                         if needle in result}
+                seen |= {
+                    k
+                    for k, needle in (
+                        ("foreign", "unknown tool"),
+                        ("missing", "is a required property"),
+                        ("invalid", "invalid arguments at $"),
+                        ("world", "no such"),
+                        ("repeated", "has non-unique elements"),
+                    )
+                    if needle in result
+                }
                 harness = AgentSession("s", FAMILIES[family], seed, SessionConfig(model="m"))
                 _, refusal = harness.gate.check(call.name, json.dumps(call.arguments))
                 if refusal is not None:  # else a wrong value the world itself refused
@@ -67,9 +88,9 @@ def test_loss_mask_covers_exactly_what_the_model_writes(frontend):
             i += 1
     assert len(spans) >= 5
     for a, b in spans:
-        assert s.ids[a - 2: a] == [tok.special_id("Assistant"), tok.special_id("ThinkingEnd")]
+        assert s.ids[a - 2 : a] == [tok.special_id("Assistant"), tok.special_id("ThinkingEnd")]
         assert s.ids[b - 1] == tok.eos_token_id
-    assert "DSML" in tok.decode(s.ids[spans[0][0]:spans[0][1]])
+    assert "DSML" in tok.decode(s.ids[spans[0][0] : spans[0][1]])
 
 
 @pytest.mark.parametrize("family,seed", [("coding", 11), ("ops", 100_004), ("data", 100_002)])
@@ -129,10 +150,13 @@ def test_renamed_sessions_stay_coherent_and_leave_tools_alone():
     for old in used:  # every occurrence moved, in results and in the calls that copy them
         assert f"| {old} |" not in after and f"| {mapping[old]} |" in after
     assert renamed[0] == messages[0]  # system prompt untouched
-    assert [c["function"]["name"] for m in renamed for c in m.get("tool_calls") or []] == \
-           [c["function"]["name"] for m in messages for c in m.get("tool_calls") or []]
-    assert rename_entities([{"role": "user", "content": "Northern North-east North_x"}], {"North": "Zel"})[0]["content"] \
+    assert [c["function"]["name"] for m in renamed for c in m.get("tool_calls") or []] == [
+        c["function"]["name"] for m in messages for c in m.get("tool_calls") or []
+    ]
+    assert (
+        rename_entities([{"role": "user", "content": "Northern North-east North_x"}], {"North": "Zel"})[0]["content"]
         == "Northern Zel-east Zel_x"
+    )
 
 
 def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend):
@@ -140,8 +164,23 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     info = build_corpus(["coding", "ops"], range(100_000, 100_002), corpus, frontend, max_tokens=1400)
     assert info["sessions"] == 4 and info["loss_tokens"] > 0
     out = tmp_path / "w.safetensors"
-    r = train(TINY, TrainConfig(max_steps=12, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=2,
-                                device="cpu", log_every=4, csa_dense_share=0.5), corpus, out, log=lambda m: None)
+    r = train(
+        TINY,
+        TrainConfig(
+            max_steps=12,
+            minutes=5,
+            batch_tokens=2800,
+            max_len=1400,
+            lr=1e-2,
+            warmup=2,
+            device="cpu",
+            log_every=4,
+            csa_dense_share=0.5,
+        ),
+        corpus,
+        out,
+        log=lambda m: None,
+    )
     assert r.steps == 12 and r.losses[-1][1] < r.losses[0][1]
     model = load_weights(TINY, out)
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -156,10 +195,10 @@ def test_tiny_training_lowers_the_loss_and_weights_round_trip(tmp_path, frontend
     errors = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400)
     assert 0.0 < errors["token_error"] <= errors["turn_error"] <= 1.0 and errors["turns"] >= 4
     # Every id a "digit": each turn is one run of digit tokens, so numbers are the turns.
-    every = heldout_errors(model, corpus, __import__("torch").device("cpu"), max_len=1400,
-                           digit_ids=range(TINY.vocab_size))
+    every = heldout_errors(
+        model, corpus, __import__("torch").device("cpu"), max_len=1400, digit_ids=range(TINY.vocab_size)
+    )
     assert every["numbers"] == every["turns"] and every["number_error"] == every["turn_error"]
-
 
 
 def test_dense_path_csa_picks():
@@ -180,7 +219,7 @@ def test_dense_path_csa_picks():
         model.set_csa_pick("indexer", hca=False)
         out["no-hca"] = model.forward_dense(ids)[0, -1]
     modes = list(out)
-    assert all(not torch.allclose(out[a], out[b]) for i, a in enumerate(modes) for b in modes[i + 1:])
+    assert all(not torch.allclose(out[a], out[b]) for i, a in enumerate(modes) for b in modes[i + 1 :])
     with pytest.raises(AssertionError):
         model.set_csa_pick("bogus")
 
@@ -231,8 +270,9 @@ def test_training_on_with_frozen_embeddings_leaves_the_embedding_alone(tmp_path,
     torch.manual_seed(0)
     init = tmp_path / "init.safetensors"
     save_weights(DSV4Mini(TINY), init, dtype=torch.float32)
-    cfg = TrainConfig(max_steps=4, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=1, device="cpu",
-                      freeze_embeddings=True)
+    cfg = TrainConfig(
+        max_steps=4, minutes=5, batch_tokens=2800, max_len=1400, lr=1e-2, warmup=1, device="cpu", freeze_embeddings=True
+    )
     out = tmp_path / "w.safetensors"
     train(TINY, cfg, corpus, out, log=lambda m: None, init=init)
     before, after = load_weights(TINY, init).state_dict(), load_weights(TINY, out).state_dict()
@@ -256,10 +296,18 @@ def test_heldout_errors_count_turns_and_numbers_exactly(tmp_path):
     np.savez(corpus, tokens=ids, loss_mask=mask, offsets=np.array([0, len(ids)]), meta=np.asarray("[]"))
 
     class EchoNextToken:  # predicts each next token, except that it writes 9 for 4
-        def eval(self): return self
-        def train(self): return self
-        def set_csa_pick(self, *a): pass
-        def logits(self, h): return h
+        def eval(self):
+            return self
+
+        def train(self):
+            return self
+
+        def set_csa_pick(self, *a):
+            pass
+
+        def logits(self, h):
+            return h
+
         def hidden_dense(self, x, _):
             nxt = torch.cat([x[0, 1:], x[0, :1]])
             return torch.nn.functional.one_hot(torch.where(nxt == 4, 9, nxt), 10).float().unsqueeze(0), None

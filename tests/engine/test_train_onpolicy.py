@@ -29,6 +29,7 @@ SEED, AT = 100004, 8
 def looping_rollout() -> list[dict]:
     """What a drifting model does: [symptom, symptom] for [symptom, root], refused by the
     schema's uniqueItems, then the same call again until its 16 turns run out."""
+
     def alter(n: int, step: Step) -> Step:
         if n < AT:
             return step
@@ -82,7 +83,9 @@ def test_relabel_marks_the_model_turns_after_the_divergence_loss_free():
     full = assistant_mask(enc.ids, frontend.tokenizer)
     tok = frontend.tokenizer
     start = tok.special_id("Assistant")
-    turns = [i for i in range(len(enc.ids) - 1) if enc.ids[i] == start and enc.ids[i + 1] == tok.special_id("ThinkingEnd")]
+    turns = [
+        i for i in range(len(enc.ids) - 1) if enc.ids[i] == start and enc.ids[i + 1] == tok.special_id("ThinkingEnd")
+    ]
     learned = [n for n, i in enumerate(turns) if enc.mask[i + 2]]
     assert learned == [n for n in range(len(turns)) if n not in x.no_loss]
     assert sum(full) > sum(enc.mask) > 0
@@ -91,8 +94,15 @@ def test_relabel_marks_the_model_turns_after_the_divergence_loss_free():
 def test_calls_that_do_not_decode_are_a_divergence_and_replay_as_refused():
     rollout = looping_rollout()[: [i for i, m in enumerate(looping_rollout()) if m["role"] == "assistant"][AT]]
     cid = "call_bad"
-    rollout += [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": cid, "type": "function", "function": {"name": "open_incident", "arguments": '{"title": un.92}'}}]}]
+    rollout += [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": "open_incident", "arguments": '{"title": un.92}'}}
+            ],
+        }
+    ]
     from dsv4bench.agents.call_gate import CallGate
 
     _, refusal = CallGate(FAMILIES["ops"].tool_schemas()).check("open_incident", '{"title": un.92}')

@@ -29,17 +29,44 @@ if importlib.util.find_spec("locust") is None:
 
 def locust_cli(*args: str, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # the child keeps its own copy of the file
-        return subprocess.Popen([sys.executable, "-m", "dsv4bench", "locust", *args], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=dict(os.environ))
+        return subprocess.Popen(
+            [sys.executable, "-m", "dsv4bench", "locust", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
 
 
 def start_cluster(tmp_path: Path, url: str, workers: int, run_time: str, users: int = 6) -> tuple:
     port = free_port()
-    master = locust_cli("--host", url, "--max-turns", "4", "--out", str(tmp_path / "runs"), "--master",
-                        "--master-bind-port", str(port), "--expect-workers", str(workers), "--headless",
-                        "-u", str(users), "-r", str(users), "-t", run_time, log=tmp_path / "master.log")
-    started = [locust_cli("--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
-                          log=tmp_path / f"worker{i}.log") for i in range(workers)]
+    master = locust_cli(
+        "--host",
+        url,
+        "--max-turns",
+        "4",
+        "--out",
+        str(tmp_path / "runs"),
+        "--master",
+        "--master-bind-port",
+        str(port),
+        "--expect-workers",
+        str(workers),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        run_time,
+        log=tmp_path / "master.log",
+    )
+    started = [
+        locust_cli(
+            "--worker", "--master-host", "127.0.0.1", "--master-port", str(port), log=tmp_path / f"worker{i}.log"
+        )
+        for i in range(workers)
+    ]
     return master, started
 
 

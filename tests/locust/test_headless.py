@@ -24,9 +24,27 @@ if importlib.util.find_spec("locust") is None:
 def test_locusts_stats_and_failures_match_the_history_and_carry_the_planted_codes(tmp_path):
     replay = start_replay(tmp_path, fault_rate=25)
     try:
-        r = run_cli("locust", "--host", replay.url, "--headless", "-u", "6", "-r", "6", "-t", "10s", "--max-turns", "6",
-                    "--out", str(tmp_path / "runs"), "--csv", str(tmp_path / "stats"), "--fail-on", "corruption",
-                    timeout=120)
+        r = run_cli(
+            "locust",
+            "--host",
+            replay.url,
+            "--headless",
+            "-u",
+            "6",
+            "-r",
+            "6",
+            "-t",
+            "10s",
+            "--max-turns",
+            "6",
+            "--out",
+            str(tmp_path / "runs"),
+            "--csv",
+            str(tmp_path / "stats"),
+            "--fail-on",
+            "corruption",
+            timeout=120,
+        )
         planted = replay.planted()
     finally:
         replay.stop()

@@ -15,20 +15,23 @@ from dsv4bench.cli import locust as locust_cli
 DEAD = "http://127.0.0.1:1/v1"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--host", "http://[::1"], "is not a valid URL"),
-    (["--host", "ftp://x/v1"], "must be an http(s) URL"),
-    (["--host", DEAD, "--max-turns", "0"], "--max-turns must be at least 1"),
-    (["--host", DEAD, "--shape", "zigzag:users=3"], "zigzag"),
-    (["--host", DEAD, "--kill", "all@5s"], "--kill"),
-    (["--host", DEAD, "--shape", "kill-storm:users=8", "--kill", "all@5s,who=ttft"], "who=ttft"),
-    (["--host", DEAD, "--engine-fault", "abort-leak"], "not with --host"),
-    (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
-    (["--engine-fault", "no-such-fault"], "no-such-fault"),
-    (["--worker", "--engine-pd"], "go to the master"),
-    (["--worker", "--host", DEAD], "go to the master"),
-    (["--host", DEAD, "--request-mix", "tool_choice=sometimes"], "--request-mix 'tool_choice=sometimes'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--host", "http://[::1"], "is not a valid URL"),
+        (["--host", "ftp://x/v1"], "must be an http(s) URL"),
+        (["--host", DEAD, "--max-turns", "0"], "--max-turns must be at least 1"),
+        (["--host", DEAD, "--shape", "zigzag:users=3"], "zigzag"),
+        (["--host", DEAD, "--kill", "all@5s"], "--kill"),
+        (["--host", DEAD, "--shape", "kill-storm:users=8", "--kill", "all@5s,who=ttft"], "who=ttft"),
+        (["--host", DEAD, "--engine-fault", "abort-leak"], "not with --host"),
+        (["--engine-router", "nginx"], "--engine-router must be one of bundled, sglang"),
+        (["--engine-fault", "no-such-fault"], "no-such-fault"),
+        (["--worker", "--engine-pd"], "go to the master"),
+        (["--worker", "--host", DEAD], "go to the master"),
+        (["--host", DEAD, "--request-mix", "tool_choice=sometimes"], "--request-mix 'tool_choice=sometimes'"),
+    ],
+)
 def test_bad_flags_are_one_line_before_anything_starts(tmp_path, args, needle):
     out = tmp_path / "runs"
     result = CliRunner().invoke(app, ["locust", *args, "--out", str(out), "--headless"])

@@ -22,8 +22,9 @@ from .locust_stats import assert_stats_match_history
 
 # NOTE: a mark, not importorskip: importing Locust would patch this whole pytest process for
 # gevent, and the spec language needs no Locust.
-needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                                  reason="Locust is not installed (pip install 'dsv4bench[locust]')")
+needs_locust = pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None, reason="Locust is not installed (pip install 'dsv4bench[locust]')"
+)
 
 
 def ticks(spec: str, times: list[float], kill: tuple[str, ...] = ()) -> list:
@@ -39,21 +40,44 @@ def ticks(spec: str, times: list[float], kill: tuple[str, ...] = ()) -> list:
 
 def test_ramp_holds_its_users_at_locusts_spawn_rate_until_the_duration():
     assert ticks("ramp:users=80,rate=10,duration=60s", [0, 7.9, 59.99, 60, 61]) == [
-        (80, 10.0), (80, 10.0), (80, 10.0), None, None]
+        (80, 10.0),
+        (80, 10.0),
+        (80, 10.0),
+        None,
+        None,
+    ]
 
 
 def test_step_adds_a_step_each_period_up_to_the_users():
     assert ticks("step:users=80,step=10,every=10s,duration=120s", [0, 9.99, 10, 35, 69.9, 70, 119.9, 120]) == [
-        (10, 10.0), (10, 10.0), (20, 10.0), (40, 10.0), (70, 10.0), (80, 10.0), (80, 10.0), None]
+        (10, 10.0),
+        (10, 10.0),
+        (20, 10.0),
+        (40, 10.0),
+        (70, 10.0),
+        (80, 10.0),
+        (80, 10.0),
+        None,
+    ]
     assert ticks("step:users=25,step=10,every=5s,duration=1m,rate=2", [0, 5, 10, 59]) == [
-        (10, 2.0), (20, 2.0), (25, 2.0), (25, 2.0)]
+        (10, 2.0),
+        (20, 2.0),
+        (25, 2.0),
+        (25, 2.0),
+    ]
 
 
 def test_spike_goes_to_its_peak_for_the_hold_and_back():
     assert ticks("spike:users=10,peak=80,at=30s,hold=10s,duration=90s", [0, 29.9, 30, 39.9, 40, 89.9, 90]) == [
-        (10, 80.0), (10, 80.0), (80, 80.0), (80, 80.0), (10, 80.0), (10, 80.0), None]
-    assert ticks("spike:users=2,peak=4,at=0,hold=500ms,duration=1s,rate=1", [0, 0.5, 1]) == [
-        (4, 1.0), (2, 1.0), None]
+        (10, 80.0),
+        (10, 80.0),
+        (80, 80.0),
+        (80, 80.0),
+        (10, 80.0),
+        (10, 80.0),
+        None,
+    ]
+    assert ticks("spike:users=2,peak=4,at=0,hold=500ms,duration=1s,rate=1", [0, 0.5, 1]) == [(4, 1.0), (2, 1.0), None]
 
 
 def test_kill_storm_without_kill_is_the_incident_a_kill_all_at_its_at():
@@ -65,23 +89,50 @@ def test_kill_storm_frac_kills_drop_users_for_a_tick_and_bring_them_back():
     kill = ("frac=0.25/every=5s/from=10s/until=20s", "all@30s")
     times = [0, 9.9, 10, 10 + DROP_S - 0.01, 10 + DROP_S, 15, 20, 20 + DROP_S, 25, 29.9, 30]
     assert ticks("kill-storm:users=80,rate=10", times, kill) == [
-        (80, 10.0), (80, 10.0), (60, 20.0), (60, 20.0), (80, 10.0), (60, 20.0), (60, 20.0), (80, 10.0),
-        (80, 10.0), (80, 10.0), None]
+        (80, 10.0),
+        (80, 10.0),
+        (60, 20.0),
+        (60, 20.0),
+        (80, 10.0),
+        (60, 20.0),
+        (60, 20.0),
+        (80, 10.0),
+        (80, 10.0),
+        (80, 10.0),
+        None,
+    ]
 
 
 def test_kill_storm_frac_defaults_and_sums():
     # from= defaults to one period in; ceil(0.3 * 7) = 3; two drops at once add up, capped at the users.
     assert ticks("kill-storm:users=7,duration=20s", [0, 3.9, 4, 8, 19.99, 20], ("frac=0.3/every=4s",)) == [
-        (7, 7.0), (7, 7.0), (4, 7.0), (4, 7.0), (7, 7.0), None]
+        (7, 7.0),
+        (7, 7.0),
+        (4, 7.0),
+        (4, 7.0),
+        (7, 7.0),
+        None,
+    ]
     both = ("frac=0.5/every=4s,restart", "frac=1/every=6s", "all@13s")
     assert ticks("kill-storm:users=4,rate=1", [0, 4, 6, 8, 12, 12.5, 13], both) == [
-        (4, 1.0), (2, 2.0), (0, 4.0), (2, 2.0), (0, 4.0), (0, 4.0), None]
+        (4, 1.0),
+        (2, 2.0),
+        (0, 4.0),
+        (2, 2.0),
+        (0, 4.0),
+        (0, 4.0),
+        None,
+    ]
 
 
 def test_the_first_all_at_kill_or_the_duration_ends_the_storm():
     kill = ("all@30s", "all@12s", "frac=0.5/every=3s")
     assert ticks("kill-storm:users=24,duration=40s", [0, 3, 11.9, 12], kill) == [
-        (24, 24.0), (12, 24.0), (24, 24.0), None]
+        (24, 24.0),
+        (12, 24.0),
+        (24, 24.0),
+        None,
+    ]
     assert ticks("kill-storm:users=24,duration=10s", [9.9, 10], ("frac=0.5/every=3s",)) == [(12, 24.0), None]
 
 
@@ -121,17 +172,26 @@ print(json.dumps({"shape": issubclass(cls, LoadTestShape) and not cls.abstract, 
 
 
 @needs_locust
-@pytest.mark.parametrize("spec,kill,name", [
-    ("ramp:users=80,rate=10,duration=60s", (), "RampShape"),
-    ("step:users=80,step=10,every=10s,duration=120s", (), "StepShape"),
-    ("spike:users=10,peak=80,at=30s,hold=10s,duration=90s", (), "SpikeShape"),
-    ("kill-storm:users=6,rate=3", ("frac=0.5/every=4s", "", "all@9s"), "KillStormShape"),
-])
+@pytest.mark.parametrize(
+    "spec,kill,name",
+    [
+        ("ramp:users=80,rate=10,duration=60s", (), "RampShape"),
+        ("step:users=80,step=10,every=10s,duration=120s", (), "StepShape"),
+        ("spike:users=10,peak=80,at=30s,hold=10s,duration=90s", (), "SpikeShape"),
+        ("kill-storm:users=6,rate=3", ("frac=0.5/every=4s", "", "all@9s"), "KillStormShape"),
+    ],
+)
 def test_the_locust_shape_class_ticks_its_plan_on_the_run_time_it_reads(spec, kill, name):
     times = [0, 4, 4.5, 9, 10, 30, 35, 60, 90, 130]
     env = {**os.environ, SHAPE_ENV: spec, KILL_ENV: "\n".join(kill)}
-    r = subprocess.run([sys.executable, "-c", LOCUST_VIEW, json.dumps([spec, [k for k in kill if k], times])],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", LOCUST_VIEW, json.dumps([spec, [k for k in kill if k], times])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.splitlines()[-1])
     assert seen["shape"] and seen["name"] == name and seen["same"], seen
@@ -140,9 +200,11 @@ def test_the_locust_shape_class_ticks_its_plan_on_the_run_time_it_reads(spec, ki
 
 def test_no_shape_without_the_environment_and_no_locust_in_the_cli():
     """The CLI checks --shape without importing Locust, which would put its process on gevent."""
-    code = ("import sys; from dsv4bench.locust.shapes import selected_shape; import dsv4bench.cli.locust; "
-            "assert selected_shape() is None; "
-            "assert not {'locust', 'gevent'} & set(sys.modules), sorted(m for m in sys.modules if 'gevent' in m)")
+    code = (
+        "import sys; from dsv4bench.locust.shapes import selected_shape; import dsv4bench.cli.locust; "
+        "assert selected_shape() is None; "
+        "assert not {'locust', 'gevent'} & set(sys.modules), sorted(m for m in sys.modules if 'gevent' in m)"
+    )
     env = {k: v for k, v in os.environ.items() if k not in (SHAPE_ENV, KILL_ENV)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -174,13 +236,21 @@ BAD = [
     ("spike:users=10,at=30s,hold=10s,duration=90s", (), "spike needs peak="),
     ("spike:users=10,peak=10,at=30s,hold=10s,duration=90s", (), "peak=10 must be more than users=10"),
     ("spike:users=10,peak=80,at=30s,hold=0s,duration=90s", (), "hold= must be longer than 0"),
-    ("spike:users=10,peak=80,at=85s,hold=10s,duration=90s", (), "the spike (at=85s plus hold=10s) ends after duration=90s"),
+    (
+        "spike:users=10,peak=80,at=85s,hold=10s,duration=90s",
+        (),
+        "the spike (at=85s plus hold=10s) ends after duration=90s",
+    ),
     ("kill-storm:users=8,duration=10s", (), "the kill-all at=20s comes at or after duration=10s"),
     ("kill-storm:users=8,at=0", (), "at= must be longer than 0"),
     ("kill-storm:users=8,at=5s", ("all@5s",), "at= is the kill-all of a storm without --kill"),
     ("kill-storm:users=8", ("frac=0.5/every=5s",), "needs duration= (or an all@ kill)"),
     ("kill-storm:users=8,duration=10s", ("all@12s",), "--kill 'all@12s' comes at or after duration=10s"),
-    ("kill-storm:users=8", ("frac=0.5/every=5s/from=20s", "all@12s"), "first kills at 20s, after the storm ended at 12s"),
+    (
+        "kill-storm:users=8",
+        ("frac=0.5/every=5s/from=20s", "all@12s"),
+        "first kills at 20s, after the storm ended at 12s",
+    ),
     ("kill-storm:users=8", ("all@12s,who=ttft",), "who=ttft cannot work"),
     ("kill-storm:users=8", ("frac=0.5/every=5s,who=toolcall", "all@12s"), "who=toolcall cannot work"),
     ("kill-storm:users=8", ("all@12s,abort",), "abort cannot work"),
@@ -201,15 +271,18 @@ def test_a_spec_that_cannot_work_is_one_line_naming_its_bad_part(spec, kill, nee
     assert needle in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("spec,kill", [
-    (None, ()),
-    ("ramp:users=80,rate=10,duration=60s", ()),
-    ("step:users=80,step=10,every=10s,duration=120s", ()),
-    ("spike:users=10,peak=80,at=30s,hold=10s,duration=90s", ()),
-    ("kill-storm:users=80,rate=80", ()),
-    ("kill-storm:users=80", ("frac=0.25/every=10s/from=20s/until=90s", "all@2m")),
-    ("kill-storm:users=80,duration=60s", ("frac=0.5/every=5s,restart",)),
-])
+@pytest.mark.parametrize(
+    "spec,kill",
+    [
+        (None, ()),
+        ("ramp:users=80,rate=10,duration=60s", ()),
+        ("step:users=80,step=10,every=10s,duration=120s", ()),
+        ("spike:users=10,peak=80,at=30s,hold=10s,duration=90s", ()),
+        ("kill-storm:users=80,rate=80", ()),
+        ("kill-storm:users=80", ("frac=0.25/every=10s/from=20s/until=90s", "all@2m")),
+        ("kill-storm:users=80,duration=60s", ("frac=0.5/every=5s,restart",)),
+    ],
+)
 def test_the_documented_specs_work(spec, kill):
     check_shape(spec, kill)
 
@@ -233,8 +306,26 @@ SLOW_LINK = "--engine-arg=--pd-link-gbps=0.02"
 def test_a_locust_kill_storm_on_the_pd_engine(tmp_path, fault, verdict):
     out = tmp_path / "runs"
     faults = ("--engine-fault", fault) if fault else ()
-    r = run_cli("locust", "--headless", *STORM, "--engine-pd", SLOW_LINK, *faults, "--max-turns", "6", "--drain-timeout", "10",
-                "--canary-timeout", "5", "--out", str(out), "-q", "--csv", str(tmp_path / "stats"), timeout=150)
+    r = run_cli(
+        "locust",
+        "--headless",
+        *STORM,
+        "--engine-pd",
+        SLOW_LINK,
+        *faults,
+        "--max-turns",
+        "6",
+        "--drain-timeout",
+        "10",
+        "--canary-timeout",
+        "5",
+        "--out",
+        str(out),
+        "-q",
+        "--csv",
+        str(tmp_path / "stats"),
+        timeout=150,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = only_run_dir(out)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -37,12 +37,18 @@ from .test_web_ui import CHROMIUM, chromium  # noqa: E402
 KEY = "sk-web-guard-test-key"
 EVIL = "http://evil.example"
 # What a browser sends with a form another site's page submits to the UI (Chromium's own headers).
-CROSS_SITE_FORM = {"Origin": EVIL, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate",
-                   "Sec-Fetch-Dest": "document", "Content-Type": "application/x-www-form-urlencoded"}
+CROSS_SITE_FORM = {
+    "Origin": EVIL,
+    "Sec-Fetch-Site": "cross-site",
+    "Sec-Fetch-Mode": "navigate",
+    "Sec-Fetch-Dest": "document",
+    "Content-Type": "application/x-www-form-urlencoded",
+}
 # ... and with a fetch() another site's script makes.
 CROSS_SITE_FETCH = {"Origin": EVIL, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}
-needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
-                                  reason="Locust is not installed (the locust extra)")
+needs_locust = pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None, reason="Locust is not installed (the locust extra)"
+)
 
 
 # ---- the rules, without a server ---------------------------------------------------------------------
@@ -50,43 +56,88 @@ needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
 LOOPBACK_UI = "127.0.0.1"
 
 
-@pytest.mark.parametrize("method,path,headers,host,why", [
-    # The UI's own page, as Chromium sends its requests: same-origin.
-    ("POST", "/swarm", {"Origin": "http://127.0.0.1:8089", "Sec-Fetch-Site": "same-origin"}, "127.0.0.1:8089", None),
-    ("GET", "/stats/requests", {"Sec-Fetch-Site": "same-origin"}, "127.0.0.1:8089", None),
-    # Opened at localhost, or through `ssh -L 9000:127.0.0.1:8089`: still the UI's own address.
-    ("POST", "/swarm", {"Origin": "http://localhost:9000", "Sec-Fetch-Site": "same-origin"}, "localhost:9000", None),
-    # The two spellings of loopback at the same port are one origin.
-    ("POST", "/stop", {"Origin": "http://localhost:8089", "Sec-Fetch-Site": "cross-site"}, "127.0.0.1:8089", None),
-    # No browser: curl, scripts.
-    ("POST", "/swarm", {}, "127.0.0.1:8089", None),
-    ("GET", "/dsv4bench/report", {}, "[::1]:8089", None),
-    # A link to the UI followed from another page opens it.
-    ("GET", "/", {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},
-     "127.0.0.1:8089", None),
-    # Other sites.
-    ("POST", "/swarm", CROSS_SITE_FORM, "127.0.0.1:8089", "another origin"),
-    ("POST", "/swarm", {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"}, "127.0.0.1:8089",
-     "another origin"),
-    ("POST", "/swarm", {"Origin": "null", "Sec-Fetch-Site": "cross-site"}, "127.0.0.1:8089", "another origin"),
-    ("POST", "/swarm", {"Origin": "https://127.0.0.1:8089"}, "127.0.0.1:8089", "another origin"),
-    ("GET", "/dsv4bench/report", CROSS_SITE_FETCH, "127.0.0.1:8089", "another origin"),
-    ("GET", "/stats/requests/csv", {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors"}, "127.0.0.1:8089",
-     "same-site"),
-    ("GET", "/logs", {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
-     "127.0.0.1:8089", "cross-site"),
-    ("POST", "/", {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},
-     "127.0.0.1:8089", "cross-site"),
-    # A DNS name rebound to 127.0.0.1: "same-origin" for the browser, not our address.
-    ("POST", "/swarm", {"Origin": "http://rebound.example:8089", "Sec-Fetch-Site": "same-origin"},
-     "rebound.example:8089", "not a loopback address"),
-    ("POST", "/swarm", {}, "bad host:x", "unreadable Host"),
-    # Headers no browser sends: refused, never a traceback.
-    ("POST", "/swarm", {"Origin": "http://[::1"}, "127.0.0.1:8089", "another origin"),
-    ("POST", "/swarm", {"Origin": "http://127.0.0.1:99999"}, "127.0.0.1:8089", "another origin"),
-    ("POST", "/swarm", {"Origin": "http://127.0.0.1:8089/path"}, "127.0.0.1:8089", "another origin"),
-    ("POST", "/swarm", {}, "127.0.0.1:99999", "unreadable Host"),
-])
+@pytest.mark.parametrize(
+    "method,path,headers,host,why",
+    [
+        # The UI's own page, as Chromium sends its requests: same-origin.
+        (
+            "POST",
+            "/swarm",
+            {"Origin": "http://127.0.0.1:8089", "Sec-Fetch-Site": "same-origin"},
+            "127.0.0.1:8089",
+            None,
+        ),
+        ("GET", "/stats/requests", {"Sec-Fetch-Site": "same-origin"}, "127.0.0.1:8089", None),
+        # Opened at localhost, or through `ssh -L 9000:127.0.0.1:8089`: still the UI's own address.
+        (
+            "POST",
+            "/swarm",
+            {"Origin": "http://localhost:9000", "Sec-Fetch-Site": "same-origin"},
+            "localhost:9000",
+            None,
+        ),
+        # The two spellings of loopback at the same port are one origin.
+        ("POST", "/stop", {"Origin": "http://localhost:8089", "Sec-Fetch-Site": "cross-site"}, "127.0.0.1:8089", None),
+        # No browser: curl, scripts.
+        ("POST", "/swarm", {}, "127.0.0.1:8089", None),
+        ("GET", "/dsv4bench/report", {}, "[::1]:8089", None),
+        # A link to the UI followed from another page opens it.
+        (
+            "GET",
+            "/",
+            {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},
+            "127.0.0.1:8089",
+            None,
+        ),
+        # Other sites.
+        ("POST", "/swarm", CROSS_SITE_FORM, "127.0.0.1:8089", "another origin"),
+        (
+            "POST",
+            "/swarm",
+            {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"},
+            "127.0.0.1:8089",
+            "another origin",
+        ),
+        ("POST", "/swarm", {"Origin": "null", "Sec-Fetch-Site": "cross-site"}, "127.0.0.1:8089", "another origin"),
+        ("POST", "/swarm", {"Origin": "https://127.0.0.1:8089"}, "127.0.0.1:8089", "another origin"),
+        ("GET", "/dsv4bench/report", CROSS_SITE_FETCH, "127.0.0.1:8089", "another origin"),
+        (
+            "GET",
+            "/stats/requests/csv",
+            {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors"},
+            "127.0.0.1:8089",
+            "same-site",
+        ),
+        (
+            "GET",
+            "/logs",
+            {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
+            "127.0.0.1:8089",
+            "cross-site",
+        ),
+        (
+            "POST",
+            "/",
+            {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},
+            "127.0.0.1:8089",
+            "cross-site",
+        ),
+        # A DNS name rebound to 127.0.0.1: "same-origin" for the browser, not our address.
+        (
+            "POST",
+            "/swarm",
+            {"Origin": "http://rebound.example:8089", "Sec-Fetch-Site": "same-origin"},
+            "rebound.example:8089",
+            "not a loopback address",
+        ),
+        ("POST", "/swarm", {}, "bad host:x", "unreadable Host"),
+        # Headers no browser sends: refused, never a traceback.
+        ("POST", "/swarm", {"Origin": "http://[::1"}, "127.0.0.1:8089", "another origin"),
+        ("POST", "/swarm", {"Origin": "http://127.0.0.1:99999"}, "127.0.0.1:8089", "another origin"),
+        ("POST", "/swarm", {"Origin": "http://127.0.0.1:8089/path"}, "127.0.0.1:8089", "another origin"),
+        ("POST", "/swarm", {}, "127.0.0.1:99999", "unreadable Host"),
+    ],
+)
 def test_who_the_ui_answers(method, path, headers, host, why):
     found = web_guard.refusal(method, path, headers, "http", host, LOOPBACK_UI)
     assert (found is None) if why is None else (found is not None and why in found), found
@@ -99,8 +150,21 @@ def test_a_ui_bound_to_every_interface_answers_its_address_as_the_browser_used_i
 
 
 def test_the_start_form_keeps_locusts_fields_and_the_per_test_settings_only():
-    sent = ["user_count", "spawn_rate", "host", "run_time", "scenario", "max_turns", "thinking", "seed",
-            "dsv4bench_plan", "csv_prefix", "html_file", "dsv4bench_run", "dsv4bench_plan"]
+    sent = [
+        "user_count",
+        "spawn_rate",
+        "host",
+        "run_time",
+        "scenario",
+        "max_turns",
+        "thinking",
+        "seed",
+        "dsv4bench_plan",
+        "csv_prefix",
+        "html_file",
+        "dsv4bench_run",
+        "dsv4bench_plan",
+    ]
     assert web_guard.ignored_fields(sent) == ["dsv4bench_plan", "csv_prefix", "html_file", "dsv4bench_run"]
 
 
@@ -216,10 +280,32 @@ def locust_ui(tmp_path_factory) -> Iterator[UI]:
     log = open(log_path, "w")
     env = {k: v for k, v in os.environ.items() if k != "DSV4BENCH_API_KEY"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4bench", "locust", "--host", f"{target.root}/v1", "--api-key", KEY,
-         "--web-port", str(port), "--max-turns", "2", "--ttft-timeout", "2", "--total-timeout", "5",
-         "--out", str(out), "--quiet"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "locust",
+            "--host",
+            f"{target.root}/v1",
+            "--api-key",
+            KEY,
+            "--web-port",
+            str(port),
+            "--max-turns",
+            "2",
+            "--ttft-timeout",
+            "2",
+            "--total-timeout",
+            "5",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     ui = UI(f"http://127.0.0.1:{port}", out, target, other, log_path)
     try:
         deadline = time.monotonic() + 30
@@ -263,16 +349,30 @@ def ui(locust_ui: UI) -> Iterator[UI]:
 def hostile_form(ui: UI, tmp: Path) -> dict[str, str]:
     """What another party's start form would send: its host, and a plan of its own whose run
     folder is elsewhere and whose metrics URL is its own."""
-    plan = {"config": {"url": f"{ui.other.root}/v1", "out": str(tmp / "elsewhere"),
-                       "metrics": [f"{ui.other.root}/metrics"]}, "model": "m", "facts": {}, "command": "x"}
-    return {"user_count": "1", "spawn_rate": "1", "host": f"{ui.other.root}/v1", "dsv4bench_plan": json.dumps(plan),
-            "csv_prefix": str(tmp / "elsewhere" / "stats")}
+    plan = {
+        "config": {
+            "url": f"{ui.other.root}/v1",
+            "out": str(tmp / "elsewhere"),
+            "metrics": [f"{ui.other.root}/metrics"],
+        },
+        "model": "m",
+        "facts": {},
+        "command": "x",
+    }
+    return {
+        "user_count": "1",
+        "spawn_rate": "1",
+        "host": f"{ui.other.root}/v1",
+        "dsv4bench_plan": json.dumps(plan),
+        "csv_prefix": str(tmp / "elsewhere" / "stats"),
+    }
 
 
 def test_a_cross_site_start_is_refused_and_starts_nothing(ui, tmp_path):
     before, chats = ui.run_dirs(), len(ui.other.chats())
-    r = httpx.post(f"{ui.base}/swarm", data=hostile_form(ui, tmp_path), headers=CROSS_SITE_FORM, timeout=10,
-                   trust_env=False)
+    r = httpx.post(
+        f"{ui.base}/swarm", data=hostile_form(ui, tmp_path), headers=CROSS_SITE_FORM, timeout=10, trust_env=False
+    )
     assert r.status_code == 403
     assert "access-control-allow-origin" not in r.headers
     for path in ("/stop", "/stats/reset"):
@@ -286,8 +386,12 @@ def test_a_cross_site_read_is_refused_with_no_cors_grant(ui, path):
     r = httpx.get(f"{ui.base}{path}", headers=CROSS_SITE_FETCH, timeout=10, trust_env=False)
     assert r.status_code == 403
     assert "access-control-allow-origin" not in r.headers
-    preflight = httpx.options(f"{ui.base}{path}", timeout=10, trust_env=False, headers={
-        **CROSS_SITE_FETCH, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "x-any"})
+    preflight = httpx.options(
+        f"{ui.base}{path}",
+        timeout=10,
+        trust_env=False,
+        headers={**CROSS_SITE_FETCH, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "x-any"},
+    )
     assert "access-control-allow-origin" not in preflight.headers
     # The same read with no browser's headers (curl, a script): answered, still with no grant.
     plain = httpx.get(f"{ui.base}{path}", timeout=10, trust_env=False)
@@ -309,7 +413,11 @@ def test_a_host_named_in_the_form_gets_no_key_and_the_plan_in_the_form_is_ignore
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         (changed,) = [e for e in events if e["kind"] == "host_changed"]
         assert (changed["host"], changed["command_line_host"], changed["key_sent"], changed["key_given"]) == (
-            f"{ui.other.root}/v1", f"{ui.target.root}/v1", False, True)
+            f"{ui.other.root}/v1",
+            f"{ui.target.root}/v1",
+            False,
+            True,
+        )
         rows = next(t["data"] for t in ui.stats()["extended_stats"] if t["key"] == "dsv4bench-verdicts")
         said = {r["code"]: r["meaning"] for r in rows}
         assert "the API key is not sent to it" in said["(notice)"] and ui.other.root in said["(notice)"]
@@ -326,8 +434,12 @@ def test_a_host_named_in_the_form_gets_no_key_and_the_plan_in_the_form_is_ignore
 
 def test_the_command_line_host_still_gets_the_key(ui):
     before, chats = ui.run_dirs(), len(ui.target.chats())
-    r = httpx.post(f"{ui.base}/swarm", timeout=10, trust_env=False,
-                   data={"user_count": "1", "spawn_rate": "1", "host": f"{ui.target.root}/v1"})
+    r = httpx.post(
+        f"{ui.base}/swarm",
+        timeout=10,
+        trust_env=False,
+        data={"user_count": "1", "spawn_rate": "1", "host": f"{ui.target.root}/v1"},
+    )
     assert r.status_code == 200 and r.json()["success"], r.text
     try:
         (run_dir,) = ui.wait("the run folder", lambda: ui.run_dirs() - before)
@@ -364,8 +476,10 @@ ATTACK = """<!doctype html><html><body>
 @needs_chromium
 @needs_locust
 def test_another_pages_form_and_fetches_get_nothing_in_a_browser(ui, tmp_path):
-    fields = "".join(f'<input type="hidden" name="{k}" value="{v.replace(chr(34), "&quot;")}">'
-                     for k, v in hostile_form(ui, tmp_path).items())
+    fields = "".join(
+        f'<input type="hidden" name="{k}" value="{v.replace(chr(34), "&quot;")}">'
+        for k, v in hostile_form(ui, tmp_path).items()
+    )
     ui.other.pages["/attack"] = ATTACK.format(ui=ui.base, fields=fields)
     before, chats, mark = ui.run_dirs(), len(ui.other.chats()), ui.log_size()
     with chromium(tmp_path) as page:

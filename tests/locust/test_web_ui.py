@@ -45,16 +45,35 @@ from dsv4bench.locust import web_tab  # noqa: E402 - it runs on Flask
 SCRIPT = "<script>alert(1)</script>"
 
 
-def turn(session: str, n: int, status: str = "ok", calls: int = 1, verdicts: tuple[tuple[str, str], ...] = (),
-         error: str | None = None) -> TurnRecord:
+def turn(
+    session: str,
+    n: int,
+    status: str = "ok",
+    calls: int = 1,
+    verdicts: tuple[tuple[str, str], ...] = (),
+    error: str | None = None,
+) -> TurnRecord:
     """A turn record as a Locust user records one; `verdicts` are (code, detail) pairs."""
     response = None
     if status in ("ok", "killed"):
-        response = AssembledResponse(content="", finish_reason="tool_calls" if calls else "stop", saw_done=True,
-                                     tool_calls=[ToolCall(i, f"call_{i}", "read_file", "{}") for i in range(calls)])
-    return TurnRecord(run="r", session=session, turn=n, scenario="coding", seed=0, status=TurnStatus(status),
-                      timings=Timings(), error=error, response=response,
-                      verdicts=[Verdict(code, detail) for code, detail in verdicts])
+        response = AssembledResponse(
+            content="",
+            finish_reason="tool_calls" if calls else "stop",
+            saw_done=True,
+            tool_calls=[ToolCall(i, f"call_{i}", "read_file", "{}") for i in range(calls)],
+        )
+    return TurnRecord(
+        run="r",
+        session=session,
+        turn=n,
+        scenario="coding",
+        seed=0,
+        status=TurnStatus(status),
+        timings=Timings(),
+        error=error,
+        response=response,
+        verdicts=[Verdict(code, detail) for code, detail in verdicts],
+    )
 
 
 def hand_made_tally() -> Tally:
@@ -62,8 +81,11 @@ def hand_made_tally() -> Tally:
     tally.add(turn("s00000", 0, calls=2, verdicts=(("dsml_leak_content", SCRIPT),)))
     tally.add(turn("s00000", 1, calls=1))
     tally.add(turn("s00001", 0, calls=1, verdicts=(("dsml_leak_content", "bidi \u202eoverride"),)))
-    tally.add(turn("s00001", 1, status="error", calls=0, verdicts=(("http_error", "HTTP 500: <b>down</b>"),),
-                   error="HTTP 500"))
+    tally.add(
+        turn(
+            "s00001", 1, status="error", calls=0, verdicts=(("http_error", "HTTP 500: <b>down</b>"),), error="HTTP 500"
+        )
+    )
     tally.add(turn("s00002", 0, status="killed", calls=1))
     return tally
 
@@ -81,16 +103,32 @@ def test_verdict_rows_count_as_the_tally_and_show_the_test_and_its_report():
     test = web_tab.ShownTest("run-1", Path("/runs/run-1"), "running")
     rows = web_tab.verdict_rows(hand_made_tally(), test, "/dsv4bench/report")
     by_code = {r["code"]: r for r in rows}
-    assert [r["code"] for r in rows] == ["(test)", "(report)", "(turns)", "(ok)", "(killed)", "(tool calls)",
-                                         "dsml_leak_content", "http_error"]
+    assert [r["code"] for r in rows] == [
+        "(test)",
+        "(report)",
+        "(turns)",
+        "(ok)",
+        "(killed)",
+        "(tool calls)",
+        "dsml_leak_content",
+        "http_error",
+    ]
     assert "run-1: running" in by_code["(test)"]["meaning"] and "/runs/run-1" in by_code["(test)"]["meaning"]
     assert "/dsv4bench/report" in by_code["(report)"]["meaning"]
     assert {k: by_code[k]["count"] for k in ("(turns)", "(ok)", "(killed)", "(tool calls)")} == {
-        "(turns)": 5, "(ok)": 3, "(killed)": 1, "(tool calls)": 4}
+        "(turns)": 5,
+        "(ok)": 3,
+        "(killed)": 1,
+        "(tool calls)": 4,
+    }
     leak = by_code["dsml_leak_content"]
     # corruption: per completed turn (2 of 3) and per tool call (2 of 4)
     assert (leak["family"], leak["count"], leak["per_turn"], leak["per_tool_call"]) == (
-        "corruption", 2, "66.67%", "50.00%")
+        "corruption",
+        2,
+        "66.67%",
+        "50.00%",
+    )
     http = by_code["http_error"]
     # availability: per attempted turn, the killed one not counted (1 of 4); no per-call rate
     assert (http["family"], http["count"], http["per_turn"], http["per_tool_call"]) == ("availability", 1, "25.00%", "")
@@ -101,7 +139,10 @@ def test_verdict_rows_count_as_the_tally_and_show_the_test_and_its_report():
 def test_example_rows_carry_server_text_as_text_made_visible():
     rows = web_tab.example_rows(hand_made_tally())
     assert [(r["code"], r["session"], r["turn"]) for r in rows] == [
-        ("dsml_leak_content", "s00001", 0), ("dsml_leak_content", "s00000", 0), ("http_error", "s00001", 1)]
+        ("dsml_leak_content", "s00001", 0),
+        ("dsml_leak_content", "s00000", 0),
+        ("http_error", "s00001", 1),
+    ]
     # A detail the server wrote: a string, shown by the page as text, never parsed as HTML.
     assert rows[1]["what"] == SCRIPT
     assert rows[0]["what"] == "bidi \\u202eoverride"  # the override made visible, not obeyed
@@ -111,31 +152,62 @@ def test_example_rows_carry_server_text_as_text_made_visible():
 
 def test_server_rows_during_the_load_then_with_the_wedge_findings():
     metrics, bad, canary = "http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics", "http://127.0.0.1:1/v1"
-    state = {"phase": "load", "wedge": None, "endpoints": {
-        metrics: {"ok": True, "error": None, "queues": {"sglang:num_queue_reqs{tp=\"0\"}": 3, "sglang:num_running_reqs": 0}},
-        bad: {"ok": False, "error": f"HTTP 502: {SCRIPT}", "queues": {}}}}
+    state = {
+        "phase": "load",
+        "wedge": None,
+        "endpoints": {
+            metrics: {
+                "ok": True,
+                "error": None,
+                "queues": {'sglang:num_queue_reqs{tp="0"}': 3, "sglang:num_running_reqs": 0},
+            },
+            bad: {"ok": False, "error": f"HTTP 502: {SCRIPT}", "queues": {}},
+        },
+    }
     test = web_tab.ShownTest("run-1", Path("/runs/run-1"), "running")
     rows = web_tab.server_rows(state, web_tab.findings_of(Path("/nonexistent"), state), test)
     assert [(r["endpoint"], r["phase"], r["scrape"], r["queues"], r["verdict"]) for r in rows] == [
         (metrics, "load", "ok", "num_queue_reqs=3", "judged after the drain and checks"),
-        (bad, "load", f"failed: HTTP 502: {SCRIPT}", "–", "judged after the drain and checks")]
+        (bad, "load", f"failed: HTTP 502: {SCRIPT}", "–", "judged after the drain and checks"),
+    ]
 
     state["phase"] = "done"
     state["wedge"] = {
-        metrics: {"codes": ["queue_stuck"], "gauges": {"sglang:num_queue_reqs": 3}, "drain_s": None,
-                  "details": ["num_queue_reqs stayed 3 for 10.0 s"]},
+        metrics: {
+            "codes": ["queue_stuck"],
+            "gauges": {"sglang:num_queue_reqs": 3},
+            "drain_s": None,
+            "details": ["num_queue_reqs stayed 3 for 10.0 s"],
+        },
         bad: {"codes": [], "gauges": {"sglang:num_queue_reqs": 0}, "drain_s": 1.5, "details": []},
-        canary: {"codes": ["canary_timeout", "health_lies"], "gauges": {}, "drain_s": None,
-                 "details": [f"canary on {canary} failed after 5.0 s: {SCRIPT}"],
-                 "canary": {"ok": False, "result": "timeout", "http_status": None, "latency_s": 5.0, "error": None}}}
-    rows = {r["endpoint"]: r for r in web_tab.server_rows(state, web_tab.findings_of(Path("/nonexistent"), state), test)}
+        canary: {
+            "codes": ["canary_timeout", "health_lies"],
+            "gauges": {},
+            "drain_s": None,
+            "details": [f"canary on {canary} failed after 5.0 s: {SCRIPT}"],
+            "canary": {"ok": False, "result": "timeout", "http_status": None, "latency_s": 5.0, "error": None},
+        },
+    }
+    rows = {
+        r["endpoint"]: r for r in web_tab.server_rows(state, web_tab.findings_of(Path("/nonexistent"), state), test)
+    }
     assert list(rows) == [metrics, bad, canary]
     assert (rows[metrics]["drain"], rows[metrics]["canary"], rows[metrics]["health"], rows[metrics]["verdict"]) == (
-        "did not drain", "–", "no lie found", "queue_stuck: num_queue_reqs stayed 3 for 10.0 s")
+        "did not drain",
+        "–",
+        "no lie found",
+        "queue_stuck: num_queue_reqs stayed 3 for 10.0 s",
+    )
     assert (rows[bad]["drain"], rows[bad]["verdict"]) == ("drained in 1.50 s", "healthy")
     assert (rows[canary]["scrape"], rows[canary]["canary"], rows[canary]["health"]) == (
-        "", "hung in 5.00 s", "lied: 200 while requests hung")
-    assert rows[canary]["verdict"].startswith("canary_timeout, health_lies: canary on") and SCRIPT in rows[canary]["verdict"]
+        "",
+        "hung in 5.00 s",
+        "lied: 200 while requests hung",
+    )
+    assert (
+        rows[canary]["verdict"].startswith("canary_timeout, health_lies: canary on")
+        and SCRIPT in rows[canary]["verdict"]
+    )
     assert cells_are_scalars(list(rows.values()))
 
 
@@ -177,8 +249,11 @@ def fake_locust(lifecycle: Any) -> tuple[Flask, dict[str, Any]]:
 
     app.register_blueprint(locust)
     web_ui = SimpleNamespace(app=app, template_args={}, auth_required_if_enabled=lambda view: view)
-    env = SimpleNamespace(web_ui=web_ui, parsed_options=SimpleNamespace(web_base_path=None),
-                          events=SimpleNamespace(test_start=FakeEvent()))
+    env = SimpleNamespace(
+        web_ui=web_ui,
+        parsed_options=SimpleNamespace(web_base_path=None),
+        events=SimpleNamespace(test_start=FakeEvent()),
+    )
     web_tab.install(env, lifecycle)
     return app, web_ui.template_args
 
@@ -191,7 +266,11 @@ def run_folder(run_dir: Path, tally: Tally) -> SimpleNamespace:
 def test_stats_requests_carry_the_tabs_and_the_page_gets_their_tables(tmp_path):
     lifecycle = SimpleNamespace(folder=run_folder(tmp_path, hand_made_tally()), finishing=None, last_run_dir=None)
     app, args = fake_locust(lifecycle)
-    assert [t["key"] for t in args["extended_tabs"]] == ["dsv4bench-verdicts", "dsv4bench-examples", "dsv4bench-servers"]
+    assert [t["key"] for t in args["extended_tabs"]] == [
+        "dsv4bench-verdicts",
+        "dsv4bench-examples",
+        "dsv4bench-servers",
+    ]
     assert [t["key"] for t in args["extended_tables"]] == [t["key"] for t in args["extended_tabs"]]
     assert args["extended_csv_files"][0]["href"] == "/dsv4bench/report"
     for _ in range(2):  # the same Response again: extended afresh, not twice
@@ -250,8 +329,13 @@ def test_the_report_page_renders_report_md_with_no_markup_of_its_own(tmp_path):
     assert "<table>" in text and '<img src="plots/timeline.png" alt="timeline">' in text
     with client.get("/dsv4bench/plots/timeline.png") as plot:
         assert plot.data == png
-    for path in ("/dsv4bench/plots/../run.json", "/dsv4bench/plots/%2e%2e/run.json", "/dsv4bench/plots/outside.png",
-                 "/dsv4bench/plots/%2Fetc%2Fpasswd", "/dsv4bench/plots/nothing.png"):
+    for path in (
+        "/dsv4bench/plots/../run.json",
+        "/dsv4bench/plots/%2e%2e/run.json",
+        "/dsv4bench/plots/outside.png",
+        "/dsv4bench/plots/%2Fetc%2Fpasswd",
+        "/dsv4bench/plots/nothing.png",
+    ):
         with client.get(path, follow_redirects=True) as refused:
             assert refused.status_code == 404, path
 
@@ -333,13 +417,17 @@ class Page:
 
     def fill(self, name: str, text: str) -> None:
         """Type `text` over the input's value, as a person would (React sees the input events)."""
-        assert self.evaluate(f"(() => {{ const e = document.querySelector('input[name={json.dumps(name)}]'); "
-                             "if (!e) return false; e.focus(); e.select(); return true; })()"), name
+        assert self.evaluate(
+            f"(() => {{ const e = document.querySelector('input[name={json.dumps(name)}]'); "
+            "if (!e) return false; e.focus(); e.select(); return true; })()"
+        ), name
         self.call("Input.insertText", text=text)
 
     def click_text(self, selector: str, text: str) -> None:
-        assert self.evaluate(f"(() => {{ const e = [...document.querySelectorAll({json.dumps(selector)})]"
-                             f".find(e => e.textContent.trim() === {json.dumps(text)}); if (e) e.click(); return !!e; }})()"), text
+        assert self.evaluate(
+            f"(() => {{ const e = [...document.querySelectorAll({json.dumps(selector)})]"
+            f".find(e => e.textContent.trim() === {json.dumps(text)}); if (e) e.click(); return !!e; }})()"
+        ), text
 
     def table(self, columns: list[str]) -> list[list[dict[str, Any]]] | None:
         return self.evaluate(table_js(columns))
@@ -357,11 +445,25 @@ def chromium(tmp_path: Path) -> Iterator[Page]:
     """Headless Chromium on loopback, its DevTools port chosen by itself and read from its profile."""
     profile = tmp_path / "chromium-profile"
     log = open(tmp_path / "chromium.log", "w")
-    proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-                             "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-                             f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1000",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     page = None
     try:
         active = profile / "DevToolsActivePort"
@@ -389,9 +491,14 @@ def history_counts(run_dir: Path) -> Counter[str]:
     """The verdicts tab's counts from the run folder's turns.jsonl, counted as the report counts."""
     turns = read_history(run_dir).turns
     counts = Counter(code for t in turns for code in turn_codes(t))
-    counts.update({"(turns)": len(turns), "(ok)": sum(t.status is TurnStatus.OK for t in turns),
-                   "(killed)": sum(t.status is TurnStatus.KILLED for t in turns),
-                   "(tool calls)": sum(tool_call_count(t) for t in turns)})
+    counts.update(
+        {
+            "(turns)": len(turns),
+            "(ok)": sum(t.status is TurnStatus.OK for t in turns),
+            "(killed)": sum(t.status is TurnStatus.KILLED for t in turns),
+            "(tool calls)": sum(tool_call_count(t) for t in turns),
+        }
+    )
     return counts
 
 
@@ -408,9 +515,30 @@ def test_the_verdicts_tab_in_a_browser_matches_the_run_history(tmp_path):
     log_path = tmp_path / "locust.log"
     log = open(log_path, "w")
     locust = subprocess.Popen(
-        [sys.executable, "-m", "dsv4bench", "locust", "--host", replay.url, "--web-port", str(port),
-         "--max-turns", "4", "--ttft-timeout", "1.5", "--total-timeout", "20", "--out", str(out), "--quiet"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "locust",
+            "--host",
+            replay.url,
+            "--web-port",
+            str(port),
+            "--max-turns",
+            "4",
+            "--ttft-timeout",
+            "1.5",
+            "--total-timeout",
+            "20",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
     base = f"http://127.0.0.1:{port}"
 
     def locust_log() -> str:
@@ -431,8 +559,11 @@ def test_the_verdicts_tab_in_a_browser_matches_the_run_history(tmp_path):
             page.fill("userCount", "4")
             page.fill("spawnRate", "4")
             page.click_text("button[type=submit]", "Start")
-            page.wait_for("[...document.querySelectorAll('[role=tab]')]"
-                          ".some(t => t.textContent.trim() === 'dsv4bench: verdicts')", "the dsv4bench tabs")
+            page.wait_for(
+                "[...document.querySelectorAll('[role=tab]')]"
+                ".some(t => t.textContent.trim() === 'dsv4bench: verdicts')",
+                "the dsv4bench tabs",
+            )
             page.click_text("[role=tab]", "dsv4bench: verdicts")
 
             # While the test runs: every count the page shows is one the history already holds.
@@ -449,8 +580,9 @@ def test_the_verdicts_tab_in_a_browser_matches_the_run_history(tmp_path):
             page.screenshot(tmp_path / "verdicts-running.png")
 
             page.click_text("button", "Stop")
-            page.wait_for("[...document.querySelectorAll('button')].some(b => b.textContent.trim() === 'New')",
-                          "the test stopped")
+            page.wait_for(
+                "[...document.querySelectorAll('button')].some(b => b.textContent.trim() === 'New')", "the test stopped"
+            )
             deadline = time.monotonic() + 30
             while not (run_dir / "report.md").exists():
                 assert time.monotonic() < deadline, f"no report.md 30 s after the stop\n{locust_log()}"
@@ -480,8 +612,10 @@ def test_the_verdicts_tab_in_a_browser_matches_the_run_history(tmp_path):
             page.wait_for("!!document.querySelector('a[href=\"/dsv4bench/report\"]')", "the report's link")
             page.open(f"{base}/dsv4bench/report", "document.querySelector('h1')", "the report page")
             assert run_dir.name in page.evaluate("document.querySelector('h1').textContent")
-            assert page.wait_for("[...document.images].length > 0 && [...document.images]"
-                                 ".every(i => i.complete && i.naturalWidth > 0)", "the report's plots")
+            assert page.wait_for(
+                "[...document.images].length > 0 && [...document.images].every(i => i.complete && i.naturalWidth > 0)",
+                "the report's plots",
+            )
             page.screenshot(tmp_path / "report.png")
     finally:
         if locust.poll() is None:
@@ -493,4 +627,3 @@ def test_the_verdicts_tab_in_a_browser_matches_the_run_history(tmp_path):
                 locust.wait(5)
         log.close()
         replay.stop()
-

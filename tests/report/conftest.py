@@ -44,17 +44,30 @@ def _make_turn(
     )
     response = None
     if status in ("ok", "killed"):
-        calls = [ToolCall(index=i, id=f"call_{i}", name="read_file", arguments='{"path": "a.py"}')
-                 for i in range(tool_calls)]
+        calls = [
+            ToolCall(index=i, id=f"call_{i}", name="read_file", arguments='{"path": "a.py"}') for i in range(tool_calls)
+        ]
         response = AssembledResponse(
-            response_id=f"chatcmpl-{session}-{turn}", content=content, tool_calls=calls,
-            finish_reason="tool_calls" if calls else "stop", saw_done=status == "ok",
+            response_id=f"chatcmpl-{session}-{turn}",
+            content=content,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else "stop",
+            saw_done=status == "ok",
         )
     return TurnRecord(
-        run="run-test", session=session, turn=turn, scenario=scenario, seed=7, status=TurnStatus(status),
-        timings=timings, http_status=503 if error else 200, error=error, response=response,
+        run="run-test",
+        session=session,
+        turn=turn,
+        scenario=scenario,
+        seed=7,
+        status=TurnStatus(status),
+        timings=timings,
+        http_status=503 if error else 200,
+        error=error,
+        response=response,
         verdicts=[Verdict(code, f"{code} found", where) for code, where in verdicts],
-        raw_sse=raw_sse, check_errors=list(check_errors),
+        raw_sse=raw_sse,
+        check_errors=list(check_errors),
     )
 
 
@@ -72,8 +85,11 @@ def write_run(
 ) -> Path:
     """A run folder; run_start at 0 and, unless `duration_s` is None (a killed harness), run_end."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    info = {"run": "run-test", "command": "dsv4bench agents --concurrency 8 --seed 7",
-            "config": {"concurrency": 8, "seed": 7, "scenario": ["coding", "sql"]}}
+    info = {
+        "run": "run-test",
+        "command": "dsv4bench agents --concurrency 8 --seed 7",
+        "config": {"concurrency": 8, "seed": 7, "scenario": ["coding", "sql"]},
+    }
     (run_dir / "run.json").write_text(json.dumps(info if run is None else run))
     lines = [json.dumps(t.to_json()) for t in turns]
     text = "".join(line + "\n" for line in lines)
@@ -99,18 +115,51 @@ def corruption_turns() -> list[TurnRecord]:
     """Eight turns over three sessions, two scenarios, depths 0-2; three corrupt (see test asserts)."""
     return [
         _make_turn("s1", 0, "coding", tool_calls=2, start_s=1, ttft_s=0.1, e2e_s=1.0),
-        _make_turn("s1", 1, "coding", verdicts=[("dsml_leak_content", "content")], tool_calls=0, start_s=3,
-                  ttft_s=0.2, e2e_s=2.0, content="Let me look.<｜DSML｜tool_calls>", raw_sse=DSML_SSE),
-        _make_turn("s1", 2, "coding", verdicts=[("args_not_json", "tool_calls[0].arguments"),
-                                               ("schema_violation", "tool_calls[1].arguments")],
-                  tool_calls=2, start_s=6, ttft_s=0.3, e2e_s=3.0),
+        _make_turn(
+            "s1",
+            1,
+            "coding",
+            verdicts=[("dsml_leak_content", "content")],
+            tool_calls=0,
+            start_s=3,
+            ttft_s=0.2,
+            e2e_s=2.0,
+            content="Let me look.<｜DSML｜tool_calls>",
+            raw_sse=DSML_SSE,
+        ),
+        _make_turn(
+            "s1",
+            2,
+            "coding",
+            verdicts=[("args_not_json", "tool_calls[0].arguments"), ("schema_violation", "tool_calls[1].arguments")],
+            tool_calls=2,
+            start_s=6,
+            ttft_s=0.3,
+            e2e_s=3.0,
+        ),
         _make_turn("s2", 0, "sql", tool_calls=1, start_s=1, ttft_s=0.4, e2e_s=4.0),
-        _make_turn("s2", 1, "sql", verdicts=[("schema_violation", "tool_calls[0].arguments")], tool_calls=1,
-                  start_s=6, ttft_s=0.5, e2e_s=5.0),
-        _make_turn("s2", 2, "sql", status="killed", verdicts=[("truncated", "")], tool_calls=1, start_s=12,
-                  e2e_s=0.5),
-        _make_turn("s3", 0, "sql", status="error", verdicts=[("http_error", "")], error="HTTP 503", start_s=2,
-                  ttft_s=None, e2e_s=0.05),
+        _make_turn(
+            "s2",
+            1,
+            "sql",
+            verdicts=[("schema_violation", "tool_calls[0].arguments")],
+            tool_calls=1,
+            start_s=6,
+            ttft_s=0.5,
+            e2e_s=5.0,
+        ),
+        _make_turn("s2", 2, "sql", status="killed", verdicts=[("truncated", "")], tool_calls=1, start_s=12, e2e_s=0.5),
+        _make_turn(
+            "s3",
+            0,
+            "sql",
+            status="error",
+            verdicts=[("http_error", "")],
+            error="HTTP 503",
+            start_s=2,
+            ttft_s=None,
+            e2e_s=0.05,
+        ),
         _make_turn("s3", 1, "sql", tool_calls=1, start_s=20, ttft_s=0.6, e2e_s=6.0),
     ]
 
@@ -125,11 +174,20 @@ CORRUPTION_EVENTS = [
 @pytest.fixture
 def corruption_run(tmp_path: Path) -> Path:
     """The eight-turn corruption history, complete, with a server description."""
-    run = {"run": "run-test", "command": "dsv4bench agents --concurrency 8 --seed 7 --kill every:10s",
-           "config": {"concurrency": 8, "seed": 7},
-           "server": {"models": {"object": "list", "data": [{"id": "deepseek-ai/DeepSeek-V4"}]},
-                      "server_info": {"version": "0.5.9", "tp_size": 8, "disaggregation_mode": "prefill",
-                                      "unrelated_key": "not shown"}}}
+    run = {
+        "run": "run-test",
+        "command": "dsv4bench agents --concurrency 8 --seed 7 --kill every:10s",
+        "config": {"concurrency": 8, "seed": 7},
+        "server": {
+            "models": {"object": "list", "data": [{"id": "deepseek-ai/DeepSeek-V4"}]},
+            "server_info": {
+                "version": "0.5.9",
+                "tp_size": 8,
+                "disaggregation_mode": "prefill",
+                "unrelated_key": "not shown",
+            },
+        },
+    }
     return write_run(tmp_path / "run", corruption_turns(), CORRUPTION_EVENTS, run=run)
 
 

@@ -23,8 +23,9 @@ def _deployment() -> dict:
     def info(name: str) -> dict:
         return json.loads((FIXTURES / name).read_text())
 
-    router = endpoint_of(R, RootAnswers(info=info("sglang_router_server_info.json"),
-                                        workers=info("sglang_router_pd_workers.json")))
+    router = endpoint_of(
+        R, RootAnswers(info=info("sglang_router_server_info.json"), workers=info("sglang_router_pd_workers.json"))
+    )
     prefill = endpoint_of(P, RootAnswers(info=info("sglang_pd_prefill_server_info.json"), metrics={"sglang:x": 1.0}))
     decode = endpoint_of(D, RootAnswers(problems=["/get_server_info: no answer in 5 s", "/metrics: no answer in 5 s"]))
     decode.role, decode.listed_as = "decode", "decode"
@@ -33,8 +34,12 @@ def _deployment() -> dict:
 
 
 def test_the_header_lists_each_server_with_its_settings(run_folder, make_turn) -> None:
-    run = {"run": "d", "command": "dsv4bench agents", "config": {"metrics": [f"{P}/metrics"]},
-           "server": {"deployment": _deployment(), "metrics_dialect": {"name": "sglang", "generation": "bootstrap"}}}
+    run = {
+        "run": "d",
+        "command": "dsv4bench agents",
+        "config": {"metrics": [f"{P}/metrics"]},
+        "server": {"deployment": _deployment(), "metrics_dialect": {"name": "sglang", "generation": "bootstrap"}},
+    }
     run_dir = run_folder([make_turn()], run=run)
     history = read_history(run_dir)
     summary = summarize(history)
@@ -58,11 +63,18 @@ def test_a_run_without_a_deployment_has_no_table(run_folder, make_turn) -> None:
 
 
 def test_plots_order_old_and_current_gauge_names_alike(run_folder, make_turn) -> None:
-    values = {f'{INFIGHT}{{engine_type="prefill"}}': 1.0, 'sglang:num_running_reqs{engine_type="prefill"}': 1.0,
-              f'{PREFILL_PREALLOC}{{engine_type="prefill"}}': 2.0}
+    values = {
+        f'{INFIGHT}{{engine_type="prefill"}}': 1.0,
+        'sglang:num_running_reqs{engine_type="prefill"}': 1.0,
+        f'{PREFILL_PREALLOC}{{engine_type="prefill"}}': 2.0,
+    }
     run_dir = run_folder([make_turn()])
-    (run_dir / "metrics.jsonl").write_text(json.dumps({"endpoint": "p", "ok": True, "t_ns": T0_NS, "t_wall_ns": 0,
-                                                       "values": values}) + "\n")
+    (run_dir / "metrics.jsonl").write_text(
+        json.dumps({"endpoint": "p", "ok": True, "t_ns": T0_NS, "t_wall_ns": 0, "values": values}) + "\n"
+    )
     labels = list(queue_series(read_history(run_dir), T0_NS))
-    assert [label.split(" @ ")[0] for label in labels] == ["num_running_reqs", "num_prefill_prealloc_queue_reqs",
-                                                          "num_prefill_infight_queue_reqs"]
+    assert [label.split(" @ ")[0] for label in labels] == [
+        "num_running_reqs",
+        "num_prefill_prealloc_queue_reqs",
+        "num_prefill_infight_queue_reqs",
+    ]

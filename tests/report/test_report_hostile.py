@@ -26,22 +26,25 @@ def _damage(run_dir: Path, path: tuple, value) -> None:
     (run_dir / "turns.jsonl").write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("path,value", [
-    (("turn",), "1"),  # sorted beside the other turns' ints
-    (("turn",), 10**30),  # past any plot's axis
-    (("scenario",), 5),
-    (("session",), ["s1"]),
-    (("request",), "body"),
-    (("timings", "start_ns"), "x"),
-    (("timings", "end_ns"), 2**64),  # no clock's stamp
-    (("timings", "token_gaps_ms"), [float("nan")]),
-    (("timings", "harness_stall_ms"), "slow"),
-    (("verdicts", 0, "code"), 5),
-    (("verdicts", 0, "where"), 0),
-    (("raw_sse",), [5]),
-    (("response", "content"), None),
-    (("response", "tool_calls", 0, "name"), 7),
-])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (("turn",), "1"),  # sorted beside the other turns' ints
+        (("turn",), 10**30),  # past any plot's axis
+        (("scenario",), 5),
+        (("session",), ["s1"]),
+        (("request",), "body"),
+        (("timings", "start_ns"), "x"),
+        (("timings", "end_ns"), 2**64),  # no clock's stamp
+        (("timings", "token_gaps_ms"), [float("nan")]),
+        (("timings", "harness_stall_ms"), "slow"),
+        (("verdicts", 0, "code"), 5),
+        (("verdicts", 0, "where"), 0),
+        (("raw_sse",), [5]),
+        (("response", "content"), None),
+        (("response", "tool_calls", 0, "name"), 7),
+    ],
+)
 def test_a_wrongly_typed_turn_record_is_unreadable_and_the_run_incomplete(run_folder, make_turn, path, value):
     turns = [make_turn("s1", 0, verdicts=[("http_error", "")], raw_sse=["data: x"]), make_turn("s1", 1)]
     run_dir = run_folder(turns)
@@ -72,13 +75,20 @@ def test_a_run_json_that_cannot_be_read_is_a_gap(run_folder, make_turn, text):
     summary = build_report(run_dir)
     assert summary["verdict"] == "INCOMPLETE"  # its wedge findings may have said WEDGE
     assert summary["history"]["gaps"] == [
-        "run.json could not be read: the run's settings and wedge findings are unknown"]
+        "run.json could not be read: the run's settings and wedge findings are unknown"
+    ]
 
 
-@pytest.mark.parametrize("finding", [
-    {"codes": 5, "gauges": {}}, {"codes": [{"a": 1}], "gauges": {}}, {"codes": [], "gauges": [1]},
-    {"codes": [], "gauges": {}, "details": 5}, "queue_stuck",
-])
+@pytest.mark.parametrize(
+    "finding",
+    [
+        {"codes": 5, "gauges": {}},
+        {"codes": [{"a": 1}], "gauges": {}},
+        {"codes": [], "gauges": [1]},
+        {"codes": [], "gauges": {}, "details": 5},
+        "queue_stuck",
+    ],
+)
 def test_wedge_findings_of_the_wrong_shape_are_a_gap_never_a_crash(run_folder, make_turn, finding):
     run = {"run": "r", "wedge": {"http://d:1": finding, "http://p:1": {"codes": [], "gauges": {"q": 0}}}}
     summary = build_report(run_folder([make_turn()], run=run))

@@ -61,8 +61,11 @@ def test_examples_capped_at_three(run_folder, make_turn) -> None:
 
 
 def test_wedge_section(run_folder, make_turn) -> None:
-    run = {"run": "w", "command": "dsv4bench agents",
-           "wedge": {"decode": {"codes": ["queue_stuck", "health_lies"], "gauges": {"decode_transfer_q": 60}}}}
+    run = {
+        "run": "w",
+        "command": "dsv4bench agents",
+        "wedge": {"decode": {"codes": ["queue_stuck", "health_lies"], "gauges": {"decode_transfer_q": 60}}},
+    }
     md = render(run_folder([make_turn()], run=run))
     assert md.splitlines()[2].startswith("**WEDGE** — 1 of 1 endpoints wedged (decode)")
     assert "| decode | `queue_stuck`, `health_lies` | decode_transfer_q=60 |" in md
@@ -71,14 +74,18 @@ def test_wedge_section(run_folder, make_turn) -> None:
 def test_errors_headline(run_folder, make_turn) -> None:
     turns = [make_turn("s1", 0), make_turn("s1", 1, status="timeout", verdicts=[("timeout_total", "")])]
     md = render(run_folder(turns))
-    assert ("**ERRORS** (wedge not checked: no --metrics endpoint) — 1 of 2 turns failed (error or timeout); "
-            "no corruption in 1 completed turns") in md
+    assert (
+        "**ERRORS** (wedge not checked: no --metrics endpoint) — 1 of 2 turns failed (error or timeout); "
+        "no corruption in 1 completed turns"
+    ) in md
 
 
 def test_empty_history_renders(run_folder) -> None:
     md = render(run_folder([], run={}, duration_s=None))
-    assert ("**CLEAN** (partial: run did not finish; wedge not checked: no --metrics endpoint) — "
-            "no turns recorded; nothing was judged.") in md
+    assert (
+        "**CLEAN** (partial: run did not finish; wedge not checked: no --metrics endpoint) — "
+        "no turns recorded; nothing was judged."
+    ) in md
     assert "Partial history" in md
     assert "No server facts recorded." in md and "run.json records no command." in md
     assert "No verdict codes fired." in md and "## Plots" not in md
@@ -114,18 +121,26 @@ def test_fence_outgrows_backticks() -> None:
 def _readings(kept: TurnRecord, whole_content: str) -> TurnRecord:
     """`kept` with --raw readings: deepseek-recipe and SGLang streamed as the server answered, SGLang whole apart."""
     assert kept.response is not None
-    answer = AssembledResponse(content=kept.response.content, tool_calls=kept.response.tool_calls,
-                               finish_reason=kept.response.finish_reason)
+    answer = AssembledResponse(
+        content=kept.response.content, tool_calls=kept.response.tool_calls, finish_reason=kept.response.finish_reason
+    )
     whole = AssembledResponse(content=whole_content, stream=False, finish_reason="stop")
-    kept.oracles = OracleReadings("</think>" + whole_content, answer,
-                                  SglangReading("sglang 0.5.23", answer, whole, ["Dropping unclosed DeepSeek invoke"]),
-                                  reader="deepseek-recipe", family="deepseek-v4")
+    kept.oracles = OracleReadings(
+        "</think>" + whole_content,
+        answer,
+        SglangReading("sglang 0.5.23", answer, whole, ["Dropping unclosed DeepSeek invoke"]),
+        reader="deepseek-recipe",
+        family="deepseek-v4",
+    )
     return kept
 
 
 def test_parser_oracles_section(run_folder, make_turn) -> None:
-    run = {"run": "o", "command": "dsv4bench agents --raw",
-           "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"}}
+    run = {
+        "run": "o",
+        "command": "dsv4bench agents --raw",
+        "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"},
+    }
     turns = [make_turn("s1", 0), _readings(make_turn("s1", 1, content="Use the"), "Use the <｜DSML｜ marker.")]
     md = render(run_folder(turns, run=run))
     section = md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0]
@@ -139,15 +154,21 @@ def test_parser_oracles_section(run_folder, make_turn) -> None:
     assert "| SGLang streamed, SGLang whole | 1 |" in section
     assert "- session `s1`, turn 1 (coding; deepseek-v4 read by deepseek-recipe):" in section
     # Brackets from the parsers' readings are escaped, so they stay text in the rendered report.
-    assert ("tool call names: server = deepseek-recipe = SGLang streamed '\\[\"read_file\"\\]'; "
-            "SGLang whole '\\[\\]'") in section
+    assert (
+        "tool call names: server = deepseek-recipe = SGLang streamed '\\[\"read_file\"\\]'; SGLang whole '\\[\\]'"
+    ) in section
     assert "  - SGLang: Dropping unclosed DeepSeek invoke" in section
     assert "</think>Use the &lt;" not in section and "</think>Use the <｜DSML｜ marker." in section  # fenced, as is
 
 
 def test_parser_oracles_section_without_sglang_or_disagreement(run_folder, make_turn) -> None:
-    run = {"run": "o", "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0",
-                                   "sglang": "SGLang's parser not installed (No module named 'sglang')"}}
+    run = {
+        "run": "o",
+        "oracles": {
+            "deepseek-recipe": "deepseek-recipe 0.2.0",
+            "sglang": "SGLang's parser not installed (No module named 'sglang')",
+        },
+    }
     md = render(run_folder([make_turn()], run=run))
     assert "SGLang's parser not installed (No module named 'sglang')" in md
     assert md.split("## Parser oracles\n", 1)[1].split("\n## ", 1)[0].rstrip().endswith("No turn's readings disagreed.")
@@ -163,5 +184,6 @@ def test_the_server_section_says_whose_markup_the_run_checked() -> None:
     assert _family_words(None) is None  # a run folder written before the field: no row
     # a family name from a hand-edited run.json cannot break the server table out of its two columns
     from dsv4bench.report.markdown import table
+
     rendered = table(["fact", "value"], [["model family checked", _family_words({"family": "x|y", "from": "a|b"})]])
     assert all(line.replace("\\|", "").count("|") == 3 for line in rendered.splitlines()), rendered

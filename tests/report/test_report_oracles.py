@@ -12,8 +12,11 @@ from dsv4bench.history.records import AssembledResponse, OracleReadings, SglangR
 from dsv4bench.report.markdown import render_report
 from dsv4bench.report.summary import summarize
 
-RUN = {"run": "o", "command": "dsv4bench agents --raw",
-       "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"}}
+RUN = {
+    "run": "o",
+    "command": "dsv4bench agents --raw",
+    "oracles": {"deepseek-recipe": "deepseek-recipe 0.2.0", "sglang": "sglang 0.5.23"},
+}
 
 
 def render(run_dir: Path) -> str:
@@ -36,8 +39,13 @@ def _qwen_read(turn: TurnRecord) -> TurnRecord:
     assert turn.response is not None
     answer = AssembledResponse(content=turn.response.content, tool_calls=turn.response.tool_calls)
     whole = AssembledResponse(content="", stream=False, tool_calls=turn.response.tool_calls * 2)
-    turn.oracles = OracleReadings('<tool_call>{"name": "read_file"}</tool_call>', None,
-                                  SglangReading("sglang 0.5.23", answer, whole), reader="SGLang qwen25", family="qwen")
+    turn.oracles = OracleReadings(
+        '<tool_call>{"name": "read_file"}</tool_call>',
+        None,
+        SglangReading("sglang 0.5.23", answer, whole),
+        reader="SGLang qwen25",
+        family="qwen",
+    )
     return turn
 
 
@@ -55,16 +63,20 @@ def test_a_turn_of_another_family_names_its_family_and_sglangs_detector(run_fold
 
 
 def test_turns_no_reader_could_read_are_listed_and_counted_with_why(run_folder, make_turn) -> None:
-    turns = [make_turn("s1", 0),
-             _unread(make_turn("s1", 1), "kimi-k2", "kimi-k2 is read by SGLang's detectors: SGLang's parser not installed"),
-             _unread(make_turn("s2", 0), None, "the raw completion is not text (int)")]
+    turns = [
+        make_turn("s1", 0),
+        _unread(make_turn("s1", 1), "kimi-k2", "kimi-k2 is read by SGLang's detectors: SGLang's parser not installed"),
+        _unread(make_turn("s2", 0), None, "the raw completion is not text (int)"),
+    ]
     md = render(run_folder(turns, run=RUN))
     out = section(md)
     assert f"| kimi-k2 | not read | {detectors('kimi-k2')} | 0 | 1 |" in out
     assert "| family not recorded | not read | – | 0 | 1 |" in out
     assert "Not read: 2 turns no reader could read" in out and "never a disagreement" in out
-    assert ("- session `s1`, turn 1 (kimi-k2 not read): kimi-k2 is read by SGLang's detectors: SGLang's parser not "
-            "installed") in out
+    assert (
+        "- session `s1`, turn 1 (kimi-k2 not read): kimi-k2 is read by SGLang's detectors: SGLang's parser not "
+        "installed"
+    ) in out
     assert "- session `s2`, turn 0 (family not recorded not read): the raw completion is not text (int)" in out
     assert "readings apart" not in out  # nothing was read, so nothing was read apart
     assert md.splitlines()[2].startswith("**CLEAN**")  # a turn the oracle could not read is no verdict
@@ -74,12 +86,20 @@ def test_an_old_history_still_reads_as_deepseek_recipes(run_folder, make_turn) -
     # turns.jsonl of an earlier version: its oracles hold `recipe` and `sglang` only.
     turn = make_turn("s1", 1, content="Use the")
     record = turn.to_json()
-    record["oracles"] = {"raw_completion": "</think>Use the <｜DSML｜ marker.",
-                         "recipe": {"model": "DeepSeek-V4-Pro", "content": "Use the", "stream": False,
-                                    "tool_calls": [{"index": 0, "id": "c", "name": "read_file",
-                                                    "arguments": '{"path": "a.py"}'}]},
-                         "sglang": {"state": "sglang 0.5.23", "stream": None,
-                                    "whole": {"content": "Use the <｜DSML｜ marker.", "stream": False}}}
+    record["oracles"] = {
+        "raw_completion": "</think>Use the <｜DSML｜ marker.",
+        "recipe": {
+            "model": "DeepSeek-V4-Pro",
+            "content": "Use the",
+            "stream": False,
+            "tool_calls": [{"index": 0, "id": "c", "name": "read_file", "arguments": '{"path": "a.py"}'}],
+        },
+        "sglang": {
+            "state": "sglang 0.5.23",
+            "stream": None,
+            "whole": {"content": "Use the <｜DSML｜ marker.", "stream": False},
+        },
+    }
     run_dir = run_folder([], run=RUN)
     (run_dir / "turns.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\n")
     history = read_history(run_dir)
@@ -94,8 +114,9 @@ def test_a_family_the_raw_oracle_was_not_offered_for_is_said(run_folder, make_tu
     said = event("raw_not_offered", 1.0, family="qwen", server="http://127.0.0.1:1/v1", reason="no /tokenize")
     md = render(run_folder([make_turn()], run=RUN, events=[said]))
     out = section(md)
-    assert ("- raw oracle not offered for family `qwen` on this server (no /tokenize): its turns were judged "
-            "without it.") in out
+    assert (
+        "- raw oracle not offered for family `qwen` on this server (no /tokenize): its turns were judged without it."
+    ) in out
     assert out.rstrip().endswith("No turn's readings disagreed.")
     assert "raw_not_offered 1" in md  # the run's events row counts it too
     # Said even where run.json has no oracle versions (a history cut short before it was rewritten).

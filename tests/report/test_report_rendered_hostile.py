@@ -49,8 +49,27 @@ def _render(md: str) -> str:
 def _live(html: str) -> list[tuple[str, dict[str, str | None]]]:
     """Tags a server could have put there: anything but markdown's own, any handler attribute,
     any link, any image but the report's own plots."""
-    own = {"h1", "h2", "h3", "p", "strong", "em", "code", "pre", "ul", "li", "blockquote", "table", "thead",
-           "tbody", "tr", "th", "td", "br", "hr"}
+    own = {
+        "h1",
+        "h2",
+        "h3",
+        "p",
+        "strong",
+        "em",
+        "code",
+        "pre",
+        "ul",
+        "li",
+        "blockquote",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+        "br",
+        "hr",
+    }
     parser = _Tags()
     parser.feed(html)
     bad = []
@@ -79,29 +98,45 @@ def _tables(md: str) -> list[list[str]]:
 
 
 def _hostile_run(run_folder, make_turn):
-    turn = make_turn(HOSTILE[:60], 0, scenario=HOSTILE, verdicts=[("unknown_tool", "tool_calls[0]")],
-                     content=HOSTILE)
+    turn = make_turn(HOSTILE[:60], 0, scenario=HOSTILE, verdicts=[("unknown_tool", "tool_calls[0]")], content=HOSTILE)
     turn.response.response_id = HOSTILE
     turn.response.tool_calls[0] = ToolCall(index=0, id=HOSTILE, name=HOSTILE, arguments='{"p": 1}')
     turn.verdicts[0] = Verdict("unknown_tool", f"unknown tool {HOSTILE}", HOSTILE)
     # What a proxied agent asked: its reasoning_effort and tool choice are the client's text.
     turn.request = {"terms": {"tool_choice": "auto", "thinking": True, "reasoning_effort": PAYLOADS[0]}}
-    other = make_turn("s2", 0, verdicts=[("garbled_text", "content")], content=HOSTILE,
-                      raw_sse=[f"data: {p}" for p in PAYLOADS])
+    other = make_turn(
+        "s2", 0, verdicts=[("garbled_text", "content")], content=HOSTILE, raw_sse=[f"data: {p}" for p in PAYLOADS]
+    )
     other.request = {"terms": {"tool_choice": "auto", "thinking": True, "reasoning_effort": PAYLOADS[1]}}
     err = make_turn("s3", 0, status="error", verdicts=[("http_error", "")], error=f"HTTP 500: {HOSTILE}")
     gauge = f'sglang:num_queue_reqs{{model_name="{PAYLOADS[0]}",x="{PAYLOADS[1]}"}}'
-    endpoint = {"root": f"http://10.0.0.1:1/{PAYLOADS[0]}", "role": "decode", "answered": True,
-                "listed_as": PAYLOADS[2], "problems": PAYLOADS[:2],
-                "settings": {"version": PAYLOADS[0], "tp_size": PAYLOADS[3], "model_path": PAYLOADS[4]}}
-    run = {"run": "r", "command": f"dsv4bench agents --model '{PAYLOADS[6]}'",
-           "config": {"model": HOSTILE, "concurrency": 8},
-           "server": {"models": {"data": [{"id": p} for p in PAYLOADS]},
-                      "server_info": {"version": HOSTILE, "model_path": PAYLOADS[0], "served_model_name": PAYLOADS[1]},
-                      "metrics_dialect": {"name": PAYLOADS[0], "generation": PAYLOADS[5]},
-                      "deployment": {"given": [], "endpoints": [endpoint], "found_via": [PAYLOADS[0]]}},
-           "wedge": {f"http://d:1/{PAYLOADS[0]}": {"codes": ["queue_stuck"], "gauges": {gauge: 3},
-                                                  "details": PAYLOADS, "drain_s": None}}}
+    endpoint = {
+        "root": f"http://10.0.0.1:1/{PAYLOADS[0]}",
+        "role": "decode",
+        "answered": True,
+        "listed_as": PAYLOADS[2],
+        "problems": PAYLOADS[:2],
+        "settings": {"version": PAYLOADS[0], "tp_size": PAYLOADS[3], "model_path": PAYLOADS[4]},
+    }
+    run = {
+        "run": "r",
+        "command": f"dsv4bench agents --model '{PAYLOADS[6]}'",
+        "config": {"model": HOSTILE, "concurrency": 8},
+        "server": {
+            "models": {"data": [{"id": p} for p in PAYLOADS]},
+            "server_info": {"version": HOSTILE, "model_path": PAYLOADS[0], "served_model_name": PAYLOADS[1]},
+            "metrics_dialect": {"name": PAYLOADS[0], "generation": PAYLOADS[5]},
+            "deployment": {"given": [], "endpoints": [endpoint], "found_via": [PAYLOADS[0]]},
+        },
+        "wedge": {
+            f"http://d:1/{PAYLOADS[0]}": {
+                "codes": ["queue_stuck"],
+                "gauges": {gauge: 3},
+                "details": PAYLOADS,
+                "drain_s": None,
+            }
+        },
+    }
     return run_folder([turn, other, err], run=run)
 
 
@@ -125,8 +160,9 @@ def test_a_hostile_servers_text_is_inert_in_the_rendered_report(run_folder, make
 
 
 def test_each_helper_keeps_its_place():
-    rendered = _render(table(["value", "code", "n"],
-                             [[cell(p), code_span(p), "1"] for p in PAYLOADS]) + "\n\n" + inline(HOSTILE))
+    rendered = _render(
+        table(["value", "code", "n"], [[cell(p), code_span(p), "1"] for p in PAYLOADS]) + "\n\n" + inline(HOSTILE)
+    )
     assert _live(rendered) == []
     assert rendered.count("<tr>") == len(PAYLOADS) + 1 and rendered.count("<td>") == 3 * len(PAYLOADS)
     # A fence holds the server's fences inside it.

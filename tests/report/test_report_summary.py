@@ -55,8 +55,13 @@ def test_corruption_counts_rates_and_breakdowns(corruption_run: Path) -> None:
     assert s["events"] == {"kill": 1, "run_end": 1, "run_start": 1, "session_end": 2}
     assert s["latency"]["ttft_s"]["p50"] == pytest.approx(0.35)
     assert s["latency"]["e2e_s"]["p90"] == pytest.approx(5.5)
-    assert s["latency"]["itl_s"] == {"p50": pytest.approx(0.02), "p90": pytest.approx(0.02),
-                                     "p99": pytest.approx(0.02), "max": pytest.approx(0.02), "n": 6}
+    assert s["latency"]["itl_s"] == {
+        "p50": pytest.approx(0.02),
+        "p90": pytest.approx(0.02),
+        "p99": pytest.approx(0.02),
+        "max": pytest.approx(0.02),
+        "n": 6,
+    }
     assert s["latency"]["e2e_s"]["n"] == 6  # killed and error turns have no latency sample
 
 
@@ -66,8 +71,10 @@ def test_summary_is_plain_json(corruption_run: Path) -> None:
 
 
 def test_killed_turns_are_never_corrupt(run_folder, make_turn) -> None:
-    turns = [make_turn("s1", 0), make_turn("s1", 1, status="killed",
-                                         verdicts=[("truncated", ""), ("dsml_leak_content", "content")])]
+    turns = [
+        make_turn("s1", 0),
+        make_turn("s1", 1, status="killed", verdicts=[("truncated", ""), ("dsml_leak_content", "content")]),
+    ]
     s = summarize(read_history(run_folder(turns)))
     assert s["verdict"] == "CLEAN"
     assert s["turns"]["killed"] == 1 and s["turns"]["corrupt"] == 0
@@ -76,8 +83,11 @@ def test_killed_turns_are_never_corrupt(run_folder, make_turn) -> None:
 
 
 def test_errors_only(run_folder, make_turn) -> None:
-    turns = [make_turn("s1", 0), make_turn("s1", 1, status="error", verdicts=[("http_error", "")], error="503"),
-             make_turn("s2", 0, status="timeout", verdicts=[("timeout_ttft", "")], ttft_s=None, e2e_s=None)]
+    turns = [
+        make_turn("s1", 0),
+        make_turn("s1", 1, status="error", verdicts=[("http_error", "")], error="503"),
+        make_turn("s2", 0, status="timeout", verdicts=[("timeout_ttft", "")], ttft_s=None, e2e_s=None),
+    ]
     s = summarize(read_history(run_folder(turns)))
     assert s["verdict"] == "ERRORS"
     assert s["turns"] == {"total": 3, "ok": 1, "good": 1, "killed": 0, "corrupt": 0, "error": 2}
@@ -85,8 +95,13 @@ def test_errors_only(run_folder, make_turn) -> None:
 
 
 def test_wedge_wins_over_corruption(run_folder, make_turn) -> None:
-    run = {"run": "w", "wedge": {"decode": {"codes": ["queue_stuck"], "gauges": {"transfer_q": 60}},
-                                 "prefill": {"codes": [], "gauges": {"bootstrap_q": 0}}}}
+    run = {
+        "run": "w",
+        "wedge": {
+            "decode": {"codes": ["queue_stuck"], "gauges": {"transfer_q": 60}},
+            "prefill": {"codes": [], "gauges": {"bootstrap_q": 0}},
+        },
+    }
     turns = [make_turn("s1", 0, verdicts=[("args_not_json", "tool_calls[0].arguments")])]
     s = summarize(read_history(run_folder(turns, run=run)))
     assert s["verdict"] == "WEDGE"

@@ -16,12 +16,19 @@ from dsv4bench.report.markdown import cell, code_span, fence, inline, render_rep
 from dsv4bench.report.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
-HOSTILE = "nul\x00 esc\x1b[31m bell\x07 cr\r c1\x85 rlo\u202e lri\u2066 ls\u2028 bom\ufeff lone\ud800 ```fence <!-- |pipe|"
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]"
+)
+HOSTILE = (
+    "nul\x00 esc\x1b[31m bell\x07 cr\r c1\x85 rlo\u202e lri\u2066 ls\u2028 bom\ufeff lone\ud800 ```fence <!-- |pipe|"
+)
 
 
 def test_escape_text_makes_every_unsafe_character_visible() -> None:
-    assert escape_text("a\x00b\x1b\x7f\x85\u202e\u2066\ud800\ufeff") == "a\\x00b\\x1b\\x7f\\x85\\u202e\\u2066\\ud800\\ufeff"
+    assert (
+        escape_text("a\x00b\x1b\x7f\x85\u202e\u2066\ud800\ufeff")
+        == "a\\x00b\\x1b\\x7f\\x85\\u202e\\u2066\\ud800\\ufeff"
+    )
     assert escape_text("tab\tnew\nline 日本語 é ｜DSML｜ 🙂") == "tab\tnew\nline 日本語 é ｜DSML｜ 🙂"
     assert not _UNSAFE.search(escape_text(HOSTILE))
 
@@ -36,14 +43,23 @@ def test_markdown_helpers_escape_and_cannot_be_broken_out_of() -> None:
 
 
 def test_report_escapes_server_text_everywhere(run_folder, make_turn) -> None:
-    turn = make_turn("s1", 0, verdicts=[("garbled_text", "content"), ("unknown_tool", "tool_calls[0]")],
-                     content=HOSTILE, raw_sse=[f"data: {HOSTILE}"])
+    turn = make_turn(
+        "s1",
+        0,
+        verdicts=[("garbled_text", "content"), ("unknown_tool", "tool_calls[0]")],
+        content=HOSTILE,
+        raw_sse=[f"data: {HOSTILE}"],
+    )
     turn.response.response_id = HOSTILE
     turn.response.tool_calls[0].name = HOSTILE
     turn.verdicts[1] = turn.verdicts[1].__class__("unknown_tool", f"unknown tool {HOSTILE}", "tool_calls[0]")
     err = make_turn("s2", 0, status="error", verdicts=[("http_error", "")], error=f"HTTP 500: {HOSTILE}")
-    run = {"run": "r", "command": "dsv4bench agents", "server": {"models": [HOSTILE], "server_info": {"version": HOSTILE}},
-           "wedge": {HOSTILE: {"codes": ["queue_stuck"], "gauges": {HOSTILE: 3}, "details": [HOSTILE]}}}
+    run = {
+        "run": "r",
+        "command": "dsv4bench agents",
+        "server": {"models": [HOSTILE], "server_info": {"version": HOSTILE}},
+        "wedge": {HOSTILE: {"codes": ["queue_stuck"], "gauges": {HOSTILE: 3}, "details": [HOSTILE]}},
+    }
     run_dir = run_folder([turn, err], run=run)
     build_report(run_dir)
     text = (run_dir / "report.md").read_bytes().decode("utf-8")
@@ -52,8 +68,12 @@ def test_report_escapes_server_text_everywhere(run_folder, make_turn) -> None:
 
 
 def test_good_counts_ok_turns_that_are_not_corrupt(run_folder, make_turn) -> None:
-    turns = [make_turn("s1", 0), make_turn("s1", 1, verdicts=[("args_not_json", "tool_calls[0].arguments")]),
-             make_turn("s1", 2, check_errors=["schema_violation: boom"]), make_turn("s1", 3, status="killed")]
+    turns = [
+        make_turn("s1", 0),
+        make_turn("s1", 1, verdicts=[("args_not_json", "tool_calls[0].arguments")]),
+        make_turn("s1", 2, check_errors=["schema_violation: boom"]),
+        make_turn("s1", 3, status="killed"),
+    ]
     s = summarize(read_history(run_folder(turns)))
     assert s["turns"] == {"total": 4, "ok": 3, "good": 1, "killed": 1, "corrupt": 1, "error": 0}
     md = render_report(read_history(run_folder(turns)), s, [])
@@ -79,8 +99,10 @@ def test_a_turn_a_checker_raised_on_makes_a_clean_run_incomplete(run_folder, mak
     run_dir = run_folder(turns)
     summary = build_report(run_dir)
     assert summary["verdict"] == "INCOMPLETE" and summary["history"]["complete"] is True
-    assert summary["unjudged"] == ["a checker raised on 1 turn(s), which were not judged by every checker "
-                                   "(first: s1 turn 1, schema_violation: KeyError: 'type')"]
+    assert summary["unjudged"] == [
+        "a checker raised on 1 turn(s), which were not judged by every checker "
+        "(first: s1 turn 1, schema_violation: KeyError: 'type')"
+    ]
     md = (run_dir / "report.md").read_text()
     assert md.splitlines()[2].startswith("**INCOMPLETE** — a checker raised on 1 turn(s)"), md.splitlines()[2]
     assert "> **Incomplete history:**" not in md and "> A checker raised on 1 turn(s)" in md
@@ -146,8 +168,7 @@ def _cli_flags() -> set[str]:
     return flags
 
 
-@pytest.mark.parametrize("path", [*sorted((ROOT / "dsv4bench" / "report").glob("*.py"))],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*sorted((ROOT / "dsv4bench" / "report").glob("*.py"))], ids=lambda p: p.name)
 def test_every_flag_a_hint_names_exists(path: Path) -> None:
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", path.read_text()))
     assert named <= _cli_flags(), sorted(named - _cli_flags())
@@ -155,26 +176,52 @@ def test_every_flag_a_hint_names_exists(path: Path) -> None:
 
 def test_a_harness_stall_is_reported_beside_the_turns_it_touched(run_folder, make_turn, event) -> None:
     calm = make_turn("s1", 0)
-    stalled_ok, stalled_failed = make_turn("s1", 1), make_turn("s2", 0, status="error", error="HTTP 500",
-                                                               verdicts=[("http_error", "")])
+    stalled_ok, stalled_failed = (
+        make_turn("s1", 1),
+        make_turn("s2", 0, status="error", error="HTTP 500", verdicts=[("http_error", "")]),
+    )
     stalled_ok.timings.harness_stall_ms, stalled_failed.timings.harness_stall_ms = 120.0, 1500.0
-    clock = event("harness_clock", 30.0, tick_s=0.01, stall_s=0.05, ticks=3000, lag_p50_ms=0.3, lag_p99_ms=9.0,
-                  lag_max_ms=1500.0, stalls=2, stalled_s=1.62, longest_stall_s=1.5)
+    clock = event(
+        "harness_clock",
+        30.0,
+        tick_s=0.01,
+        stall_s=0.05,
+        ticks=3000,
+        lag_p50_ms=0.3,
+        lag_p99_ms=9.0,
+        lag_max_ms=1500.0,
+        stalls=2,
+        stalled_s=1.62,
+        longest_stall_s=1.5,
+    )
     run_dir = run_folder([calm, stalled_ok, stalled_failed], events=[clock])
     summary = build_report(run_dir)
     h = summary["harness"]
     assert (h["stalls"], h["turns_stalled"], h["failed_stalled"], h["turn_stall_max_ms"]) == (2, 2, 1, 1500.0)
     md = (run_dir / "report.md").read_text()
-    assert ("> **The harness itself stalled:** its event loop stood still 2 times (longest 1.50 s, 1.62 s in all; "
-            "loop lag p50 / p99 0.3 / 9.0 ms)") in md
+    assert (
+        "> **The harness itself stalled:** its event loop stood still 2 times (longest 1.50 s, 1.62 s in all; "
+        "loop lag p50 / p99 0.3 / 9.0 ms)"
+    ) in md
     assert "2 turns in flight then may be late by up to 1.50 s" in md and "1 turn of those failed" in md
     # Read back: the stall stays on the turn.
     assert [t.timings.harness_stall_ms for t in read_history(run_dir).turns] == [0.0, 120.0, 1500.0]
 
 
 def test_a_run_whose_loop_never_stalled_has_no_stall_note(run_folder, make_turn, event) -> None:
-    clock = event("harness_clock", 30.0, tick_s=0.01, stall_s=0.05, ticks=3000, lag_p50_ms=0.3, lag_p99_ms=2.0,
-                  lag_max_ms=20.0, stalls=0, stalled_s=0.0, longest_stall_s=0.0)
+    clock = event(
+        "harness_clock",
+        30.0,
+        tick_s=0.01,
+        stall_s=0.05,
+        ticks=3000,
+        lag_p50_ms=0.3,
+        lag_p99_ms=2.0,
+        lag_max_ms=20.0,
+        stalls=0,
+        stalled_s=0.0,
+        longest_stall_s=0.0,
+    )
     run_dir = run_folder([make_turn()], events=[clock])
     summary = build_report(run_dir)
     assert summary["harness"]["stalls"] == 0 and summary["harness"]["lag_p99_ms"] == 2.0

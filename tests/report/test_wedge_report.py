@@ -20,8 +20,13 @@ RUNNING_P = 'sglang:num_running_reqs{engine_type="prefill",model_name="m"}'
 
 
 def _sample(at_s: float, endpoint: str, values: dict[str, float]) -> dict:
-    return {"t_wall_ns": T0_WALL + int(at_s * S), "t_ns": T0_NS + int(at_s * S), "endpoint": endpoint,
-            "ok": True, "values": values}
+    return {
+        "t_wall_ns": T0_WALL + int(at_s * S),
+        "t_ns": T0_NS + int(at_s * S),
+        "endpoint": endpoint,
+        "ok": True,
+        "values": values,
+    }
 
 
 def _samples() -> list[dict]:
@@ -29,17 +34,29 @@ def _samples() -> list[dict]:
     out = []
     for t in range(0, 21):
         transfer = min(58.0, 10.0 * t) if t >= 4 else 0.0
-        out.append(_sample(t, DECODE, {RUNNING_D: 4.0 if t < 10 else 0.0, TRANSFER: transfer,
-                                       "sglang:num_decode_prealloc_queue_reqs": 0.0,
-                                       "sglang:num_requests_total": float(min(t, 10))}))
-        out.append(_sample(t + 0.1, PREFILL, {RUNNING_P: 2.0 if t < 11 else 0.0,
-                                              BOOTSTRAP: 3.0 if t < 12 else 0.0}))
+        out.append(
+            _sample(
+                t,
+                DECODE,
+                {
+                    RUNNING_D: 4.0 if t < 10 else 0.0,
+                    TRANSFER: transfer,
+                    "sglang:num_decode_prealloc_queue_reqs": 0.0,
+                    "sglang:num_requests_total": float(min(t, 10)),
+                },
+            )
+        )
+        out.append(_sample(t + 0.1, PREFILL, {RUNNING_P: 2.0 if t < 11 else 0.0, BOOTSTRAP: 3.0 if t < 12 else 0.0}))
     return out
 
 
 WEDGE = {
-    DECODE: {"codes": ["queue_stuck"], "gauges": {RUNNING_D: 0.0, TRANSFER: 58.0}, "drain_s": None,
-             "details": [f"{TRANSFER}=58 on {DECODE}, no progress for 10.0 s"]},
+    DECODE: {
+        "codes": ["queue_stuck"],
+        "gauges": {RUNNING_D: 0.0, TRANSFER: 58.0},
+        "drain_s": None,
+        "details": [f"{TRANSFER}=58 on {DECODE}, no progress for 10.0 s"],
+    },
     PREFILL: {"codes": [], "gauges": {RUNNING_P: 0.0, BOOTSTRAP: 0.0}, "drain_s": 2.1, "details": []},
 }
 
@@ -53,9 +70,15 @@ def _write(run_dir: Path, metrics: list[dict], wedge: dict | None) -> Path:
     (run_dir / "turns.jsonl").write_text("")
     events = [_event("run_start", 0.0)]
     events += [_event("session_start", 0.5 + i, session=f"s{i}") for i in range(3)]
-    events += [_event("kill", 6.0, sessions=["s1"]), _event("session_end", 6.0, session="s1"),
-               _event("load_stopped", 10.0), _event("session_end", 10.0, session="s0"),
-               _event("session_end", 10.0, session="s2"), _event("drain_end", 20.0), _event("run_end", 21.0)]
+    events += [
+        _event("kill", 6.0, sessions=["s1"]),
+        _event("session_end", 6.0, session="s1"),
+        _event("load_stopped", 10.0),
+        _event("session_end", 10.0, session="s0"),
+        _event("session_end", 10.0, session="s2"),
+        _event("drain_end", 20.0),
+        _event("run_end", 21.0),
+    ]
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     return run_dir
@@ -86,8 +109,10 @@ def test_queue_series_keeps_running_and_gauges_that_rose(tmp_path: Path) -> None
     history = read_history(_write(tmp_path / "run", _samples(), WEDGE))
     series = queue_series(history, T0_NS)
     assert list(series) == [
-        f"num_running_reqs @ {DECODE}", f"num_decode_transfer_queue_reqs @ {DECODE}",
-        f"num_running_reqs @ {PREFILL}", f"num_prefill_bootstrap_queue_reqs @ {PREFILL}",
+        f"num_running_reqs @ {DECODE}",
+        f"num_decode_transfer_queue_reqs @ {DECODE}",
+        f"num_running_reqs @ {PREFILL}",
+        f"num_prefill_bootstrap_queue_reqs @ {PREFILL}",
     ]  # the all-zero prealloc queue is left out
     xs, ys = series[f"num_decode_transfer_queue_reqs @ {DECODE}"]
     assert xs[:2] == [0.0, 1.0] and ys[-1] == 58.0
@@ -107,16 +132,29 @@ def test_failed_scrapes_are_skipped(tmp_path: Path) -> None:
     bad = [{"t_wall_ns": T0_WALL, "t_ns": T0_NS, "endpoint": DECODE, "ok": False, "error": "ConnectError"}]
     history = read_history(_write(tmp_path / "run", bad + _samples()[:4], None))
     assert set(queue_series(history, T0_NS)) == {
-        f"num_running_reqs @ {DECODE}", f"num_running_reqs @ {PREFILL}", f"num_prefill_bootstrap_queue_reqs @ {PREFILL}"}
+        f"num_running_reqs @ {DECODE}",
+        f"num_running_reqs @ {PREFILL}",
+        f"num_prefill_bootstrap_queue_reqs @ {PREFILL}",
+    }
 
 
 def test_the_canary_column_tells_a_hang_from_an_error_answer():
     from dsv4bench.report.markdown import _canary
 
-    hung = {"codes": ["canary_timeout"], "canary": {"ok": False, "result": "timeout", "latency_s": 10.0,
-                                                     "error": "timeout after 10 s"}}
-    answered = {"codes": [], "canary": {"ok": False, "result": "error", "http_status": 404, "latency_s": 0.01,
-                                        "error": "HTTP 404: not found"}}
+    hung = {
+        "codes": ["canary_timeout"],
+        "canary": {"ok": False, "result": "timeout", "latency_s": 10.0, "error": "timeout after 10 s"},
+    }
+    answered = {
+        "codes": [],
+        "canary": {
+            "ok": False,
+            "result": "error",
+            "http_status": 404,
+            "latency_s": 0.01,
+            "error": "HTTP 404: not found",
+        },
+    }
     assert _canary(hung).startswith("hung")
     assert _canary(answered).startswith("error: HTTP 404") and "hung" not in _canary(answered)
     assert _canary({"codes": [], "canary": {"ok": True, "latency_s": 0.2}}).startswith("ok")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_engine", Path(__file__).parents[2] / "scripts" / "bench_engine.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_engine", Path(__file__).parents[2] / "scripts" / "bench_engine.py"
+)
 assert _spec and _spec.loader
 bench = sys.modules["bench_engine"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
@@ -42,8 +44,11 @@ def test_a_batch_whose_requests_outgrow_the_context_is_refused_by_name():
     # With 2,048-token prompts and chunks, a request of batch b decodes through b prefill steps,
     # then b + 32 more: at 8,000 that is 16,032 output tokens, 18,080 with the prompt.
     cfg = bench.engine_config("cpu", [80, 8000], 2048, 32)
-    with pytest.raises(SystemExit, match=r"batch 8000 cannot be formed: .* 16032 output tokens .*, 18080 in all, "
-                                         r"over the model's context of 16384"):
+    with pytest.raises(
+        SystemExit,
+        match=r"batch 8000 cannot be formed: .* 16032 output tokens .*, 18080 in all, "
+        r"over the model's context of 16384",
+    ):
         bench.check_sizes([80, 8000], 2048, 32, cfg)
 
 

@@ -28,8 +28,20 @@ def test_plays_through_the_engine_keeps_each_session_and_never_plays_one_twice(t
     engine = start_engine(["--num-pages", "4096"], log_dir=tmp_path)
     try:
         rollouts = tmp_path / "rollouts.jsonl"
-        args = ("--rollouts", str(rollouts), "--url", engine.url, "--family", "ops", "--sessions", "2",
-                "--max-turns", "3", "--concurrency", "2")
+        args = (
+            "--rollouts",
+            str(rollouts),
+            "--url",
+            engine.url,
+            "--family",
+            "ops",
+            "--sessions",
+            "2",
+            "--max-turns",
+            "3",
+            "--concurrency",
+            "2",
+        )
         cut = run(*args, "--minutes", "0.005")  # 0.3 s: over before a session's first turns are done
         assert cut.returncode == 0, cut.stderr
         assert "time is up: 0 of 2 sessions played" in cut.stdout and not rollouts.exists()
@@ -38,7 +50,9 @@ def test_plays_through_the_engine_keeps_each_session_and_never_plays_one_twice(t
         assert "playing 2 sessions" in first.stdout
         lines = [json.loads(x) for x in rollouts.read_text().splitlines()]
         assert sorted((x["family"], x["seed"], x["temperature"]) for x in lines) == [
-            ("ops", 500_000, 0.0), ("ops", 500_001, 0.0)]
+            ("ops", 500_000, 0.0),
+            ("ops", 500_001, 0.0),
+        ]
         for x in lines:
             roles = [m["role"] for m in x["messages"]]
             assert roles[:2] == ["system", "user"] and 1 <= roles.count("assistant") <= 3
@@ -68,11 +82,14 @@ def test_builds_a_corpus_of_relabelled_rollouts_and_a_mix(tmp_path):
     assert sum(m[0] == "coding" for m in meta) == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--sessions", "-1"), "--sessions must be >= 0"),
-    (("--mix", "/nonexistent.npz"), "no such file"),
-    (("--out", "x.npz"), "no rollouts in"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--sessions", "-1"), "--sessions must be >= 0"),
+        (("--mix", "/nonexistent.npz"), "no such file"),
+        (("--out", "x.npz"), "no rollouts in"),
+    ],
+)
 def test_bad_arguments_get_one_line(tmp_path, args, message):
     r = run("--rollouts", str(tmp_path / "none.jsonl"), *args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
@@ -82,9 +99,11 @@ def test_stats_scores_the_rollouts_per_temperature_and_family(tmp_path):
     from dsv4bench.agents import play_expert, session_messages
 
     rollouts = tmp_path / "rollouts.jsonl"
-    rows = [Rollout("ops", SEED, 0.0, looping_rollout()),
-            Rollout("ops", SEED, 0.0, session_messages(play_expert("ops", SEED))),
-            Rollout("data", 100_000, 0.7, session_messages(play_expert("data", 100_000)))]
+    rows = [
+        Rollout("ops", SEED, 0.0, looping_rollout()),
+        Rollout("ops", SEED, 0.0, session_messages(play_expert("ops", SEED))),
+        Rollout("data", 100_000, 0.7, session_messages(play_expert("data", 100_000))),
+    ]
     rollouts.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
     res = run("--rollouts", str(rollouts), "--stats")
     assert res.returncode == 0, res.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "probe_affected_services", Path(__file__).parents[2] / "scripts" / "probe_affected_services.py")
+    "probe_affected_services", Path(__file__).parents[2] / "scripts" / "probe_affected_services.py"
+)
 assert _spec and _spec.loader
 probe = sys.modules["probe_affected_services"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(probe)

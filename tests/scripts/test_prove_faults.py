@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("prove_faults", Path(__file__).parents[2] / "scripts" / "prove_faults.py")
+_spec = importlib.util.spec_from_file_location(
+    "prove_faults", Path(__file__).parents[2] / "scripts" / "prove_faults.py"
+)
 assert _spec and _spec.loader
 prove = sys.modules["prove_faults"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(prove)
@@ -22,16 +24,31 @@ def _run_dir(path: Path, turns: list[tuple[str, int, str, list[str]]]) -> Path:
     (path / "events.jsonl").write_text(json.dumps({"kind": "run_start", "t_ns": 1_000_000_000}) + "\n")
     with open(path / "turns.jsonl", "w") as f:
         for session, n, text, codes in turns:
-            f.write(json.dumps({"session": session, "turn": n, "status": "ok",
-                                "timings": {"end_ns": 3_000_000_000},
-                                "response": {"content": text, "tool_calls": []},
-                                "verdicts": [{"code": c, "detail": ""} for c in codes]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "session": session,
+                        "turn": n,
+                        "status": "ok",
+                        "timings": {"end_ns": 3_000_000_000},
+                        "response": {"content": text, "tool_calls": []},
+                        "verdicts": [{"code": c, "detail": ""} for c in codes],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def test_corrupt_turns_are_timed_from_the_run_start(tmp_path):
-    run_dir = _run_dir(tmp_path / "fault", [("s1", 0, "a", []), ("s1", 1, "b?", ["schema_violation"]),
-                                            ("s2", 0, "c", ["reference_mismatch", "parser_disagreement"])])
+    run_dir = _run_dir(
+        tmp_path / "fault",
+        [
+            ("s1", 0, "a", []),
+            ("s1", 1, "b?", ["schema_violation"]),
+            ("s2", 0, "c", ["reference_mismatch", "parser_disagreement"]),
+        ],
+    )
     corrupt = prove.read_turns(run_dir, prove.read_jsonl(run_dir / "events.jsonl")[0])
     # parser_disagreement is not a verdict about the server
     assert corrupt == {("s1", 1, "schema_violation"): 2.0, ("s2", 0, "reference_mismatch"): 2.0}
@@ -40,13 +57,22 @@ def test_corrupt_turns_are_timed_from_the_run_start(tmp_path):
 def test_the_reference_recipes_row_counts_mismatches_and_a_clean_mismatch_is_dirty():
     [recipe] = [r for r in prove.RECIPES if r.reference]
     assert recipe.expect == frozenset({"reference_mismatch"})
-    found = prove.RunResult(recipe.fault, False, "CORRUPTION", {"reference_mismatch": 2}, 31.5,
-                            unguarded_reads=400, reference={"compared": 300, "mismatched": 2})
-    missed = prove.RunResult(recipe.fault, False, "CLEAN", {}, None, unguarded_reads=350,
-                             reference={"compared": 310, "mismatched": 0})
+    found = prove.RunResult(
+        recipe.fault,
+        False,
+        "CORRUPTION",
+        {"reference_mismatch": 2},
+        31.5,
+        unguarded_reads=400,
+        reference={"compared": 300, "mismatched": 2},
+    )
+    missed = prove.RunResult(
+        recipe.fault, False, "CLEAN", {}, None, unguarded_reads=350, reference={"compared": 310, "mismatched": 0}
+    )
     clean = prove.RunResult(recipe.fault, True, "CLEAN", {}, None, reference={"compared": 320, "mismatched": 0})
-    dirty = prove.RunResult(recipe.fault, True, "CORRUPTION", {"reference_mismatch": 1}, None,
-                            reference={"compared": 320, "mismatched": 1})
+    dirty = prove.RunResult(
+        recipe.fault, True, "CORRUPTION", {"reference_mismatch": 1}, None, reference={"compared": 320, "mismatched": 1}
+    )
     text = prove.table([found, missed, clean, dirty], (recipe,), 2)
     row = next(line for line in text.splitlines() if line.startswith(f"| `{recipe.fault}`"))
     assert "| 1/2 |" in row and "2 of 610 compared turns answered differently" in row
@@ -56,8 +82,9 @@ def test_the_reference_recipes_row_counts_mismatches_and_a_clean_mismatch_is_dir
 
 def test_unguarded_reads_come_from_the_last_scrape(tmp_path):
     key = 'dsv4mini:hicache_unguarded_index_k_reads_total{engine_type="unified",model_name="dsv4-mini"}'
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps({"values": {key: v, "sglang:num_running_reqs": 3.0}})
-                                                      for v in (0.0, 17.0, 42.0)) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"values": {key: v, "sglang:num_running_reqs": 3.0}}) for v in (0.0, 17.0, 42.0)) + "\n"
+    )
     assert prove.read_unguarded_reads(tmp_path) == 42
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"values": {"sglang:num_running_reqs": 0.0}}) + "\n")
     assert prove.read_unguarded_reads(tmp_path) is None
@@ -75,19 +102,28 @@ def test_the_sglang_router_column_passes_engine_router_to_every_run(tmp_path):
     assert routed[-2:] == ["--engine-router", "sglang"] and "--engine-arg=--pd" in routed
     assert not any(a.startswith("--engine-fault") for a in routed)  # the clean replay keeps the router
     assert prove.router_label("bundled") == "bundled"
-    assert prove.router_label("sglang") in (f"SGLang {importlib.metadata.version('sglang-router')}",
-                                            "SGLang (not installed)")
+    assert prove.router_label("sglang") in (
+        f"SGLang {importlib.metadata.version('sglang-router')}",
+        "SGLang (not installed)",
+    )
 
 
 def _wedged(router_root: str) -> tuple[dict, list[dict]]:
     """A bootstrap-stall run's summary as SGLang's router in front of two halves leaves it."""
-    summary = {"counts": {}, "wedge": {
-        "http://127.0.0.1:9002/metrics": {"codes": ["queue_stuck"]},
-        f"{router_root}/v1": {"codes": ["canary_timeout", "health_lies"]},
-        "http://127.0.0.1:9003/health_generate": {"codes": []}}}
-    events = [{"kind": "run_start", "t_ns": 0}, {"kind": "drain_end", "t_ns": 30_000_000_000},
-              {"kind": "health", "endpoint": f"{router_root}/health", "role": "router"},
-              {"kind": "health", "endpoint": "http://127.0.0.1:9002/health", "role": "prefill"}]
+    summary = {
+        "counts": {},
+        "wedge": {
+            "http://127.0.0.1:9002/metrics": {"codes": ["queue_stuck"]},
+            f"{router_root}/v1": {"codes": ["canary_timeout", "health_lies"]},
+            "http://127.0.0.1:9003/health_generate": {"codes": []},
+        },
+    }
+    events = [
+        {"kind": "run_start", "t_ns": 0},
+        {"kind": "drain_end", "t_ns": 30_000_000_000},
+        {"kind": "health", "endpoint": f"{router_root}/health", "role": "router"},
+        {"kind": "health", "endpoint": "http://127.0.0.1:9002/health", "role": "prefill"},
+    ]
     return summary, events
 
 
@@ -115,8 +151,9 @@ def test_the_table_has_a_router_column_and_says_what_the_routers_own_lie_is():
     label = prove.router_label("sglang")
     lines = prove.table([lied, clean], (recipe,), 1, "sglang").splitlines()
     assert lines[0].startswith("| fault | router | expected code | found |")
-    assert lines[2].startswith(f"| `health-lies` | {label} | health_lies | 0/1 | canary_timeout (1), "
-                               "health_lies@router (1) | - |")
+    assert lines[2].startswith(
+        f"| `health-lies` | {label} | health_lies | 0/1 | canary_timeout (1), health_lies@router (1) | - |"
+    )
     assert lines[2].endswith("--canary-timeout 5 --engine-router sglang` |")  # the row's recipe reproduces it
     assert lines[3].startswith(f"| clean (recipes' settings, no fault) | {label} | none | 1/1 clean |")
     assert lines[-1].startswith("`health_lies@router`: SGLang's router answered its own /health 200")

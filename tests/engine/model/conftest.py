@@ -15,16 +15,29 @@ import torch
 from dsv4bench.engine.config import EngineConfig, ModelConfig
 from dsv4bench.engine.model import DSV4Mini, ForwardBatch, KVPools, SeqSlice
 
-SMALL = ModelConfig(vocab_size=512, d_model=64, n_layers=4, n_heads=4, head_dim=32, rope_dim=16,
-                    window=16, csa_rate=2, hca_rate=8, index_heads=4, index_dim=16,
-                    index_topk=4, n_experts=4, experts_per_token=2, expert_dim=64,
-                    shared_expert_dim=64, max_context=1024)
+SMALL = ModelConfig(
+    vocab_size=512,
+    d_model=64,
+    n_layers=4,
+    n_heads=4,
+    head_dim=32,
+    rope_dim=16,
+    window=16,
+    csa_rate=2,
+    hca_rate=8,
+    index_heads=4,
+    index_dim=16,
+    index_topk=4,
+    n_experts=4,
+    experts_per_token=2,
+    expert_dim=64,
+    shared_expert_dim=64,
+    max_context=1024,
+)
 
 
-def engine_cfg(index_k_dtype: str = "fp8", num_pages: int = 128,
-               model: ModelConfig = SMALL) -> EngineConfig:
-    return EngineConfig(model=model, page_size=16, num_pages=num_pages,
-                        index_k_dtype=index_k_dtype)
+def engine_cfg(index_k_dtype: str = "fp8", num_pages: int = 128, model: ModelConfig = SMALL) -> EngineConfig:
+    return EngineConfig(model=model, page_size=16, num_pages=num_pages, index_k_dtype=index_k_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +51,9 @@ def random_tokens(n: int, seed: int, vocab: int = SMALL.vocab_size) -> list[int]
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-def run_chunks(model: DSV4Mini, pools: KVPools, tokens: list[int], chunks: list[int],
-               page_table: list[int]) -> torch.Tensor:
+def run_chunks(
+    model: DSV4Mini, pools: KVPools, tokens: list[int], chunks: list[int], page_table: list[int]
+) -> torch.Tensor:
     """Feed `tokens` through forward() in chunks of the given sizes; logits of every token."""
     assert sum(chunks) == len(tokens)
     out, pos = [], 0

@@ -75,11 +75,9 @@ def decode_inputs(S=5, W=8, Kc=6, H=4, hd=32, seed=0):
     c_pos = torch.randint(0, 200, (S, Kc), generator=gen)
     q = torch.randn(S, H, hd, generator=gen)
     sink = torch.randn(H, generator=gen)
-    return (q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, rope.cos, rope.sin,
-            hd**-0.5)
+    return (q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, rope.cos, rope.sin, hd**-0.5)
 
 
 def test_reference_decode_matches_naive_loop():
     args = decode_inputs()
-    torch.testing.assert_close(sparse_decode_attention(*args), naive_decode(*args),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(sparse_decode_attention(*args), naive_decode(*args), atol=1e-5, rtol=0)

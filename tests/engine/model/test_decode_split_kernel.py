@@ -27,14 +27,25 @@ def _inputs(S, W, Kc, H, hd, device, dtype=torch.float32, seed=0, rope_dim=16):
     c_ids = torch.randint(0, 120, (S, Kc), generator=gen)
     c_ids[-1, :] = -1
     if S > 2 and Kc > 4:
-        c_ids[1, Kc // 2:] = -1
+        c_ids[1, Kc // 2 :] = -1
     win_pos = torch.randint(0, 256, (S, W), generator=gen)
     c_pos = torch.randint(0, 256, (S, Kc), generator=gen)
     q = torch.randn(S, H, hd, generator=gen)
     sink = torch.randn(H, generator=gen)
     to = lambda t, dt=None: t.to(device=device, dtype=dt) if dt else t.to(device)  # noqa: E731
-    return (to(q, dtype), to(kv, dtype), to(win), to(win_pos), to(ckv, dtype), to(c_ids),
-            to(c_pos), to(sink), to(rope.cos), to(rope.sin), hd**-0.5)
+    return (
+        to(q, dtype),
+        to(kv, dtype),
+        to(win),
+        to(win_pos),
+        to(ckv, dtype),
+        to(c_ids),
+        to(c_pos),
+        to(sink),
+        to(rope.cos),
+        to(rope.sin),
+        hd**-0.5,
+    )
 
 
 def check_cases(device: str, dtype: torch.dtype = torch.float32, cases=CASES, rope_dim=16) -> None:
@@ -42,8 +53,9 @@ def check_cases(device: str, dtype: torch.dtype = torch.float32, cases=CASES, ro
 
     for case in cases:
         args = _inputs(*case, device, dtype, rope_dim=rope_dim)
-        want = reference.sparse_decode_attention(*[a.float() if isinstance(a, torch.Tensor)
-                                                   and a.is_floating_point() else a for a in args])
+        want = reference.sparse_decode_attention(
+            *[a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        )
         saved = triton_ops._DECODE_SPLIT_ROWS
         try:
             triton_ops._DECODE_SPLIT_ROWS = 1 << 30
@@ -68,8 +80,12 @@ def test_split_decode_attention_matches_the_reference_on_the_gpu():
     triton_kernels("triton_ops")
     check_cases("cuda")
     # the bf16 tensor-core form at the 1B config's heads (16 of 128, RoPE on 64 dims)
-    check_cases("cuda", torch.bfloat16, [(256, 128, 64, 16, 128), (9, 128, 32, 16, 128),
-                                         (5, 70, 129, 16, 128), (3, 128, 0, 4, 128)], rope_dim=64)
+    check_cases(
+        "cuda",
+        torch.bfloat16,
+        [(256, 128, 64, 16, 128), (9, 128, 32, 16, 128), (5, 70, 129, 16, 128), (3, 128, 0, 4, 128)],
+        rope_dim=64,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test runs the kernels themselves")

@@ -14,8 +14,7 @@ def test_batched_rows_equal_single_rows(model):
     batched = model.forward_dense(ids).detach()
     assert batched.shape == (3, 70, 512)
     for b in range(3):
-        torch.testing.assert_close(batched[b], model.forward_dense(ids[b]).detach(),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(batched[b], model.forward_dense(ids[b]).detach(), atol=1e-4, rtol=0)
 
 
 def test_lm_loss_backpropagates_to_the_main_model():

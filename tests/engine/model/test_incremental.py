@@ -56,17 +56,16 @@ def test_batched_sequences_equal_each_alone(model):
     seqs = [random_tokens(n, seed=10 + n) for n in (90, 61, 75)]
     plans = [[40] + [1] * 50, [1] * 30 + [31], [20, 1, 1, 1, 2] + [1] * 50]
     tables = [list(range(0, 8)), list(range(40, 48)), [99, 7 + 60, 3 + 80, 120, 17, 101]]
-    alone = [run_chunks(model, KVPools(engine_cfg()), s, p, t)
-             for s, p, t in zip(seqs, plans, tables)]
+    alone = [run_chunks(model, KVPools(engine_cfg()), s, p, t) for s, p, t in zip(seqs, plans, tables)]
     pools = KVPools(engine_cfg())
     cursors = [0, 0, 0]  # chunk index per sequence
     pos = [0, 0, 0]
     got: list[list[torch.Tensor]] = [[], [], []]
     while any(c < len(p) for c, p in zip(cursors, plans)):
         active = [i for i in range(3) if cursors[i] < len(plans[i])]
-        batch = ForwardBatch([
-            SeqSlice(seqs[i][pos[i] : pos[i] + plans[i][cursors[i]]], pos[i], tables[i])
-            for i in active])
+        batch = ForwardBatch(
+            [SeqSlice(seqs[i][pos[i] : pos[i] + plans[i][cursors[i]]], pos[i], tables[i]) for i in active]
+        )
         logits = model.forward_all_logits(batch, pools)
         offsets = batch.offsets()
         for j, i in enumerate(active):

@@ -50,8 +50,7 @@ def test_bf16_selection_equals_dense_topk_over_exact_scores():
     for i in range(64):
         n = int(n_elig[i])
         # the documented tie rule: exact zeros (all heads' dots <= 0) rank by recency
-        order = sorted(range(n), reverse=True,
-                       key=lambda b: (float(exact[i, b]), b if exact[i, b] == 0 else 0))
+        order = sorted(range(n), reverse=True, key=lambda b: (float(exact[i, b]), b if exact[i, b] == 0 else 0))
         want = set(order[:16])
         got = [b for b in sel[i].tolist() if b >= 0]
         assert set(got) == want and len(got) == len(want)
@@ -69,10 +68,8 @@ def test_fp8_selection_agrees_with_bf16():
     for mode in ("fp8", "bf16"):
         pools, entries = pool_with_keys(k, mode)
         k_flat, s_flat = pools.idx_flat(0)
-        sels[mode] = indexer_topk(q[None], w[None], k_flat, s_flat, entries[None],
-                                  n_elig[None], 16)[0]
-    overlap = [len(set(a.tolist()) & set(b.tolist())) / 16
-               for a, b in zip(sels["fp8"], sels["bf16"])]
+        sels[mode] = indexer_topk(q[None], w[None], k_flat, s_flat, entries[None], n_elig[None], 16)[0]
+    overlap = [len(set(a.tolist()) & set(b.tolist())) / 16 for a, b in zip(sels["fp8"], sels["bf16"])]
     assert sum(overlap) / len(overlap) >= 0.9
     err = k.abs() / 16 + k.abs().amax(-1, keepdim=True) / FP8_MAX * 2.0**-10
     bound = torch.einsum("qh,qhd,bd->qb", w.abs().double(), q.abs().double(), err.double())
@@ -119,8 +116,9 @@ def test_distillation_loss_trains_only_the_indexer(mode):
     assert aux.item() > 0
     idx_params = {n for n, _ in m.named_parameters() if ".indexer." in n}
     assert idx_params
-    lm_grads = torch.autograd.grad(logits.logsumexp(-1).mean(), list(m.parameters()),
-                                   allow_unused=True, retain_graph=True)
+    lm_grads = torch.autograd.grad(
+        logits.logsumexp(-1).mean(), list(m.parameters()), allow_unused=True, retain_graph=True
+    )
     for (n, _), g in zip(m.named_parameters(), lm_grads):
         assert (g is None or not g.any()) == (n in idx_params), n
     aux_grads = torch.autograd.grad(aux, list(m.parameters()), allow_unused=True)

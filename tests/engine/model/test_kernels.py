@@ -22,8 +22,7 @@ def test_cpu_selects_reference():
 def test_sparse_decode_attention_matches_reference(shape):
     triton_ops = triton_kernels("triton_ops")
     S, W, Kc = shape
-    args = [a.cuda() if isinstance(a, torch.Tensor) else a
-            for a in decode_inputs(S=S, W=W, Kc=Kc, hd=64)]
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in decode_inputs(S=S, W=W, Kc=Kc, hd=64)]
     want = reference.sparse_decode_attention(*args)
     got = triton_ops.sparse_decode_attention(*args)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -109,14 +108,17 @@ def _grouped_moe():
 
 
 @cuda
-@pytest.mark.parametrize("counts", [
-    [84, 66, 68, 58, 56, 63, 53, 64],  # a batch-256 step of the 1B config (2 of 8 per token)
-    [0, 130, 0, 1, 63, 65, 0, 1],  # empty experts, one row, just under/over a tile
-    [0, 0, 0, 512, 0, 0, 0, 0],  # every row on one expert
-    [20, 21, 19, 20, 20, 20, 20, 20],  # batch 80
-    [254, 262, 277, 254, 236, 234, 268, 263],  # batch 1024: the 128-row tiles
-    [0, 1100, 0, 1, 127, 129, 0, 1],  # the same, awkward
-])
+@pytest.mark.parametrize(
+    "counts",
+    [
+        [84, 66, 68, 58, 56, 63, 53, 64],  # a batch-256 step of the 1B config (2 of 8 per token)
+        [0, 130, 0, 1, 63, 65, 0, 1],  # empty experts, one row, just under/over a tile
+        [0, 0, 0, 512, 0, 0, 0, 0],  # every row on one expert
+        [20, 21, 19, 20, 20, 20, 20, 20],  # batch 80
+        [254, 262, 277, 254, 236, 234, 268, 263],  # batch 1024: the 128-row tiles
+        [0, 1100, 0, 1, 127, 129, 0, 1],  # the same, awkward
+    ],
+)
 @pytest.mark.parametrize("mode", ["plain", "gather_swiglu", "scale_scatter"])
 def test_triton_grouped_mm_matches_loop(counts, mode):
     gm = _grouped_moe()
@@ -135,8 +137,10 @@ def test_triton_grouped_mm_matches_loop(counts, mode):
         a = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
         kw = {}
         if mode == "scale_scatter":
-            kw = dict(row_scale=torch.rand(M, device="cuda", generator=gen),
-                      scatter=torch.randperm(M, device="cuda", generator=gen))
+            kw = dict(
+                row_scale=torch.rand(M, device="cuda", generator=gen),
+                scatter=torch.randperm(M, device="cuda", generator=gen),
+            )
     _poison_allocator(M * b.shape[2] * 2)
     got = gm.grouped_mm(a, b, offs, **kw).float()
     want = _grouped_ref(a, b, offs, **kw)
@@ -170,8 +174,9 @@ def test_static_moe_triton_path_matches_grouped_mm_path():
     if not sm.grouped_mm_usable(torch.device("cuda"), torch.bfloat16):
         pytest.skip("torch._grouped_mm does not run here")
     torch.manual_seed(0)
-    mcfg = ModelConfig(d_model=2048, n_experts=8, experts_per_token=2, expert_dim=1024,
-                       shared_expert_dim=1024, n_hash_layers=0)
+    mcfg = ModelConfig(
+        d_model=2048, n_experts=8, experts_per_token=2, expert_dim=1024, shared_expert_dim=1024, n_hash_layers=0
+    )
     moe = MoE(mcfg, layer=1).cuda().bfloat16()
     x = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 8192, (256,), device="cuda")

@@ -26,7 +26,7 @@ def test_layout_and_dtypes(mode):
             assert k is None
     per_layer_kv = P * SMALL.head_dim * 4
     idx_bytes = (P // 2) * SMALL.index_dim * (1 if mode == "fp8" else 2) + (P // 2) * 4
-    expected = (4 * per_layer_kv + 2 * (P // 2 + P // 8) * SMALL.head_dim * 4 + 2 * idx_bytes)
+    expected = 4 * per_layer_kv + 2 * (P // 2 + P // 8) * SMALL.head_dim * 4 + 2 * idx_bytes
     assert pools.bytes_per_page() == expected
 
 

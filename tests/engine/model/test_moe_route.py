@@ -11,9 +11,14 @@ from dsv4bench.engine.model.static_moe import _expert_order, top_k_by_argmax
 
 # (rows, experts, per token, dtype, score): a decode batch of the 1B config, rows over several
 # tiles, DSV4's 6 of many, a single row, softmax scores
-CASES = [(256, 8, 2, torch.bfloat16, "sigmoid"), (1100, 16, 6, torch.bfloat16, "sigmoid"),
-         (1, 8, 2, torch.bfloat16, "sigmoid"), (37, 8, 3, torch.float32, "softmax"),
-         (300, 64, 6, torch.float32, "sigmoid"), (9, 4, 4, torch.bfloat16, "softmax")]
+CASES = [
+    (256, 8, 2, torch.bfloat16, "sigmoid"),
+    (1100, 16, 6, torch.bfloat16, "sigmoid"),
+    (1, 8, 2, torch.bfloat16, "sigmoid"),
+    (37, 8, 3, torch.float32, "softmax"),
+    (300, 64, 6, torch.float32, "sigmoid"),
+    (9, 4, 4, torch.bfloat16, "softmax"),
+]
 
 
 def routed(logits: torch.Tensor, bias: torch.Tensor, k: int, score: str):
@@ -54,8 +59,10 @@ def test_routing_kernel_matches_the_route_and_sort_on_the_gpu():
     check_cases("cuda")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test runs the kernel itself (and "
-                    "Triton 3.6's interpreter cannot run this kernel)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the GPU test runs the kernel itself (and Triton 3.6's interpreter cannot run this kernel)",
+)
 def test_routing_kernel_matches_the_route_and_sort_in_tritons_interpreter():
     from .conftest import run_in_tritons_interpreter  # here: the file also runs as a script
 

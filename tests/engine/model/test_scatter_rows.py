@@ -11,11 +11,13 @@ import pytest
 import torch
 
 # (pool rows, row shape, written rows, pool dtype, source dtype, index dtype)
-CASES = [(500, (128,), 256, torch.bfloat16, torch.float32, torch.int64),
-         (300, (72,), 17, torch.float32, torch.float32, torch.int32),
-         (64, (), 33, torch.float32, torch.float32, torch.int64),
-         (200, (64,), 1, torch.uint8, torch.uint8, torch.int32),
-         (90, (4, 8), 40, torch.bfloat16, torch.bfloat16, torch.int64)]
+CASES = [
+    (500, (128,), 256, torch.bfloat16, torch.float32, torch.int64),
+    (300, (72,), 17, torch.float32, torch.float32, torch.int32),
+    (64, (), 33, torch.float32, torch.float32, torch.int64),
+    (200, (64,), 1, torch.uint8, torch.uint8, torch.int32),
+    (90, (4, 8), 40, torch.bfloat16, torch.bfloat16, torch.int64),
+]
 
 
 def check_cases(device: str, launch, exact_casts: bool = True) -> None:

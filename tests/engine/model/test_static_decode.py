@@ -19,8 +19,7 @@ from .conftest import SMALL, engine_cfg, random_tokens
 def _pool_tensors(pools: KVPools) -> list[torch.Tensor]:
     """Every pooled tensor without the scratch page (fp8 compared as bytes)."""
     n = pools.num_pages
-    return [(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)[:n]
-            for t in pools.page_tensors()]
+    return [(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)[:n] for t in pools.page_tensors()]
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -35,14 +34,12 @@ def test_static_decode_equals_forward(model, index_k_dtype, fused):
     tables = [list(range(i * 12, i * 12 + 12))[::-1] for i in range(len(lengths))]
     seqs = [random_tokens(n + 30, seed=n) for n in lengths]
     for pools in (eager, static):
-        model.forward(ForwardBatch([SeqSlice(s[:n], 0, t) for s, n, t in zip(seqs, lengths, tables)]),
-                      pools)
+        model.forward(ForwardBatch([SeqSlice(s[:n], 0, t) for s, n, t in zip(seqs, lengths, tables)]), pools)
     B, NP = 8, 12  # 3 padding rows; the longest sequence needs 8 pages
     for step in range(30):
         pos = [n + step for n in lengths]
         toks = [s[p] for s, p in zip(seqs, pos)]
-        ref = model.forward(ForwardBatch([SeqSlice([tk], p, t) for tk, p, t in zip(toks, pos, tables)]),
-                            eager)
+        ref = model.forward(ForwardBatch([SeqSlice([tk], p, t) for tk, p, t in zip(toks, pos, tables)]), eager)
         pt = torch.full((B, NP), static.scratch_page, dtype=torch.int32)
         for i, (p, t) in enumerate(zip(pos, tables)):
             need = p // cfg.page_size + 1
@@ -77,11 +74,16 @@ def test_prefill_chunks_as_rows_equal_forward(model):
     eager, static = KVPools(cfg, scratch_page=True), KVPools(cfg, scratch_page=True)
     toks = [random_tokens(200, seed=20 + i) for i in range(3)]
     tables = [list(range(i * 14, i * 14 + 14)) for i in range(3)]
-    steps = [[(0, 37), (0, 1), (0, 16)], [(37, 40), (1, 1), (16, 1)], [(77, 1), (2, 90), (17, 31)],
-             [(78, 50), (92, 1), (48, 1)]]  # (start, length) of each sequence per step
+    steps = [
+        [(0, 37), (0, 1), (0, 16)],
+        [(37, 40), (1, 1), (16, 1)],
+        [(77, 1), (2, 90), (17, 31)],
+        [(78, 50), (92, 1), (48, 1)],
+    ]  # (start, length) of each sequence per step
     for plan in steps:
         ref = model.forward_all_logits(
-            ForwardBatch([SeqSlice(t[s : s + n], s, tb) for t, (s, n), tb in zip(toks, plan, tables)]), eager)
+            ForwardBatch([SeqSlice(t[s : s + n], s, tb) for t, (s, n), tb in zip(toks, plan, tables)]), eager
+        )
         rows = [(t[p], p, tb) for t, (s, n), tb in zip(toks, plan, tables) for p in range(s, s + n)]
         B, NP = len(rows) + 3, 14
         pt = torch.full((B, NP), static.scratch_page, dtype=torch.int32)
@@ -115,5 +117,10 @@ def test_pack_rows_lays_out_decode_and_prefill_rows():
     assert need.tolist() == [2, 3]
     buf = np.full((5, 2 + 4), -7, dtype=np.int32)
     pack_rows(mixed, need, buf, S)
-    assert buf.tolist() == [[5, 16, 3, 4, S, S], [1, 30, 7, 8, 9, S], [2, 31, 7, 8, 9, S],
-                            [3, 32, 7, 8, 9, S], [0, 0, S, S, S, S]]
+    assert buf.tolist() == [
+        [5, 16, 3, 4, S, S],
+        [1, 30, 7, 8, 9, S],
+        [2, 31, 7, 8, 9, S],
+        [3, 32, 7, 8, 9, S],
+        [0, 0, S, S, S, S],
+    ]

@@ -33,9 +33,24 @@ from dsv4bench.servers.monitor import parse_metrics
 from .in_process import PDEngine, build_pd_engine
 
 # Small enough that a step takes milliseconds; windows, blocks and pages still matter at ~100 tokens.
-TINY = ModelConfig(d_model=64, n_layers=2, n_heads=2, head_dim=32, rope_dim=16, window=32, csa_rate=2, hca_rate=8,
-                   index_heads=2, index_dim=16, index_topk=4, n_experts=4, experts_per_token=2, expert_dim=64,
-                   shared_expert_dim=64, max_context=4096)
+TINY = ModelConfig(
+    d_model=64,
+    n_layers=2,
+    n_heads=2,
+    head_dim=32,
+    rope_dim=16,
+    window=32,
+    csa_rate=2,
+    hca_rate=8,
+    index_heads=2,
+    index_dim=16,
+    index_topk=4,
+    n_experts=4,
+    experts_per_token=2,
+    expert_dim=64,
+    shared_expert_dim=64,
+    max_context=4096,
+)
 
 
 def tiny_cfg(**overrides) -> EngineConfig:
@@ -117,9 +132,21 @@ class Pump:
 def quiet(pd: PDEngine | LivePD) -> bool:
     """Nothing in any queue, message box or room of the PD engine."""
     p, d = pd.prefill, pd.decode
-    return not (p.bootstrap_queue or p.prefilling or p.inflight_queue or p.scheduler.has_work or not p.inbox.empty()
-                or d.prealloc_queue or d.transfer_queue or d.decoding or d.scheduler.has_work or not d.inbox.empty()
-                or pd.bootstrap.rooms or not pd.bootstrap.inbox.empty() or not pd.transfers.inbox.empty())
+    return not (
+        p.bootstrap_queue
+        or p.prefilling
+        or p.inflight_queue
+        or p.scheduler.has_work
+        or not p.inbox.empty()
+        or d.prealloc_queue
+        or d.transfer_queue
+        or d.decoding
+        or d.scheduler.has_work
+        or not d.inbox.empty()
+        or pd.bootstrap.rooms
+        or not pd.bootstrap.inbox.empty()
+        or not pd.transfers.inbox.empty()
+    )
 
 
 def assert_clean(pd: PDEngine | LivePD) -> None:
@@ -174,25 +201,41 @@ class ServedPD:
     prefill and the decode half, each an HTTP server with its own engine and pools, joined
     only by the prefill's bootstrap port on loopback, and our PD router in front."""
 
-    def __init__(self, link_gbps: float = 0.0, health_timeout_s: float = DeploymentConfig.health_timeout_s,
-                 server_cfg: ServerConfig = ServerConfig(), start: bool = True, **overrides: Any) -> None:
+    def __init__(
+        self,
+        link_gbps: float = 0.0,
+        health_timeout_s: float = DeploymentConfig.health_timeout_s,
+        server_cfg: ServerConfig = ServerConfig(),
+        start: bool = True,
+        **overrides: Any,
+    ) -> None:
         cfg = tiny_cfg(**overrides)
-        self.halves = {role: build_half(role, cfg, server_cfg, bootstrap_port=0, link_gbps=link_gbps,
-                                        random_weights=True) for role in ("prefill", "decode")}
+        self.halves = {
+            role: build_half(role, cfg, server_cfg, bootstrap_port=0, link_gbps=link_gbps, random_weights=True)
+            for role in ("prefill", "decode")
+        }
         prefill, decode = self.halves["prefill"], self.halves["decode"]
         if start:
             for half in self.halves.values():
                 half.start()
         self.servers = {role: ServerThread(half.app) for role, half in self.halves.items()}
         assert prefill.bootstrap_port is not None
-        app = build_router_app(Halves(self.servers["prefill"].url, self.servers["decode"].url, prefill.bootstrap_port),
-                               cfg, load_tokenizer(),
-                               min(cfg.model.max_context, prefill.engine.scheduler.max_seq_len,
-                                   decode.engine.scheduler.max_seq_len),
-                               dataclasses.replace(server_cfg, engine_type="router"), health_timeout_s)
+        app = build_router_app(
+            Halves(self.servers["prefill"].url, self.servers["decode"].url, prefill.bootstrap_port),
+            cfg,
+            load_tokenizer(),
+            min(cfg.model.max_context, prefill.engine.scheduler.max_seq_len, decode.engine.scheduler.max_seq_len),
+            dataclasses.replace(server_cfg, engine_type="router"),
+            health_timeout_s,
+        )
         self.servers = {"router": ServerThread(app), **self.servers}
-        self.pd = LivePD(prefill.engine, decode.engine, prefill.bootstrap, prefill.transfers,  # type: ignore[arg-type]
-                         app.state.router)
+        self.pd = LivePD(
+            prefill.engine,
+            decode.engine,
+            prefill.bootstrap,
+            prefill.transfers,  # type: ignore[arg-type]
+            app.state.router,
+        )
         self.router, self.prefill, self.decode = (self.servers[k].url for k in ("router", "prefill", "decode"))
         self.api = f"{self.router}/v1"
 

@@ -51,8 +51,9 @@ class PDEngine:
         self.prefill.submit(Request(rid, list(prompt_ids), dataclasses.replace(params, max_tokens=1)), room)
 
 
-def build_pd_engine(cfg: EngineConfig, link_gbps: float = 0.0, random_weights: bool = True, init_seed: int = 0,
-                    start: bool = False) -> PDEngine:
+def build_pd_engine(
+    cfg: EngineConfig, link_gbps: float = 0.0, random_weights: bool = True, init_seed: int = 0, start: bool = False
+) -> PDEngine:
     """The two engines over one model (each with its own pools), started unless `start` is False."""
     tok, model = load_model(cfg, random_weights=random_weights, init_seed=init_seed)
     prefill_runner, decode_runner = ModelRunner(cfg, model), ModelRunner(cfg, model)

@@ -19,12 +19,22 @@ GOOD = {"Authorization": f"Bearer {KEY}"}
 BAD = ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"bearer {KEY}x"})
 CHAT = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 # (method, path, body) of every endpoint each kind of port serves, /health and /metrics aside
-WORKER_ENDPOINTS = (("GET", "/get_server_info", None), ("GET", "/health_generate", None),
-                    ("POST", "/abort_request", {"rid": "nobody"}), ("POST", "/abort_request", {"abort_all": True}))
-ROUTER_ENDPOINTS = (("POST", "/v1/chat/completions", CHAT),
-                    ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}), ("GET", "/v1/models", None), ("GET", "/get_server_info", None), ("GET", "/get_model_info", None),
-                    ("GET", "/health_generate", None), ("POST", "/abort_request", {"rid": "nobody"}),
-                    ("POST", "/flush_cache", None))
+WORKER_ENDPOINTS = (
+    ("GET", "/get_server_info", None),
+    ("GET", "/health_generate", None),
+    ("POST", "/abort_request", {"rid": "nobody"}),
+    ("POST", "/abort_request", {"abort_all": True}),
+)
+ROUTER_ENDPOINTS = (
+    ("POST", "/v1/chat/completions", CHAT),
+    ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("GET", "/v1/models", None),
+    ("GET", "/get_server_info", None),
+    ("GET", "/get_model_info", None),
+    ("GET", "/health_generate", None),
+    ("POST", "/abort_request", {"rid": "nobody"}),
+    ("POST", "/flush_cache", None),
+)
 
 
 def serve(**cfg) -> ServedPD:
@@ -87,8 +97,9 @@ def test_abort_all_without_the_key_cannot_end_a_users_stream(keyed):
 
             async def user() -> list[str]:
                 body = {**CHAT, "max_tokens": 64, "temperature": 0, "stream": True}
-                async with client.stream("POST", f"{keyed['router']}/v1/chat/completions", json=body,
-                                         headers=GOOD) as r:
+                async with client.stream(
+                    "POST", f"{keyed['router']}/v1/chat/completions", json=body, headers=GOOD
+                ) as r:
                     lines = []
                     async for line in r.aiter_lines():
                         if line.startswith("data:"):
@@ -98,8 +109,10 @@ def test_abort_all_without_the_key_cannot_end_a_users_stream(keyed):
 
             async def intruder() -> list[int]:
                 await started.wait()
-                return [(await client.post(keyed[port] + "/abort_request", json={"abort_all": True})).status_code
-                        for port in ("decode", "prefill", "router")]
+                return [
+                    (await client.post(keyed[port] + "/abort_request", json={"abort_all": True})).status_code
+                    for port in ("decode", "prefill", "router")
+                ]
 
             lines, codes = await asyncio.gather(user(), intruder())
             return lines, codes

@@ -33,14 +33,21 @@ def serve(*faults: str) -> ServedPD:
 
 def payload(i: int, max_tokens: int = 200, stream: bool = True) -> dict:
     text = " ".join(f"file{i}_{j}.py" for j in range(40))
-    return {"model": "dsv4-mini", "messages": [{"role": "user", "content": f"Read {text}"}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": stream}
+    return {
+        "model": "dsv4-mini",
+        "messages": [{"role": "user", "content": f"Read {text}"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 def kill_storm(served: ServedPD, n: int, ready: Callable[[], bool]) -> None:
     """`n` streamed requests at once; when `ready()`, every client disconnects."""
+
     async def main() -> None:
         async with httpx.AsyncClient(timeout=60) as client:
+
             async def one(i: int) -> None:
                 async with client.stream("POST", f"{served.api}/chat/completions", json=payload(i)) as r:
                     async for _ in r.aiter_lines():
@@ -60,12 +67,17 @@ def kill_storm(served: ServedPD, n: int, ready: Callable[[], bool]) -> None:
 
 
 def in_transfer(served: ServedPD) -> bool:
-    return served.pd.prefill.stats.num_prefill_inflight_queue >= 1 and served.pd.decode.stats.num_decode_transfer_queue >= 3
+    return (
+        served.pd.prefill.stats.num_prefill_inflight_queue >= 1
+        and served.pd.decode.stats.num_decode_transfer_queue >= 3
+    )
 
 
 def chat_ok(served: ServedPD, timeout: float = 30) -> bool:
     try:
-        return httpx.post(f"{served.api}/chat/completions", json=payload(99, 4, False), timeout=timeout).status_code == 200
+        return (
+            httpx.post(f"{served.api}/chat/completions", json=payload(99, 4, False), timeout=timeout).status_code == 200
+        )
     except httpx.TimeoutException:
         return False
 

@@ -20,8 +20,10 @@ from dsv4bench.servers.wedge import is_queue_gauge
 from .helpers import ListSink, ServedPD, build_tiny, greedy, prompt, wait_until
 
 PROBE_TIMEOUT_S = 1.0
-PD_GAUGES = {"prefill": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"),
-             "decode": ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs")}
+PD_GAUGES = {
+    "prefill": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"),
+    "decode": ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,11 @@ def served() -> Iterator[ServedPD]:
 
 
 def chat(served: ServedPD, max_tokens: int = 4) -> dict:
-    r = httpx.post(f"{served.api}/chat/completions", timeout=30, json={
-        "model": "dsv4-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens})
+    r = httpx.post(
+        f"{served.api}/chat/completions",
+        timeout=30,
+        json={"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens},
+    )
     assert r.status_code == 200
     return r.json()
 
@@ -68,7 +73,8 @@ def test_the_pd_gauges_count_requests_in_their_queues():
         engine = getattr(stalled, engine_type)
         text = ServerMetrics(lambda: engine.stats, "dsv4-mini", engine_type, stalled.cfg.page_size).render()
         return parse_metrics(text.decode() if isinstance(text, bytes) else text)[
-            f'{metric}{{engine_type="{engine_type}",model_name="dsv4-mini"}}']
+            f'{metric}{{engine_type="{engine_type}",model_name="dsv4-mini"}}'
+        ]
 
     assert gauge("prefill", PD_GAUGES["prefill"][0]) == 3
     assert gauge("decode", PD_GAUGES["decode"][1]) == 3
@@ -93,9 +99,11 @@ def test_a_halfs_health_is_a_generation_through_that_half_alone_that_leaves_noth
     prefill, decode = served.halves["prefill"].engine, served.halves["decode"].engine
     ran: dict[str, list[str]] = {"prefill": [], "decode": []}
     for role, engine in (("prefill", prefill), ("decode", decode)):
+
         def spy(outputs, role=role, original=engine.postprocess):
             ran[role].extend(outputs)
             original(outputs)
+
         engine.postprocess = spy
     counts = {role: dict(e.counts) for role, e in (("prefill", prefill), ("decode", decode))}
     try:
@@ -106,8 +114,9 @@ def test_a_halfs_health_is_a_generation_through_that_half_alone_that_leaves_noth
         del prefill.postprocess, decode.postprocess
     assert len(ran["prefill"]) == 2 and all(r.startswith(HEALTH_PROBE_PREFIX) for r in ran["prefill"])
     assert len(ran["decode"]) == 2 and all(r.startswith(HEALTH_PROBE_PREFIX) for r in ran["decode"])
-    wait_until(lambda: not served.pd.bootstrap.rooms and not prefill.rids() and not decode.rids(),
-               what="the probes to leave")
+    wait_until(
+        lambda: not served.pd.bootstrap.rooms and not prefill.rids() and not decode.rids(), what="the probes to leave"
+    )
     assert not served.halves["decode"].parts[0]._channels  # the decode's bootstrap client
     assert prefill.allocator.num_free + prefill.cache.num_cached_pages == prefill.allocator.num_pages
     assert decode.allocator.num_free == decode.allocator.num_pages
@@ -116,8 +125,10 @@ def test_a_halfs_health_is_a_generation_through_that_half_alone_that_leaves_noth
 
 def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
     for url in (served.prefill, served.decode):
-        assert httpx.post(f"{url}/abort_request", json={"rid": "nope"}, timeout=5).json() == {"rid": "nope",
-                                                                                              "aborted": False}
+        assert httpx.post(f"{url}/abort_request", json={"rid": "nope"}, timeout=5).json() == {
+            "rid": "nope",
+            "aborted": False,
+        }
         assert httpx.post(f"{url}/abort_request", json={"abort_all": True}, timeout=5).json() == {"aborted": []}
         bad = httpx.post(f"{url}/abort_request", json=["x"], timeout=5)
         assert bad.status_code == 400 and bad.json()["error"]["message"]
@@ -127,8 +138,11 @@ def test_worker_abort_request_answers_and_refuses_bad_bodies(served):
 @pytest.mark.parametrize("lies", [False, True], ids=["honest", "health-lies"])
 def test_a_dead_bootstrap_worker_fails_health_unless_it_lies(lies):
     faults = {"bootstrap-stall", "health-lies"} if lies else {"bootstrap-stall"}
-    s = ServedPD(health_timeout_s=1.0, server_cfg=ServerConfig(health_generate_timeout_s=PROBE_TIMEOUT_S),
-                 faults=frozenset(faults))
+    s = ServedPD(
+        health_timeout_s=1.0,
+        server_cfg=ServerConfig(health_generate_timeout_s=PROBE_TIMEOUT_S),
+        faults=frozenset(faults),
+    )
     try:
         assert httpx.get(f"{s.router}/health", timeout=10).status_code == 200
         room = Room("x")  # a request that reaches decoding, then an ABORT the worker does not expect

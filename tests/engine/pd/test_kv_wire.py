@@ -30,12 +30,15 @@ def test_frames_round_trip_and_eof_is_a_wire_error():
             recv(b)
 
 
-@pytest.mark.parametrize("frame,needle", [
-    (struct.pack(">I", MAX_HEADER_BYTES + 1), "over the"),
-    (struct.pack(">I", 5) + b"nope!" + struct.pack(">Q", 0), "not JSON"),
-    (struct.pack(">I", 2) + b"[]" + struct.pack(">Q", 0), "no JSON object"),
-    (struct.pack(">I", 12) + json.dumps({"op": "kv"}).encode() + struct.pack(">Q", 2**62), "payload is over"),
-])
+@pytest.mark.parametrize(
+    "frame,needle",
+    [
+        (struct.pack(">I", MAX_HEADER_BYTES + 1), "over the"),
+        (struct.pack(">I", 5) + b"nope!" + struct.pack(">Q", 0), "not JSON"),
+        (struct.pack(">I", 2) + b"[]" + struct.pack(">Q", 0), "no JSON object"),
+        (struct.pack(">I", 12) + json.dumps({"op": "kv"}).encode() + struct.pack(">Q", 2**62), "payload is over"),
+    ],
+)
 def test_refused_frames(frame, needle):
     a, b = socket.socketpair()
     with a, b:

@@ -59,14 +59,23 @@ class Split:
             self.server.open(room, r)
             self.prefill.submit(Request(r.rid, list(ids), replace(params, max_tokens=1)), r)
 
-        for part in ((to_decode, to_prefill) if decode_first else (to_prefill, to_decode)):
+        for part in (to_decode, to_prefill) if decode_first else (to_prefill, to_decode):
             part()
         return sink
 
     def quiet(self) -> bool:
         p, d = self.prefill, self.decode
-        return not (p.bootstrap_queue or p.prefilling or p.inflight_queue or d.prealloc_queue or d.transfer_queue
-                    or d.decoding or self.worker.rooms or p.stats.in_flight or d.stats.in_flight)
+        return not (
+            p.bootstrap_queue
+            or p.prefilling
+            or p.inflight_queue
+            or d.prealloc_queue
+            or d.transfer_queue
+            or d.decoding
+            or self.worker.rooms
+            or p.stats.in_flight
+            or d.stats.in_flight
+        )
 
     def assert_clean(self) -> None:
         wait_until(self.quiet, what="both halves to be empty")
@@ -205,6 +214,7 @@ def test_garbage_on_the_bootstrap_port_harms_no_room(split):
 
 # ---- the two halves as HTTP servers, as SGLang's router sees them ------------------------------
 
+
 @pytest.fixture(scope="module")
 def unified() -> Iterator[str]:
     """The unified engine over the same seeded weights: the answer PD must give."""
@@ -224,28 +234,41 @@ def halves(split, unified) -> Iterator[tuple[str, str, str]]:
     needs_p = (split.worker.alive, split.transfers.alive, split.server.alive)
     prefill = PrefillServing(cfg, split.prefill, split.server, needs_p, tok.eos_token_id, 4096)
     decode = DecodeServing(split.decode.cfg, split.decode, split.client, (), tok.eos_token_id, 4096)
-    servers = [ServerThread(build_app(prefill, frontend, ServerConfig(engine_type="prefill"))),
-               ServerThread(build_app(decode, frontend, ServerConfig(engine_type="decode")))]
+    servers = [
+        ServerThread(build_app(prefill, frontend, ServerConfig(engine_type="prefill"))),
+        ServerThread(build_app(decode, frontend, ServerConfig(engine_type="decode"))),
+    ]
     yield servers[0].url, servers[1].url, unified
     for s in servers:
         s.stop()
 
 
-def both(prefill: str, decode: str, path: str, body: dict, port: int, room: int) -> tuple[httpx.Response, httpx.Response]:
+def both(
+    prefill: str, decode: str, path: str, body: dict, port: int, room: int
+) -> tuple[httpx.Response, httpx.Response]:
     """What a PD router does: the same body, with the room, to both halves at once."""
     body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": room}
 
     async def main() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as client:
-            return tuple(await asyncio.gather(client.post(f"{prefill}{path}", json=body),  # type: ignore[return-value]
-                                              client.post(f"{decode}{path}", json=body)))
+            return tuple(
+                await asyncio.gather(
+                    client.post(f"{prefill}{path}", json=body),  # type: ignore[return-value]
+                    client.post(f"{decode}{path}", json=body),
+                )
+            )
+
     return asyncio.run(main())
 
 
 def test_the_halves_over_http_answer_as_the_unified_engine(split, halves):
     prefill, decode, router = halves
-    body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 10,
-            "temperature": 0}
+    body = {
+        "model": "dsv4-mini",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 10,
+        "temperature": 0,
+    }
     expected = httpx.post(f"{router}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
     p, d = both(prefill, decode, "/v1/chat/completions", body, split.server.port, room=71)
     assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
@@ -266,8 +289,15 @@ def test_a_half_refuses_a_request_without_its_room(halves):
 
 def test_a_client_leaving_the_decode_half_ends_the_request_on_both(split, halves):
     prefill, decode, _ = halves
-    body = {"model": "dsv4-mini", "prompt": "a long story", "max_tokens": 2000, "stream": True,
-            "bootstrap_host": "127.0.0.1", "bootstrap_port": split.server.port, "bootstrap_room": 81}
+    body = {
+        "model": "dsv4-mini",
+        "prompt": "a long story",
+        "max_tokens": 2000,
+        "stream": True,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": split.server.port,
+        "bootstrap_room": 81,
+    }
 
     async def main() -> int:
         async with httpx.AsyncClient(timeout=30) as client:
@@ -277,6 +307,7 @@ def test_a_client_leaving_the_decode_half_ends_the_request_on_both(split, halves
                     if line.startswith("data: "):
                         break  # the first chunk, then the client goes away
             return (await prefill_done).status_code
+
     assert asyncio.run(main()) == 200  # the prefill's half had finished: its token left with the KV
     split.assert_clean()
 
@@ -286,10 +317,16 @@ def test_sglang_router_in_front_of_the_halves(split, halves, tmp_path):
     """SGLang's real router in PD mode: it adds the room itself, sends to both halves and
     streams the decode's answer, which is the unified engine's."""
     prefill, decode, reference = halves
-    router = sglang_router.start_sglang_router(prefill=[(prefill, split.server.port)], decode=[decode], log_dir=tmp_path)
+    router = sglang_router.start_sglang_router(
+        prefill=[(prefill, split.server.port)], decode=[decode], log_dir=tmp_path
+    )
     try:
-        body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hello again"}], "max_tokens": 10,
-                "temperature": 0}
+        body = {
+            "model": "dsv4-mini",
+            "messages": [{"role": "user", "content": "hello again"}],
+            "max_tokens": 10,
+            "temperature": 0,
+        }
         expected = httpx.post(f"{reference}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
         r = httpx.post(f"{router.url}/chat/completions", json=body, timeout=30)
         assert r.status_code == 200, r.text
@@ -306,8 +343,14 @@ def test_sglang_router_in_front_of_the_halves(split, halves, tmp_path):
 @pytest.fixture(scope="module")
 def our_router(split, halves) -> Iterator[str]:
     prefill, decode, _ = halves
-    app = build_router_app(Halves(prefill, decode, split.server.port), split.prefill.cfg, load_tokenizer(), 4096,
-                           ServerConfig(engine_type="router"), health_timeout_s=4.0)
+    app = build_router_app(
+        Halves(prefill, decode, split.server.port),
+        split.prefill.cfg,
+        load_tokenizer(),
+        4096,
+        ServerConfig(engine_type="router"),
+        health_timeout_s=4.0,
+    )
     server = ServerThread(app)
     yield server.url
     server.stop()
@@ -315,14 +358,21 @@ def our_router(split, halves) -> Iterator[str]:
 
 def test_our_http_router_in_front_of_the_halves(split, halves, our_router):
     _, _, reference = halves
-    body = {"model": "dsv4-mini", "messages": [{"role": "user", "content": "hi router"}], "max_tokens": 10,
-            "temperature": 0}
+    body = {
+        "model": "dsv4-mini",
+        "messages": [{"role": "user", "content": "hi router"}],
+        "max_tokens": 10,
+        "temperature": 0,
+    }
     expected = httpx.post(f"{reference}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
     r = httpx.post(f"{our_router}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["message"] == expected, r.text
     with httpx.stream("POST", f"{our_router}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as s:
         chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == expected["content"]
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+        == expected["content"]
+    )
     before = (split.prefill.stats.num_requests_total, split.decode.stats.num_requests_total)
     assert httpx.get(f"{our_router}/health", timeout=10).status_code == 200
     # The probe went through both halves but counts as no one's request there.
@@ -333,8 +383,7 @@ def test_our_http_router_in_front_of_the_halves(split, halves, our_router):
 
 
 def test_a_client_leaving_our_router_aborts_both_halves(split, our_router):
-    body = {"model": "dsv4-mini", "prompt": "tell me everything", "max_tokens": 3000, "stream": True,
-            "temperature": 0}
+    body = {"model": "dsv4-mini", "prompt": "tell me everything", "max_tokens": 3000, "stream": True, "temperature": 0}
     with httpx.stream("POST", f"{our_router}/v1/completions", json=body, timeout=30) as s:
         for line in s.iter_lines():
             if line.startswith("data: {"):

@@ -15,9 +15,25 @@ from dsv4bench.engine.server import ServerConfig, build_app
 
 from .helpers import ServedPD, ServerThread, tiny_cfg, wait_until
 
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False}}}]
-MESSAGES = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Read main.py please."}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+MESSAGES = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Read main.py please."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +59,7 @@ def body(**extra) -> dict:
 def sse_payloads(url: str, payload: dict) -> list[dict]:
     with httpx.stream("POST", f"{url}/chat/completions", json=payload, timeout=30) as r:
         assert r.status_code == 200
-        datas = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        datas = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert datas[-1] == "[DONE]"
     return [{k: v for k, v in json.loads(d).items() if k not in ("id", "created")} for d in datas[:-1]]
 
@@ -70,19 +86,24 @@ def test_streamed_chat_with_usage_is_what_the_unified_engine_streams(served, uni
 
 def test_the_openai_client_reads_the_router(served):
     with openai.OpenAI(base_url=served.api, api_key="none", max_retries=0, timeout=30) as client:
-        r = client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8,
-                                           temperature=0)
+        r = client.chat.completions.create(
+            model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8, temperature=0
+        )
         assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 10
-        chunks = list(client.chat.completions.create(model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8,
-                                                     temperature=0, stream=True))
+        chunks = list(
+            client.chat.completions.create(
+                model="dsv4-mini", messages=MESSAGES, tools=TOOLS, max_tokens=8, temperature=0, stream=True
+            )
+        )
         assert any(c.choices and c.choices[0].finish_reason for c in chunks)
         assert [m.id for m in client.models.list().data] == ["dsv4-mini"]
 
 
 def test_a_disconnect_while_decoding_aborts_on_both_servers(served):
     aborted = served.pd.decode.stats.num_aborted_total
-    with httpx.stream("POST", f"{served.api}/chat/completions", json=body(stream=True, max_tokens=3000),
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{served.api}/chat/completions", json=body(stream=True, max_tokens=3000), timeout=30
+    ) as r:
         lines = r.iter_lines()
         while not next(lines).startswith("data: {"):
             pass
@@ -110,11 +131,12 @@ def test_a_retry_with_the_rid_of_a_request_just_aborted_is_served():
 
 
 def test_abort_request_on_the_router_ends_the_stream_without_done(served):
-    with httpx.stream("POST", f"{served.api}/chat/completions", json=body(stream=True, max_tokens=3000),
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{served.api}/chat/completions", json=body(stream=True, max_tokens=3000), timeout=30
+    ) as r:
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: {"))
-        rid = json.loads(first[len("data: "):])["id"]
+        rid = json.loads(first[len("data: ") :])["id"]
         answer = httpx.post(f"{served.router}/abort_request", json={"rid": rid}, timeout=5).json()
         assert answer == {"rid": rid, "aborted": True}
         rest = [line for line in lines if line.startswith("data: ")]

@@ -21,15 +21,23 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4bench", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_the_launcher_starts_three_servers_and_exposes_all_their_metrics(tmp_path):
     with start_engine(["--pd", "--num-pages", "1024"], log_dir=tmp_path) as ep:
         assert len(ep.metrics_urls) == 3 and ep.metrics_urls[0] == ep.metrics_url
-        r = httpx.post(f"{ep.url}/chat/completions", timeout=60, json={
-            "model": "dsv4-mini", "messages": [{"role": "user", "content": "Read main.py please."}], "max_tokens": 8})
+        r = httpx.post(
+            f"{ep.url}/chat/completions",
+            timeout=60,
+            json={
+                "model": "dsv4-mini",
+                "messages": [{"role": "user", "content": "Read main.py please."}],
+                "max_tokens": 8,
+            },
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         types = []
         for url in ep.metrics_urls:
@@ -84,14 +92,20 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--fault", "abort-leak"], "fault abort-leak needs PD mode (--pd)"),
-    (["--fault", "bootstrap-stall"], "fault bootstrap-stall needs PD mode (--pd)"),
-    (["--prefill-port", "30001"], "need --pd"),
-    (["--pd", "--port", "30000"], "the router and prefill ports must differ"),
-    (["--pd", "--prefill-port", "9", "--decode-port", "9"], "the prefill and decode ports must differ"),
-    (["--pd", "--router", "sglang", "--router-metrics-port", "8000"], "the router and router metrics ports must differ"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--fault", "abort-leak"], "fault abort-leak needs PD mode (--pd)"),
+        (["--fault", "bootstrap-stall"], "fault bootstrap-stall needs PD mode (--pd)"),
+        (["--prefill-port", "30001"], "need --pd"),
+        (["--pd", "--port", "30000"], "the router and prefill ports must differ"),
+        (["--pd", "--prefill-port", "9", "--decode-port", "9"], "the prefill and decode ports must differ"),
+        (
+            ["--pd", "--router", "sglang", "--router-metrics-port", "8000"],
+            "the router and router metrics ports must differ",
+        ),
+    ],
+)
 def test_bad_pd_flags_are_one_line_errors(args, needle):
     r = run_cli("engine", "serve", *args)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
@@ -99,8 +113,13 @@ def test_bad_pd_flags_are_one_line_errors(args, needle):
 
 
 def test_a_few_kill_all_storms_leave_nothing_behind():
-    r = subprocess.run([sys.executable, "scripts/abort_soak.py", "--storms", "4", "--clients", "12", "--tiny"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "scripts/abort_soak.py", "--storms", "4", "--clients", "12", "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "abort soak: 4 storms x 12 clients" in r.stdout
     summary = r.stdout.strip().splitlines()[-1]

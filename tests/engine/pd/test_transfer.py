@@ -88,5 +88,7 @@ def test_a_page_count_mismatch_fails_the_transfer():
 def test_the_abort_leak_fault_never_lets_go_of_an_aborted_transfer():
     for status in TransferStatus:
         assert is_settled(status, leak_aborted=False) is status.done
-    assert is_settled(TransferStatus.SUCCESS, leak_aborted=True) and is_settled(TransferStatus.FAILED, leak_aborted=True)
+    assert is_settled(TransferStatus.SUCCESS, leak_aborted=True) and is_settled(
+        TransferStatus.FAILED, leak_aborted=True
+    )
     assert not is_settled(TransferStatus.ABORTED, leak_aborted=True)
