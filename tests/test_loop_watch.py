@@ -1,4 +1,4 @@
-"""The harness's own clock (loop_watch.py): stalls of the event loop are measured, moved out of
+"""The harness's own clock (loop/lag_clock.py): stalls of the event loop are measured, moved out of
 the turns' deadlines and laid against each turn, so a pause of ours is never the server's timeout."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A run has three phases, as a Jepsen test does:
 1. Load: a closed pool of `concurrency` sessions, or an open Poisson arrival of `rate`
    sessions per second, over one shared httpx client, every turn recorded into the history as
-   it happens; the nemesis kills on its schedule, and the ServerWatch (observe.py) scrapes
+   it happens; the nemesis kills on its schedule, and the ServerWatch (server_watch.py) scrapes
    the --metrics endpoints and polls /health throughout.
 2. Drain: the load has stopped; the watch keeps scraping until the queues empty or
    --drain-timeout passes.
@@ -81,7 +81,7 @@ def make_client(config: RunConfig) -> httpx.AsyncClient:
         max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8, keepalive_expiry=2.0
     )
     # httpx's own timeouts are a backstop only: the turn deadlines are enforced in chat_turn, on
-    # the run's listening clock (loop_watch.py). A connect the harness's own stall held up must
+    # the run's listening clock (loop/lag_clock.py). A connect the harness's own stall held up must
     # not fail sooner than the turn's TTFT deadline would, as a 10 s connect limit did at 2,000
     # sessions starting together: the harness's overload recorded as the server's connection_error.
     timeout = httpx.Timeout(

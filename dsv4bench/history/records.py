@@ -295,7 +295,7 @@ class Timings:
     # Monotonic stamps of each content/reasoning/argument delta after the first, for ITL.
     token_gaps_ms: list[float] = field(default_factory=list)
     # How long the harness's own event loop stood still while the turn was in flight
-    # (loop_watch.py): stamps inside that stretch may be late by up to this much. Its deadlines
+    # (loop/lag_clock.py): stamps inside that stretch may be late by up to this much. Its deadlines
     # did not count it.
     harness_stall_ms: float = 0.0
 
@@ -464,7 +464,7 @@ class TurnContext:
 
 @dataclass
 class TurnRecord:
-    """One line of `turns.jsonl`: one agent turn (history.py lays out the whole run folder)."""
+    """One line of `turns.jsonl`: one agent turn (history/run_folder.py lays out the whole run folder)."""
 
     run: str
     session: str

@@ -3,7 +3,7 @@ process of its own, since Locust runs on gevent and the anyio watch never shares
 with it. The process that owns the run folder starts it at the test's start and writes one line
 to its stdin when the load stops (an end of input means the same: the owner died).
 
-Until then it does what `agents` does during its load (observe.ServerWatch): scrapes every
+Until then it does what `agents` does during its load (harness.server_watch.ServerWatch): scrapes every
 --metrics endpoint into metrics.jsonl and polls each server's /health. Then the drain window,
 the final checks (each server by its role, a canary), and the wedge verdict into run.json, as
 `agents` writes it. All along it keeps `watch.json` in the folder, what the web UI's tab shows

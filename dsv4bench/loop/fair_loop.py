@@ -5,7 +5,7 @@ A server's decode step sends every running stream its next token at once, so at 
 streams one epoll wait returns hundreds of ready sockets, and asyncio runs all their reads in
 one pass before any timer that fell due meanwhile: the loop's lag is then the whole tick's
 reading (about 35 us a read on a small machine, 5 ms at 150 streams), and the kill schedule,
-the deadlines and the stall watch (loop_watch.py) fire that late. With the wait capped, a pass
+the deadlines and the stall watch (loop/lag_clock.py) fire that late. With the wait capped, a pass
 reads at most PASS_EVENTS sockets and then runs the timers that are due; the sockets left over
 stay ready and come first in the next wait (epoll queues a level-triggered socket it returned
 behind those it did not), so every stream is read in turn, and the work a tick costs is the

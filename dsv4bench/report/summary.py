@@ -361,7 +361,7 @@ def summarize(history: History) -> dict[str, Any]:
 
 
 def harness_clock(history: History) -> dict[str, Any] | None:
-    """How late the harness's own event loop ran (the `harness_clock` event, loop_watch.py), and
+    """How late the harness's own event loop ran (the `harness_clock` event, loop/lag_clock.py), and
     the turns that stall touched: `turns_stalled` had any, `failed_stalled` of them did not
     complete. None for a run that recorded no clock (older runs, Locust)."""
     clock = next((e for e in reversed(history.events) if e.get("kind") == "harness_clock"), None)

@@ -39,7 +39,7 @@ CANARY_PROMPT = "Reply with the single word OK."
 
 OK, TIMEOUT, ERROR, UNREACHABLE = "ok", "timeout", "error", "unreachable"
 FAILING = "failing"  # a /health that answered, with a status other than 200
-# An endpoint the server does not offer (server_kinds.py): not asked, or answered 404 / 405 /
+# An endpoint the server does not offer (servers/kinds.py): not asked, or answered 404 / 405 /
 # 501 where its kind may lack it. Never a sign that the server is unwell.
 NOT_OFFERED = "not_offered"
 

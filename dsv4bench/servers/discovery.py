@@ -237,7 +237,7 @@ class Endpoint:
     root: str
     role: str = UNKNOWN
     role_source: str = NOT_REPORTED
-    kind: str = UNKNOWN_KIND  # what server it is (server_kinds.py): what it is judged by
+    kind: str = UNKNOWN_KIND  # what server it is (servers/kinds.py): what it is judged by
     kind_source: str = NOT_REPORTED
     listed_as: str | None = None  # the router's worker_type for it; None when no router lists it
     listed_healthy: bool | None = None

@@ -8,7 +8,7 @@ server gets a canary; a prefill or a decode server takes no chat, so it is judge
 gauges, `/health` and `/health_generate`. The endpoints are the roots given and every server
 their routers list (discovery.py): `probe ROUTER` probes the router and each of its workers,
 and says what each reports of its settings. Each server is judged by what its kind offers
-(server_kinds.py): an endpoint its kind never had (vLLM's /health_generate) is not asked, and
+(servers/kinds.py): an endpoint its kind never had (vLLM's /health_generate) is not asked, and
 where the kind may lack one, a 404, 405 or 501 says "not offered", never unhealthy.
 
 The gauges are read twice, before and after the checks, and where a queue holds requests and
@@ -76,7 +76,7 @@ class EndpointProbe:
     root: str
     role: str = UNKNOWN  # router | unified | prefill | decode | unknown
     role_source: str = "not reported"
-    kind: str = UNKNOWN_KIND  # what server it is (server_kinds.py)
+    kind: str = UNKNOWN_KIND  # what server it is (servers/kinds.py)
     kind_source: str = "not reported"
     not_offered: list[str] = field(default_factory=list)  # endpoints it does not offer: not judged
     metrics_error: str | None = None

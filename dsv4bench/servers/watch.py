@@ -13,7 +13,7 @@ moved, the same "no progress" rule the post-run wedge detector (wedge.py) applie
 A server whose kind offers no gauges (a plain OpenAI-compatible server's /metrics answers 404;
 TensorRT-LLM's answers `[]` while no iteration runs) shows "gauges not offered": it is judged by
 its canaries and /health alone (`probe`), and the view never flags a wedge from gauges it does
-not have. A kind that has gauges and whose scrape fails shows "scrape failed" (server_kinds.py).
+not have. A kind that has gauges and whose scrape fails shows "scrape failed" (servers/kinds.py).
 Each endpoint is scraped on its own clock with its kind's timeout: TensorRT-LLM's /metrics holds
 the request up to 2 s, and delays no other endpoint's view.
 
