@@ -20,7 +20,7 @@ at the token cap   finish_reason_mismatch for any value but `"length"` or None, 
                    at all was sent (no content, reasoning or call) and the request had
                    no stop sequence and no prefilled assistant message that explains an
                    answer ending there; reasoning with nothing after it is
-                   `reasoning_only`'s (checks/request_terms.py), never empty_turn's
+                   `reasoning_only`'s (checks/request_compliance.py), never empty_turn's
 `"length"`         truncated (with or without calls); never empty_turn
 `None`             truncated (the stream or body ended without one); never empty_turn
 anything else      finish_reason_mismatch (e.g. SGLang's `"abort"`); `"content_filter"`

@@ -1,6 +1,6 @@
 """--request-mix: per turn, a seeded draw of what the request asks of its answer, as agent
 frameworks vary it: tool_choice, parallel_tool_calls, thinking with its reasoning_effort, stop
-sequences. What each draw means for the answer is checked by checks/request_terms.py; the
+sequences. What each draw means for the answer is checked by checks/request_compliance.py; the
 report splits every code by the drawn variant (request_terms.RequestTerms.variant).
 
 The spec: a preset name, then `;`-separated dimensions, each `name=value[:weight],...` (weight

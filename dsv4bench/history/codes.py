@@ -146,26 +146,26 @@ CODES: tuple[VerdictCode, ...] = (
     _turn(
         "tool_choice_violation",
         CORRUPTION,
-        "request_terms",
+        "request_compliance",
         'The answer broke the request\'s `tool_choice`: a tool call under `"none"`, none under '
         '`"required"`, or a named function not called or another tool called instead.',
     ),
     _turn(
         "parallel_calls_violation",
         CORRUPTION,
-        "request_terms",
+        "request_compliance",
         "`parallel_tool_calls` was false, yet the turn holds more than one tool call.",
     ),
     _turn(
         "stop_sequence_ignored",
         CORRUPTION,
-        "request_terms",
+        "request_compliance",
         "A stop sequence of the request appears in `content` or the reasoning: the server did not stop at it.",
     ),
     _turn(
         "reasoning_only",
         CORRUPTION,
-        "request_terms",
+        "request_compliance",
         "The turn finished (`stop`) with reasoning but no content and no tool call, before its "
         "`max_tokens`, and the request had no stop sequence and no assistant message to continue that "
         "could end it there: nothing an agent can act on.",

@@ -1,7 +1,7 @@
 """What a chat request asked of its answer, read from the body itself: tool_choice,
 parallel_tool_calls, thinking and its reasoning_effort, stop sequences, and whether it continues
 an assistant message it prefilled. The checkers judge an
-answer against these (checks/request_terms.py), turns.jsonl keeps them in each request's summary,
+answer against these (checks/request_compliance.py), turns.jsonl keeps them in each request's summary,
 and the report splits every code by them (`variant`), whoever wrote the body: our sessions (with
 --request-mix, request_mix.py), a proxied agent, a replayed capture.
 

@@ -92,7 +92,7 @@ def test_empty_turn(ctx) -> None:
         turn("", finish=None),
         turn("", calls=[READ]),
         turn("."),
-        # reasoning only is not "nothing": reasoning_only judges it (checks/request_terms.py)
+        # reasoning only is not "nothing": reasoning_only judges it (checks/request_compliance.py)
         turn("", reasoning="I need to read the file, then answer."),
         turn("\n\n", reasoning="Thinking..."),
         # the request's own stop sequence may match at the answer's first character

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from dsv4bench.checks import run_checks
-from dsv4bench.checks.request_terms import (
+from dsv4bench.checks.request_compliance import (
     check_parallel_calls_violation,
     check_reasoning_only,
     check_stop_sequence_ignored,

@@ -17,7 +17,7 @@ from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE
 
 from .conftest import ROOT, only_run_dir, run_cli
 
-# What a request asks of its answer (tool_choice, ...): judged by checks/request_terms.py.
+# What a request asks of its answer (tool_choice, ...): judged by checks/request_compliance.py.
 REQUEST_TERMS_CODES = {c.code for c in CODES if (c.checker or "").startswith("request_terms.")}
 # Other families' markup: this server writes DeepSeek-V4's; the replay server's --family writes
 # theirs (test_agents_families.py).
