@@ -5,6 +5,7 @@ as one line (exit 2), never a traceback.
     ├── UsageError                  what the user gave cannot be used
     │   ├── ConfigError             a flag or the run's config (harness/config.py; also a ValueError)
     │   ├── RequestMixError         --request-mix (harness/request_mix.py; also a ValueError)
+    │   ├── SloError                --slo's latency targets (report/slo.py; also a ValueError)
     │   ├── SessionConfigError      a session's settings (harness/session.py; also a ValueError)
     │   ├── ReferenceRunError       --reference RUN (harness/reference_run.py)
     │   ├── CaptureError            --replay CAPTURE (modes/replay.py)
