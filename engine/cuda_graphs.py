@@ -30,7 +30,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +41,8 @@ from .kernels.triton_support import CompileLog
 from .model.fused_projections import fuse_projections
 from .model.kv_pools import KVPools
 from .model.model import DSV4Mini
+
+T = TypeVar("T")
 
 BATCH_BUCKETS = (
     1,
@@ -77,6 +81,21 @@ BATCH_BUCKETS = (
 MIN_PAGES = 8
 
 log = logging.getLogger("dsv4bench.engine")
+
+
+def capture_graph(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """fn() run once on a side stream (Triton compiles, library handles), then captured in a
+    graph; returns the graph and fn's output tensors, which each replay rewrites. For benchmarks
+    and tests that time or check one step; the engine's own buckets capture in `_capture`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
 
 
 def mode() -> str:

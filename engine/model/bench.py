@@ -37,19 +37,6 @@ class Pages:
         return out
 
 
-def fill_random(pools: KVPools, pages: list[int]) -> None:
-    """Random contents for `pages` in every pool, as if their tokens had been prefilled."""
-    idx = torch.tensor(pages, device=pools.kv[0].device)
-    for l in range(len(pools.kv)):
-        pools.kv[l][idx] = torch.randn_like(pools.kv[l][idx])
-        pools.ckv[l][idx] = torch.randn_like(pools.ckv[l][idx])
-        k = pools.idx_k[l]
-        if k is not None:
-            keys = torch.randn(*k[idx].shape, device=k.device)
-            flat = idx.unsqueeze(1) * k.shape[1] + torch.arange(k.shape[1], device=k.device)
-            pools.write_index_k(l, flat.flatten(), keys.flatten(0, 1))
-
-
 def timed(fn, steps: int, sync: bool) -> tuple[float, float]:
     times = []
     for _ in range(steps):
@@ -86,7 +73,7 @@ def main() -> None:
     # long-lived decode sequences with 2-4k tokens of context
     ctx = [rng.randint(2048, 4096) for _ in range(80)]
     tables = [alloc.take((c + 64) // P + 2) for c in ctx]
-    fill_random(pools, [p for t in tables for p in t])
+    pools.fill_random([p for t in tables for p in t])
     pos = list(ctx)
 
     def decode(n: int) -> None:
@@ -103,7 +90,7 @@ def main() -> None:
     chunk = [rng.randrange(cfg.model.vocab_size) for _ in range(2048)]
     for prefix in (0, 8192):
         table = alloc.take((prefix + 2048) // P)
-        fill_random(pools, table)
+        pools.fill_random(table)
         batch = ForwardBatch([SeqSlice(chunk, prefix, table)])
         model(batch, pools)
         med, best = timed(lambda: model(batch, pools), max(3, args.steps // 2), sync)

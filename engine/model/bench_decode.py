@@ -35,24 +35,12 @@ import time
 import torch
 
 from ..config import EngineConfig, ModelConfig
+from ..cuda_graphs import capture_graph
 from .batch import ForwardBatch, SeqSlice
-from .bench import Pages, fill_random
+from .bench import Pages
 from .fused_projections import fuse_projections
 from .kv_pools import KVPools
 from .model import DSV4Mini
-
-
-def capture(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """fn() run once on a side stream (Triton compiles, library handles), then captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
 
 
 def time_replays(g: torch.cuda.CUDAGraph, n: int) -> float:
@@ -247,7 +235,7 @@ def main() -> None:
     pools = KVPools(cfg, dtype=torch.bfloat16, device=dev, scratch_page=True)
     alloc = Pages(cfg.num_pages, seed=0)
     tables = [alloc.take(c // P + 1) for c in ctx_all]
-    fill_random(pools, [p for t in tables for p in t])
+    pools.fill_random([p for t in tables for p in t])
     bw = copy_bandwidth(dev)
     n_params = sum(p.numel() for p in model.parameters())
     print(
@@ -293,7 +281,7 @@ def main() -> None:
                 b.synchronize()
                 ts.append(a.elapsed_time(b))
             eager_ms = statistics.median(ts)
-        g, logits = capture(lambda: model.forward_static_decode(tok, pos, pt, pools))
+        g, logits = capture_graph(lambda: model.forward_static_decode(tok, pos, pt, pools))
         ms = time_replays(g, args.replays)
         nbytes = step_bytes(model, pools, ctx, experts_hit)
         total = sum(nbytes.values())
@@ -328,7 +316,7 @@ def main() -> None:
                 compiled(tok, pos, pt, pools)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            gc, logits_c = capture(lambda: compiled(tok, pos, pt, pools))
+            gc, logits_c = capture_graph(lambda: compiled(tok, pos, pt, pools))
             ms_c = time_replays(gc, args.replays)
             # NOTE: a step reads only pool contents that precede it or that it wrote itself
             # earlier in the same step, so either graph's last replay leaves its own logits

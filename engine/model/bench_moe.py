@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import grouped_moe as gm
-from .bench_decode import CONFIGS, capture, copy_bandwidth, time_replays
+from ..cuda_graphs import capture_graph
+from .bench_decode import CONFIGS, copy_bandwidth, time_replays
 from .static_moe import _expert_order
 
 LAYERS = 4
@@ -84,7 +85,7 @@ SWEEP2_OUT = [
 
 def time_graph(fn, n: int = 50) -> float:
     """Median ms of a replay of fn() captured in a CUDA graph."""
-    return time_replays(capture(fn)[0], n)
+    return time_replays(capture_graph(fn)[0], n)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

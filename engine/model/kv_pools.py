@@ -130,6 +130,19 @@ class KVPools:
     def read_ckv(self, layer: int, entries: torch.Tensor) -> torch.Tensor:
         return self.ckv_flat(layer)[entries]
 
+    def fill_random(self, pages: list[int]) -> None:
+        """Random contents for `pages` in every pool, as if their tokens had been prefilled: the
+        benchmarks and the graph tests set up long contexts this way without a prefill."""
+        idx = torch.tensor(pages, device=self.kv[0].device)
+        for layer in range(len(self.kv)):
+            self.kv[layer][idx] = torch.randn_like(self.kv[layer][idx])
+            self.ckv[layer][idx] = torch.randn_like(self.ckv[layer][idx])
+            k = self.idx_k[layer]
+            if k is not None:
+                keys = torch.randn(*k[idx].shape, device=k.device)
+                flat = idx.unsqueeze(1) * k.shape[1] + torch.arange(k.shape[1], device=k.device)
+                self.write_index_k(layer, flat.flatten(), keys.flatten(0, 1))
+
     def write_index_k(self, layer: int, entries: torch.Tensor, keys: torch.Tensor) -> None:
         """Quantize float keys [n, index_dim] into the layer's index-K pool."""
         self.write_index_k_stored(layer, entries, *quantize_index_k(keys, self.index_k_dtype))

@@ -11,8 +11,7 @@ import torch
 
 from dsv4bench.engine.config import EngineConfig, ModelConfig
 from dsv4bench.engine.model import DSV4Mini, KVPools
-from dsv4bench.engine.model.bench import fill_random
-from dsv4bench.engine.model.bench_decode import capture
+from dsv4bench.engine.cuda_graphs import capture_graph
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -41,7 +40,7 @@ def test_compiled_static_decode_matches_uncompiled_in_bf16():
     torch.manual_seed(0)
     model = DSV4Mini(CFG).to("cuda", torch.bfloat16).eval()
     pools = KVPools(ecfg, dtype=torch.bfloat16, device="cuda", scratch_page=True)
-    fill_random(pools, list(range(ecfg.num_pages)))
+    pools.fill_random(list(range(ecfg.num_pages)))
     rng = random.Random(0)
     B, NP, real = 24, 16, 21  # 3 padding rows
     # positions at and around block, window and page bounds
@@ -57,7 +56,7 @@ def test_compiled_static_decode_matches_uncompiled_in_bf16():
     tok, pos, pt = tok.cuda(), pos.cuda(), pt.cuda()
     saved = _pool_copy(pools)
 
-    g, want = capture(lambda: model.forward_static_decode(tok, pos, pt, pools))
+    g, want = capture_graph(lambda: model.forward_static_decode(tok, pos, pt, pools))
     _restore(pools, saved)
     g.replay()
     torch.cuda.synchronize()
@@ -65,7 +64,7 @@ def test_compiled_static_decode_matches_uncompiled_in_bf16():
 
     step = compile_static_decode(model)
     _restore(pools, saved)
-    gc, got = capture(lambda: step(tok, pos, pt, pools))
+    gc, got = capture_graph(lambda: step(tok, pos, pt, pools))
     _restore(pools, saved)
     gc.replay()
     torch.cuda.synchronize()
