@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from dsv4bench.engine.config import EngineConfig
 from dsv4bench.engine.unified_engine import AsyncEngine, UnifiedEngine
 from dsv4bench.engine.memory import PageAllocator
-from dsv4bench.engine.model.bench_decode import parse_batches
+from bench_decode import parse_batches
 from dsv4bench.engine.model.model import DSV4Mini
 from dsv4bench.engine.model_runner import ModelRunner
 from dsv4bench.engine.radix_cache import RadixCache

@@ -123,7 +123,7 @@ if AVAILABLE:
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, b through the tensor-memory copy engine),
 # by (SwiGLU product, at least 128 rows an expert on average), from a sweep on an H200 at the
-# 1B config's experts (bench_moe.py --sweep): 64-row tiles at a decode batch of 80-256,
+# 1B config's experts (scripts/bench_moe.py --sweep): 64-row tiles at a decode batch of 80-256,
 # 128-row tiles at 1024 (there the products are no longer bound by the weights alone); the
 # copy engine for b was no faster. A tuning sweep may replace the entries.
 CONFIG = {

@@ -4,20 +4,15 @@ caught per half and stage, and which page is whose."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from dsv4bench.servers.monitor import parse_metrics
 from tests.fixtures.metrics import page
+from tests.scripts.script_loader import load_script
 
-_spec = importlib.util.spec_from_file_location("abort_soak", Path(__file__).parents[2] / "scripts" / "abort_soak.py")
-assert _spec and _spec.loader
-soak = sys.modules["abort_soak"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-_spec.loader.exec_module(soak)
+soak = load_script("abort_soak")
 
 LABELS = 'engine_type="{role}",model_name="dsv4-mini"'
 GAUGES = (

@@ -3,18 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_engine", Path(__file__).parents[2] / "scripts" / "bench_engine.py"
-)
-assert _spec and _spec.loader
-bench = sys.modules["bench_engine"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.scripts.script_loader import load_script
+
+bench = load_script("bench_engine")
 
 
 @pytest.mark.parametrize("batches", [[1, 8, 80], [1, 80, 256], [1024]])

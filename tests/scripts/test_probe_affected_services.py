@@ -3,18 +3,12 @@ weights write the root there on the ops task they loop on in the closed loop (se
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "probe_affected_services", Path(__file__).parents[2] / "scripts" / "probe_affected_services.py"
-)
-assert _spec and _spec.loader
-probe = sys.modules["probe_affected_services"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
+from tests.scripts.script_loader import load_script
+
+probe = load_script("probe_affected_services")
 
 
 def test_the_position_is_the_second_items_first_token():

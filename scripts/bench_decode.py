@@ -1,6 +1,6 @@
 """Decode step of DSV4Mini on a GPU, replayed as a CUDA graph, against the bytes it must read.
 
-    python -m dsv4bench.engine.model.bench_decode [--config default|1b] [--batches 1,80,256,1024]
+    python scripts/bench_decode.py [--config default|1b] [--batches 1,80,256,1024]
         [--dtype float32|bfloat16] [--ctx 2048,4096] [--eager] [--compile] [--profile 256] [--profile-out DIR]
 
 For each batch: sequences at contexts drawn from --ctx, pools filled with random KV, one decode
@@ -34,13 +34,13 @@ import time
 
 import torch
 
-from ..config import EngineConfig, ModelConfig
-from ..cuda_graphs import capture_graph
-from .batch import ForwardBatch, SeqSlice
-from .bench import Pages
-from .fused_projections import fuse_projections
-from .kv_pools import KVPools
-from .model import DSV4Mini
+from dsv4bench.engine.config import EngineConfig, ModelConfig
+from dsv4bench.engine.cuda_graphs import capture_graph
+from dsv4bench.engine.model.batch import ForwardBatch, SeqSlice
+from bench_model import Pages
+from dsv4bench.engine.model.fused_projections import fuse_projections
+from dsv4bench.engine.model.kv_pools import KVPools
+from dsv4bench.engine.model.model import DSV4Mini
 
 
 def time_replays(g: torch.cuda.CUDAGraph, n: int) -> float:

@@ -1,7 +1,7 @@
 """The routed experts of one MoE layer on a GPU: torch._grouped_mm against the Triton grouped
 kernels (kernels/grouped_moe.py), at the 1B benchmark config's shapes (bench_decode.py).
 
-    python -m dsv4bench.engine.model.bench_moe [--batches 80,256,1024] [--sweep]
+    python scripts/bench_moe.py [--batches 80,256,1024] [--sweep]
 
 Each variant is captured in a CUDA graph over LAYERS layers' weights (so that no layer's
 weights sit in L2 from the previous replay, as in a step) and timed over replays with CUDA
@@ -19,10 +19,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from ..kernels import grouped_moe as gm
-from ..cuda_graphs import capture_graph
-from .bench_decode import CONFIGS, copy_bandwidth, time_replays
-from .static_moe import _expert_order
+from dsv4bench.engine.kernels import grouped_moe as gm
+from dsv4bench.engine.cuda_graphs import capture_graph
+from bench_decode import CONFIGS, copy_bandwidth, time_replays
+from dsv4bench.engine.model.static_moe import _expert_order
 
 LAYERS = 4
 

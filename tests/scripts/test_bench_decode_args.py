@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 
-from dsv4bench.engine.model import bench_decode
+from tests.scripts.script_loader import load_script
+
+bench_decode = load_script("bench_decode")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Per-step latency of DSV4Mini.forward on the default config (random weights, pools filled
 with random KV so that no prefill is needed to set up long contexts).
 
-    python -m dsv4bench.engine.model.bench [--steps N] [--device cpu|cuda]
+    python scripts/bench_model.py [--steps N] [--device cpu|cuda]
 
 Prints the median (and min) over several steps for decode batches of 1, 8 and 80 sequences at
 contexts of 2-4k tokens, a 2048-token prefill chunk (from position 0, and after an 8k prefix),
@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from ..config import EngineConfig, ModelConfig
-from .batch import ForwardBatch, SeqSlice
-from .kv_pools import KVPools
-from .model import DSV4Mini
+from dsv4bench.engine.config import EngineConfig, ModelConfig
+from dsv4bench.engine.model.batch import ForwardBatch, SeqSlice
+from dsv4bench.engine.model.kv_pools import KVPools
+from dsv4bench.engine.model.model import DSV4Mini
 
 
 class Pages:
