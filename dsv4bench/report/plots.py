@@ -1,5 +1,6 @@
-"""PNG plots for the report: a turn timeline by outcome, corruption rate by turn depth, and a
-queue timeline (active sessions over every scraped queue gauge, kills as shaded bands).
+"""PNG plots for the report: a turn timeline by outcome (kills and the first finding of each code
+marked), corruption rate by turn depth, and a queue timeline (active sessions over every scraped
+queue gauge, kills as shaded bands).
 
 Built on `matplotlib.figure.Figure` directly rather than pyplot: no global figure registry and
 no backend switch (Figure.savefig renders PNG through Agg by itself), so it never opens a
@@ -21,6 +22,7 @@ from matplotlib.figure import Figure
 from dsv4bench.servers.dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
 from dsv4bench.history.run_folder import History, open_private, private_dir
 from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.report.onset import first_turns
 from dsv4bench.report.summary import outcome_counts, run_window, turn_end_wall_ns
 from dsv4bench.report.escape import plot_text
 
@@ -47,6 +49,12 @@ def is_kill_event(event: dict[str, Any]) -> bool:
     """Nemesis events, drawn as vertical lines: kinds named kill* or nemesis*."""
     kind = str(event.get("kind", ""))
     return kind.startswith("kill") or kind.startswith("nemesis")
+
+
+def first_finding_marks(history: History, start_wall_ns: int) -> list[tuple[float, str]]:
+    """(seconds since `start_wall_ns`, code) of the first finding of each code (onset.py), first
+    found first: the timeline marks them beside the kills."""
+    return [((at - start_wall_ns) / 1e9, code) for code, (at, _, _) in first_turns(history).items()]
 
 
 def timeline_figure(history: History) -> Figure | None:
@@ -94,6 +102,22 @@ def timeline_figure(history: History) -> Figure | None:
     ]
     for i, x in enumerate(kills):
         ax.axvline(x, color="black", linestyle="--", linewidth=1, label="nemesis kill" if i == 0 else None)
+    for i, (x, code) in enumerate(first_finding_marks(history, start)):
+        ax.axvline(
+            x, color="#b07aa1", linestyle=":", linewidth=1.2, label="first finding of a code" if i == 0 else None
+        )
+        # The code's name up the line, from the bottom: the corrupt-turn rug runs along the top.
+        ax.text(
+            x,
+            0.02,
+            f" {plot_text(code)}",
+            rotation=90,
+            fontsize="x-small",
+            color="#b07aa1",
+            transform=ax.get_xaxis_transform(),
+            va="bottom",
+            ha="right",
+        )
     ax.set_xlim(0, nbins * width)
     ax.set_ylim(0, max(max(bottom), 1e-9) * 1.15)
     ax.set_xlabel("seconds since run start")
