@@ -119,6 +119,7 @@ def agents(
     ),
     ttft_timeout: float = opt.TTFT_TIMEOUT,
     total_timeout: float = opt.TOTAL_TIMEOUT,
+    slo: Optional[str] = opt.SLO,
     on_corrupt: str = opt.ON_CORRUPT,
     raw: bool = opt.option(
         RunConfig.raw,
@@ -217,6 +218,7 @@ def agents(
             quiet,
             ttft_timeout,
             total_timeout,
+            slo,
             reference,
             engine_flags=(engine_arg, engine_fault, engine_pd, engine_router),
         )
@@ -239,6 +241,7 @@ def agents(
             temperature=temperature,
             ttft_timeout=ttft_timeout,
             total_timeout=total_timeout,
+            slo=slo,
             on_corrupt=on_corrupt,
             raw=raw,
             family=family,
@@ -306,6 +309,7 @@ def _replay(
     quiet: bool,
     ttft_timeout: float,
     total_timeout: float,
+    slo: str | None,
     reference: Path | None,
     engine_flags: tuple[list[str], list[str], bool, str],
 ) -> None:
@@ -333,6 +337,7 @@ def _replay(
             quiet=quiet,
             ttft_timeout=ttft_timeout,
             total_timeout=total_timeout,
+            slo=slo,
         )
         check_out_dir(out_dir)
         ensure_open_files(concurrency)

@@ -82,6 +82,7 @@ def locust(
     ),
     ttft_timeout: float = opt.TTFT_TIMEOUT,
     total_timeout: float = opt.TOTAL_TIMEOUT,
+    slo: Optional[str] = opt.SLO,
     # Locust stops users by count: its --kill is the kill-storm shape's schedule, not agents' session picker
     kill: list[str] = opt.option(
         list(RunConfig.kill),
@@ -131,6 +132,7 @@ def locust(
             temperature=temperature,
             ttft_timeout=ttft_timeout,
             total_timeout=total_timeout,
+            slo=slo,
             model=model,
             api_key=api_key,
             out=out_dir,

@@ -102,6 +102,20 @@ ON_CORRUPT = option(
     help="After a corrupt turn: continue (feed back an error) or stop.",
 )
 
+SLO = option(
+    RunConfig.slo,
+    "--slo",
+    panel=CHECKS,
+    metavar="TARGETS",
+    help=(
+        "Latency targets each turn is judged against, any of ttft, itl (the turn's mean gap between tokens) and "
+        "e2e, in s or ms (a plain number is seconds), e.g. ttft=2s,itl=100ms,e2e=60s. The report, summary.json, "
+        "the exported metrics and the Locust tab then give the share of turns meeting them all and the goodput "
+        "(those turns, and their output tokens, per second), as vLLM's bench serve and AIPerf report it; killed "
+        "turns are not counted, corrupt or failed ones never good. docs/slo.md."
+    ),
+)
+
 # --- wedge watch ------------------------------------------------------------------------------
 METRICS_INTERVAL = option(
     RunConfig.metrics_interval,

@@ -21,6 +21,7 @@ from dsv4bench.wire.turn_answer import Deadlines
 from dsv4bench.history.redact import MASK, KeyScope, Redactor, redact_command
 from dsv4bench.harness.request_mix import RequestMix, RequestMixError
 from dsv4bench.harness.session import SessionConfig, SessionConfigError
+from dsv4bench.report.slo import SloError, SloTargets
 
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
 MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
@@ -67,6 +68,7 @@ class RunConfig:
     serve_metrics: int | None = None  # port of the harness's own /metrics
     recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
+    slo: str | None = None  # latency targets (report/slo.py): each turn judged, goodput reported
     # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
     # with key_to_workers the servers found behind a router too. Empty: the run's url and metrics.
     key_hosts: tuple[str, ...] = ()
@@ -124,6 +126,11 @@ class RunConfig:
             object.__setattr__(self, "family", family_flag(self.family))
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self.slo is not None:
+            try:  # run.json records it written back whole: ttft=2s,itl=100ms
+                object.__setattr__(self, "slo", SloTargets.parse(self.slo).spec)
+            except SloError as e:
+                raise ConfigError(str(e)) from None
         if self.reference is not None and self.temperature != 0:
             raise ConfigError("--reference compares greedy answers: it needs --temperature 0")
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]
@@ -149,6 +156,11 @@ class RunConfig:
             context_tokens=context_tokens,
             request_mix=RequestMix.parse(self.request_mix) if self.request_mix is not None else None,
         )
+
+    @property
+    def slo_targets(self) -> SloTargets | None:
+        """--slo's targets, read; None where none were given."""
+        return SloTargets.parse(self.slo) if self.slo is not None else None
 
     @property
     def deadlines(self) -> Deadlines:

@@ -32,6 +32,7 @@ from dsv4bench.checks.oracle import NOT_OFFERED_EVENT
 from dsv4bench.history.records import OracleReadings, TurnRecord, Verdict
 from dsv4bench.report.summary import counts_code, run_window
 from dsv4bench.report.escape import escape_text
+from dsv4bench.report.slo_section import slo_section
 
 EXAMPLES_PER_CODE = 3
 ORACLE_EXAMPLES = 5  # turns shown whose parsers' readings disagree
@@ -897,6 +898,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _examples_section(history, summary),
         _oracles_section(history),
         _latency_section(summary),
+        slo_section(summary),
         _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
         [
             "## How to reproduce",

@@ -1,7 +1,6 @@
 """Goodput against latency targets (`--slo ttft=2s,itl=100ms,e2e=60s`): each turn meets its
 targets or not, and a run's share of turns meeting them and its goodput (turns and output
-tokens per second that met them), as `vllm bench serve --goodput` and AIPerf's `--goodput`
-define it. docs/slo.md is the reference; the rules, written once here:
+tokens per second that met them), as vLLM's `bench serve` and AIPerf define goodput. docs/slo.md is the reference; the rules, written once here:
 
 - A turn is good when it completed (status ok), no checker found it corrupt, and it met every
   target given. A target is met at or under it (`<=`, as vLLM and AIPerf compare).

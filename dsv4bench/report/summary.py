@@ -34,6 +34,7 @@ from dsv4bench.servers.discovery import Deployment
 from dsv4bench.history.run_folder import RUN_FILE, History, history_gaps
 from dsv4bench.history.records import INT64, TurnRecord, TurnStatus, is_finite_number
 from dsv4bench.history.request_terms import DIMENSIONS, RequestTerms
+from dsv4bench.report.slo import run_slo
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
@@ -323,6 +324,7 @@ def summarize(history: History) -> dict[str, Any]:
     gaps = history_gaps(history) + wedge_unreadable(history.run)
     checked, unchecked_reason = wedge_check(history, wedge)
     not_judged = unjudged(turns)
+    duration_s = (end - start) / 1e9 if start is not None and end is not None else None
     return {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
@@ -333,7 +335,7 @@ def summarize(history: History) -> dict[str, Any]:
         "partial": not history.complete,
         "end_reason": _end_reason(history),
         "skipped_lines": history.skipped_lines,
-        "duration_s": (end - start) / 1e9 if start is not None and end is not None else None,
+        "duration_s": duration_s,
         "turns": outcomes,
         "corrupt_rate": outcomes["corrupt"] / outcomes["ok"] if outcomes["ok"] else None,
         "tool_calls": tool_calls,
@@ -357,6 +359,7 @@ def summarize(history: History) -> dict[str, Any]:
         "wedge": wedge,
         "reference": _reference(history, counts),
         "deployment": _deployment(history),
+        "slo": run_slo(history.run, turns, duration_s),  # --slo: goodput over the run's duration
     }
 
 

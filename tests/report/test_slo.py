@@ -157,3 +157,37 @@ def test_a_run_given_no_targets_has_no_block_and_a_hand_edited_one_says_why() ->
     assert run_slo({"config": {"slo": "ttft=1s"}}, [turn()], 1.0)["good"] == 1
     bad = run_slo({"config": {"slo": "ttft=soon"}}, [turn()], 1.0)
     assert bad is not None and bad["spec"] == "ttft=soon" and "not a number" in bad["error"]
+
+
+# ---- summary.json and the report ----------------------------------------------------------------
+
+
+def test_the_summary_and_report_give_the_figures_of_a_run_given_targets(run_folder) -> None:
+    from dsv4bench.report import build_report
+
+    turns = [
+        turn(session="s1", turn=0, ttft_s=0.2, e2e_s=1.0, tokens=40),
+        turn(session="s1", turn=1, ttft_s=0.8, e2e_s=1.0, tokens=60),  # ttft missed
+        turn(session="s2", turn=0, status="killed"),
+        turn(session="s2", turn=1, verdicts=[("args_not_json", "tool_calls[0].arguments")]),
+    ]
+    run = {"run": "run-test", "command": "dsv4bench agents", "config": {"slo": "ttft=500ms,e2e=2s"}}
+    run_dir = run_folder(turns, run=run, duration_s=20.0)
+    summary = build_report(run_dir)
+    slo = summary["slo"]
+    assert (slo["turns"], slo["good"], slo["good_output_tokens"]) == (3, 1, 40)
+    assert slo["window_s"] == summary["duration_s"] == 20.0
+    assert slo["goodput_turns_per_s"] == pytest.approx(0.05) and slo["goodput_tokens_per_s"] == pytest.approx(2.0)
+    report = (run_dir / "report.md").read_text()
+    assert "## Latency targets (--slo)" in report
+    assert "| turns meeting every target | 1 of 3 (33.33%) | 0.05/s |" in report
+    assert "| their output tokens | 40 | 2.00/s |" in report
+    assert "1 turn missed a target (TTFT 1, E2E 0), 1 corrupt, 0 failed" in report
+
+
+def test_a_run_given_no_targets_has_no_section(run_folder) -> None:
+    from dsv4bench.report import build_report
+
+    run_dir = run_folder([turn()])
+    assert build_report(run_dir)["slo"] is None
+    assert "Latency targets" not in (run_dir / "report.md").read_text()
