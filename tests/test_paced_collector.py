@@ -92,3 +92,13 @@ def test_the_collector_is_restored_when_the_load_fails():
         assert not gc.isenabled() and gc.get_freeze_count() == 0  # disabled before: disabled after
     finally:
         gc.enable()
+
+
+def test_the_amnesty_allowance_is_half_the_available_memory_and_never_under_the_floor():
+    from dsv4bench.loop.paced_collector import AMNESTY_MIN_BYTES, available_bytes, growth_allowance
+
+    gib = 1024**3
+    assert growth_allowance(20 * gib) == 10 * gib  # a 24 GiB machine: no pause before 10 GiB more
+    assert growth_allowance(gib) == AMNESTY_MIN_BYTES  # a small machine keeps the floor
+    assert growth_allowance(0) == AMNESTY_MIN_BYTES  # a machine that does not say
+    assert available_bytes() >= 0
