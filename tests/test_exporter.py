@@ -58,6 +58,54 @@ def test_scrape_follows_live_stats() -> None:
     assert not any(k.startswith(("process_", "python_")) for k in m)
 
 
+def test_with_slo_the_scrape_gives_the_turns_against_the_targets_and_the_goodput() -> None:
+    from dsv4bench.report.slo import SloTargets, tally_for
+    from tests.report.test_slo import turn
+
+    stats = LiveStats(slo=tally_for(SloTargets(ttft_s=0.5, itl_s=0.05)))
+    for t in (
+        turn(ttft_s=0.1, tokens=30),  # met
+        turn(ttft_s=0.1, tokens=50),  # met
+        turn(ttft_s=0.9),  # missed
+        turn(verdicts=[("args_not_json", "tool_calls[0].arguments")]),  # corrupt
+        turn(status="killed"),  # not counted
+    ):
+        stats.add_turn(t)
+    exporter = HarnessExporter(stats, "run-x")
+    handle = exporter.start(0)
+    try:
+        before = stats.elapsed
+        m = _scrape(handle.port)
+        after = stats.elapsed
+    finally:
+        exporter.shutdown()
+    assert m["dsv4bench_slo_target_seconds{run=run-x,target=ttft}"] == 0.5
+    assert m["dsv4bench_slo_target_seconds{run=run-x,target=itl}"] == 0.05
+    assert "dsv4bench_slo_target_seconds{run=run-x,target=e2e}" not in m
+    outcomes = {
+        o: m[f"dsv4bench_slo_turns_total{{outcome={o},run=run-x}}"] for o in ("met", "missed", "corrupt", "failed")
+    }
+    assert outcomes == {"met": 2, "missed": 1, "corrupt": 1, "failed": 0}
+    assert not any("outcome=killed" in k for k in m)
+    assert m["dsv4bench_slo_good_output_tokens_total{run=run-x}"] == 80
+    assert m["dsv4bench_slo_good_share{run=run-x}"] == pytest.approx(0.5)
+    # Per second of the run so far: the 2 good turns over the time elapsed when it was scraped.
+    assert 2 / after <= m["dsv4bench_goodput_turns_per_second{run=run-x}"] <= 2 / before
+    assert m["dsv4bench_goodput_tokens_per_second{run=run-x}"] == pytest.approx(
+        40 * m["dsv4bench_goodput_turns_per_second{run=run-x}"]
+    )
+
+
+def test_without_slo_no_slo_family_is_exposed() -> None:
+    exporter = HarnessExporter(LiveStats(), "run-x")
+    handle = exporter.start(0)
+    try:
+        m = _scrape(handle.port)
+    finally:
+        exporter.shutdown()
+    assert not any("slo" in k or "goodput" in k for k in m)
+
+
 def test_port_in_use_is_one_clear_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

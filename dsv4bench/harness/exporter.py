@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from dsv4bench.errors import Dsv4benchError
 from dsv4bench.harness.progress import LiveStats
+from dsv4bench.report.slo import NOT_COUNTED, Outcome, SloTally
 
 PREFIX = "dsv4bench"
 # Every family this exporter exposes (counters without their `_total` suffix, as
@@ -34,6 +35,13 @@ METRIC_NAMES: tuple[str, ...] = (
     f"{PREFIX}_tool_calls",
     f"{PREFIX}_verdicts",
     f"{PREFIX}_kills",
+    # With --slo only (report/slo.py; docs/slo.md): turns against the latency targets.
+    f"{PREFIX}_slo_target_seconds",
+    f"{PREFIX}_slo_turns",
+    f"{PREFIX}_slo_good_output_tokens",
+    f"{PREFIX}_slo_good_share",
+    f"{PREFIX}_goodput_turns_per_second",
+    f"{PREFIX}_goodput_tokens_per_second",
 )
 
 
@@ -76,6 +84,45 @@ class HarnessCollector(Collector):
         yield verdicts
         # `kills` is bumped by the nemesis where it exists; a LiveStats without it reads 0.
         yield self._counter("kills", "Sessions killed by the nemesis.", getattr(s, "kills", 0))
+        if s.slo is not None:
+            yield from self._slo(s.slo, s.elapsed)
+
+    def _gauge(self, name: str, doc: str, value: float | None) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["run"])
+        g.add_metric([self.run_id], float("nan") if value is None else float(value))
+        return g
+
+    def _slo(self, slo: SloTally, elapsed_s: float) -> Iterator[Metric]:
+        """--slo's families: the counts a dashboard takes rates of, and the run-so-far figures
+        report/slo.py gives (the rates over the time elapsed since the run started)."""
+        targets = GaugeMetricFamily(
+            f"{PREFIX}_slo_target_seconds", "The --slo latency targets.", labels=["run", "target"]
+        )
+        for name, seconds in slo.targets.given().items():
+            targets.add_metric([self.run_id, name], seconds)
+        yield targets
+        turns = CounterMetricFamily(
+            f"{PREFIX}_slo_turns",
+            "Turns counted against --slo by outcome: met (good), missed, corrupt, failed; killed ones are not counted.",
+            labels=["run", "outcome"],
+        )
+        for outcome in Outcome:
+            if outcome not in NOT_COUNTED:
+                turns.add_metric([self.run_id, outcome.value], float(slo.outcomes[outcome]))
+        yield turns
+        yield self._counter("slo_good_output_tokens", "Output tokens of the turns that met --slo.", slo.good_tokens)
+        yield self._gauge("slo_good_share", "Share of counted turns that met --slo, so far.", slo.share)
+        figures = slo.figures(elapsed_s)
+        yield self._gauge(
+            "goodput_turns_per_second",
+            "Turns that met --slo per second of the run so far.",
+            figures["goodput_turns_per_s"],
+        )
+        yield self._gauge(
+            "goodput_tokens_per_second",
+            "Output tokens of turns that met --slo per second of the run so far.",
+            figures["goodput_tokens_per_s"],
+        )
 
 
 class _Handle:

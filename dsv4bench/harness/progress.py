@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dsv4bench.history.records import CORRUPTION_CODES, TurnRecord, TurnStatus
+from dsv4bench.report.slo import SloTally
 from dsv4bench.terminal import visible
 
 
@@ -31,6 +32,7 @@ class LiveStats:
     tool_calls: int = 0
     kills: int = 0  # sessions the nemesis killed
     verdicts: Counter[str] = field(default_factory=Counter)
+    slo: SloTally | None = None  # --slo: each turn judged against the run's latency targets
 
     def add_turn(self, rec: TurnRecord) -> None:
         self.turns += 1
@@ -43,6 +45,8 @@ class LiveStats:
         if rec.status is TurnStatus.OK and rec.response:
             self.tool_calls += len(rec.response.tool_calls)
         self.verdicts.update({v.code for v in rec.verdicts})
+        if self.slo is not None:
+            self.slo.add(rec)
 
     @property
     def elapsed(self) -> float:

@@ -22,6 +22,7 @@ from dsv4bench.harness.recover import run_recovery
 from dsv4bench.history.redact import redact_command
 from dsv4bench.harness.reference_run import ReferenceAnswers
 from dsv4bench.report import build_report
+from dsv4bench.report.slo import tally_for
 from dsv4bench.servers.wedge import WedgeConfig, WedgeFinding, detect_wedge
 
 
@@ -69,7 +70,7 @@ def run_agents(
     if config.raw:
         run_info["oracles"] = oracle_versions()
     history = HistoryWriter(run_dir, run_info, config.redactor)
-    stats = LiveStats()
+    stats = LiveStats(slo=tally_for(config.slo_targets))
     exporter = None
     if config.serve_metrics is not None:
         exporter = HarnessExporter(stats, run_id)

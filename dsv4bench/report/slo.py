@@ -210,6 +210,11 @@ class SloTally:
         }
 
 
+def tally_for(targets: SloTargets | None) -> SloTally | None:
+    """A fresh tally of `targets`; None for a run given none."""
+    return SloTally(targets) if targets is not None else None
+
+
 def _per_second(value: int, window_s: float | None) -> float | None:
     return value / window_s if window_s else None
 
