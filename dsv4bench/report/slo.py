@@ -100,7 +100,9 @@ def _seconds(part: str, value: str) -> float:
 
 
 def _fmt(seconds: float) -> str:
-    return f"{seconds * 1e3:g}ms" if seconds < 1 else f"{seconds:g}s"
+    # 12 digits: the value reads back the same (6 would round a user's 1.2345678s), while the
+    # float noise of a unit's product (0.1 * 1e3 = 100.00000000000001) is left out.
+    return f"{seconds * 1e3:.12g}ms" if seconds < 1 else f"{seconds:.12g}s"
 
 
 class Outcome(str, enum.Enum):

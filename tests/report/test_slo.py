@@ -49,6 +49,8 @@ def test_a_spec_is_written_back_in_the_unit_that_reads_best_and_reads_back_the_s
     targets = SloTargets.parse("e2e=60,ttft=2000ms,itl=0.1s")
     assert targets.spec == "ttft=2s,itl=100ms,e2e=60s"
     assert SloTargets.parse(targets.spec) == targets
+    precise = SloTargets.parse("ttft=1.2345678s,itl=12.345678ms")
+    assert SloTargets.parse(precise.spec) == precise  # no digit a user gave is rounded away
 
 
 @pytest.mark.parametrize(
