@@ -28,6 +28,7 @@ from typing import Any
 from dsv4bench.history.codes import CORRUPTION, ORACLE, code_class, meaning
 from dsv4bench.history.run_folder import HistoryWriter
 from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.report.slo import SloTally, tally_for
 from dsv4bench.report.summary import tool_call_count, turn_codes
 from dsv4bench.locust.plan import Plan
 
@@ -51,12 +52,15 @@ class Tally:
     tool_calls: int = 0
     by_code: Counter[str] = field(default_factory=Counter)  # turns with the code
     examples: dict[str, deque] = field(default_factory=dict)  # code -> its latest {session, turn, what}
+    slo: SloTally | None = None  # --slo: the turns against the run's latency targets
 
     def add(self, rec: TurnRecord) -> None:
         self.turns += 1
         self.ok += rec.status is TurnStatus.OK
         self.killed += rec.status is TurnStatus.KILLED
         self.tool_calls += tool_call_count(rec)
+        if self.slo is not None:
+            self.slo.add(rec)
         for code in turn_codes(rec):
             self.by_code[code] += 1
             found = next((v for v in rec.verdicts if v.code == code), None)
@@ -143,7 +147,7 @@ class RunFolder:
             "locust": locust_info,
         }
         self.history = HistoryWriter(run_dir, self.run_info, plan.config.redactor)
-        self.tally = Tally()
+        self.tally = Tally(slo=tally_for(plan.config.slo_targets))
         self.open_sessions: dict[str, dict[str, Any]] = {}  # session -> {"worker", "turns"}
         self.history.event("run_start", run=run_id)
 

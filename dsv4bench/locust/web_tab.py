@@ -39,7 +39,7 @@ from __future__ import annotations
 import html
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ from dsv4bench.history.run_folder import REPORT_FILE, RUN_FILE
 from dsv4bench.report.escape import escape_text
 from dsv4bench.report.markdown import fmt_rate, fmt_seconds
 from dsv4bench.report.plots import PLOTS_DIR
+from dsv4bench.report.slo import SloTally
 from dsv4bench.report.summary import wedge_findings
 from dsv4bench.locust.recorder import RunFolder, Tally
 from dsv4bench.locust.server_watch import read_watch_state
@@ -207,10 +208,37 @@ def verdict_rows(
             tally.killed / tally.turns if tally.turns else None,
         ),
         row("(tool calls)", TOTAL, "tool calls of the completed turns", tally.tool_calls),
+        *slo_rows(tally.slo, row),
     ]
     for r in tally.rows():
         rows.append(row(r["code"], r["family"], r["meaning"], r["turns"], r["per_turn"], r["per_tool_call"]))
     return rows
+
+
+def slo_rows(slo: SloTally | None, row: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+    """With --slo: the turns meeting every target (counted as report/slo.py counts them) and the
+    goodput, over the recorded turns' own span (the first one's start to the last one's end)."""
+    if slo is None:
+        return []
+    window = slo.turns_window_s
+    figures = slo.figures(window)
+    rate = figures["goodput_turns_per_s"]
+    tokens = figures["goodput_tokens_per_s"]
+    goodput = (
+        f"goodput {rate:.2f} turns/s, {tokens:.1f} output tokens/s over the turns' {fmt_seconds(window)}"
+        if rate is not None and tokens is not None
+        else "goodput: no turn yet"
+    )
+    return [
+        row(
+            "(slo)",
+            TOTAL,
+            f"turns meeting every --slo target ({slo.targets.spec}) of the {slo.counted} counted "
+            f"(killed ones are not, corrupt or failed ones never meet them); {goodput}",
+            slo.good,
+            slo.share,
+        )
+    ]
 
 
 def example_rows(tally: Tally) -> list[dict[str, Any]]:

@@ -168,9 +168,17 @@ class SloTally:
     missed: Counter[str] = field(default_factory=Counter)  # per target, over completed clean turns
     good_tokens: int = 0
     tokens_unknown: int = 0  # good turns whose answer reported no completion_tokens
+    # Wall-clock span of the turns fed so far (first start, last end): a window that stops
+    # growing when the load stops, for a view that has no run_end (the Locust tab).
+    first_start_ns: int | None = None
+    last_end_ns: int | None = None
 
     def add(self, turn: TurnRecord) -> Outcome:
         found = outcome(turn, self.targets)
+        t = turn.timings
+        end = t.start_wall_ns + (t.end_ns - t.start_ns) if t.end_ns is not None else t.start_wall_ns
+        self.first_start_ns = min(t.start_wall_ns, self.first_start_ns or t.start_wall_ns)
+        self.last_end_ns = max(end, self.last_end_ns or end)
         self.outcomes[found] += 1
         if found is Outcome.MISSED:
             self.missed.update(missed_targets(turn, self.targets))
@@ -189,6 +197,13 @@ class SloTally:
     @property
     def good(self) -> int:
         return self.outcomes[Outcome.MET]
+
+    @property
+    def turns_window_s(self) -> float | None:
+        """Seconds from the first turn's start to the last one's end; None before any turn."""
+        if self.first_start_ns is None or self.last_end_ns is None:
+            return None
+        return (self.last_end_ns - self.first_start_ns) / 1e9
 
     @property
     def share(self) -> float | None:

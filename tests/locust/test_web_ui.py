@@ -136,6 +136,29 @@ def test_verdict_rows_count_as_the_tally_and_show_the_test_and_its_report():
     assert cells_are_scalars(rows)
 
 
+def test_with_slo_the_verdicts_tab_gives_the_turns_meeting_the_targets_and_the_goodput():
+    from dsv4bench.report.slo import SloTargets, tally_for
+    from tests.report.test_slo import turn as timed_turn
+
+    tally = Tally(slo=tally_for(SloTargets.parse("ttft=500ms,e2e=2s")))
+    for t in (
+        timed_turn(start_s=0.0, ttft_s=0.1, e2e_s=1.0, tokens=30),  # met
+        timed_turn(start_s=1.0, ttft_s=0.9, e2e_s=1.0, tokens=30),  # ttft missed
+        timed_turn(start_s=2.0, ttft_s=0.1, e2e_s=2.0, tokens=50),  # met, ends at 4 s
+        timed_turn(start_s=2.5, status="killed"),  # not counted
+    ):
+        tally.add(t)
+    test = web_tab.ShownTest("run-1", Path("/runs/run-1"), "running")
+    rows = {r["code"]: r for r in web_tab.verdict_rows(tally, test, "/dsv4bench/report")}
+    slo = rows["(slo)"]
+    assert (slo["count"], slo["per_turn"]) == (2, "66.67%")
+    # Over the turns' own span, 0 s to 4 s: 2 turns and 80 tokens.
+    assert "(ttft=500ms,e2e=2s) of the 3 counted" in slo["meaning"]
+    assert "goodput 0.50 turns/s, 20.0 output tokens/s over the turns' 4.00 s" in slo["meaning"]
+    assert cells_are_scalars(list(rows.values()))
+    assert "(slo)" not in {r["code"] for r in web_tab.verdict_rows(hand_made_tally(), test, "/r")}
+
+
 def test_example_rows_carry_server_text_as_text_made_visible():
     rows = web_tab.example_rows(hand_made_tally())
     assert [(r["code"], r["session"], r["turn"]) for r in rows] == [
