@@ -1,4 +1,4 @@
-"""The table of verdict codes: docs/verdicts.md lists exactly its codes, each has a checker or is a wedge code."""
+"""The table of verdict codes: docs/verdicts.md lists exactly its codes, each has a checker or is run-level."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from dsv4bench.history.codes import (
     FAMILIES,
     ORACLE,
     ORACLE_CODE,
+    STATE,
+    STATE_CODES,
     WEDGE,
     WEDGE_CODES,
     code_class,
@@ -21,7 +23,13 @@ from dsv4bench.history.codes import (
 
 VERDICTS = Path(__file__).resolve().parents[1] / "docs" / "verdicts.md"
 # How docs/verdicts.md names each family: `Corruption: ...`, `Wedge (per endpoint): ...`.
-_PAGE_FAMILY = {"Corruption": CORRUPTION, "Availability": AVAILABILITY, "Wedge": WEDGE, "Oracle": ORACLE}
+_PAGE_FAMILY = {
+    "Corruption": CORRUPTION,
+    "Availability": AVAILABILITY,
+    "Wedge": WEDGE,
+    "State": STATE,
+    "Oracle": ORACLE,
+}
 
 
 def listed_codes() -> dict[str, list[str]]:
@@ -31,7 +39,7 @@ def listed_codes() -> dict[str, list[str]]:
     section = text.split("\n## Verdict codes\n", 1)[1].split("\n## ", 1)[0]
     out: dict[str, list[str]] = {}
     for label, body in re.findall(
-        r"\b(Corruption|Availability|Wedge|Oracle)\b[^:.]*:(.*?)\.(?=\s|$)", section, flags=re.DOTALL
+        r"\b(Corruption|Availability|Wedge|State|Oracle)\b[^:.]*:(.*?)\.(?=\s|$)", section, flags=re.DOTALL
     ):
         out[_PAGE_FAMILY[label]] = re.findall(r"`([a-z][a-z_]*)`", body)
     return out
@@ -44,10 +52,12 @@ def test_verdicts_page_lists_exactly_the_tables_codes_per_family() -> None:
         assert sorted(listed[family]) == sorted(c.code for c in CODES if c.family == family), family
 
 
-def test_every_code_has_a_checker_or_is_a_wedge_code() -> None:
+def test_every_code_has_a_checker_or_is_a_run_level_code() -> None:
     for c in CODES:
         if c.family == WEDGE:
             assert c.checker is None and c.code in WEDGE_CODES
+        elif c.family == STATE:
+            assert c.checker is None and c.code in STATE_CODES
         elif c.code == ORACLE_CODE:
             assert ORACLE_CHECKER.__name__ == f"check_{c.code}" and c.family == ORACLE
         else:

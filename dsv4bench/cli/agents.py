@@ -41,6 +41,7 @@ NOT_WITH_REPLAY = (
     "serve_metrics",
     "canary_timeout",
     "recover_cmd",
+    "persist_sessions",
 )
 
 
@@ -179,10 +180,11 @@ def agents(
         "--recover-cmd",
         panel=opt.WEDGE_WATCH,
         help=(
-            "Shell command to run when a wedge is found (e.g. restart the services); the time back to healthy is "
-            "measured."
+            "Shell command to run when a wedge is found or the state is poisoned (e.g. restart the services); the "
+            "time back to healthy, and after poisoning until fresh sessions are clean, is measured."
         ),
     ),
+    persist_sessions: int = opt.PERSIST_SESSIONS,
     engine_arg: list[str] = opt.ENGINE_ARG,
     engine_fault: list[str] = opt.ENGINE_FAULT,
     engine_pd: bool = opt.ENGINE_PD,
@@ -256,6 +258,7 @@ def agents(
             drain_timeout=drain_timeout,
             canary_timeout=canary_timeout,
             recover_cmd=recover_cmd,
+            persist_sessions=persist_sessions,
             serve_metrics=serve_metrics,
             reference=reference,
             # The hosts named here, before the bundled engine or discovery add theirs (the engine's are ours).

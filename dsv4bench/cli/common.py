@@ -23,6 +23,7 @@ out = Console()
 VERDICT_STYLE = {
     "CLEAN": "bold green",
     "CORRUPTION": "bold red",
+    "POISONED": "bold red",
     "WEDGE": "bold magenta",
     "ERRORS": "bold yellow",
     "INCOMPLETE": "bold red",

@@ -129,6 +129,16 @@ CANARY_TIMEOUT = option(
     panel=WEDGE_WATCH,
     help="Deadline of the one short completion sent after the drain window.",
 )
+PERSIST_SESSIONS = option(
+    RunConfig.persist_sessions,
+    "--persist-sessions",
+    panel=CHECKS,
+    metavar="N",
+    help=(
+        "When the load found corruption: after the drain, replay N sessions that were clean early in the run, one "
+        "at a time; if most of them now corrupt, the server's state is poisoned (poisoned_state). 0: off."
+    ),
+)
 
 
 def metrics(during: str) -> Any:

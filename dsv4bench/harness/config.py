@@ -67,6 +67,8 @@ class RunConfig:
     canary_timeout: float = 10.0  # the post-drain canary's deadline
     serve_metrics: int | None = None  # port of the harness's own /metrics
     recover_cmd: str | None = None  # run when a wedge is found; time to healthy is measured
+    # Fresh sessions replayed alone after the load when it found corruption (persistence.py); 0: off.
+    persist_sessions: int = 3
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
     slo: str | None = None  # latency targets (report/slo.py): each turn judged, goodput reported
     # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
@@ -111,6 +113,8 @@ class RunConfig:
             raise ConfigError(f"--serve-metrics must be a port number (0-65535), got {self.serve_metrics}")
         if self.canary_timeout <= 0:
             raise ConfigError("--canary-timeout must be positive")
+        if self.persist_sessions < 0:
+            raise ConfigError("--persist-sessions must be zero (off) or more")
         if self.drain_timeout < 0:
             raise ConfigError("--drain-timeout must be zero or positive")
         from dsv4bench.harness.nemesis import parse_kill_spec

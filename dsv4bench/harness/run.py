@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ from dsv4bench.servers.discovery import Deployment
 from dsv4bench.harness.driver import AgentRun
 from dsv4bench.harness.exporter import ExporterError, HarnessExporter
 from dsv4bench.families import chosen_family, family_of_server
-from dsv4bench.history.run_folder import HistoryWriter
+from dsv4bench.history.run_folder import HistoryWriter, read_history
 from dsv4bench.harness.server_watch import ServerWatch
 from dsv4bench.harness.progress import LiveStats, ProgressView
+from dsv4bench.harness.persistence import check_persistence, time_to_clean
 from dsv4bench.harness.recover import run_recovery
 from dsv4bench.history.redact import redact_command
 from dsv4bench.harness.reference_run import ReferenceAnswers
@@ -92,13 +94,23 @@ def run_agents(
             wedge = judge_wedge(config, driver.watch, history)
             if wedge is not None:
                 run_info["wedge"] = wedge
-                if config.recover_cmd and any(w["codes"] for w in wedge.values()):
-                    history.event("recover_start", cmd=redact_command(config.recover_cmd))
-                    run_info["recovery"] = run_recovery(
-                        config.recover_cmd, [config.base_url], model, api_key=config.api_key
-                    )
-                    history.event("recover_end", **run_info["recovery"])
-                history.update_run_info(run_info)
+            # Wedge judgement, then what the load left behind (fresh sessions on a wedged server
+            # would only hang), then the recovery that clears either.
+            wedged = wedge is not None and any(w["codes"] for w in wedge.values())
+            persisted = None if wedged else judge_persistence(config, model, family, run_id, run_dir, history)
+            if persisted is not None:
+                run_info["persistence"] = persisted
+            poisoned = persisted is not None and persisted.get("poisoned") is True
+            if config.recover_cmd and (wedged or poisoned):
+                t0 = time.monotonic()
+                history.event("recover_start", cmd=redact_command(config.recover_cmd))
+                run_info["recovery"] = run_recovery(
+                    config.recover_cmd, [config.base_url], model, api_key=config.api_key
+                )
+                history.event("recover_end", **run_info["recovery"])
+                if poisoned:
+                    persisted["after_recovery"] = time_to_clean(config, model, family, run_id, persisted, t0)
+            history.update_run_info(run_info)
     except KeyboardInterrupt:
         reason = "interrupted"  # the history so far is kept and reported
     except BaseException:
@@ -110,6 +122,19 @@ def run_agents(
         if exporter is not None:
             exporter.shutdown()  # kept up through the drain so dashboards see it
     return build_report(run_dir), run_dir
+
+
+def judge_persistence(
+    config: RunConfig, model: str, family: str | None, run_id: str, run_dir: Path, history: HistoryWriter
+) -> dict[str, Any] | None:
+    """run.json's `persistence` block (persistence.py); a check that failed is said as our own
+    failure (`error`), never a finding about the server."""
+    try:
+        return check_persistence(config, model, family, run_id, read_history(run_dir), history)
+    except Exception as e:  # noqa: BLE001 - our bug must not lose the run's report
+        error = f"{type(e).__name__}: {e}"[:300]
+        history.event("persistence_error", error=error)
+        return {"poisoned": None, "error": error}
 
 
 def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ Families:
 - corruption: a complete response that is wrong (judged on ok turns);
 - availability: the request did not complete (judged on error and timeout turns);
 - wedge: a server after the load, judged per endpoint by wedge.py, not per turn: no checker;
+- state: the server's state after the load, judged by fresh sessions played alone after it
+  (dsv4bench/harness/persistence.py), not per turn: no checker;
 - oracle: evidence, never a verdict about the server: the --raw oracle disagreed with the
   server's own parser, or markup was found that the answer alone cannot judge.
 
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CORRUPTION, AVAILABILITY, WEDGE, ORACLE = "corruption", "availability", "wedge", "oracle"
-FAMILIES = (CORRUPTION, AVAILABILITY, WEDGE, ORACLE)
+CORRUPTION, AVAILABILITY, WEDGE, STATE, ORACLE = "corruption", "availability", "wedge", "state", "oracle"
+FAMILIES = (CORRUPTION, AVAILABILITY, WEDGE, STATE, ORACLE)
+RUN_LEVEL = (WEDGE, STATE)  # judged of the server after the load, not of a turn: no checker
 
 
 @dataclass(frozen=True)
 class VerdictCode:
     """One verdict code. `checker` names its checker in `dsv4bench.checks` as `module.function`
-    (resolved there, so this table imports no checker); None for a wedge code."""
+    (resolved there, so this table imports no checker); None for a run-level (wedge or state) code."""
 
     code: str
     family: str
@@ -35,7 +38,7 @@ class VerdictCode:
 
     def __post_init__(self) -> None:
         assert self.family in FAMILIES, f"{self.code}: unknown family {self.family!r}"
-        assert (self.checker is None) == (self.family == WEDGE), f"{self.code}: a checker unless a wedge code"
+        assert (self.checker is None) == (self.family in RUN_LEVEL), f"{self.code}: a checker unless run-level"
         assert self.meaning.strip(), f"{self.code}: no meaning"
 
 
@@ -193,6 +196,12 @@ CODES: tuple[VerdictCode, ...] = (
     VerdictCode(
         "ghost_requests", WEDGE, "After every client was gone, the server kept decoding requests nobody waits for."
     ),
+    VerdictCode(
+        "poisoned_state",
+        STATE,
+        "After the load, most fresh sessions played alone on seeds that were clean early in the run corrupted: "
+        "the load left the server's state wrong (a cache, a draft model's state, a KV pool) until it restarts.",
+    ),
     _turn(
         "parser_disagreement",
         ORACLE,
@@ -221,13 +230,14 @@ def codes_of(family: str) -> tuple[str, ...]:
 CORRUPTION_CODES = codes_of(CORRUPTION)
 AVAILABILITY_CODES = codes_of(AVAILABILITY)
 WEDGE_CODES = codes_of(WEDGE)
+STATE_CODES = codes_of(STATE)
 EVIDENCE_CODES = codes_of(ORACLE)
 ORACLE_CODE = "parser_disagreement"
 assert ORACLE_CODE in EVIDENCE_CODES
 REFERENCE_CODE = "reference_mismatch"
 assert REFERENCE_CODE in CORRUPTION_CODES
 # The codes a turn can carry (summary.json `counts` has each of them, zero or not).
-TURN_CODES = tuple(c.code for c in CODES if c.family != WEDGE)
+TURN_CODES = tuple(c.code for c in CODES if c.family not in RUN_LEVEL)
 
 
 def code_class(code: str) -> str:

@@ -12,7 +12,7 @@ def exit_code(summary: dict[str, Any], fail_on: tuple[str, ...]) -> int:
     t = summary.get("turns", {})
     if fail_on and v == "INCOMPLETE":  # lost records: no --fail-on condition can be ruled out
         return 1
-    if "corruption" in fail_on and (v == "CORRUPTION" or t.get("corrupt", 0) > 0):
+    if "corruption" in fail_on and (v in ("CORRUPTION", "POISONED") or t.get("corrupt", 0) > 0):
         return 1
     if "errors" in fail_on and (v == "ERRORS" or t.get("error", 0) > 0):
         return 1

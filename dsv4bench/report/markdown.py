@@ -33,6 +33,7 @@ from dsv4bench.history.records import OracleReadings, TurnRecord, Verdict
 from dsv4bench.report.summary import counts_code, run_window
 from dsv4bench.report.escape import escape_text
 from dsv4bench.report.slo_section import slo_section
+from dsv4bench.report.aftermath import next_steps_section, onset_section, persistence_section
 
 EXAMPLES_PER_CODE = 3
 ORACLE_EXAMPLES = 5  # turns shown whose parsers' readings disagree
@@ -194,6 +195,9 @@ def headline(summary: dict[str, Any], killer: str = "the nemesis") -> str:
         )
     elif verdict == "CORRUPTION":
         figures = f"{corrupt}; {fmt_int(bad)} of {fmt_int(calls)} tool calls bad"
+    elif verdict == "POISONED":
+        why = (summary.get("persistence") or {}).get("why") or "fresh sessions corrupted after the load"
+        figures = f"{inline(why, 200)}; during the load {corrupt}"
     elif verdict == "ERRORS":
         figures = (
             f"{fmt_int(t['error'])} of {fmt_int(t['total'])} turns failed (error or timeout); "
@@ -900,11 +904,14 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _latency_section(summary),
         slo_section(summary),
         _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
+        persistence_section(summary),
+        onset_section(summary),
         [
             "## How to reproduce",
             "",
             fence(command, "sh") if isinstance(command, str) and command else "run.json records no command.",
         ],
         ["## Plots", "", "\n\n".join(f"![{_plot_title(p)}]({p})" for p in plots)] if plots else [],
+        next_steps_section(history.run, summary),
     ]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"

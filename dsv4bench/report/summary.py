@@ -3,7 +3,10 @@
 `verdict`, `turns`, `tool_calls`, `counts` and `wedge` are a stable contract (docs/verdicts.md says
 so): CI jobs and other tools read them. Everything else is an extra for the report and may grow.
 
-`verdict` is the worst that holds of WEDGE, CORRUPTION, INCOMPLETE, ERRORS, CLEAN. INCOMPLETE
+`verdict` is the worst that holds of WEDGE, POISONED, CORRUPTION, INCOMPLETE, ERRORS, CLEAN.
+POISONED: fresh sessions played alone after the load corrupted (run.json's `persistence`,
+harness/persistence.py): corruption that outlives the load, so worse than CORRUPTION; a wedge
+still wins, since a server that hangs cannot be judged by sessions. INCOMPLETE
 is the harness's own failure, never the server's: the history lost turn records
 (history.history_gaps), its wedge findings cannot be read (`wedge_unreadable`), or a checker
 raised on a turn (`unjudged`), so no absence of a finding can be claimed; what was found (a
@@ -39,7 +42,7 @@ from dsv4bench.report.slo import run_slo
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
 # Worst first: the first verdict whose condition holds wins.
-VERDICTS: tuple[str, ...] = ("WEDGE", "CORRUPTION", "INCOMPLETE", "ERRORS", "CLEAN")
+VERDICTS: tuple[str, ...] = ("WEDGE", "POISONED", "CORRUPTION", "INCOMPLETE", "ERRORS", "CLEAN")
 _FAILED = (TurnStatus.ERROR, TurnStatus.TIMEOUT)
 _TOOL_CALL_WHERE = re.compile(r"^tool_calls\[(\d+)\]")
 
@@ -284,9 +287,24 @@ def wedge_check(history: History, wedge: dict[str, dict[str, Any]]) -> tuple[boo
     return False, "no --metrics endpoint"
 
 
-def _verdict(turns: dict[str, int], wedge: dict[str, dict[str, Any]], gaps: list[str], not_judged: list[str]) -> str:
+def persistence(run: dict[str, Any]) -> dict[str, Any] | None:
+    """run.json's `persistence` block (harness/persistence.py) where it has the shape a run
+    writes; None for a run whose check did not run."""
+    block = run.get("persistence")
+    return block if isinstance(block, dict) and block.get("poisoned") in (True, False, None) else None
+
+
+def _verdict(
+    turns: dict[str, int],
+    wedge: dict[str, dict[str, Any]],
+    gaps: list[str],
+    not_judged: list[str],
+    poisoned: bool = False,
+) -> str:
     if any(found["codes"] for found in wedge.values()):
         return "WEDGE"
+    if poisoned:
+        return "POISONED"
     if turns["corrupt"]:
         return "CORRUPTION"
     if gaps or not_judged:
@@ -324,11 +342,16 @@ def summarize(history: History) -> dict[str, Any]:
     gaps = history_gaps(history) + wedge_unreadable(history.run)
     checked, unchecked_reason = wedge_check(history, wedge)
     not_judged = unjudged(turns)
+    persisted = persistence(history.run)
+    # NOTE: onset.py reads the history by this module's conventions (run_window, turn_codes), so
+    # it is imported here, once both are loaded, not at the top where it would be a loop.
+    from dsv4bench.report.onset import first_findings_block
+
     duration_s = (end - start) / 1e9 if start is not None and end is not None else None
     return {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
-        "verdict": _verdict(outcomes, wedge, gaps, not_judged),
+        "verdict": _verdict(outcomes, wedge, gaps, not_judged, (persisted or {}).get("poisoned") is True),
         "wedge_checked": checked,
         "wedge_unchecked_reason": unchecked_reason,
         "history": {"complete": not gaps, "gaps": gaps, "finished": history.complete},
@@ -360,6 +383,8 @@ def summarize(history: History) -> dict[str, Any]:
         "reference": _reference(history, counts),
         "deployment": _deployment(history),
         "slo": run_slo(history.run, turns, duration_s),  # --slo: goodput over the run's duration
+        "persistence": persisted,
+        "first_findings": first_findings_block(history),
     }
 
 
