@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from dsv4bench.errors import Dsv4benchError
 from dsv4bench.history.records import TurnRecord
 from dsv4bench.history.redact import Redactor
@@ -51,6 +53,24 @@ def encode_json(obj: Any, redactor: Redactor | None = None, **kw: Any) -> tuple[
 
 
 _STRUCTURE_ONLY = Redactor()
+_RECORD_ENCODER = msgspec.json.Encoder()
+
+
+def encode_record(record: msgspec.Struct, redactor: Redactor | None = None, indent: int = 0) -> tuple[bytes, bool]:
+    """A typed record (an event, the summary) as UTF-8 JSON bytes, and whether ASCII escapes had
+    to be used: the one codec of the run folder's typed records, with encode_json's guarantees.
+    Secrets are masked on the record's objects first (redact.Redactor.value), so what is written
+    is the same as encode_json would write, key for key; `indent` > 0 writes it indented."""
+    obj = (redactor or _STRUCTURE_ONLY).value(msgspec.to_builtins(record, enc_hook=str))
+    try:
+        data = _RECORD_ENCODER.encode(obj)
+    except UnicodeEncodeError:
+        # msgspec writes UTF-8 only; a lone surrogate reads back as itself only through a \u escape.
+        compact = None if indent else (",", ":")
+        return json.dumps(obj, ensure_ascii=True, indent=indent or None, separators=compact).encode("ascii"), True
+    return (msgspec.json.format(data, indent=indent) if indent else data), False
+
+
 # Run folders hold prompts, answers and captures: private to the user who ran them, whatever the umask.
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -16,26 +16,26 @@ from dsv4bench.history.run_folder import (
     ReportError,
     read_history,
     write_atomic,
-    write_json_atomic,
 )
-from dsv4bench.report.summary import summarize
+from dsv4bench.report.summary import summary_of
 from dsv4bench.report.markdown import render_report
 
 __all__ = ["build_report", "render_report"]
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
-    """Read the run folder, write summary.json, plots/*.png and report.md; return the summary.
-    ReportError when they cannot be written (the history is not touched)."""
+    """Read the run folder, write summary.json, plots/*.png and report.md; return the summary (as
+    summarize() does). ReportError when they cannot be written (the history is not touched)."""
     run_dir = Path(run_dir)
     history = read_history(run_dir)
-    summary = summarize(history)
+    typed = summary_of(history)
+    summary = typed.to_dict()
     try:
         # matplotlib loads in ~0.3 s: imported where a report is drawn, not on every CLI start
         from dsv4bench.report.plots import render_plots
 
         plots = render_plots(history, run_dir)
-        write_json_atomic(run_dir / SUMMARY_FILE, summary)
+        write_atomic(run_dir / SUMMARY_FILE, typed.to_json())
         report = render_report(history, summary, plots)
         # escape_text already made the report safe; backslashreplace only guards the encoding.
         write_atomic(run_dir / REPORT_FILE, report.encode("utf-8", errors="backslashreplace"))

@@ -38,11 +38,12 @@ from dsv4bench.history.run_folder import RUN_FILE, History, history_gaps
 from dsv4bench.history.records import INT64, TurnRecord, TurnStatus, is_finite_number
 from dsv4bench.history.request_terms import DIMENSIONS, RequestTerms
 from dsv4bench.report.slo import run_slo
+from dsv4bench.report.summary_types import RunVerdict, Summary
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
 # Worst first: the first verdict whose condition holds wins.
-VERDICTS: tuple[str, ...] = ("WEDGE", "POISONED", "CORRUPTION", "INCOMPLETE", "ERRORS", "CLEAN")
+VERDICTS: tuple[str, ...] = tuple(v.value for v in RunVerdict)
 _FAILED = (TurnStatus.ERROR, TurnStatus.TIMEOUT)
 _TOOL_CALL_WHERE = re.compile(r"^tool_calls\[(\d+)\]")
 
@@ -315,7 +316,14 @@ def _verdict(
 
 
 def summarize(history: History) -> dict[str, Any]:
-    """The content of summary.json for one (possibly partial) history."""
+    """The content of summary.json for one (possibly partial) history, as the JSON objects other
+    tools read (Summary.to_dict(); summary_types.py says why consumers read these)."""
+    return summary_of(history).to_dict()
+
+
+def summary_of(history: History) -> Summary:
+    """summary.json for one (possibly partial) history, typed; each block is one line below and
+    one field of Summary."""
     turns = history.turns
     outcomes = outcome_counts(turns)
     wedge = wedge_findings(history.run)
@@ -348,7 +356,7 @@ def summarize(history: History) -> dict[str, Any]:
     from dsv4bench.report.onset import first_findings_block
 
     duration_s = (end - start) / 1e9 if start is not None and end is not None else None
-    return {
+    blocks: dict[str, Any] = {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
         "verdict": _verdict(outcomes, wedge, gaps, not_judged, (persisted or {}).get("poisoned") is True),
@@ -386,6 +394,7 @@ def summarize(history: History) -> dict[str, Any]:
         "persistence": persisted,
         "first_findings": first_findings_block(history),
     }
+    return Summary.from_blocks(blocks)
 
 
 def harness_clock(history: History) -> dict[str, Any] | None:
