@@ -185,6 +185,8 @@ def agents(
         ),
     ),
     persist_sessions: int = opt.PERSIST_SESSIONS,
+    triage: str = opt.TRIAGE,
+    recheck: float = opt.RECHECK,
     engine_arg: list[str] = opt.ENGINE_ARG,
     engine_fault: list[str] = opt.ENGINE_FAULT,
     engine_pd: bool = opt.ENGINE_PD,
@@ -259,6 +261,8 @@ def agents(
             canary_timeout=canary_timeout,
             recover_cmd=recover_cmd,
             persist_sessions=persist_sessions,
+            triage=triage,
+            recheck=recheck,
             serve_metrics=serve_metrics,
             reference=reference,
             # The hosts named here, before the bundled engine or discovery add theirs (the engine's are ours).

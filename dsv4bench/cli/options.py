@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.triage import TRIAGE_AUTO_LIMIT, TRIAGE_REPEATS
 from dsv4bench.history.redact import API_KEY_ENV
 from dsv4bench.modes.sweep import SweepPlan
 from dsv4bench.cli.common import REQUEST_MIX_HELP
@@ -137,6 +138,32 @@ PERSIST_SESSIONS = option(
     help=(
         "When the load found corruption: after the drain, replay N sessions that were clean early in the run, one "
         "at a time; if most of them now corrupt, the server's state is poisoned (poisoned_state). 0: off."
+    ),
+)
+
+TRIAGE = option(
+    RunConfig.triage,
+    "--triage",
+    panel=CHECKS,
+    metavar="off|auto|N",
+    help=(
+        "When the load found corruption: after the drain, send each finding's exact request again alone "
+        f"{TRIAGE_REPEATS} times and once with a nonce that defeats the prefix cache, and class it: deterministic, "
+        "cache_state, cold_path, intermittent or load_dependent (first checking that the server answers one "
+        f"request alone the same way twice). auto: up to {TRIAGE_AUTO_LIMIT} findings, every code and scenario "
+        "first; N: up to N; off. docs/triage.md."
+    ),
+)
+RECHECK = option(
+    RunConfig.recheck,
+    "--recheck",
+    panel=CHECKS,
+    metavar="F",
+    help=(
+        "Send a share F (0-1) of the greedy turns the checkers passed (every scenario and depth at least once) "
+        "again alone after the load; an answer alone that differs from the one under the load is "
+        "answer_changed_under_load (a cache or KV race that keeps calls well formed), in one run. Needs "
+        "--temperature 0 and a deterministic server, checked first. docs/triage.md."
     ),
 )
 

@@ -70,6 +70,8 @@ class RunConfig:
     # Fresh sessions replayed alone after the load when it found corruption (persistence.py); 0: off.
     persist_sessions: int = 3
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
+    triage: str = "auto"  # findings sent again alone after the load: off, auto or N (triage.py)
+    recheck: float = 0.0  # share of greedy turns sent again alone after the load (recheck.py); 0: off
     slo: str | None = None  # latency targets (report/slo.py): each turn judged, goodput reported
     # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
     # with key_to_workers the servers found behind a router too. Empty: the run's url and metrics.
@@ -135,6 +137,13 @@ class RunConfig:
                 object.__setattr__(self, "slo", SloTargets.parse(self.slo).spec)
             except SloError as e:
                 raise ConfigError(str(e)) from None
+        from dsv4bench.harness.triage import triage_limit
+
+        triage_limit(self.triage)
+        if not 0.0 <= self.recheck <= 1.0:
+            raise ConfigError(f"--recheck takes a share of the greedy turns, from 0 (off) to 1; got {self.recheck:g}")
+        if self.recheck > 0 and self.temperature != 0:
+            raise ConfigError("--recheck compares greedy answers: it needs --temperature 0")
         if self.reference is not None and self.temperature != 0:
             raise ConfigError("--reference compares greedy answers: it needs --temperature 0")
         bad = [f for f in self.fail_on if f not in FAIL_ON_CHOICES]

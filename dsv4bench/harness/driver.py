@@ -38,7 +38,9 @@ from dsv4bench.harness.server_watch import RawNotOffered, ServerWatch, raw_compl
 from dsv4bench.loop.paced_collector import paced_collection
 from dsv4bench.harness.progress import LiveStats
 from dsv4bench.history.records import Timings, TurnStatus, Verdict
+from dsv4bench.harness.recheck import RecheckKeep
 from dsv4bench.harness.reference_run import ReferenceAnswers
+from dsv4bench.harness.triage import FindingKeep, triage_limit
 from dsv4bench.harness.session import AgentSession, EndReason, request_summary
 from dsv4bench.wire.transport import AiohttpTransport
 from dsv4bench.wire.turn_answer import Deadlines, TurnOutcome, TurnProbe
@@ -120,6 +122,9 @@ class AgentRun:
         self.clock = LoopWatch()
         self.lane = TurnLane()
         self.raw_not_offered = RawNotOffered(history)  # --raw not offered for the family: said once, recorded
+        # Requests kept for after the load, alone (alone.py): findings to triage, turns to recheck.
+        self.findings = FindingKeep(triage_limit(config.triage))
+        self.recheck = RecheckKeep(config.recheck, config.seed)
 
     async def run(self) -> None:
         """The three phases: load, drain, final checks."""
@@ -293,6 +298,9 @@ class AgentRun:
             verdicts, check_errors = run_checks(ctx)
             if ctx.reference is not None and outcome.status is TurnStatus.OK:
                 summary["compared"] = True  # the reference sent this same request: judged against it
+            if outcome.status is TurnStatus.OK:
+                self.findings.note(headers, body, verdicts)
+                self.recheck.note(headers, body, outcome.response, verdicts)
             rec = turn_record(self.run_id, sess, body, summary, outcome, verdicts, check_errors, kept_oracles(ctx))
             self.history.turn(rec)
             self.stats.add_turn(rec)

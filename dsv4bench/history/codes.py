@@ -181,6 +181,15 @@ CODES: tuple[VerdictCode, ...] = (
         "The reference run (--reference) got a different answer to this same greedy request: "
         "the server computed it from wrong state (a cache or KV race), or is not deterministic.",
     ),
+    # Judged only with --recheck (dsv4bench/harness/recheck.py), after the load.
+    _turn(
+        "answer_changed_under_load",
+        CORRUPTION,
+        "reference",
+        "Sent again alone after the load (--recheck), this greedy request got another answer than under the load, "
+        "on a server that answered the same request alone the same way twice: the load changed what the model "
+        "was given (a cache or KV race, batching).",
+    ),
     _turn("http_error", AVAILABILITY, "availability", "The server answered with an HTTP error status."),
     _turn("timeout_ttft", AVAILABILITY, "availability", "No first token arrived within the time-to-first-token limit."),
     _turn("timeout_total", AVAILABILITY, "availability", "The response did not finish within the total time limit."),
@@ -236,6 +245,8 @@ ORACLE_CODE = "parser_disagreement"
 assert ORACLE_CODE in EVIDENCE_CODES
 REFERENCE_CODE = "reference_mismatch"
 assert REFERENCE_CODE in CORRUPTION_CODES
+ANSWER_CHANGED_CODE = "answer_changed_under_load"
+assert ANSWER_CHANGED_CODE in CORRUPTION_CODES
 # The codes a turn can carry (summary.json `counts` has each of them, zero or not).
 TURN_CODES = tuple(c.code for c in CODES if c.family not in RUN_LEVEL)
 

@@ -33,6 +33,7 @@ from dsv4bench.history.records import OracleReadings, TurnRecord, Verdict
 from dsv4bench.report.summary import counts_code, run_window
 from dsv4bench.report.escape import escape_text
 from dsv4bench.report.slo_section import slo_section
+from dsv4bench.report.triage_section import triage_section
 from dsv4bench.report.aftermath import next_steps_section, onset_section, persistence_section
 
 EXAMPLES_PER_CODE = 3
@@ -904,6 +905,7 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         _latency_section(summary),
         slo_section(summary),
         _wedge_section(history, summary) if "wedge" in history.run or history.metrics else [],
+        triage_section(summary),
         persistence_section(summary),
         onset_section(summary),
         [

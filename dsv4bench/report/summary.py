@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from dsv4bench.history.codes import CORRUPTION_CODES, EVIDENCE_CODES, REFERENCE_CODE, TURN_CODES
+from dsv4bench.history.codes import ANSWER_CHANGED_CODE, CORRUPTION_CODES, EVIDENCE_CODES, REFERENCE_CODE, TURN_CODES
 from dsv4bench.servers.discovery import Deployment
 from dsv4bench.history.run_folder import RUN_FILE, History, history_gaps
 from dsv4bench.history.records import INT64, TurnRecord, TurnStatus, is_finite_number
@@ -295,18 +295,32 @@ def persistence(run: dict[str, Any]) -> dict[str, Any] | None:
     return block if isinstance(block, dict) and block.get("poisoned") in (True, False, None) else None
 
 
+def triage(run: dict[str, Any]) -> dict[str, Any] | None:
+    """run.json's `triage` block (harness/alone.py: findings sent again alone, --recheck) where it
+    has the shape a run writes; None for a run that sent nothing alone."""
+    block = run.get("triage")
+    ok = isinstance(block, dict) and isinstance(block.get("findings", []), list)
+    return {**block, "findings": [f for f in block.get("findings", []) if isinstance(f, dict)]} if ok else None
+
+
+def changed_under_load(block: dict[str, Any] | None) -> int:
+    """Turns of the run whose answer sent again alone was another (answer_changed_under_load)."""
+    return sum(ANSWER_CHANGED_CODE in (f.get("codes") or []) for f in (block or {}).get("findings", []))
+
+
 def _verdict(
     turns: dict[str, int],
     wedge: dict[str, dict[str, Any]],
     gaps: list[str],
     not_judged: list[str],
     poisoned: bool = False,
+    changed: int = 0,
 ) -> str:
     if any(found["codes"] for found in wedge.values()):
         return "WEDGE"
     if poisoned:
         return "POISONED"
-    if turns["corrupt"]:
+    if turns["corrupt"] or changed:  # changed: turns whose answer alone was another (--recheck)
         return "CORRUPTION"
     if gaps or not_judged:
         return "INCOMPLETE"
@@ -334,6 +348,8 @@ def summary_of(history: History) -> Summary:
     for t in turns:
         for code in turn_codes(t):
             counts[code] = counts.get(code, 0) + 1
+    triaged = triage(history.run)
+    counts[ANSWER_CHANGED_CODE] += changed_under_load(triaged)  # findings on run turns, judged after the load
 
     attempted = outcomes["total"] - outcomes["killed"]
     rates: dict[str, dict[str, float | None]] = {}
@@ -359,7 +375,9 @@ def summary_of(history: History) -> Summary:
     blocks: dict[str, Any] = {
         "summary_version": SUMMARY_VERSION,
         "run": run_id(history),
-        "verdict": _verdict(outcomes, wedge, gaps, not_judged, (persisted or {}).get("poisoned") is True),
+        "verdict": _verdict(
+            outcomes, wedge, gaps, not_judged, (persisted or {}).get("poisoned") is True, counts[ANSWER_CHANGED_CODE]
+        ),
         "wedge_checked": checked,
         "wedge_unchecked_reason": unchecked_reason,
         "history": {"complete": not gaps, "gaps": gaps, "finished": history.complete},
@@ -391,6 +409,7 @@ def summary_of(history: History) -> Summary:
         "reference": _reference(history, counts),
         "deployment": _deployment(history),
         "slo": run_slo(history.run, turns, duration_s),  # --slo: goodput over the run's duration
+        "triage": triaged,  # findings sent again alone after the load, and --recheck (docs/triage.md)
         "persistence": persisted,
         "first_findings": first_findings_block(history),
     }

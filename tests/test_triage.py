@@ -1,0 +1,139 @@
+"""triage.py and recheck.py without I/O: the classes, which findings are kept, the cold request,
+the sampling of recheck and the comparison it makes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bench.harness.config import ConfigError, RunConfig
+from dsv4bench.harness.recheck import RECHECK_MAX, RecheckKeep, changed_verdict
+from dsv4bench.harness.reference_run import request_key
+from dsv4bench.harness.triage import FindingKeep, classify, cold_body, triage_limit
+from dsv4bench.history.records import AssembledResponse, ReferenceAnswer, Verdict
+
+
+def _headers(session: str, turn: int, scenario: str = "coding") -> dict[str, str]:
+    return {"X-Dsv4bench-Session": session, "X-Dsv4bench-Turn": str(turn), "X-Dsv4bench-Scenario": scenario}
+
+
+def _body(text: str, temperature: float = 0) -> dict:
+    return {"model": "m", "temperature": temperature, "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize(
+    ("hits", "cold", "cls"),
+    [
+        (3, True, "deterministic"),
+        (3, False, "cache_state"),
+        (1, False, "cache_state"),
+        (2, True, "intermittent"),
+        (0, True, "cold_path"),
+        (0, False, "load_dependent"),
+        (0, None, "not_classed"),
+    ],
+)
+def test_classes(hits, cold, cls):
+    assert classify(hits, 3, cold) == cls
+
+
+def test_triage_flag():
+    assert (triage_limit("off"), triage_limit("AUTO"), triage_limit("5")) == (0, 12, 5)
+    for bad in ("0", "-1", "lots", "1001"):
+        with pytest.raises(ConfigError, match="--triage takes off, auto"):
+            triage_limit(bad)
+    with pytest.raises(ConfigError, match="--recheck compares greedy answers"):
+        RunConfig(url="http://h/v1", recheck=0.5, temperature=0.7)
+    with pytest.raises(ConfigError, match="from 0 \\(off\\) to 1"):
+        RunConfig(url="http://h/v1", recheck=1.5)
+
+
+def test_findings_kept_cover_every_code_and_scenario_first():
+    keep = FindingKeep(3)
+    leak = [Verdict("dsml_leak_content", "x")]
+    for i in range(5):
+        keep.note(_headers(f"s{i}", 1), _body(f"leak {i}"), leak)
+    keep.note(_headers("s9", 1, "ops"), _body("ops leak"), leak)
+    keep.note(_headers("s8", 2), _body("bad args"), [Verdict("args_not_json", "x")])
+    chosen = keep.chosen()
+    assert len(chosen) == 3
+    assert {(k.codes[0], k.scenario) for k in chosen} == {
+        ("dsml_leak_content", "coding"),
+        ("dsml_leak_content", "ops"),
+        ("args_not_json", "coding"),
+    }
+
+
+def test_what_is_not_kept_for_triage():
+    keep = FindingKeep(12)
+    keep.note(_headers("s0", 1), _body("a", temperature=0.7), [Verdict("dsml_leak_content", "x")])  # not greedy
+    keep.note(_headers("s1", 1), _body("b"), [Verdict("reference_mismatch", "x")])  # judged against another answer
+    keep.note(_headers("s2", 1), _body("c"), [Verdict("markup_unproven", "x")])  # evidence only
+    keep.note(_headers("s3", 1), _body("d"), [Verdict("empty_turn", "x")])
+    keep.note(_headers("s4", 1), _body("d"), [Verdict("empty_turn", "x")])  # the same request again
+    assert [k.session for k in keep.chosen()] == ["s3"]
+    assert FindingKeep(0).chosen() == []
+
+
+def test_the_kept_body_is_the_request_as_sent():
+    keep = FindingKeep(12)
+    body = _body("x")
+    keep.note(_headers("s0", 1), body, [Verdict("empty_turn", "x")])
+    body["messages"].append({"role": "assistant", "content": "later"})  # the session goes on
+    assert len(keep.chosen()[0].body["messages"]) == 1
+
+
+def test_the_cold_request_shares_no_prefix_and_leaves_the_original_alone():
+    with_system = {"messages": [{"role": "system", "content": "You are"}, {"role": "user", "content": "hi"}]}
+    cold = cold_body(with_system, "abc")
+    assert cold["messages"][0]["content"] == "[dsv4bench triage abc]\nYou are" and len(cold["messages"]) == 2
+    assert with_system["messages"][0]["content"] == "You are"
+    cold = cold_body(_body("hi"), "abc")
+    assert cold["messages"][0] == {"role": "system", "content": "[dsv4bench triage abc]"}
+    assert request_key(cold_body(_body("hi"), "a")) != request_key(cold_body(_body("hi"), "b"))
+
+
+def test_recheck_keeps_every_scenario_and_depth_then_a_share():
+    resp = AssembledResponse(content="ok", finish_reason="stop")
+    keep = RecheckKeep(0.0001, seed=1)
+    for s in range(50):
+        for turn in range(3):
+            keep.note(_headers(f"s{s}", turn, "coding" if s % 2 else "ops"), _body(f"{s}/{turn}"), resp, [])
+    assert keep.seen == 150 and keep.strata == {(sc, t) for sc in ("coding", "ops") for t in range(3)}
+    assert len(keep.kept) == 6  # one of each pair: the share draws almost nothing more
+    half = RecheckKeep(0.5, seed=1)
+    for s in range(200):
+        half.note(_headers(f"s{s}", 0), _body(str(s)), resp, [])
+    assert 70 < len(half.kept) < 130
+    full = RecheckKeep(1.0, seed=1)
+    for s in range(RECHECK_MAX + 10):
+        full.note(_headers(f"s{s}", 0), _body(str(s)), resp, [])
+    assert len(full.kept) == RECHECK_MAX
+    skipped = RecheckKeep(1.0, seed=1)
+    skipped.note(_headers("s0", 0), _body("x"), resp, [Verdict("empty_turn", "x")])  # a finding: triage's
+    skipped.note(_headers("s1", 0), _body("y", temperature=1), resp, [])  # not greedy
+    assert skipped.kept == [] and RecheckKeep(0.0, 1).kept == []
+
+
+def test_an_answer_changed_under_load_and_one_that_did_not():
+    calls = (("read_file", '{"path": "a.py"}'),)
+    load = ReferenceAnswer("Looking.", "", calls, "tool_calls")
+    assert changed_verdict(load, ReferenceAnswer("Looking.", "", calls, "tool_calls")) is None
+    other = ReferenceAnswer("Looking.", "", (("read_file", '{"path": "b.py"}'),), "tool_calls")
+    v = changed_verdict(load, other)
+    assert v is not None and v.code == "answer_changed_under_load" and v.where == "tool_calls[0].arguments"
+    assert "alone after the load" in v.detail
+
+
+def test_each_comparison_code_reads_only_its_own_kind_of_answer():
+    from dsv4bench.checks import run_checks
+    from dsv4bench.checks.reference import AloneAnswer
+    from dsv4bench.history.records import TurnContext
+
+    resp = AssembledResponse(content="Done here.", finish_reason="stop")
+    alone, ref = AloneAnswer("Done.", "", (), "stop"), ReferenceAnswer("Done.", "", (), "stop")
+    codes = {
+        c: {v.code for v in run_checks(TurnContext(response=resp, tools={}, reference=c))[0]} for c in (alone, ref)
+    }
+    assert codes[alone] == {"answer_changed_under_load"} and codes[ref] == {"reference_mismatch"}
+    same = TurnContext(response=resp, tools={}, reference=AloneAnswer("Done here.", "", (), "stop"))
+    assert run_checks(same)[0] == []
