@@ -45,9 +45,9 @@ def cap_reached(ctx: TurnContext) -> tuple[int, int] | None:
     resp = response_of(ctx)
     used = (resp.usage or {}).get("completion_tokens")
     cap = ctx.max_tokens
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (used, cap)):
+    if not (isinstance(used, int) and isinstance(cap, int)) or isinstance(used, bool) or isinstance(cap, bool):
         return None
-    return (used, cap) if used >= cap else None  # type: ignore[operator]
+    return (used, cap) if used >= cap else None
 
 
 def cut_at_cap(ctx: TurnContext) -> tuple[int, int] | None:

@@ -142,6 +142,8 @@ def parse_raw_completion(
     chunks += processor.finish()
     accumulated = dr.ChatCompletionResponse("oracle", model, 0, 0, 0)
     for chunk in chunks:
+        # A chat request's processor yields chat chunks only; its stub lists every API's kind.
+        assert isinstance(chunk, dr.ChatCompletionChunk)
         accumulated.accumulate(chunk)
     choice = json.loads(accumulated.to_json())["choices"][0]
     message = choice.get("message") or {}

@@ -99,7 +99,8 @@ def _long_runs(s: str) -> Iterator[Loop]:
     a stretch of positions sharing one distance d is a stretch of text with period d.
     (A regex with a backreference does the same but is ten times slower on long texts.)
     """
-    k, last = SHORT_UNIT, {}
+    k = SHORT_UNIT
+    last: dict[str, int] = {}  # each k-gram's latest position
     run_d, run_start = 0, 0
     for i in range(len(s) - k + 2):
         d = 0

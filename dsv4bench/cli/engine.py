@@ -434,10 +434,10 @@ def engine_train(
     if heldout is not None:
         import torch
 
-        e = heldout_errors(load_weights(model_cfg, weights).to(device), heldout, torch.device(device))
+        errors = heldout_errors(load_weights(model_cfg, weights).to(device), heldout, torch.device(device))
         out.print(
-            f"held-out: token error {e['token_error']:.2%}, turn error {e['turn_error']:.2%} "
-            f"({e['tokens']} tokens, {e['turns']} turns)",
+            f"held-out: token error {errors['token_error']:.2%}, turn error {errors['turn_error']:.2%} "
+            f"({errors['tokens']} tokens, {errors['turns']} turns)",
             highlight=False,
         )
 

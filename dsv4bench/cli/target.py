@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsv4bench.terminal import markup_safe
 
@@ -15,6 +15,9 @@ from dsv4bench.servers.discovery import Deployment, discover_sync
 from dsv4bench.servers.preflight import ServerError, root_of, server_facts
 from dsv4bench.cli.common import err, fail
 from dsv4bench.cli.engine import check_faults
+
+if TYPE_CHECKING:  # the engine is an extra: imported where it starts
+    from dsv4bench.engine.launcher import EngineProcess
 
 ENGINE_ROUTERS = ("bundled", "sglang")  # what may front the bundled engine (--engine-router)
 
@@ -128,7 +131,7 @@ def _found_metrics(deployment: Deployment, facts: dict, quiet: bool) -> tuple[st
     return urls
 
 
-def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool):
+def _start_bundled_engine(engine_args: list[str], router: str, quiet: bool) -> EngineProcess:
     """No --url: start DSV4-mini on a free loopback port for this run (behind SGLang's router
     with `router` "sglang")."""
     from dsv4bench.engine import sglang_router

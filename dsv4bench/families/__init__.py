@@ -84,7 +84,7 @@ def family_of_server(facts: dict) -> str | None:
     parser setting (SGLang's `/get_server_info` `tool_call_parser`), which holds for every answer.
     Model names are no such fact (a gateway serves several families), so without a parser each
     turn's family comes from its own answer's `model` (turn_judge.request_context)."""
-    info = facts.get("server_info") if isinstance(facts.get("server_info"), dict) else {}
+    info = v if isinstance(v := facts.get("server_info"), dict) else {}
     parser = info.get("tool_call_parser")
     return family_of_parser(parser if isinstance(parser, str) else None)
 

@@ -173,8 +173,8 @@ class KillSchedule:
         """The elapsed time of the next kill, or None when nothing is left to fire."""
         left = [
             t
-            for i, t in enumerate(self._next)
-            if t is not None and (self.specs[i].until is None or t <= self.specs[i].until)
+            for t, spec in zip(self._next, self.specs)  # one each (__post_init__)
+            if t is not None and (spec.until is None or t <= spec.until)
         ]
         return min(left) if left else None
 

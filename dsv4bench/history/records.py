@@ -119,7 +119,8 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     """A flat dataclass's fields as a dict, each list or dict copied one level: what
     `dataclasses.asdict` gives for these records, at a tenth of its cost per turn."""
     out = {}
-    for name in _field_names(type(obj)):
+    cls: type = type(obj)  # as `type`, hashable to mypy (the cache's key); type(Any) is not
+    for name in _field_names(cls):
         v = getattr(obj, name)
         out[name] = list(v) if type(v) is list else dict(v) if type(v) is dict else v
     return out

@@ -188,6 +188,7 @@ class Lifecycle:
 
     def _finish(self, folder: RunFolder, watcher: subprocess.Popen | None) -> None:
         if watcher is not None:
+            assert watcher.stdin is not None  # started with stdin=PIPE: its word to stop comes that way
             try:
                 watcher.stdin.write(b"stop\n")
                 watcher.stdin.close()

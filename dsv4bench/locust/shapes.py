@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -204,6 +205,7 @@ class _Fields:
 
     def whole(self, key: str) -> int:
         text = self._text(key, None, "N")
+        assert text is not None  # no default: _text raised instead
         try:
             value = int(text)
         except ValueError:
@@ -215,6 +217,7 @@ class _Fields:
     def rate(self, default: float | None = None) -> float:
         text = self._text("rate", default, "R (users started a second)")
         if text is None:
+            assert default is not None  # _text gives None only where a default stands in
             return default
         try:
             value = float(text)
@@ -227,6 +230,7 @@ class _Fields:
     def duration(self, key: str, default: float | None = None, positive: bool = True) -> float:
         text = self._text(key, default, "DURATION (e.g. 30s)")
         if text is None:
+            assert default is not None  # _text gives None only where a default stands in
             return default
         try:
             value = parse_duration(text)
@@ -280,7 +284,7 @@ def _kill_storm(f: _Fields, kills: tuple[KillSpec, ...]) -> KillStorm:
     end = min([at for _, at in kill_alls] + ([duration] if duration is not None else []))
     drops = []
     for k in kills:
-        if k.at is not None:
+        if k.at is not None or k.every is None:  # a kill-all (a frac kill always has its every=)
             continue
         drop = Drop(math.ceil(k.frac * users), k.start if k.start is not None else k.every, k.every, k.until)
         if drop.first >= end:
@@ -290,7 +294,7 @@ def _kill_storm(f: _Fields, kills: tuple[KillSpec, ...]) -> KillStorm:
 
 
 # name -> (its fields, what reads them)
-SHAPES = {
+SHAPES: dict[str, tuple[tuple[str, ...], Callable[[_Fields, tuple[KillSpec, ...]], ShapePlan]]] = {
     "ramp": (("users", "rate", "duration"), _ramp),
     "step": (("users", "step", "every", "duration", "rate"), _step),
     "spike": (("users", "peak", "at", "hold", "duration", "rate"), _spike),
@@ -361,7 +365,7 @@ def shape_class(spec: str, kill: tuple[str, ...] = ()) -> type[Any]:
     plan = parse_shape(spec, kill)
 
     def tick(self: LoadTestShape) -> Tick:
-        return self.plan.tick(self.get_run_time())
+        return plan.tick(self.get_run_time())  # the class's `plan`
 
     name = "".join(part.capitalize() for part in spec.strip().partition(":")[0].split("-")) + "Shape"
     return type(

@@ -19,6 +19,7 @@ import time
 import httpx
 from gevent import GreenletExit
 from locust import User, constant, task
+from locust.env import Environment
 
 from dsv4bench.agents import family_for_session
 from dsv4bench.checks import run_checks
@@ -28,7 +29,7 @@ from dsv4bench.harness.session import AgentSession, EndReason, request_summary
 from dsv4bench.report.summary import turn_codes
 from dsv4bench.wire.turn_answer import TurnOutcome, TurnProbe
 from dsv4bench.harness.turn_judge import turn_context, turn_headers, turn_record
-from dsv4bench.locust.recorder import current
+from dsv4bench.locust.recorder import LocustRun, current
 from dsv4bench.locust.turn import chat_turn
 
 
@@ -92,7 +93,7 @@ class AgentUser(User):
                 tool_calls=sess.tool_calls_run,
             )
 
-    def _turn(self, run, sess: AgentSession) -> None:
+    def _turn(self, run: LocustRun, sess: AgentSession) -> None:
         plan = run.plan
         kind = turn_kind(sess)
         body = sess.next_request()
@@ -118,7 +119,7 @@ class AgentUser(User):
         _report(self.environment, rec, kind)
         sess.observe(outcome.status, outcome.response, verdicts)
 
-    def _killed(self, run, sess: AgentSession, body: dict, probe: TurnProbe, kind: str) -> None:
+    def _killed(self, run: LocustRun, sess: AgentSession, body: dict, probe: TurnProbe, kind: str) -> None:
         """The user was stopped mid-turn: what had arrived is kept, unjudged, as a killed turn."""
         outcome = probe.outcome or TurnOutcome.starting()
         outcome.status, outcome.error_kind = TurnStatus.KILLED, None
@@ -131,7 +132,7 @@ class AgentUser(User):
         _report(self.environment, rec, kind)
 
 
-def _report(environment, rec: TurnRecord, kind: str) -> None:
+def _report(environment: Environment, rec: TurnRecord, kind: str) -> None:
     """The turn into Locust's statistics (module docstring)."""
     t = rec.timings
     elapsed_ms = ((t.end_ns or t.start_ns) - t.start_ns) / 1e6

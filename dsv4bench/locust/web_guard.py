@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from dsv4bench.report.escape import escape_text
@@ -89,10 +89,16 @@ def _same_host(a: str, b: str) -> bool:
     return a == b or (is_loopback(a) and is_loopback(b))
 
 
+class RequestHeaders(Protocol):
+    """What refusal reads of a request's headers: Flask's (werkzeug's Headers, no Mapping) or a dict."""
+
+    def get(self, key: str) -> str | None: ...
+
+
 def refusal(
     method: str,
     path: str,
-    headers: Mapping[str, str],
+    headers: RequestHeaders,
     scheme: str,
     host_header: str,
     bound_host: str,

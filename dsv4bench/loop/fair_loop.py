@@ -113,13 +113,16 @@ _EpollSelector: type[selectors.BaseSelector] | None = getattr(selectors, "EpollS
 
 if _EpollSelector is not None:
 
-    class FairEpollSelector(_EpollSelector):  # type: ignore[valid-type, misc]
+    class FairEpollSelector(selectors.EpollSelector):
         """selectors' EpollSelector whose select() returns at most `cap` ready keys, those put
         first ahead (see the module docstring)."""
 
         def __init__(self, cap: int = PASS_EVENTS) -> None:
             super().__init__()
-            self._selector = _CappedEpoll(self._selector, cap)
+            # The epoll object its waits go through: CPython's private `_selector`, which typeshed
+            # does not declare (so its type is ours to state); the capped one takes its place.
+            epoll: select.epoll = self._selector  # type: ignore[has-type]
+            self._selector = _CappedEpoll(epoll, cap)
 
 
 _CAPPED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CappedEpoll] = weakref.WeakKeyDictionary()

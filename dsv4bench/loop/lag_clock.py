@@ -98,6 +98,7 @@ class LoopWatch:
             self._stall_starts.append(woke_ns - int(lag_s * _NS))
             self._stall_ends.append(woke_ns)
             for d in self._live:  # their backstops move too: the stall was ours
+                assert d.scope is not None  # drop() takes a deadline out of _live before it clears its scope
                 d.scope.deadline += lag_s
         now = self.listening_s(woke_ns)
         while self._due and self._due[0][0] <= now:

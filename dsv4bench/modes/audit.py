@@ -122,7 +122,7 @@ def _offered_tools(rec: dict[str, Any], req: dict[str, Any]) -> dict[str, dict[s
 def _family(rec: dict[str, Any], req: dict[str, Any]) -> str | None:
     """The server's model family as the exchange says it: a `family` or `tool_call_parser` the
     capture names, else the model names of the answer and the request (None: every family)."""
-    resp = rec.get("response") if isinstance(rec.get("response"), dict) else {}
+    resp = v if isinstance(v := rec.get("response"), dict) else {}
     named = rec.get("family")
     if isinstance(named, str) and named:
         return family_for(parser=named, models=(named,))
@@ -134,7 +134,7 @@ def _family(rec: dict[str, Any], req: dict[str, Any]) -> str | None:
 def exchange_context(rec: dict[str, Any], family: str = AUTO) -> TurnContext:
     """Build the checkers' view of one recorded exchange (`family`: audit's --family). Raises ValueError on an unusable line
     (KeyError or TypeError where a turn record lacks a field or holds one of the wrong type)."""
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    req = v if isinstance(v := rec.get("request"), dict) else {}
     is_turn_record = "session" in rec and "status" in rec  # a dsv4bench turns.jsonl line
     if isinstance(req.get("body"), dict):
         req = req["body"]
@@ -219,7 +219,7 @@ def _is_turn_record(rec: Any) -> bool:
 
 
 def _kept_no_evidence(rec: dict[str, Any]) -> bool:
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    req = v if isinstance(v := rec.get("request"), dict) else {}
     return rec.get("raw_sse") is None and rec.get("sse") is None and not isinstance(req.get("body"), dict)
 
 
@@ -308,12 +308,12 @@ def judge_against_reference(
 def _request_body(rec: dict[str, Any]) -> dict[str, Any]:
     """What a turn record kept of its request: the body where kept, else its summary (which keeps
     the temperature and the key)."""
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    req = v if isinstance(v := rec.get("request"), dict) else {}
     return req["body"] if isinstance(req.get("body"), dict) else req
 
 
 def _request_key(rec: dict[str, Any]) -> str | None:
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else {}
+    req = v if isinstance(v := rec.get("request"), dict) else {}
     if isinstance(req.get("key"), str):
         return req["key"]
     return request_key(req["body"]) if isinstance(req.get("body"), dict) else None

@@ -818,8 +818,8 @@ class _HeadTimeout(H11Protocol):
     _head_timer: asyncio.TimerHandle | None = None
     _waiting_past: object = None  # the request cycle that was current when the clock started
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[arg-type]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]  # uvicorn narrows it to a Transport, which it is
         self._start_head_clock()
 
     def _start_head_clock(self) -> None:

@@ -86,7 +86,7 @@ def _compared(series: str) -> bool:
 def series_points(metrics: list[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """{(endpoint, series): [(wall ns, value), ...]} in time order, from the good scrapes."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for m in sorted(metrics, key=lambda m: m.get("t_wall_ns") if type(m.get("t_wall_ns")) is int else 0):
+    for m in sorted(metrics, key=lambda m: t if type(t := m.get("t_wall_ns")) is int else 0):
         t, values = m.get("t_wall_ns"), m.get("values")
         if not m.get("ok") or type(t) is not int or not 0 <= t < INT64 or not isinstance(values, dict):
             continue

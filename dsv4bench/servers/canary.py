@@ -134,6 +134,7 @@ async def check_canary(
         "temperature": 0,
         "stream": stream,
     }
+    error: str | None
     result, error, status = TIMEOUT, f"timeout after {timeout:g} s", None
     first: list[float] = []  # the streamed answer's first chunk, seconds after the request
     # httpx's timeout is per phase (connect, each read); a server that trickles bytes could
@@ -209,6 +210,7 @@ async def check_health(
         return HealthResult(
             t_ns, root_url.rstrip("/") + path, NOT_OFFERED, 0.0, error="not offered by this kind of server"
         )
+    error: str | None
     result, status, error = TIMEOUT, None, f"timeout after {timeout:g} s"
     with anyio.move_on_after(timeout):
         try:

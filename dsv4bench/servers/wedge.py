@@ -222,8 +222,8 @@ def _judge_probes(
     out: dict[str, WedgeFinding], health: list[HealthResult], canaries: list[CanaryResult], load_stopped_ns: int
 ) -> None:
     after = [h for h in health if h.t_ns >= load_stopped_ns]
-    for h in after:
-        out.setdefault(h.endpoint, WedgeFinding())
+    for probed in after:
+        out.setdefault(probed.endpoint, WedgeFinding())
     # The latest canary of each way (streamed, not streamed) per endpoint: either hanging is the hang.
     last: dict[tuple[str, bool], CanaryResult] = {}
     for c in sorted((c for c in canaries if c.t_ns >= load_stopped_ns), key=lambda c: c.t_ns):

@@ -10,9 +10,9 @@ response and returns what it has, flagged, so no answer can take the harness's m
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -123,14 +123,15 @@ async def _read_body(resp: httpx.Response, limit: int) -> tuple[bytes, bool]:
     return bytes(buf), False
 
 
-async def _texts(resp: httpx.Response) -> AsyncIterator[str]:
+async def _texts(resp: httpx.Response) -> AsyncGenerator[str, None]:
     """The body as text, as httpx's aiter_text gives it (the response's charset, undecodable
     bytes replaced), straight from the transport where it can (transport.body_bytes); where
     httpx must undo a content-encoding, from its decoded bytes."""
     charset = Charset(resp.encoding)
     reads = body_bytes(resp)
     if reads is None:
-        reads = resp.aiter_bytes()
+        # An async generator (httpx writes it as one), which httpx's signature calls an iterator.
+        reads = cast("AsyncGenerator[bytes, None]", resp.aiter_bytes())
     async with aclosing(reads):
         async for data in reads:
             if text := charset.decode(data):

@@ -243,7 +243,7 @@ def seam_problems(connector: aiohttp.TCPConnector) -> dict[str, str]:
             problems[f"{_HANDLER}.closed"] = "not a property"
         key = f"{_HANDLER} instance ._payload ._read_timeout ._read_timeout_handle ._loop"
         try:
-            probe = handler(loop=asyncio.get_running_loop())
+            probe = handler(loop=asyncio.get_running_loop())  # type: ignore[call-arg]  # aiohttp's takes it; mypy sees Protocol
         except Exception as e:  # made as aiohttp makes it; how that fails is what changed
             problems[key] = f"{_HANDLER}(loop=...) raised {type(e).__name__}: {e}"
         else:
@@ -301,6 +301,10 @@ class _Protocol(ResponseHandler):
     only moves the due time; the one timer, when it fires, waits on for the rest if bytes came
     since, and times out only if none did. A shortened timeout re-arms at once.
     """
+
+    # aiohttp's attribute this class sets as well as reads (SEAM): declared for mypy, which sees
+    # nothing of a base looked up at run time.
+    _read_timeout_handle: asyncio.TimerHandle | None
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
@@ -558,7 +562,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         # httpx keeps the cookies and decodes the body (gzip and the rest) itself.
         # NOTE: aiohttp takes no protocol factory; its connector keeps one (the seam check
         # holds it to the form replaced here).
-        connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())
+        connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())  # type: ignore[assignment]  # a ResponseHandler subclass's; partial is invariant
         self._session = aiohttp.ClientSession(
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False
         )
@@ -575,13 +579,13 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             return await self._public.handle_async_request(request)
         assert self._session is not None  # _open made one or the fallback
         timeout = request.extensions.get("timeout", {})
-        body = await request.aread()
+        content = await request.aread()
         with _as_httpx_errors(request):
             response = await self._session.request(
                 request.method,
                 str(request.url),
                 headers=request.headers.multi_items(),
-                data=body or None,
+                data=content or None,
                 allow_redirects=False,
                 compress=None,
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
