@@ -136,14 +136,14 @@ class AgentRun:
         started = anyio.current_time()
         async with make_client(c) as client, anyio.create_task_group() as background:
             self.client = client
-            self.nemesis = Nemesis(
+            self.nemesis = nemesis = Nemesis(
                 [parse_kill_spec(k) for k in c.kill], c.seed, self._nemesis_event, client, c.base_url
             )
             self.watch.start(background, client)
             clock_scope, nemesis_scope = anyio.CancelScope(), anyio.CancelScope()
             background.start_soon(self._run_in, clock_scope, self.clock.run)
             if c.kill:
-                background.start_soon(self._run_in, nemesis_scope, lambda: self.nemesis.run(started))
+                background.start_soon(self._run_in, nemesis_scope, lambda: nemesis.run(started))
             with paced_collection(background):
                 await self._load()
             nemesis_scope.cancel()  # the load is over: nothing left to kill

@@ -113,7 +113,7 @@ def run_agents(
                     config.recover_cmd, [config.base_url], model, api_key=config.api_key
                 )
                 history.event("recover_end", **run_info["recovery"])
-                if poisoned:
+                if persisted is not None and poisoned:
                     persisted["after_recovery"] = time_to_clean(config, model, family, run_id, persisted, t0)
             history.update_run_info(run_info)
     except KeyboardInterrupt:
@@ -147,6 +147,7 @@ def judge_wedge(config: RunConfig, watch: ServerWatch, history: HistoryWriter) -
     samples; canary and /health from the checks after it), as run.json keeps them, or None if
     the detector failed."""
     try:
+        assert watch.load_stopped_ns is not None, "judged before the load stopped"
         wedge = detect_wedge(
             watch.samples,
             watch.load_stopped_ns,

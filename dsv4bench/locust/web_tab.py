@@ -315,7 +315,7 @@ def server_rows(
     """The servers tab: every endpoint the watch scrapes, then every other endpoint judged
     (/health and canary URLs). `findings` are wedge_findings' normalised ones ({} before)."""
     watch_state = watch_state if isinstance(watch_state, dict) else {}
-    endpoints = watch_state.get("endpoints") if isinstance(watch_state.get("endpoints"), dict) else {}
+    endpoints = v if isinstance(v := watch_state.get("endpoints"), dict) else {}
     phase = str(watch_state.get("phase") or ("done" if findings else ""))
     if not endpoints and not findings:
         why = (

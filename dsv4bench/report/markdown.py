@@ -707,7 +707,11 @@ def _oracles_section(history: History) -> list[str]:
     out.append(ORACLES_NOTE)
     if not kept:
         return out + ["", "No turn's readings disagreed."]
-    read = [(t, o, disagreements(t.response, o), sglang_like(t.response)) for t, o in kept if o.not_read is None]
+    read = [
+        (t, o, disagreements(t.response, o), sglang_like(t.response))
+        for t, o in kept
+        if o.not_read is None and t.response is not None  # kept holds answered turns only: said for mypy
+    ]
     unread = [(t, o) for t, o in kept if o.not_read is not None]
     out += ["", _readers_table(kept)]
     if read:

@@ -299,8 +299,9 @@ def triage(run: dict[str, Any]) -> dict[str, Any] | None:
     """run.json's `triage` block (harness/alone.py: findings sent again alone, --recheck) where it
     has the shape a run writes; None for a run that sent nothing alone."""
     block = run.get("triage")
-    ok = isinstance(block, dict) and isinstance(block.get("findings", []), list)
-    return {**block, "findings": [f for f in block.get("findings", []) if isinstance(f, dict)]} if ok else None
+    if not (isinstance(block, dict) and isinstance(block.get("findings", []), list)):
+        return None
+    return {**block, "findings": [f for f in block.get("findings", []) if isinstance(f, dict)]}
 
 
 def changed_under_load(block: dict[str, Any] | None) -> int:
