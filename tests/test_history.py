@@ -30,7 +30,7 @@ def record(i, status=TurnStatus.OK, verdicts=()):
 def test_round_trip_and_flush_per_record(tmp_path):
     w = HistoryWriter(tmp_path / "run", {"run": "r", "command": "dsv4bench agents"})
     w.turn(record(1, verdicts=[Verdict("schema_violation", "bad", "tool_calls[0]")]))
-    w.event("kill", session="s1")
+    w.event("kill", spec="every:10s", sessions=["s1"])
     # Visible to a reader before close: nothing waits in a user-space buffer.
     lines = (tmp_path / "run" / "turns.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["response_id"] == "id1"
@@ -66,7 +66,7 @@ def test_a_lone_surrogate_is_written_and_read_back_as_itself(tmp_path):
     rec.response.content = "a\ud800b\x00c"
     assert w.turn(rec)
     w.turn(record(2))
-    w.event("run_end", run="r")
+    w.event("run_end", run="r", reason="complete")
     w.close()
     h = read_history(tmp_path)
     assert h.turns[0].response.content == "a\ud800b\x00c" and h.turns[1].response.content == "c"
@@ -93,7 +93,7 @@ def test_a_failed_write_is_counted_never_raised_and_makes_the_history_incomplete
     assert w.turn(rec) is False
     w.metrics.close()
     assert w.metrics.write({"endpoint": "x"}) is False  # a closed file: counted too
-    w.event("run_end", run="r")
+    w.event("run_end", run="r", reason="complete")
     w.close()
     h = read_history(tmp_path)
     kinds = [e["kind"] for e in h.events]
@@ -106,9 +106,9 @@ def test_gaps_fewer_turns_than_run_end_or_session_end_counted(tmp_path):
     w = HistoryWriter(tmp_path, {"run": "r"})
     for i in (1, 2, 3):
         w.turn(record(i))
-    w.event("session_end", session="s1", turns=1)
-    w.event("session_end", session="s9", turns=2)  # two turns of s9, none recorded
-    w.event("run_end", run="r")
+    w.event("session_end", session="s1", reason="final", turns=1, tool_calls=0)
+    w.event("session_end", session="s9", reason="final", turns=2, tool_calls=0)  # two turns of s9, none recorded
+    w.event("run_end", run="r", reason="complete")
     w.close()
     lines = (tmp_path / "turns.jsonl").read_text().splitlines()
     (tmp_path / "turns.jsonl").write_text("\n".join(lines[:2]) + "\n")

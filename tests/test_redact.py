@@ -130,10 +130,10 @@ def test_history_files_stay_parseable_with_an_awkward_key(tmp_path):
         run = tmp_path / f"run{i}"
         h = HistoryWriter(run, {"run": "r", "config": {"api_key": secret, "url": "http://h/v1"}}, Redactor([secret]))
         for n in range(3):
-            h.event("turn_note", session="s", turn=n, note=f"{secret} true null")
+            h.event("history_write_error", session="s", turn=n, error=f"{secret} true null")
         h.close()
         for line in (run / "events.jsonl").read_text().splitlines():
-            assert json.loads(line)["note"] == f"{secret} true null"  # a short key is no secret in free text
+            assert json.loads(line)["error"] == f"{secret} true null"  # a short key is no secret in free text
         assert json.loads((run / "run.json").read_text())["config"] == {"api_key": MASK, "url": "http://h/v1"}
 
 
@@ -201,7 +201,7 @@ def test_run_folder_and_its_files_are_private_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:
         h = HistoryWriter(tmp_path / "out" / "run", {"run": "r"}, None)
-        h.event("x")
+        h.event("run_start", run="r")
         h.close()
         write_atomic(tmp_path / "out" / "run" / "report.md", b"r")
     finally:

@@ -4,7 +4,7 @@ history cut short by SIGKILL (a torn last line is skipped, never fatal).
 Layout of one run folder (a stable format: other tools read it):
   run.json       written once at start: run id, command line, config, server facts, --raw oracles
   turns.jsonl    one TurnRecord per agent turn
-  events.jsonl   lifecycle and nemesis events: {"t_wall_ns", "t_ns", "kind", ...}
+  events.jsonl   lifecycle and nemesis events, one record of events.py a line: {"t_wall_ns", "t_ns", "kind", ...}
   metrics.jsonl  scraped Prometheus samples per endpoint
   summary.json, report.md, plots/*.png   derived; `dsv4bench report` rebuilds them
 """
@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from dsv4bench.errors import Dsv4benchError
+from dsv4bench.history.events import Event, RunEnd, build_event, check_written, event_object, strict
 from dsv4bench.history.records import TurnRecord
 from dsv4bench.history.redact import Redactor
 
@@ -56,9 +57,12 @@ _STRUCTURE_ONLY = Redactor()
 _RECORD_ENCODER = msgspec.json.Encoder()
 
 
-def encode_record(record: msgspec.Struct, redactor: Redactor | None = None, indent: int = 0) -> tuple[bytes, bool]:
-    """A typed record (an event, the summary) as UTF-8 JSON bytes, and whether ASCII escapes had
-    to be used: the one codec of the run folder's typed records, with encode_json's guarantees.
+def encode_record(
+    record: msgspec.Struct | dict[str, Any], redactor: Redactor | None = None, indent: int = 0
+) -> tuple[bytes, bool]:
+    """A typed record (an event, the summary; or its JSON object) as UTF-8 JSON bytes, and whether
+    ASCII escapes had to be used: the one codec of the run folder's typed records, with
+    encode_json's guarantees.
     Secrets are masked on the record's objects first (redact.Redactor.value), so what is written
     is the same as encode_json would write, key for key; `indent` > 0 writes it indented."""
     obj = (redactor or _STRUCTURE_ONLY).value(msgspec.to_builtins(record, enc_hook=str))
@@ -116,9 +120,14 @@ class JsonlWriter:
         """Append one record; False (and counted) when it could not be written."""
         try:
             data, escaped = encode_json(obj, self.redactor, separators=(",", ":"))
-            data += b"\n"
         except (TypeError, ValueError, RecursionError) as e:
             return self._fail(e)
+        return self.append(data, escaped)
+
+    def append(self, data: bytes, escaped: bool = False) -> bool:
+        """Append one record already encoded (one line, without its newline); False (and counted)
+        when it could not be written."""
+        data += b"\n"
         with self._lock:
             try:
                 view = memoryview(data)
@@ -192,10 +201,35 @@ class HistoryWriter:
         return ok
 
     def event(self, kind: str, **fields: Any) -> bool:
-        """Append one event; `run_end` gets the record counts of the run added."""
-        if kind == "run_end":
-            fields = {**fields, **self.counts()}
-        return self.events.write({"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "kind": kind, **fields})
+        """Append one event, as the record of its kind (events.py) built from `fields`. One of a
+        kind or with a field events.py does not declare raises TypeError in strict mode (the
+        tests), and is otherwise written as given: a bug of ours loses no record of the run."""
+        try:
+            event = build_event(kind, fields)
+        except TypeError:  # build_event's: a kind or field events.py does not declare
+            if strict():
+                raise
+            counts = self.counts() if kind == "run_end" else {}
+            return self.events.write(
+                {"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns(), "kind": kind, **fields, **counts}
+            )
+        return self.record(event)
+
+    def record(self, event: Event) -> bool:
+        """Append one event record, stamped now unless it carries its own moment; a `run_end` gets
+        the run's record counts added. False (and counted) when it could not be written."""
+        now = {"t_wall_ns": time.time_ns(), "t_ns": time.monotonic_ns()}
+        changes: dict[str, Any] = {k: v for k, v in now.items() if getattr(event, k) is msgspec.UNSET}
+        if isinstance(event, RunEnd):
+            changes.update(self.counts())
+        event = msgspec.structs.replace(event, **changes) if changes else event
+        try:
+            data, escaped = encode_record(event_object(event), self.redactor)
+        except (TypeError, ValueError, RecursionError) as e:
+            return self.events._fail(e)
+        if strict():
+            check_written(event, data)
+        return self.events.append(data, escaped)
 
     def counts(self) -> dict[str, Any]:
         """What was written and what failed, per file, so far."""
