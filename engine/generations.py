@@ -74,7 +74,7 @@ class Generation:
         eos = self.gens.engine.eos_token_id
         if event.finish_reason is None and eos in event.token_ids:  # the server's own end of the turn
             ids = event.token_ids[: event.token_ids.index(eos) + 1]
-            event = dataclasses.replace(event, token_ids=ids, finish_reason=FinishReason.STOP)  # type: ignore[type-var]
+            event = dataclasses.replace(event, token_ids=ids, finish_reason=FinishReason.STOP)  # type: ignore[type-var]  # a Protocol, met by dataclasses
         return event
 
     async def close(self, completed: bool) -> None:
@@ -127,7 +127,7 @@ class SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # starlette types it as any async iterable
                 await self.generation.close(completed=False)  # a no-op when the body closed it
 
 

@@ -113,7 +113,7 @@ def stop_child(proc: subprocess.Popen, log: object, timeout: float = 10.0) -> No
             proc.kill()
             proc.wait(timeout)
     if log is not None:
-        log.close()  # type: ignore[attr-defined]
+        log.close()  # type: ignore[attr-defined]  # `log` is the file Popen wrote to, typed as object
 
 
 def die_with_parent() -> None:

@@ -73,7 +73,7 @@ class ModelRunner:
                 continue
             try:
                 out[e.req.rid] = self._sample(e.req, logits[i])
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - one request's failure is that request's, not the batch's
                 failed[e.req.rid] = err
         if failed:
             raise RequestFailure(failed, out)

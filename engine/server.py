@@ -287,7 +287,7 @@ class _Server:
             yield f"data: {json.dumps(refusal.body())}\n\n"
         finally:
             with anyio.CancelScope(shield=True):
-                await payloads.aclose()  # type: ignore[attr-defined]
+                await payloads.aclose()  # type: ignore[attr-defined]  # an async generator, typed as an iterator
                 await gen.close(completed)
 
     async def models(self, request: Request) -> Response:

@@ -312,7 +312,7 @@ class ServerLoop(ABC, Generic[E]):
         elif isinstance(msg, Call):
             try:
                 msg.done.set_result(msg.fn())
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - handed to the caller, whose call it was
                 msg.done.set_exception(e)
         # Wake: nothing to do, the round goes on and the loop sees `_stop`
 

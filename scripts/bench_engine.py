@@ -29,7 +29,7 @@ import time
 from dsv4bench.engine.cpu_threads import on_passing_thread, set_openmp_spin
 
 set_openmp_spin()  # as the engine's processes do, before torch loads (engine/cpu_threads.py)
-import torch  # noqa: E402
+import torch
 
 
 from dsv4bench.engine.config import EngineConfig

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from dsv4bench.engine.model.rope import Rope  # the model package first: the kernels' import order
-from dsv4bench.engine.kernels import triton_ops  # noqa: E402
+from dsv4bench.engine.kernels import triton_ops
 
 ROWS, HEADS, HEAD_DIM, WINDOW, COMPRESSED, ROPE_DIM = 256, 16, 128, 128, 64, 64
 POOL_SLOTS = 300_000

@@ -40,7 +40,7 @@ def test_scrape_follows_live_stats() -> None:
         stats.turns, stats.turns_killed, stats.turns_error, stats.turns_corrupt = 10, 1, 2, 3
         stats.tool_calls = 17
         stats.verdicts.update({"dsml_leak_content": 2, "http_error": 2})
-        stats.kills = 4  # type: ignore[attr-defined] - the nemesis adds this field
+        stats.kills = 4  # the nemesis adds this field
         m = _scrape(handle.port)
     finally:
         exporter.shutdown()

@@ -153,7 +153,7 @@ def test_a_timer_due_during_a_burst_runs_after_at_most_one_pass_of_reads():
 
 def test_the_harness_runs_on_the_fair_loop():
     async def which() -> object:
-        return asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        return asyncio.get_running_loop()._selector  # type: ignore[attr-defined]  # asyncio's own, private
 
     assert isinstance(fair_loop.run(which), FairEpollSelector)
 

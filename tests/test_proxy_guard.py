@@ -94,7 +94,7 @@ class RecordingUpstream:
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[tuple[RecordingUpstream, Served]]:
     rec = RecordingUpstream()
-    srv = Served(rec)  # type: ignore[arg-type]
+    srv = Served(rec)
     yield rec, srv
     srv.stop()
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 # Each module registers its commands on `app` as it is imported, and `--help` lists them in that order.
-from dsv4bench.cli import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401, I001
+from dsv4bench.cli import agents, locust, sweep, proxy, servers, offline, engine  # noqa: F401 - imported to register
 from dsv4bench.cli.target import BUNDLED_PLACEHOLDER_URL
 from dsv4bench.cli.common import app, err, fail
 from dsv4bench.errors import Dsv4benchError

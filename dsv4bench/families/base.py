@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 # Vertical bars seen in place of a token's bar: ASCII, fullwidth, divides, Latin dental click,
 # ornament bar, halfwidth forms light vertical, box drawings light/heavy vertical, Hebrew paseq,
@@ -100,7 +100,7 @@ def json_call_at(text: str, start: int) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def named_call(value: dict[str, Any] | None) -> bool:
+def named_call(value: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     """A decoded `{"name": ..., "arguments" | "parameters": {...}}`: the JSON shape of a call."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return False

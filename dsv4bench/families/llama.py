@@ -36,7 +36,7 @@ def bare_json_call(text: str, offered: frozenset[str]) -> list[Markup]:
     if not offered or not stripped.startswith("{"):
         return []
     value = decodes_as_object(stripped)
-    if not named_call(value) or value["name"] not in offered:  # type: ignore[index]
+    if not named_call(value) or value["name"] not in offered:
         return []
     start = text.index("{")
     return [Markup(start, start + len(stripped), "llama", "bare JSON call", stripped, True, True)]

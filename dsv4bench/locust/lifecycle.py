@@ -203,7 +203,7 @@ class Lifecycle:
         self.last_run_dir = folder.run_dir
         try:
             self.last_summary = build_report(folder.run_dir)
-        except Exception:  # noqa: BLE001 - the history stands; `dsv4bench report` can rebuild it
+        except Exception:  # the history stands; `dsv4bench report` can rebuild it
             log.exception("dsv4bench: the report of %s could not be built", folder.run_dir)
             return
         log.warning(

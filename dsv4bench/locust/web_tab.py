@@ -489,7 +489,7 @@ class Tabs:
         try:
             body = json.dumps({**stats, EXTENDED_STATS: self.extended_stats()}, allow_nan=False)
             self._last_failure = None
-        except Exception as e:  # noqa: BLE001 - the tabs must never cost Locust its statistics
+        except Exception as e:  # the tabs must never cost Locust its statistics
             failure = f"{type(e).__name__}: {e}"
             if failure != self._last_failure:
                 log.exception("dsv4bench: the web UI tabs could not be built; serving Locust's statistics alone")

@@ -400,6 +400,6 @@ def write_sweep(sweep_dir: Path, summary: dict[str, Any]) -> list[Path]:
         if fig is not None:
             fig.savefig(sweep_dir / SWEEP_PNG)
             written.append(sweep_dir / SWEEP_PNG)
-    except Exception:  # noqa: BLE001 - a plot must never cost the sweep's findings
+    except Exception:  # a plot must never cost the sweep's findings
         log.warning("sweep plot failed; leaving it out", exc_info=True)
     return written

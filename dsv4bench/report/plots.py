@@ -294,6 +294,6 @@ def render_plots(history: History, out_dir: Path) -> list[str]:
             with os.fdopen(open_private(Path(out_dir) / PLOTS_DIR / name, os.O_WRONLY | os.O_TRUNC), "wb") as f:
                 fig.savefig(f, format="png")
             written.append(f"{PLOTS_DIR}/{name}")
-        except Exception:  # noqa: BLE001 - a plot must never cost the report
+        except Exception:  # a plot must never cost the report
             log.warning("plot %s failed; leaving it out of the report", name, exc_info=True)
     return written

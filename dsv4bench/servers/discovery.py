@@ -152,7 +152,7 @@ def normalize_root(url: str) -> str | None:
     url = _DP_RANK.sub("", url.strip()).rstrip("/")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number
+        parts.port  # raises on a port that is not a number
     except ValueError:
         return None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:

@@ -22,13 +22,13 @@ class Charset:
         self.name = charset or "utf-8"
         try:
             self._decoder = codecs.getincrementaldecoder(self.name)(errors="replace")
-        except Exception as e:  # noqa: BLE001 - each codec fails in its own way (see decode)
+        except Exception as e:  # each codec fails in its own way (see decode)
             raise self._failed(e) from e
 
     def decode(self, data: bytes, final: bool = False) -> str:
         try:
             text: str = self._decoder.decode(data, final)
-        except Exception as e:  # noqa: BLE001 - AssertionError, TypeError, UnicodeError, ...: the codec's
+        except Exception as e:  # AssertionError, TypeError, UnicodeError, ...: the codec's
             raise self._failed(e) from e
         return text
 

@@ -244,7 +244,7 @@ def seam_problems(connector: aiohttp.TCPConnector) -> dict[str, str]:
         key = f"{_HANDLER} instance ._payload ._read_timeout ._read_timeout_handle ._loop"
         try:
             probe = handler(loop=asyncio.get_running_loop())  # type: ignore[call-arg]  # aiohttp's takes it; mypy sees Protocol
-        except Exception as e:  # made as aiohttp makes it; how that fails is what changed
+        except Exception as e:  # noqa: BLE001 - made as aiohttp makes it; how that fails is what changed
             problems[key] = f"{_HANDLER}(loop=...) raised {type(e).__name__}: {e}"
         else:
             missing = [

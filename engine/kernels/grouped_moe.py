@@ -228,7 +228,7 @@ if AVAILABLE:
     )
 
     @_grouped_mm_op.register_fake
-    def _(a, b, offs, gather, row_scale, scatter, swiglu):  # type: ignore[no-untyped-def]
+    def _(a, b, offs, gather, row_scale, scatter, swiglu):
         M = gather.shape[0] if gather is not None else a.shape[0]
         N = b.shape[2] // 2 if swiglu else b.shape[2]
         return a.new_empty(M, N)

@@ -227,7 +227,7 @@ if AVAILABLE:
     )
 
     @_route_op.register_fake
-    def _(logits, bias, k, sigmoid):  # type: ignore[no-untyped-def]
+    def _(logits, bias, k, sigmoid):
         N, E = logits.shape
         i32 = dict(dtype=torch.int32, device=logits.device)
         return (

@@ -946,7 +946,7 @@ if AVAILABLE:
     )
 
     @_indexer_topk_op.register_fake
-    def _(q, w, idx_k, idx_scale, cand, n_eligible, topk):  # type: ignore[no-untyped-def]
+    def _(q, w, idx_k, idx_scale, cand, n_eligible, topk):
         G, Q = q.shape[:2]
         return q.new_empty(G, Q, topk, dtype=torch.long)
 
@@ -960,5 +960,5 @@ if AVAILABLE:
     )
 
     @_decode_attention_op.register_fake
-    def _(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale):  # type: ignore[no-untyped-def]
+    def _(q, kv_flat, win_slots, win_pos, ckv_flat, c_ids, c_pos, sink, cos, sin, scale):
         return torch.empty_like(q)

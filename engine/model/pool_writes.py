@@ -42,5 +42,5 @@ def keep_out_of_compiled_graphs() -> None:
     if not getattr(write_kv, "_kept_out", False):
         for name in ("write_kv", "write_ckv", "_write_index_k_stored"):
             fn = torch.compiler.disable(globals()[name])
-            fn._kept_out = True  # type: ignore[attr-defined]
+            fn._kept_out = True
             globals()[name] = fn

@@ -39,7 +39,7 @@ class Rope(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
         self.max_positions = max_positions
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]  # torch's own is untyped
         # NOTE: module.to(bfloat16) would round the tables; keep them float32, move devices only
         cos, sin = self.cos, self.sin
         super()._apply(fn, recurse)

@@ -91,7 +91,7 @@ def build_half(
         parts: list = [worker, server, transfers, engine]
     else:
         client = BootstrapClient(runner.pools)
-        engine = DecodeEngine(cfg, runner, client, tok.eos_token_id)  # type: ignore[arg-type]
+        engine = DecodeEngine(cfg, runner, client, tok.eos_token_id)  # type: ignore[arg-type]  # the worker's calls, over the network
         ctx = min(cfg.model.max_context, engine.scheduler.max_seq_len)
         serving = DecodeServing(cfg, engine, client, (), tok.eos_token_id, ctx)
         parts = [client, engine]

@@ -177,7 +177,7 @@ class TransferWorker:
                     return
                 src = transfer.src_pages[i : i + self.chunk_pages]
                 if self.codec is not None:
-                    transfer.send_pages(i, self.codec.pack(src))  # type: ignore[attr-defined]
+                    transfer.send_pages(i, self.codec.pack(src))  # type: ignore[attr-defined]  # a codec: a network transfer, which has it
                 else:
                     self._copy(src, transfer.dst_pages[i : i + self.chunk_pages])
                 if self.link_bytes_per_s:

@@ -288,6 +288,6 @@ def read_corpus(path: Path) -> list[EncodedSession]:
         meta = json.loads(str(z["meta"]))
     # Array slices, not lists: a corpus holds tens of millions of tokens.
     return [
-        EncodedSession(fam, int(seed), tokens[a:b], mask[a:b])  # type: ignore[arg-type]
+        EncodedSession(fam, int(seed), tokens[a:b], mask[a:b])
         for (fam, seed), a, b in zip(meta, offsets[:-1], offsets[1:])
     ]

@@ -69,9 +69,9 @@ def test_solved_is_what_the_brief_means() -> None:
     for s in sessions("coding"):
         assert "failed" not in s.world.execute("run_tests", {"verbosity": "quiet"})
     for s in sessions("data"):
-        assert s.world.reports[0]["findings"][0]["value"] == s.task.goal["expected"]  # type: ignore[attr-defined]
+        assert s.world.reports[0]["findings"][0]["value"] == s.task.goal["expected"]  # type: ignore[attr-defined]  # World names only what every family's has
     for s in sessions("ops"):
-        fleet, goal = s.world.fleet, s.task.goal  # type: ignore[attr-defined]
+        fleet, goal = s.world.fleet, s.task.goal  # type: ignore[attr-defined]  # World names only what every family's has
         assert fleet.services[goal["root"]]["fault"] is None and fleet.services[goal["symptom"]]["status"] == "healthy"
         assert [i["severity"] for i in fleet.incidents] == [goal["severity"]]
 

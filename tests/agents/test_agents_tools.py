@@ -78,7 +78,7 @@ def test_bad_arguments_raise_tool_error_and_change_nothing(name: str, tool: str,
 
 def test_ops_semantic_errors() -> None:
     world = FAMILIES["ops"].build_world(0)
-    svc = next(iter(world.fleet.services.values()))  # type: ignore[attr-defined]
+    svc = next(iter(world.fleet.services.values()))  # type: ignore[attr-defined]  # World names only what every family's has
     for version in (svc["version"], "v0.0.1"):
         with pytest.raises(ToolError):
             world.execute("rollback_service", {"service": svc["name"], "version": version})
@@ -86,7 +86,7 @@ def test_ops_semantic_errors() -> None:
 
 def test_non_object_arguments_are_refused() -> None:
     with pytest.raises(ToolError):
-        FAMILIES["data"].build_world(0).execute("list_tables", ["not", "a", "dict"])  # type: ignore[arg-type]
+        FAMILIES["data"].build_world(0).execute("list_tables", ["not", "a", "dict"])  # type: ignore[arg-type]  # the wrong type is the test
 
 
 def test_the_wrong_remediation_does_not_fix_the_fault() -> None:
@@ -97,7 +97,7 @@ def test_the_wrong_remediation_does_not_fix_the_fault() -> None:
         if task.goal["kind"] != "bad_deploy":
             continue
         world.execute("restart_service", {"service": task.goal["root"], "reason": "try a restart"})
-        assert world.fleet.services[task.goal["root"]]["fault"] is not None  # type: ignore[attr-defined]
+        assert world.fleet.services[task.goal["root"]]["fault"] is not None  # type: ignore[attr-defined]  # World names only what every family's has
         return
     pytest.fail("no bad_deploy world in the first seeds")
 
@@ -107,7 +107,7 @@ def test_coding_bug_is_planted_once_and_fails_one_test() -> None:
     for seed in range(60):
         world = fam.build_world(seed)
         goal = fam.make_task(world, seed).goal
-        assert world.files[goal["module"]].count(goal["bug_line"]) == 1  # type: ignore[attr-defined]
+        assert world.files[goal["module"]].count(goal["bug_line"]) == 1  # type: ignore[attr-defined]  # World names only what every family's has
         out = world.execute("run_tests", {"verbosity": "quiet"})
         assert "1 failed" in out and goal["test"] in out
 

@@ -81,7 +81,7 @@ def tool_calls(calls: list[Call] | list[ToolCall]) -> list[ToolCall]:
 def turn(
     content: str = "",
     *,
-    calls: list[Call] | list[ToolCall] = (),  # type: ignore[assignment]
+    calls: list[Call] | list[ToolCall] = (),  # type: ignore[assignment]  # an empty default never mutated
     reasoning: str = "",
     finish: str | None = "auto",
     tools: dict[str, dict[str, Any]] | None = None,

@@ -33,7 +33,7 @@ from dsv4bench.history.run_folder import read_history
 from .conftest import ROOT, only_run_dir, run_cli
 
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-from replay_server import (  # noqa: E402
+from replay_server import (
     ANSWER_HEADER,
     FINAL_SUFFIX,
     FORMATS,

@@ -24,7 +24,7 @@ def _modes() -> dict[str, frozenset[str] | None]:
 
     spec = importlib.util.spec_from_file_location("hostile_server", MODES_FILE)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]  # a file's spec has a loader
     return mod.MODES
 
 

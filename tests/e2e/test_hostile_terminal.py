@@ -25,7 +25,7 @@ from dsv4bench.servers.watch import WatchState, render_watch
 from .conftest import ROOT, free_port, only_run_dir, run_cli, start_fixture_server
 
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-from hostile_server import TERMINAL_TEXT  # noqa: E402
+from hostile_server import TERMINAL_TEXT
 
 # Raw: ESC, BEL, CR, the C1 CSI and OSC, and the bidi controls.
 _RAW = re.compile("[\x1b\x07\r\x9b\x9d\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")

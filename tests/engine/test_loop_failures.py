@@ -34,7 +34,7 @@ def doom(runner: ModelRunner, seed: int = DOOMED_SEED) -> None:
             raise RuntimeError("Overflow when unpacking long")
         return sample(req, logits)
 
-    runner._sample = failing  # type: ignore[method-assign]
+    runner._sample = failing  # type: ignore[method-assign]  # the failing sampler is the test
 
 
 def body(seed: int, stream: bool, max_tokens: int = 6) -> dict:

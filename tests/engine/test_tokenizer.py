@@ -105,7 +105,7 @@ def test_digit_groups_cut_numbers_and_both_libraries_agree(tmp_path):
     corpus = [f"amount {n}.92 rows {n % 97}\n" * 30 for n in (5479, 4825, 3174, 1234567)] + [DSML_CALL * 20]
     whole = train_bpe(corpus, vocab_size=600)
     grouped = train_bpe(corpus, vocab_size=600, digit_groups=3)
-    longest = lambda t: max(len(d) for k in t.get_vocab() for d in re.findall(r"\d+", k))  # noqa: E731
+    longest = lambda t: max(len(d) for k in t.get_vocab() for d in re.findall(r"\d+", k))
     assert longest(whole) >= 4 and longest(grouped) == 3
     path = tmp_path / "tokenizer.json"
     grouped.save(str(path))

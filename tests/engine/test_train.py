@@ -104,7 +104,7 @@ def test_slipped_turns_carry_no_loss_and_the_expert_recovers(frontend, family, s
     assert session.family.solved(session.task, session.world)
     clean = encode_session(frontend, family, seed)
     slip = encode_session(frontend, family, seed, perturb=True)
-    n_turns = lambda s: sum(1 for k in range(1, len(s.mask)) if s.mask[k] and not s.mask[k - 1])  # noqa: E731
+    n_turns = lambda s: sum(1 for k in range(1, len(s.mask)) if s.mask[k] and not s.mask[k - 1])
     assert n_turns(slip) == len(session.steps) - len(slipped)  # every turn but the slipped ones is learned
     assert n_turns(clean) >= 5
 
@@ -143,7 +143,7 @@ def test_renamed_sessions_stay_coherent_and_leave_tools_alone():
     messages = session_messages(session)
     mapping = rename_map(__import__("random").Random(1), share=1.0)
     renamed = rename_entities(messages, mapping)
-    text = lambda ms: " ".join(str(m.get("content")) + str(m.get("tool_calls")) for m in ms[1:])  # noqa: E731
+    text = lambda ms: " ".join(str(m.get("content")) + str(m.get("tool_calls")) for m in ms[1:])
     before, after = text(messages), text(renamed)
     used = [old for old in mapping if f"| {old} |" in before]
     assert used, "the world's services appear in its tool results"
@@ -276,7 +276,7 @@ def test_training_on_with_frozen_embeddings_leaves_the_embedding_alone(tmp_path,
     out = tmp_path / "w.safetensors"
     train(TINY, cfg, corpus, out, log=lambda m: None, init=init)
     before, after = load_weights(TINY, init).state_dict(), load_weights(TINY, out).state_dict()
-    as_saved = lambda t: t.to(torch.bfloat16).float()  # noqa: E731 (train writes bf16)
+    as_saved = lambda t: t.to(torch.bfloat16).float()  # train writes bf16
     assert torch.equal(as_saved(before["embed.weight"]), as_saved(after["embed.weight"]))
     assert any(not torch.equal(as_saved(before[k]), as_saved(after[k])) for k in before if k != "embed.weight")
     with pytest.raises(ValueError, match="--init"):

@@ -30,9 +30,9 @@ from .conftest import ROOT, free_port
 
 pytest.importorskip("flask", reason="Flask is not installed (it comes with the locust extra)")
 
-from dsv4bench.locust import web_guard  # noqa: E402 - it runs on Flask
+from dsv4bench.locust import web_guard  # it runs on Flask
 
-from .test_web_ui import CHROMIUM, chromium  # noqa: E402
+from .test_web_ui import CHROMIUM, chromium
 
 KEY = "sk-web-guard-test-key"
 EVIL = "http://evil.example"

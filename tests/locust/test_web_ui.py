@@ -38,9 +38,9 @@ from .conftest import ROOT, free_port, start_replay
 
 # Flask, which the web UI and these tabs run on, comes with Locust (the locust extra).
 pytest.importorskip("flask", reason="Flask is not installed (it comes with the locust extra)")
-from flask import Blueprint, Flask, jsonify  # noqa: E402 - only once it is known to be there
+from flask import Blueprint, Flask, jsonify  # only once it is known to be there
 
-from dsv4bench.locust import web_tab  # noqa: E402 - it runs on Flask
+from dsv4bench.locust import web_tab  # it runs on Flask
 
 SCRIPT = "<script>alert(1)</script>"
 

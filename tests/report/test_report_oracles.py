@@ -125,7 +125,7 @@ def test_a_family_the_raw_oracle_was_not_offered_for_is_said(run_folder, make_tu
 
 def test_hostile_oracle_fields_stay_inside_their_cells(run_folder, make_turn) -> None:
     turn = _unread(make_turn("s1", 1), "x|<script>", "why | <b>")
-    turn.oracles.reader = "a|b"  # type: ignore[union-attr]
+    turn.oracles.reader = "a|b"  # type: ignore[union-attr]  # _unread gave it its readings
     out = section(render(run_folder([turn], run=RUN)))
     assert "<script>" not in out and "<b>" not in out
     assert "| x\\|&lt;script&gt; | not read | – | 0 | 1 |" in out

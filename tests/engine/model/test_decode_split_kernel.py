@@ -32,7 +32,7 @@ def _inputs(S, W, Kc, H, hd, device, dtype=torch.float32, seed=0, rope_dim=16):
     c_pos = torch.randint(0, 256, (S, Kc), generator=gen)
     q = torch.randn(S, H, hd, generator=gen)
     sink = torch.randn(H, generator=gen)
-    to = lambda t, dt=None: t.to(device=device, dtype=dt) if dt else t.to(device)  # noqa: E731
+    to = lambda t, dt=None: t.to(device=device, dtype=dt) if dt else t.to(device)
     return (
         to(q, dtype),
         to(kv, dtype),

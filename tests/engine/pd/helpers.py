@@ -233,7 +233,7 @@ class ServedPD:
             prefill.engine,
             decode.engine,
             prefill.bootstrap,
-            prefill.transfers,  # type: ignore[arg-type]
+            prefill.transfers,  # type: ignore[arg-type]  # a prefill half has its transfer worker
             app.state.router,
         )
         self.router, self.prefill, self.decode = (self.servers[k].url for k in ("router", "prefill", "decode"))

@@ -93,7 +93,7 @@ def split() -> Iterator[Split]:
     transfers = TransferWorker(prefill_runner.pools, None)
     prefill = PrefillEngine(cfg, prefill_runner, worker, transfers, eos_token_id=1)
     client = BootstrapClient(decode_runner.pools)
-    decode = DecodeEngine(cfg, decode_runner, client, eos_token_id=1)  # type: ignore[arg-type]
+    decode = DecodeEngine(cfg, decode_runner, client, eos_token_id=1)  # type: ignore[arg-type]  # the worker's calls, over the network
     parts = (worker, server, transfers, prefill, decode)
     for part in parts:
         part.start()
@@ -253,7 +253,7 @@ def both(
         async with httpx.AsyncClient(timeout=30) as client:
             return tuple(
                 await asyncio.gather(
-                    client.post(f"{prefill}{path}", json=body),  # type: ignore[return-value]
+                    client.post(f"{prefill}{path}", json=body),  # type: ignore[return-value]  # gather of two gives a pair
                     client.post(f"{decode}{path}", json=body),
                 )
             )
