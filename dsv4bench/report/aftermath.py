@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# NOTE: markdown.py imports this module while it loads; the package's __init__ loads markdown.py
-# first, so `markdown` is already in sys.modules here and its helpers are read when called.
-from dsv4bench.report import markdown as md
+from dsv4bench.report import blocks as md
 from dsv4bench.report.next_steps import next_steps
 
 

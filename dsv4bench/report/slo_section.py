@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# NOTE: markdown.py imports this module while it loads; the package's __init__ loads markdown.py
-# first, so `markdown` is already in sys.modules here and its helpers are read when called.
-from dsv4bench.report import markdown as md
+from dsv4bench.report import blocks as md
 
 _NAMES = {"ttft": "TTFT", "itl": "ITL (the turn's mean gap between tokens)", "e2e": "E2E"}
 
