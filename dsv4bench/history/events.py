@@ -351,7 +351,7 @@ class TurnLost(Event, tag="turn_lost", kw_only=True):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    cls.__struct_config__.tag: cls  # type: ignore[misc]  # msgspec's tag may be an int; ours are all str
     for cls in (
         RunStart,
         RunEnd,
@@ -391,7 +391,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TurnLost,
     )
 }
-AnyEvent = Union[tuple(EVENT_TYPES.values())]  # type: ignore[valid-type]
+AnyEvent = Union[tuple(EVENT_TYPES.values())]  # type: ignore[valid-type]  # built from the table at run time
 _DECODER = msgspec.json.Decoder(AnyEvent)
 
 

@@ -139,12 +139,12 @@ def sweep_levels(concurrency: Any) -> str:
 
 def server_roots(run: dict[str, Any]) -> list[str]:
     """The deployment's server roots (discovery's endpoints), else the run's URL's root."""
-    server = run.get("server") if isinstance(run.get("server"), dict) else {}
-    dep = server.get("deployment") if isinstance(server.get("deployment"), dict) else {}
+    server = v if isinstance(v := run.get("server"), dict) else {}
+    dep = v if isinstance(v := server.get("deployment"), dict) else {}
     roots = [e["root"] for e in dep.get("endpoints") or [] if isinstance(e, dict) and isinstance(e.get("root"), str)]
     if roots:
         return list(dict.fromkeys(roots))
-    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    config = v if isinstance(v := run.get("config"), dict) else {}
     url = config.get("url")
     if isinstance(url, str) and url.startswith(("http://", "https://")):
         parts = urlsplit(url)
@@ -154,9 +154,9 @@ def server_roots(run: dict[str, Any]) -> list[str]:
 
 def hicache_on(run: dict[str, Any]) -> bool:
     """Whether a server of the run reports HiCache on (SGLang's /get_server_info)."""
-    server = run.get("server") if isinstance(run.get("server"), dict) else {}
+    server = v if isinstance(v := run.get("server"), dict) else {}
     infos = [server.get("server_info")]
-    dep = server.get("deployment") if isinstance(server.get("deployment"), dict) else {}
+    dep = v if isinstance(v := server.get("deployment"), dict) else {}
     infos += [e.get("settings") for e in dep.get("endpoints") or [] if isinstance(e, dict)]
     return any(isinstance(i, dict) and i.get(HICACHE_SETTING) in (True, "true", "True") for i in infos)
 
@@ -167,9 +167,9 @@ def next_steps(run: dict[str, Any], summary: dict[str, Any]) -> list[NextStep]:
     corrupt = any(counts.get(c) for c in CORRUPTION_CODES)
     mismatch = bool(counts.get("reference_mismatch"))
     wedged = any(isinstance(f, dict) and f.get("codes") for f in (summary.get("wedge") or {}).values())
-    persistence = run.get("persistence") if isinstance(run.get("persistence"), dict) else {}
+    persistence = v if isinstance(v := run.get("persistence"), dict) else {}
     poisoned = persistence.get("poisoned") is True
-    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    config = v if isinstance(v := run.get("config"), dict) else {}
     flags = agents_flags(run)
     steps: list[NextStep] = []
     if flags is not None and poisoned and config.get("recover_cmd") is None:

@@ -38,8 +38,8 @@ def triage_section(summary: dict[str, Any]) -> list[str]:
     lines = ["## Triage: alone after the load", ""]
     if block.get("error"):
         lines += [f"Triage failed on our side ({md.inline(block['error'])}): what it sent is in events.jsonl.", ""]
-    det = block.get("determinism") if isinstance(block.get("determinism"), dict) else {}
-    said = {True: "deterministic at temperature 0", False: "**not deterministic at temperature 0**"}
+    det = v if isinstance(v := block.get("determinism"), dict) else {}
+    said: dict[Any, str] = {True: "deterministic at temperature 0", False: "**not deterministic at temperature 0**"}
     lines.append(
         f"Server: {said.get(det.get('deterministic'), 'determinism not known')} ({md.inline(det.get('detail'))})."
         + (" No finding is classed on it." if det.get("deterministic") is not True else "")
