@@ -119,9 +119,8 @@ if _EpollSelector is not None:
 
         def __init__(self, cap: int = PASS_EVENTS) -> None:
             super().__init__()
-            # The epoll object its waits go through: CPython's private `_selector`, which typeshed
-            # does not declare (so its type is ours to state); the capped one takes its place.
-            epoll: select.epoll = self._selector  # type: ignore[has-type]
+            # The epoll object its waits go through, which the capped one replaces.
+            epoll: select.epoll = self._selector  # type: ignore[has-type]  # CPython's, private: typeshed lacks it
             self._selector = _CappedEpoll(epoll, cap)
 
 
