@@ -15,6 +15,7 @@ import typer
 from dsv4bench.terminal import markup_safe
 
 from dsv4bench.harness.config import FAIL_ON_CHOICES, ConfigError, check_http_url, check_out_dir, parse_fail_on
+from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.redact import MASK, redact_argv, shell_line
 from dsv4bench.history.verdict import exit_code
 from dsv4bench.cli.common import app, err, fail, print_verdict
@@ -162,13 +163,13 @@ def proxy(
             highlight=False,
             soft_wrap=True,
         )
-    reason = "interrupted"
+    reason = RunEndReason.INTERRUPTED
     try:
         reason = asyncio.run(_serve(AuditProxy(upstream, run, api_key, limits), host, sock, duration, limits))
     except KeyboardInterrupt:
-        reason = "interrupted"  # the history so far is kept and reported
+        reason = RunEndReason.INTERRUPTED  # the history so far is kept and reported
     except BaseException:
-        reason = "error"
+        reason = RunEndReason.ERROR
         raise
     finally:
         sock.close()
@@ -178,7 +179,9 @@ def proxy(
     raise typer.Exit(exit_code(summary, fail_codes))
 
 
-async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None, limits: ProxyLimits) -> str:
+async def _serve(
+    proxy: AuditProxy, host: str, sock: socket.socket, duration: float | None, limits: ProxyLimits
+) -> RunEndReason:
     """Serve until --duration has passed ("duration") or Ctrl-C; uvicorn re-raises the
     interrupt as KeyboardInterrupt once it has shut down."""
     import uvicorn
@@ -196,7 +199,7 @@ async def _serve(proxy: AuditProxy, host: str, sock: socket.socket, duration: fl
     if duration is not None:
         asyncio.get_running_loop().call_later(duration, time_up)
     await server.serve(sockets=[sock])
-    return "duration" if timed_out else "interrupted"
+    return RunEndReason.DURATION if timed_out else RunEndReason.INTERRUPTED
 
 
 _UNITS = {

@@ -17,6 +17,7 @@ from dsv4bench.harness.alone import check_alone
 from dsv4bench.harness.driver import AgentRun
 from dsv4bench.harness.exporter import ExporterError, HarnessExporter
 from dsv4bench.families import chosen_family, family_of_server
+from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.run_folder import HistoryWriter, read_history
 from dsv4bench.harness.server_watch import ServerWatch
 from dsv4bench.harness.progress import LiveStats, ProgressView
@@ -80,14 +81,14 @@ def run_agents(
         try:
             exporter.start(config.serve_metrics)  # before any load: a taken port fails the run at once
         except ExporterError:
-            history.event("run_end", run=run_id, reason="serve_metrics_port_taken")
+            history.event("run_end", run=run_id, reason=RunEndReason.SERVE_METRICS_PORT_TAKEN)
             history.close()
             raise
     driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference, family)
     deployment = Deployment.from_dict(facts.get("deployment"))
     if deployment is not None:
         driver.watch.know_roles(deployment.roles())
-    reason = "complete"
+    reason = RunEndReason.COMPLETE
     try:
         with ProgressView(stats, config.quiet):
             fair_loop.run(driver.run)
@@ -117,9 +118,9 @@ def run_agents(
                     persisted["after_recovery"] = time_to_clean(config, model, family, run_id, persisted, t0)
             history.update_run_info(run_info)
     except KeyboardInterrupt:
-        reason = "interrupted"  # the history so far is kept and reported
+        reason = RunEndReason.INTERRUPTED  # the history so far is kept and reported
     except BaseException:
-        reason = "error"  # our own failure: the run_end says so, and the error goes on up
+        reason = RunEndReason.ERROR  # our own failure: the run_end says so, and the error goes on up
         raise
     finally:
         history.event("run_end", run=run_id, reason=reason)

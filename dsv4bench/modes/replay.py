@@ -37,6 +37,7 @@ from dsv4bench.checks import run_checks
 from dsv4bench.wire.client import chat_turn
 from dsv4bench.harness.config import RunConfig
 from dsv4bench.harness.driver import make_client
+from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.run_folder import TURNS_FILE, HistoryWriter, find_run_folder, read_jsonl
 from dsv4bench.harness.progress import LiveStats, ProgressView
 from dsv4bench.history.records import TurnRecord, TurnStatus
@@ -404,14 +405,14 @@ def run_replay(
                 model=config.model,
             ).run()
 
-    reason = "complete"
+    reason = RunEndReason.COMPLETE
     try:
         with ProgressView(stats, config.quiet):
             fair_loop.run(replay)
     except KeyboardInterrupt:
-        reason = "interrupted"  # the history so far is kept and reported
+        reason = RunEndReason.INTERRUPTED  # the history so far is kept and reported
     except BaseException:
-        reason = "error"
+        reason = RunEndReason.ERROR
         raise
     finally:
         history.event("run_end", run=run_id, reason=reason)

@@ -37,8 +37,9 @@ from dsv4bench.servers.discovery import Deployment
 from dsv4bench.history.run_folder import RUN_FILE, History, history_gaps
 from dsv4bench.history.records import INT64, TurnRecord, TurnStatus, is_finite_number
 from dsv4bench.history.request_terms import DIMENSIONS, RequestTerms
+from dsv4bench.history.verdict import RunVerdict
 from dsv4bench.report.slo import run_slo
-from dsv4bench.report.summary_types import RunVerdict, Summary
+from dsv4bench.report.summary_types import Summary
 
 SUMMARY_VERSION = 1
 PERCENTILE_METHOD = "linear"
@@ -316,18 +317,18 @@ def _verdict(
     not_judged: list[str],
     poisoned: bool = False,
     changed: int = 0,
-) -> str:
+) -> RunVerdict:
     if any(found["codes"] for found in wedge.values()):
-        return "WEDGE"
+        return RunVerdict.WEDGE
     if poisoned:
-        return "POISONED"
+        return RunVerdict.POISONED
     if turns["corrupt"] or changed:  # changed: turns whose answer alone was another (--recheck)
-        return "CORRUPTION"
+        return RunVerdict.CORRUPTION
     if gaps or not_judged:
-        return "INCOMPLETE"
+        return RunVerdict.INCOMPLETE
     if turns["error"]:
-        return "ERRORS"
-    return "CLEAN"
+        return RunVerdict.ERRORS
+    return RunVerdict.CLEAN
 
 
 def summarize(history: History) -> dict[str, Any]:

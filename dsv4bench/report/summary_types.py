@@ -1,8 +1,8 @@
-"""summary.json's shape: the typed `Summary`, the run's `RunVerdict`, and the codec that writes it.
+"""summary.json's shape: the typed `Summary` (its verdict a history.verdict.RunVerdict), and its codec.
 
 summary.py computes the figures; this module says what the file holds. A Struct's fields, in
 order, are its keys in the file, in order (msgspec writes them as declared), so the names other
-tools read are written once, here, and tests/history/test_json_shape.py holds them.
+tools read are written once, here, and tests/report/test_json_shape.py holds them.
 
 Consumers read the dict view, `Summary.to_dict()` (what `summarize()` returns, equal to
 json.loads(summary.json) but for the masking of secrets), not attributes: report.md, the CLI's
@@ -21,28 +21,12 @@ codec's.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import msgspec
 
 from dsv4bench.history.run_folder import encode_record
-
-
-class RunVerdict(str, enum.Enum):
-    """The run's verdict (`verdict` in summary.json), worst first: the first whose condition holds
-    wins (summary.py's module docstring gives each condition). Named apart from
-    history.records.Verdict, which is one finding on one turn."""
-
-    WEDGE = "WEDGE"
-    POISONED = "POISONED"  # fresh sessions after the load still corrupted (run.json's `persistence`)
-    CORRUPTION = "CORRUPTION"
-    INCOMPLETE = "INCOMPLETE"  # our own failure: the history lost records or a checker raised
-    ERRORS = "ERRORS"
-    CLEAN = "CLEAN"
-
-    def __str__(self) -> str:
-        return self.value  # so an f-string says CLEAN, not RunVerdict.CLEAN
+from dsv4bench.history.verdict import RunVerdict
 
 
 class _Block(msgspec.Struct, kw_only=True):

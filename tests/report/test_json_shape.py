@@ -10,9 +10,10 @@ import msgspec
 import pytest
 
 from dsv4bench.history.run_folder import SUMMARY_FILE, read_history
+from dsv4bench.history.verdict import RunVerdict
 from dsv4bench.report import build_report
 from dsv4bench.report.summary import VERDICTS, summarize, summary_of
-from dsv4bench.report.summary_types import RunVerdict, Summary, decode_summary
+from dsv4bench.report.summary_types import Summary, decode_summary
 
 # summary.json's top-level keys, in the file's order. A new block: its name here, where it goes.
 SUMMARY_KEYS = [
