@@ -29,6 +29,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from dsv4bench.harness.config import ConfigError
 from dsv4bench.report import build_report
 from dsv4bench.report.escape import escape_text
+from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.verdict import exit_code
 from dsv4bench.locust.plan import API_KEY_ENV, PLAN_ARG, Plan
 from dsv4bench.locust.recorder import EVENT_MESSAGE, TURN_MESSAGE, LocustRun, RunFolder, current_or_none, set_current
@@ -199,7 +200,7 @@ class Lifecycle:
             gevent.sleep(STRAGGLER_GRACE_S)
         if self.receiving is folder:
             self.receiving = None
-        folder.close("complete")
+        folder.close(RunEndReason.COMPLETE)
         self.last_run_dir = folder.run_dir
         try:
             self.last_summary = build_report(folder.run_dir)

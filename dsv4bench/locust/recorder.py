@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bench.history.codes import CORRUPTION, ORACLE, code_class, meaning
+from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.run_folder import HistoryWriter
 from dsv4bench.history.records import TurnRecord, TurnStatus
 from dsv4bench.report.slo import SloTally, tally_for
@@ -197,7 +198,7 @@ class RunFolder:
                 "session_end", worker=worker, session=session, reason="worker_lost", turns=s["turns"], tool_calls=None
             )
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: RunEndReason) -> None:
         self.history.event("run_end", run=self.run_id, reason=reason)
         self.history.close()
 
