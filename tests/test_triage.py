@@ -8,7 +8,8 @@ import pytest
 from dsv4bench.harness.config import ConfigError, RunConfig
 from dsv4bench.harness.recheck import RECHECK_MAX, RecheckKeep, changed_verdict
 from dsv4bench.harness.reference_run import request_key
-from dsv4bench.harness.triage import FindingKeep, classify, cold_body, triage_limit
+from dsv4bench.harness.config import triage_limit
+from dsv4bench.harness.triage import FindingKeep, classify, cold_body
 from dsv4bench.history.records import AssembledResponse, ReferenceAnswer, Verdict
 
 
@@ -100,6 +101,7 @@ def test_recheck_keeps_every_scenario_and_depth_then_a_share():
             keep.note(_headers(f"s{s}", turn, "coding" if s % 2 else "ops"), _body(f"{s}/{turn}"), resp, [])
     assert keep.seen == 150 and keep.strata == {(sc, t) for sc in ("coding", "ops") for t in range(3)}
     assert len(keep.kept) == 6  # one of each pair: the share draws almost nothing more
+    assert {k.session for k in keep.kept} <= {"s48", "s49"}  # each pair's latest turn
     half = RecheckKeep(0.5, seed=1)
     for s in range(200):
         half.note(_headers(f"s{s}", 0), _body(str(s)), resp, [])
@@ -107,7 +109,10 @@ def test_recheck_keeps_every_scenario_and_depth_then_a_share():
     full = RecheckKeep(1.0, seed=1)
     for s in range(RECHECK_MAX + 10):
         full.note(_headers(f"s{s}", 0), _body(str(s)), resp, [])
-    assert len(full.kept) == RECHECK_MAX
+    # the latest are kept and sent first: cache state builds up as the load goes on
+    sessions = [k.session for k in full.kept]
+    assert len(sessions) == RECHECK_MAX and sessions[0] == f"s{RECHECK_MAX + 9}" and "s9" not in sessions
+    assert sessions == sorted(sessions, key=lambda x: -int(x[1:]))
     skipped = RecheckKeep(1.0, seed=1)
     skipped.note(_headers("s0", 0), _body("x"), resp, [Verdict("empty_turn", "x")])  # a finding: triage's
     skipped.note(_headers("s1", 0), _body("y", temperature=1), resp, [])  # not greedy
@@ -137,3 +142,42 @@ def test_each_comparison_code_reads_only_its_own_kind_of_answer():
     assert codes[alone] == {"answer_changed_under_load"} and codes[ref] == {"reference_mismatch"}
     same = TurnContext(response=resp, tools={}, reference=AloneAnswer("Done here.", "", (), "stop"))
     assert run_checks(same)[0] == []
+
+
+class _Sender:
+    """Answers recheck's alone sends from a script: one answer text per send."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+
+    async def send(self, kept, purpose):
+        from dsv4bench.harness.triage import Sent
+        from dsv4bench.wire.turn_answer import TurnOutcome
+        from dsv4bench.history.records import Timings, TurnStatus
+
+        response = AssembledResponse(content=self.texts.pop(0), finish_reason="stop")
+        return Sent(TurnOutcome(TurnStatus.OK, Timings(start_ns=0, start_wall_ns=0), response=response), frozenset())
+
+
+@pytest.mark.parametrize(
+    ("alone", "cls"),
+    [
+        (("Same.",), None),  # the load's answer again: one request, no finding
+        (("Other.", "Other."), "load_dependent"),
+        (("Other.", "Third."), "cache_state"),
+        (("Other.", "Same."), "cache_state"),  # the first read what the load left; then the load's again
+    ],
+)
+def test_recheck_sends_a_second_time_only_where_the_first_differs(alone, cls):
+    import anyio
+
+    from dsv4bench.harness.recheck import recheck_one
+    from dsv4bench.harness.triage import Kept
+
+    sender = _Sender(*alone)
+    kept = Kept(_headers("s1", 3), _body("x"), ReferenceAnswer("Same.", "", (), "stop"))
+    found = anyio.run(recheck_one, sender, kept)
+    assert sender.texts == []  # every scripted send was made, and no more
+    assert (found.cls if found else None) == cls
+    if found:
+        assert found.verdict.code == "answer_changed_under_load"

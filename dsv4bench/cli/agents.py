@@ -187,6 +187,7 @@ def agents(
     persist_sessions: int = opt.PERSIST_SESSIONS,
     triage: str = opt.TRIAGE,
     recheck: float = opt.RECHECK,
+    recheck_keep_cache: bool = opt.RECHECK_KEEP_CACHE,
     engine_arg: list[str] = opt.ENGINE_ARG,
     engine_fault: list[str] = opt.ENGINE_FAULT,
     engine_pd: bool = opt.ENGINE_PD,
@@ -263,6 +264,7 @@ def agents(
             persist_sessions=persist_sessions,
             triage=triage,
             recheck=recheck,
+            recheck_keep_cache=recheck_keep_cache,
             serve_metrics=serve_metrics,
             reference=reference,
             # The hosts named here, before the bundled engine or discovery add theirs (the engine's are ours).

@@ -16,8 +16,8 @@ from typing import Any
 
 import typer
 
-from dsv4bench.harness.config import RunConfig
-from dsv4bench.harness.triage import TRIAGE_AUTO_LIMIT, TRIAGE_REPEATS
+from dsv4bench.harness.config import TRIAGE_AUTO_LIMIT, RunConfig
+from dsv4bench.harness.triage import TRIAGE_REPEATS
 from dsv4bench.history.redact import API_KEY_ENV
 from dsv4bench.modes.sweep import SweepPlan
 from dsv4bench.cli.common import REQUEST_MIX_HELP
@@ -164,6 +164,16 @@ RECHECK = option(
         "again alone after the load; an answer alone that differs from the one under the load is "
         "answer_changed_under_load (a cache or KV race that keeps calls well formed), in one run. Needs "
         "--temperature 0 and a deterministic server, checked first. docs/triage.md."
+    ),
+)
+RECHECK_KEEP_CACHE = option(
+    RunConfig.recheck_keep_cache,
+    "--recheck-keep-cache",
+    panel=CHECKS,
+    help=(
+        "With --recheck: send the turns again over the prefix cache the load left. By default the cache "
+        "is dropped first where the server offers a flush (SGLang /flush_cache, vLLM /reset_prefix_cache), "
+        "so a race that cached wrong KV cannot give its wrong answer again. docs/triage.md."
     ),
 )
 

@@ -25,10 +25,24 @@ from dsv4bench.report.slo import SloError, SloTargets
 
 FAIL_ON_CHOICES = ("corruption", "errors", "wedge")
 MAX_TEMPERATURE = 2.0  # OpenAI's range, and what SGLang and the bundled engine accept
+TRIAGE_AUTO_LIMIT = 12  # findings triaged by `--triage auto` (harness/triage.py)
+TRIAGE_MAX = 1000  # the most `--triage N` takes
 
 
 class ConfigError(UsageError, ValueError):
     """A flag value that cannot work; the CLI prints it as one line."""
+
+
+def triage_limit(text: str) -> int:
+    """`--triage`: `off` -> 0, `auto` -> TRIAGE_AUTO_LIMIT, `N` -> N (1..TRIAGE_MAX): how many findings to triage."""
+    value = text.strip().lower()
+    if value == "off":
+        return 0
+    if value == "auto":
+        return TRIAGE_AUTO_LIMIT
+    if value.isdigit() and 1 <= int(value) <= TRIAGE_MAX:
+        return int(value)
+    raise ConfigError(f"--triage takes off, auto or a number of findings from 1 to {TRIAGE_MAX}; got {text!r}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,7 @@ class RunConfig:
     reference: Path | None = None  # a run whose answers this one's greedy turns must repeat (reference_run.py)
     triage: str = "auto"  # findings sent again alone after the load: off, auto or N (triage.py)
     recheck: float = 0.0  # share of greedy turns sent again alone after the load (recheck.py); 0: off
+    recheck_keep_cache: bool = False  # --recheck over the cache the load left (no flush first: alone.py)
     slo: str | None = None  # latency targets (report/slo.py): each turn judged, goodput reported
     # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
     # with key_to_workers the servers found behind a router too. Empty: the run's url and metrics.
@@ -137,8 +152,6 @@ class RunConfig:
                 object.__setattr__(self, "slo", SloTargets.parse(self.slo).spec)
             except SloError as e:
                 raise ConfigError(str(e)) from None
-        from dsv4bench.harness.triage import triage_limit
-
         triage_limit(self.triage)
         if not 0.0 <= self.recheck <= 1.0:
             raise ConfigError(f"--recheck takes a share of the greedy turns, from 0 (off) to 1; got {self.recheck:g}")

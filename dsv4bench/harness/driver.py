@@ -30,7 +30,7 @@ from dsv4bench.agents import family_for_session
 from dsv4bench.checks import run_checks
 from dsv4bench.checks.parser_view import kept_oracles
 from dsv4bench.wire.client import chat_turn
-from dsv4bench.harness.config import RunConfig
+from dsv4bench.harness.config import RunConfig, triage_limit
 from dsv4bench.history.run_folder import HistoryWriter
 from dsv4bench.loop.lag_clock import LoopWatch
 from dsv4bench.harness.nemesis import Nemesis, Slot, parse_kill_spec
@@ -40,7 +40,7 @@ from dsv4bench.harness.progress import LiveStats
 from dsv4bench.history.records import Timings, TurnStatus, Verdict
 from dsv4bench.harness.recheck import RecheckKeep
 from dsv4bench.harness.reference_run import ReferenceAnswers
-from dsv4bench.harness.triage import FindingKeep, triage_limit
+from dsv4bench.harness.triage import FindingKeep
 from dsv4bench.harness.session import AgentSession, EndReason, request_summary
 from dsv4bench.wire.transport import AiohttpTransport
 from dsv4bench.wire.turn_answer import Deadlines, TurnOutcome, TurnProbe

@@ -3,21 +3,29 @@
 A race that changes what the model writes but not the form of its calls (a KV or index cache read
 while it is being loaded) leaves every checker of a single turn quiet; `--reference` finds it only
 with a whole second run. --recheck finds it in the same run: during the load, the driver keeps a
-share F of the greedy turns that the checkers passed (`RecheckKeep`: the first turn of every
-(scenario, depth) seen, then a seeded draw of F of the rest, at most RECHECK_MAX), and after the
-load each kept request is sent again alone, twice. The second alone answer is the server's
-settled answer to that request; if it differs from the answer under the load, the turn is
-`answer_changed_under_load` (checks/reference.py compares them as --reference does).
+share F of the greedy turns that the checkers passed (`RecheckKeep`: the latest turn of every
+(scenario, depth) seen, and a seeded draw of F of all of them, the latest RECHECK_MAX kept), and
+after the load each kept request is sent again alone, newest first: cache state builds up as the
+load goes on (a device pool fills and prefixes come back from a host tier), so the last stretch
+of the load is where such a race shows, and where the time cap must not fall.
 
-It needs a server that is deterministic at temperature 0: triage.py's probe runs first, and on a
-server that fails it nothing is compared. The class comes with the finding: both alone answers
-agree (load_dependent: the load changed the answer), or the first alone answer differs from the
-second (cache_state: the first read what the load left in the cache).
+Each kept request is sent alone once; an answer equal to the load's ends it (one request per
+clean turn). One that differs is sent a second time, the server's settled answer:
+- the settled answer differs from the load's: the load changed the answer
+  (`load_dependent` where both alone answers agree, `cache_state` where they differ too);
+- the settled answer is the load's: the first alone answer read what the load left in the
+  cache (`cache_state`): the server answered one greedy request two ways.
+Either is `answer_changed_under_load` (checks/reference.py compares answers as --reference does).
+
+It needs a server that is deterministic at temperature 0, whatever else is in its batch (SGLang:
+`--enable-deterministic-inference`): triage.py's probe runs first, and on a server that fails it
+nothing is compared.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +35,7 @@ from dsv4bench.harness.triage import CACHE_STATE, LOAD_DEPENDENT, AloneSender, K
 from dsv4bench.history.codes import ANSWER_CHANGED_CODE, CORRUPTION_CODES
 from dsv4bench.history.records import AssembledResponse, ReferenceAnswer, Verdict
 
-RECHECK_MAX = 400  # requests kept for recheck, whatever the share
-RECHECK_REPEATS = 2  # alone sends of each: the first may read what the load left; the second is settled
+RECHECK_MAX = 400  # drawn requests kept for recheck, whatever the share: the latest ones
 
 
 @dataclass
@@ -56,14 +63,26 @@ class Changed:
 
 
 class RecheckKeep:
-    """The greedy, clean turns the driver keeps for recheck: every (scenario, depth) once, then a
-    seeded share of the rest (the same seed draws the same turns), at most RECHECK_MAX."""
+    """The greedy, clean turns the driver keeps for recheck: the latest of every (scenario, depth),
+    and a seeded share of all (the same seed draws the same turns), the latest RECHECK_MAX of them."""
 
     def __init__(self, share: float, seed: int) -> None:
         self.share, self.seed = share, seed
-        self.kept: list[Kept] = []
-        self.strata: set[tuple[str, int]] = set()
+        self.latest: dict[tuple[str, int], Kept] = {}  # per (scenario, depth): its latest turn
+        self.drawn: deque[Kept] = deque(maxlen=RECHECK_MAX)  # the oldest leave when it is full
         self.seen = 0  # greedy ok turns the checkers passed: what the share is of
+
+    @property
+    def strata(self) -> set[tuple[str, int]]:
+        return set(self.latest)
+
+    @property
+    def kept(self) -> list[Kept]:
+        """What is sent, in order: each (scenario, depth)'s latest turn, newest first, so every pair
+        is covered before the time cap can fall; then the drawn turns, newest first."""
+        first = sorted(self.latest.values(), key=lambda k: k.order, reverse=True)
+        chosen = {id(k) for k in first}
+        return first + [k for k in reversed(self.drawn) if id(k) not in chosen]
 
     def note(
         self, headers: dict[str, str], body: dict[str, Any], response: AssembledResponse | None, verdicts: list[Verdict]
@@ -73,15 +92,10 @@ class RecheckKeep:
         if any(v.code in CORRUPTION_CODES for v in verdicts):
             return  # already a finding: triage takes it
         self.seen += 1
-        kept = Kept(headers, body, ReferenceAnswer.of(response))
-        stratum = (kept.scenario, kept.turn)
-        new = stratum not in self.strata
-        drawn = zlib.crc32(f"{self.seed}:{kept.label}".encode()) / 2**32 < self.share
-        if len(self.kept) >= RECHECK_MAX or not (new or drawn):
-            return
-        self.strata.add(stratum)
-        kept.body = kept_body(body)
-        self.kept.append(kept)
+        kept = Kept(headers, kept_body(body), ReferenceAnswer.of(response), order=self.seen)
+        self.latest[(kept.scenario, kept.turn)] = kept
+        if zlib.crc32(f"{self.seed}:{kept.label}".encode()) / 2**32 < self.share:
+            self.drawn.append(kept)
 
 
 def changed_verdict(under_load: ReferenceAnswer, alone: ReferenceAnswer) -> Verdict | None:
@@ -92,20 +106,27 @@ def changed_verdict(under_load: ReferenceAnswer, alone: ReferenceAnswer) -> Verd
 
 
 async def recheck_one(sender: AloneSender, kept: Kept) -> Changed | None:
-    """Send one kept request alone twice; the finding if the settled answer is not the load's."""
-    answers: list[ReferenceAnswer] = []
-    for _ in range(RECHECK_REPEATS):
-        sent = await sender.send(kept, "recheck")
-        if sent.answer is None:
-            return None  # a failed send compares nothing (it is in the events)
-        answers.append(sent.answer)
+    """Send one kept request alone (twice where the first answer is not the load's); the finding
+    where the server answered it two ways (see the module docstring)."""
     assert kept.answer is not None
-    verdict = changed_verdict(kept.answer, answers[-1])
-    if verdict is None:
+    first = await sender.send(kept, "recheck")
+    if first.answer is None or changed_verdict(kept.answer, first.answer) is None:
+        return None  # the load's answer again (a failed send compares nothing: it is in the events)
+    second = await sender.send(kept, "recheck")
+    if second.answer is None:
         return None
-    first_differs = answers[0].output != answers[-1].output
-    cls = CACHE_STATE if first_differs else LOAD_DEPENDENT
-    evidence = f"under the load one answer, alone another ({verdict.where}); the {RECHECK_REPEATS} alone answers " + (
-        "differ: the first read what the load left in the cache" if first_differs else "agree"
+    settled = changed_verdict(kept.answer, second.answer)
+    if settled is not None:
+        agree = first.answer.output == second.answer.output
+        cls = LOAD_DEPENDENT if agree else CACHE_STATE
+        evidence = f"under the load one answer, alone another ({settled.where}); the 2 alone answers " + (
+            "agree" if agree else "differ too: the first read what the load left in the cache"
+        )
+        return Changed(kept, settled, cls, evidence)
+    verdict = changed_verdict(kept.answer, first.answer)
+    assert verdict is not None
+    evidence = (
+        f"the first answer alone differs from the load's ({verdict.where}), the second is the load's again: "
+        "the first read what the load left in the cache"
     )
-    return Changed(kept, verdict, cls, evidence)
+    return Changed(kept, verdict, CACHE_STATE, evidence)

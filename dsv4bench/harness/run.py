@@ -13,7 +13,7 @@ from dsv4bench.servers.canary import OK, TIMEOUT
 from dsv4bench.checks.parser_view import oracle_versions
 from dsv4bench.harness.config import RunConfig
 from dsv4bench.servers.discovery import Deployment
-from dsv4bench.harness.alone import check_alone
+from dsv4bench.harness.alone import recheck_alone, triage_alone
 from dsv4bench.harness.driver import AgentRun
 from dsv4bench.harness.exporter import ExporterError, HarnessExporter
 from dsv4bench.families import chosen_family, family_of_server
@@ -99,13 +99,17 @@ def run_agents(
             # Wedge judgement, then what the load left behind (fresh sessions on a wedged server
             # would only hang), then the recovery that clears either.
             wedged = wedge is not None and any(w["codes"] for w in wedge.values())
-            # Alone (triage, recheck) before fresh sessions change the cache the load left.
-            alone = None if wedged else check_alone(config, run_id, family, driver.findings, driver.recheck, history)
-            if alone is not None:
-                run_info["triage"] = alone
+            # Triage over the cache the load left, before fresh sessions change it; recheck last,
+            # since it drops the prefix cache first (alone.py).
+            alone = None if wedged else triage_alone(config, run_id, family, driver.findings, history)
             persisted = None if wedged else judge_persistence(config, model, family, run_id, run_dir, history)
             if persisted is not None:
                 run_info["persistence"] = persisted
+            if alone is not None:
+                kind = facts.get("server_kind")  # the target's kind (servers/kinds.py): how it flushes
+                recheck_alone(config, run_id, family, driver.recheck, history, alone, kind)
+                if alone["findings_kept"] or alone["recheck"] is not None:
+                    run_info["triage"] = alone
             poisoned = persisted is not None and persisted.get("poisoned") is True
             if config.recover_cmd and (wedged or poisoned):
                 t0 = time.monotonic()

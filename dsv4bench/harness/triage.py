@@ -21,7 +21,7 @@ first send filled); the two warm answers must agree. If they do not, the report 
 finding is classed: on such a server "not alone" would mean nothing. A cold answer that differs
 from the warm ones is evidence of cache state, kept beside the verdict, not a lack of determinism.
 
-Bounded: `--triage auto` takes up to TRIAGE_AUTO_LIMIT findings, `--triage N` up to N, chosen to
+Bounded: `--triage auto` takes up to TRIAGE_AUTO_LIMIT findings (config.py), `--triage N` up to N, chosen to
 cover every (code, scenario) first; everything sent after the load stops at AFTER_LOAD_CAP_S.
 Each request is an `alone_request` event in events.jsonl (so the history shows the traffic),
 never a turn: the run's turn totals do not count it. The block goes to run.json's `triage`.
@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 
 from dsv4bench.checks import run_checks
-from dsv4bench.harness.config import ConfigError
 from dsv4bench.harness.reference_run import is_greedy, request_key
 from dsv4bench.harness.server_watch import raw_completion
 from dsv4bench.harness.turn_judge import request_context
@@ -48,8 +47,6 @@ from dsv4bench.wire.client import chat_turn
 from dsv4bench.wire.turn_answer import Deadlines, TurnOutcome
 
 TRIAGE_REPEATS = 3  # alone sends of each finding's request
-TRIAGE_AUTO_LIMIT = 12  # findings triaged by `--triage auto`
-TRIAGE_MAX = 1000  # the most `--triage N` takes
 AFTER_LOAD_CAP_S = 120.0  # everything triage and recheck send after the load, together
 ALONE_EVENT = "alone_request"
 # Codes judged against another answer, not by the checkers alone: a resend cannot show them again
@@ -58,18 +55,6 @@ _NOT_TRIAGED = frozenset({REFERENCE_CODE, ANSWER_CHANGED_CODE})
 
 DETERMINISTIC, CACHE_STATE, COLD_PATH = "deterministic", "cache_state", "cold_path"
 INTERMITTENT, LOAD_DEPENDENT, NOT_CLASSED = "intermittent", "load_dependent", "not_classed"
-
-
-def triage_limit(text: str) -> int:
-    """`off` -> 0, `auto` -> TRIAGE_AUTO_LIMIT, `N` -> N (1..TRIAGE_MAX): how many findings to triage."""
-    value = text.strip().lower()
-    if value == "off":
-        return 0
-    if value == "auto":
-        return TRIAGE_AUTO_LIMIT
-    if value.isdigit() and 1 <= int(value) <= TRIAGE_MAX:
-        return int(value)
-    raise ConfigError(f"--triage takes off, auto or a number of findings from 1 to {TRIAGE_MAX}; got {text!r}")
 
 
 def kept_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +85,7 @@ class Kept:
     body: dict[str, Any]
     answer: ReferenceAnswer | None = None  # the answer under the load (recheck)
     codes: tuple[str, ...] = ()  # the corruption codes found on it (triage)
+    order: int = 0  # when the load answered it, as a count (recheck sends the newest first)
 
     @property
     def session(self) -> str:

@@ -233,8 +233,17 @@ class RawNotOffered(Event, tag="raw_not_offered", kw_only=True):
 
 
 class AloneStart(Event, tag="alone_start", kw_only=True):
-    findings: int
-    recheck: int
+    """A stage of harness/alone.py begins: `triage` or `recheck`."""
+
+    stage: str
+
+
+class CacheFlush(Event, tag="cache_flush", kw_only=True):
+    """The server's prefix cache dropped before --recheck (servers/cache_flush.py), or why not."""
+
+    path: str | None
+    flushed: bool
+    detail: str
 
 
 class AloneRequest(Event, tag="alone_request", kw_only=True):
@@ -373,6 +382,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ApiKeyHosts,
         RawNotOffered,
         AloneStart,
+        CacheFlush,
         AloneRequest,
         AloneEnd,
         PersistenceStart,

@@ -25,6 +25,11 @@ What each kind offers, from its own sources:
   judged by what answers. No /get_server_info.
 - A plain OpenAI-compatible server: nothing is known beyond /v1/models and the chat endpoint.
 
+Prefix-cache flush (`cache_flush`, used by --recheck): SGLang's POST /flush_cache (refused while
+requests run), which its router passes to every worker and the bundled engine serves too; vLLM's
+POST /reset_prefix_cache (served only with VLLM_SERVER_DEV_MODE=1: a 404 otherwise).
+TensorRT-LLM and unknown kinds: none known, none asked.
+
 Recognition (`recognise`) reads what the server answered, the strongest sign first: the bundled
 engine's `engine_type`; a router's own metrics, worker list or `router_manager`; an SGLang
 /get_server_info; then the names of its metrics (sglang:, vllm:, trtllm:).
@@ -87,6 +92,8 @@ class Kind:
     # Seconds its /metrics may hold a request before it answers (TensorRT-LLM waits for new
     # iteration stats): a scrape is given that long, and SCRAPE_MARGIN_S more, to answer.
     metrics_hold_s: float = 0.0
+    # The path that drops its prefix cache (POST), where it has one; None where it has none known.
+    cache_flush: str | None = None
 
     def offered(self, path: str) -> bool | None:
         """True: it has `path`; False: it never had it (not asked); None: judged by what answers."""
@@ -103,14 +110,22 @@ class Kind:
         return self.name in (VLLM, TRTLLM)
 
 
+SGLANG_FLUSH = "/flush_cache"
 _SGLANG_OFFERS = {HEALTH: True, HEALTH_GENERATE: True, SERVER_INFO: True, MODELS: True}
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind(SGLANG, "SGLang", _SGLANG_OFFERS, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)),
-        Kind(SGLANG_ROUTER, "SGLang router", {**_SGLANG_OFFERS, WORKERS_PATH: True}, PROMETHEUS),
+        Kind(SGLANG, "SGLang", _SGLANG_OFFERS, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING), cache_flush=SGLANG_FLUSH),
         Kind(
-            BUNDLED, "bundled engine", {**_SGLANG_OFFERS, METRICS: True}, PROMETHEUS, (SGLANG_WAITING, SGLANG_RUNNING)
+            SGLANG_ROUTER, "SGLang router", {**_SGLANG_OFFERS, WORKERS_PATH: True}, PROMETHEUS, cache_flush=SGLANG_FLUSH
+        ),
+        Kind(
+            BUNDLED,
+            "bundled engine",
+            {**_SGLANG_OFFERS, METRICS: True},
+            PROMETHEUS,
+            (SGLANG_WAITING, SGLANG_RUNNING),
+            cache_flush=SGLANG_FLUSH,
         ),
         Kind(
             VLLM,
@@ -126,6 +141,7 @@ KINDS: dict[str, Kind] = {
             },
             PROMETHEUS,
             (VLLM_WAITING, VLLM_RUNNING),
+            cache_flush="/reset_prefix_cache",
         ),
         # trtllm-serve's /metrics gathers the iteration stats that come within 2 s before it answers
         # (openai_server.py, get_iteration_stats: get_stats_async(2)).

@@ -86,3 +86,19 @@ def test_recheck_finds_an_answer_the_load_changed_and_a_clean_server_gives_none(
     clean, _ = _run(tmp_path / "clean", "deterministic", "--recheck", "1", "--max-turns", "1")
     assert clean["verdict"] == "CLEAN" and clean["counts"]["answer_changed_under_load"] == 0
     assert clean["triage"]["recheck"]["rechecked"] > 0 and not clean["triage"]["findings"]
+
+
+def test_recheck_drops_the_prefix_cache_first_so_a_cached_wrong_answer_is_not_handed_back(tmp_path):
+    # `stale` caches the answer the load changed, as a cache holding KV a race wrote: sent again
+    # over that cache, the request gets the load's answer back and nothing differs.
+    s, run_dir = _run(tmp_path, "stale", "--recheck", "1")
+    t = s["triage"]
+    assert t["cache_flush"] == {"path": "/flush_cache", "flushed": True, "detail": "/flush_cache: HTTP 200"}
+    assert t["recheck"]["changed"] > 0 and s["verdict"] == "CORRUPTION"
+    events = [e["kind"] for e in read_history(run_dir).events]
+    assert events.index("cache_flush") < events.index("alone_request")  # dropped before any recheck
+
+    (tmp_path / "kept").mkdir()
+    kept, _ = _run(tmp_path / "kept", "stale", "--recheck", "1", "--recheck-keep-cache")
+    assert "cache_flush" not in kept["triage"] and kept["triage"]["recheck"]["changed"] == 0
+    assert kept["triage"]["recheck"]["rechecked"] > 0 and kept["verdict"] == "CLEAN"
