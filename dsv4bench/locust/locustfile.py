@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 from locust import events
+from locust.argument_parser import LocustArgumentParser
+from locust.env import Environment
 
 from dsv4bench.locust import plan as _plan
 from dsv4bench.locust.lifecycle import Lifecycle
@@ -24,12 +26,12 @@ LoadShape = selected_shape()  # Locust plays the locustfile's one LoadTestShape 
 
 
 @events.init_command_line_parser.add_listener
-def _arguments(parser, **_):
+def _arguments(parser: LocustArgumentParser, **_: object) -> None:
     _plan.add_arguments(parser)
 
 
 @events.init.add_listener
-def _init(environment, **_):
+def _init(environment: Environment, **_: object) -> None:
     lifecycle = Lifecycle(environment)
     environment.events.test_start.add_listener(lifecycle.test_start)
     environment.events.test_stop.add_listener(lifecycle.test_stop)
