@@ -30,7 +30,7 @@ from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.run_folder import HistoryWriter
 from dsv4bench.history.records import TurnRecord, TurnStatus
 from dsv4bench.report.slo import SloTally, tally_for
-from dsv4bench.report.summary import tool_call_count, turn_codes
+from dsv4bench.report.counting import tool_call_count, turn_codes
 from dsv4bench.locust.plan import Plan
 
 log = logging.getLogger("dsv4bench.locust")

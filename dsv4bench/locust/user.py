@@ -26,7 +26,7 @@ from dsv4bench.checks import run_checks
 from dsv4bench.checks.parser_view import kept_oracles
 from dsv4bench.history.records import TurnRecord, TurnStatus
 from dsv4bench.harness.session import AgentSession, EndReason, request_summary
-from dsv4bench.report.summary import turn_codes
+from dsv4bench.report.counting import turn_codes
 from dsv4bench.wire.turn_answer import TurnOutcome, TurnProbe
 from dsv4bench.harness.turn_judge import turn_context, turn_headers, turn_record
 from dsv4bench.locust.recorder import LocustRun, current

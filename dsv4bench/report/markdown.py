@@ -29,7 +29,7 @@ from dsv4bench.families import BY_NAME
 from dsv4bench.history.run_folder import History
 from dsv4bench.checks.oracle import NOT_OFFERED_EVENT
 from dsv4bench.history.records import OracleReadings, TurnRecord, Verdict
-from dsv4bench.report.summary import counts_code, run_window
+from dsv4bench.report.counting import counts_code, run_window
 from dsv4bench.report.blocks import (
     fmt_int,
     plural,

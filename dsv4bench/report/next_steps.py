@@ -34,6 +34,7 @@ AGENTS_SWITCHES = frozenset(
         "--stream",
         "--no-stream",
         "--raw",
+        "--recheck-keep-cache",
         "--engine-pd",
         "--quiet",
         "-q",

@@ -25,7 +25,7 @@ from typing import Any
 from dsv4bench.history.codes import EVIDENCE_CODES
 from dsv4bench.history.records import INT64
 from dsv4bench.history.run_folder import History
-from dsv4bench.report.summary import run_window, turn_codes, turn_end_wall_ns
+from dsv4bench.report.counting import run_window, turn_codes, turn_end_wall_ns
 
 WINDOW_S = 60.0  # the minute before a finding
 MIN_RELATIVE = 0.25  # a mean that changed by less than a quarter did not move

@@ -23,7 +23,7 @@ from dsv4bench.servers.dialect import QUEUE_GAUGES, RUNNING, current_name, is_qu
 from dsv4bench.history.run_folder import History, open_private, private_dir
 from dsv4bench.history.records import TurnRecord, TurnStatus
 from dsv4bench.report.onset import first_turns
-from dsv4bench.report.summary import outcome_counts, run_window, turn_end_wall_ns
+from dsv4bench.report.counting import outcome_counts, run_window, turn_end_wall_ns
 from dsv4bench.report.escape import plot_text
 
 log = logging.getLogger(__name__)

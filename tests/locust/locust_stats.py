@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dsv4bench.history.run_folder import History
 from dsv4bench.history.records import TurnStatus
-from dsv4bench.report.summary import turn_codes
+from dsv4bench.report.counting import turn_codes
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from dsv4bench.history.run_folder import read_history
-from dsv4bench.report.summary import turn_codes
+from dsv4bench.report.counting import turn_codes
 
 from .conftest import ROOT, free_port, only_run_dir, start_replay
 

@@ -32,7 +32,7 @@ from dsv4bench.history.codes import meaning
 from dsv4bench.history.run_folder import read_history
 from dsv4bench.locust.recorder import Tally
 from dsv4bench.history.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
-from dsv4bench.report.summary import tool_call_count, turn_codes
+from dsv4bench.report.counting import tool_call_count, turn_codes
 
 from .conftest import ROOT, free_port, start_replay
 

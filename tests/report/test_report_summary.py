@@ -9,7 +9,8 @@ import pytest
 
 from dsv4bench.history.codes import AVAILABILITY_CODES, CORRUPTION_CODES, EVIDENCE_CODES
 from dsv4bench.history.run_folder import read_history
-from dsv4bench.report.summary import distribution, percentile, summarize
+from dsv4bench.report.counting import distribution, percentile
+from dsv4bench.report.summary import summarize
 
 STABLE_FIELDS = {"verdict", "turns", "tool_calls", "counts", "wedge"}
 
