@@ -49,6 +49,8 @@ from dsv4bench.wire.turn_answer import Deadlines, TurnOutcome
 TRIAGE_REPEATS = 3  # alone sends of each finding's request
 AFTER_LOAD_CAP_S = 120.0  # everything triage and recheck send after the load, together
 ALONE_EVENT = "alone_request"
+# Tags every request sent after the load (triage, recheck, persistence) with why it was sent.
+ALONE_HEADER = "X-Dsv4bench-Alone"
 # Codes judged against another answer, not by the checkers alone: a resend cannot show them again
 # by itself (recheck.py classes its own findings).
 _NOT_TRIAGED = frozenset({REFERENCE_CODE, ANSWER_CHANGED_CODE})
@@ -179,7 +181,7 @@ class AloneSender:
         """Send `kept`'s request (or `body` in its place) alone, tagged as the turn's was and with
         X-Dsv4bench-Alone: `purpose`; judged by the run's checkers."""
         body = kept.body if body is None else body
-        headers = {**kept.headers, "X-Dsv4bench-Run": self.run_id, "X-Dsv4bench-Alone": purpose}
+        headers = {**kept.headers, "X-Dsv4bench-Run": self.run_id, ALONE_HEADER: purpose}
         self.requests += 1
         outcome = await chat_turn(self.client, f"{self.base_url}/chat/completions", body, self.deadlines, headers)
         ctx = request_context(body, outcome, family=self.family)

@@ -11,14 +11,14 @@ import sys
 import time
 from collections import Counter
 
-from dsv4bench.history.codes import CODES
+from dsv4bench.history.codes import ANSWER_CHANGED_CODE, CODES
 from dsv4bench.history.run_folder import read_history
 from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE
 
 from .conftest import ROOT, only_run_dir, run_cli
 
 # What a request asks of its answer (tool_choice, ...): judged by checks/request_compliance.py.
-REQUEST_TERMS_CODES = {c.code for c in CODES if (c.checker or "").startswith("request_terms.")}
+REQUEST_TERMS_CODES = {c.code for c in CODES if (c.checker or "").startswith("request_compliance.")}
 # Other families' markup: this server writes DeepSeek-V4's; the replay server's --family writes
 # theirs (test_agents_families.py).
 OTHER_FAMILIES_CODES = {"markup_leak_content", "markup_leak_reasoning", "markup_in_arguments"}
@@ -69,12 +69,16 @@ def test_80_sessions_every_planted_fault_found_and_no_clean_turn_flagged(replay,
     sessions = {e["session"] for e in h.events if e["kind"] == "session_end"}
     assert len(sessions) == 200
     # Every failure shape was planted at least once, so each was really checked (a reference
-    # mismatch needs a reference run: test_reference_run.py; a broken request term needs a
+    # mismatch needs a reference run: test_reference_run.py; an answer changed under load needs
+    # --recheck: test_triage.py; a broken request term needs a
     # request that asked for it: test_request_mix.py, against its own known-bad server; other
     # families' markup: test_agents_families.py).
     shapes = Counter(code for codes in planted.values() for code in codes)
     assert set(shapes) >= (
-        set(CORRUPTION_CODES) - {"garbled_text", REFERENCE_CODE} - REQUEST_TERMS_CODES - OTHER_FAMILIES_CODES
+        set(CORRUPTION_CODES)
+        - {"garbled_text", REFERENCE_CODE, ANSWER_CHANGED_CODE}
+        - REQUEST_TERMS_CODES
+        - OTHER_FAMILIES_CODES
         | {"http_error", "timeout_ttft", "connection_error"}
     )
     assert shapes["garbled_text"] >= 1
