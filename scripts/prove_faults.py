@@ -7,7 +7,10 @@ bounded time), then N clean runs: clean run k replays the k-th recipe's engine s
 with no fault, so every recipe's stress is also seen clean. A fault whose corruption keeps every
 tool call well formed (`hicache-index-race`) is judged against a reference: fault run i and clean
 run i get `--reference` to a clean run of the same seed and settings made just before them, and
-that reference run counts as a clean run too. Prints a markdown table: runs where the expected
+that reference run counts as a clean run too. With `--recheck F` such a fault is judged in one run
+instead: every run (fault and clean) gets `agents --recheck F` and no reference run, and the fault
+is found as `answer_changed_under_load` (its first detection is then the run's end, where the
+recheck gives its verdict). Prints a markdown table: runs where the expected
 code was found, the codes seen, and the time to first detection (from the start of the run to
 the end of the first turn carrying an expected corruption code, or to the end of the drain window
 that concluded a wedge).
@@ -20,6 +23,7 @@ engine does: that finding is kept apart (`health_lies@router`) and never counts 
 `health-lies` fault, which must then show on a server behind the router.
 
     python scripts/prove_faults.py --runs 5 --table proof.md --reports reports/
+    python scripts/prove_faults.py --runs 5 --only hicache-index-race --recheck 1
     python scripts/prove_faults.py --runs 5 --router sglang --only abort-leak --only bootstrap-stall \
         --only ghost-decode --only health-lies
 """
@@ -34,11 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from dsv4bench.history.run_folder import EVENTS_FILE, METRICS_FILE, TURNS_FILE, read_jsonl
+from dsv4bench.history.codes import ANSWER_CHANGED_CODE
 from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE, WEDGE_CODES
 
 BASE = ["--concurrency", "80", "--quiet", "--max-turns", "12"]
@@ -58,6 +63,14 @@ class Recipe:
     extra_faults: tuple[str, ...] = ()  # faults that set the stage (health-lies needs a wedge to lie about)
     reference: bool = False  # judge runs against a clean run of the same seed and settings (--reference)
     why: str = ""
+    recheck_load: tuple[str, ...] = ()  # with --recheck: the load of one run that judges it alone
+
+    def rechecked(self, share: float | None) -> Recipe:
+        """The recipe as --recheck judges it: in one run, its own load, found as an answer changed."""
+        if share is None or not self.reference:
+            return self
+        load = (*(self.recheck_load or self.load), "--recheck", f"{share:g}")
+        return replace(self, expect=frozenset({ANSWER_CHANGED_CODE}), load=load, reference=False)
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -78,6 +91,7 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         load=("--duration", "90", "--drain-timeout", "10"),
         reference=True,
+        recheck_load=("--duration", "30", "--drain-timeout", "10", "--persist-sessions", "0"),
         why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
         "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
         "every session several turns for them to change",
@@ -132,6 +146,7 @@ class RunResult:
     corrupt_turns: dict[tuple[str, int, str], float | None] = field(default_factory=dict)  # -> s after start
     unguarded_reads: int | None = None  # HiCache runs: index-K reads that went ahead of a load (the race firing)
     reference: dict | None = None  # summary.json's `reference` (--reference runs): turns compared, mismatched
+    triage: dict | None = None  # summary.json's `triage` (--recheck runs): turns rechecked, changed
 
 
 def router_label(router: str) -> str:
@@ -198,6 +213,8 @@ def run_once(
     corrupt_turns = read_turns(run_dir, events)
     routers = router_roots(events) if router == "sglang" else set()
     codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events, routers)
+    if first is None and not clean and codes.get(ANSWER_CHANGED_CODE) and ANSWER_CHANGED_CODE in recipe.expect:
+        first = summary.get("duration_s")  # found by --recheck after the load: at the run's end
     return RunResult(
         recipe.fault,
         clean,
@@ -209,6 +226,7 @@ def run_once(
         corrupt_turns=corrupt_turns,
         unguarded_reads=read_unguarded_reads(run_dir),
         reference=summary.get("reference"),
+        triage=summary.get("triage"),
     )
 
 
@@ -327,6 +345,12 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
                 + (f"; {min(reads)}-{max(reads)} unguarded index-K reads per run" if reads else "")
             )
             recipe += " --reference CLEAN_RUN"
+        if ANSWER_CHANGED_CODE in r.expect:
+            rechecked = [(x.triage or {}).get("recheck") or {} for x in mine]
+            expect += (
+                f" by --recheck in one run: {sum(c.get('changed', 0) for c in rechecked)} of "
+                f"{sum(c.get('rechecked', 0) for c in rechecked)} rechecked turns answered differently alone"
+            )
         rows.append(
             f"| `{r.fault}` | {label} | {expect} | {len(found)}/{len(mine)} | "
             f"{', '.join(f'{c} ({n})' for c, n in sorted(seen.items())) or 'none'} | {when} | `{recipe}` |"
@@ -368,14 +392,23 @@ def main() -> int:
         help="What fronts every engine: its own server or router, or SGLang's real router "
         "(agents --engine-router sglang; pip install 'dsv4bench[sglang]').",
     )
+    p.add_argument(
+        "--recheck",
+        type=float,
+        default=None,
+        metavar="F",
+        help="Judge the faults that need a reference in one run instead: agents --recheck F on every run.",
+    )
     a = p.parse_args()
-    recipes = tuple(r for r in RECIPES if not a.only or r.fault in a.only)
+    if a.recheck is not None and not 0 < a.recheck <= 1:
+        p.error(f"--recheck takes a share from 0 (exclusive) to 1; got {a.recheck:g}")
+    recipes = tuple(r.rechecked(a.recheck) for r in RECIPES if not a.only or r.fault in a.only)
     if not recipes or a.runs < 1:
         p.error(f"nothing to run; faults: {', '.join(r.fault for r in RECIPES)}")
     results: list[RunResult] = []
     plan = [(r, False, i) for r in recipes for i in range(a.runs)]
     if not a.no_clean:
-        pool = RECIPES if a.clean_all else recipes
+        pool = tuple(r.rechecked(a.recheck) for r in RECIPES) if a.clean_all else recipes
         plan += [(pool[i % len(pool)], True, i) for i in range(a.runs)]
     references: dict[tuple[str, int], RunResult] = {}  # (recipe, seed) -> its clean reference run
     with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:

@@ -5,17 +5,12 @@ column (SGLang's router in front of every run, its own /health lie kept apart)."
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "prove_faults", Path(__file__).parents[2] / "scripts" / "prove_faults.py"
-)
-assert _spec and _spec.loader
-prove = sys.modules["prove_faults"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-_spec.loader.exec_module(prove)
+from tests.scripts.script_loader import load_script
+
+prove = load_script("prove_faults")
 
 
 def _run_dir(path: Path, turns: list[tuple[str, int, str, list[str]]]) -> Path:
@@ -159,3 +154,27 @@ def test_the_table_has_a_router_column_and_says_what_the_routers_own_lie_is():
     assert lines[-1].startswith("`health_lies@router`: SGLang's router answered its own /health 200")
     text = prove.table([clean], (recipe,), 1)
     assert "| bundled |" in text and "@router" not in text and "--engine-router" not in text
+
+
+def test_with_recheck_the_reference_recipe_is_judged_in_one_run_by_an_answer_changed():
+    [recipe] = [r.rechecked(1.0) for r in prove.RECIPES if r.reference]
+    assert recipe.expect == frozenset({"answer_changed_under_load"}) and not recipe.reference
+    for clean in (False, True):  # the clean runs are rechecked too: a change there is a false alarm
+        cmd = prove.agents_command(recipe, clean, 3, Path("/tmp/x"))
+        assert cmd[cmd.index("--recheck") + 1] == "1" and "--reference" not in cmd
+    assert cmd[cmd.index("--duration") + 1] == "30"
+    untouched = [r for r in prove.RECIPES if not r.reference][0]
+    assert untouched.rechecked(1.0) is untouched
+    found = prove.RunResult(
+        recipe.fault,
+        False,
+        "CORRUPTION",
+        {"answer_changed_under_load": 1},
+        118.0,
+        triage={"recheck": {"rechecked": 130, "changed": 1}},
+    )
+    missed = prove.RunResult(
+        recipe.fault, False, "CLEAN", {}, None, triage={"recheck": {"rechecked": 120, "changed": 0}}
+    )
+    row = next(line for line in prove.table([found, missed], (recipe,), 2).splitlines() if recipe.fault in line)
+    assert "| 1/2 |" in row and "1 of 250 rechecked turns answered differently alone" in row and "--recheck 1" in row
