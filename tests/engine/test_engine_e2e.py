@@ -279,3 +279,32 @@ def test_kill_storm_with_abort_request_leaves_the_engine_idle(engine, tmp_path):
     assert drain["reason"] == "queues_empty"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["turns"]["killed"] >= 1 and all(not w["codes"] for w in summary["wedge"].values())
+
+
+def test_triage_classes_the_parser_split_fault_deterministic(tmp_path):
+    # parser-split leaks DSML from the server's own stream parse: the same request alone gives the
+    # same leak, with the cache and without it: a parser bug, not the load.
+    out = tmp_path / "runs"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsv4bench",
+            "agents",
+            *("--sessions", "6", "--concurrency", "6", "--max-turns", "3", "--seed", "1"),
+            *("--triage", "2", "--persist-sessions", "0", "--quiet", "--out", str(out)),
+            "--engine-fault=parser-split",
+            "--engine-arg=--num-pages=1024",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    run_dir = next(out.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["verdict"] == "CORRUPTION", r.stderr[-2000:]
+    triage = summary["triage"]
+    assert triage["determinism"]["deterministic"] is True
+    assert triage["findings"] and {f["class"] for f in triage["findings"]} == {"deterministic"}
+    assert all(f["alone_hits"] == f["alone_sent"] and f["cold_hit"] for f in triage["findings"])
