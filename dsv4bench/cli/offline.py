@@ -14,13 +14,28 @@ from dsv4bench.cli.common import app, fail, out, print_verdict
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="A run folder (possibly partial, e.g. from a killed run)."),
+    slo: Optional[str] = typer.Option(
+        None,
+        "--slo",
+        metavar="TARGETS",
+        help=(
+            "Judge the recorded turns against these latency targets (ttft=2s,itl=100ms,e2e=60s, any subset) "
+            "in place of the run's own --slo: the goodput of a run at other targets, no server needed. "
+            "docs/slo.md."
+        ),
+    ),
 ) -> None:
     """Rebuild summary.json, report.md and the plots from a run's history."""
     from dsv4bench.history.run_folder import HistoryError
     from dsv4bench.report import build_report
+    from dsv4bench.report.slo import SloError, SloTargets
 
     try:
-        summary = build_report(run_dir)
+        spec = SloTargets.parse(slo).spec if slo is not None else None
+    except SloError as e:
+        raise fail(str(e))
+    try:
+        summary = build_report(run_dir, slo=spec)
     except HistoryError as e:
         raise fail(str(e))
     print_verdict(summary, run_dir)

@@ -23,11 +23,16 @@ from dsv4bench.report.markdown import render_report
 __all__ = ["build_report", "render_report"]
 
 
-def build_report(run_dir: Path) -> dict[str, Any]:
+def build_report(run_dir: Path, slo: str | None = None) -> dict[str, Any]:
     """Read the run folder, write summary.json, plots/*.png and report.md; return the summary (as
-    summarize() does). ReportError when they cannot be written (the history is not touched)."""
+    summarize() does). ReportError when they cannot be written (the history is not touched).
+    `slo`: latency targets to judge the recorded turns by, in place of the run's own --slo (a
+    spec SloTargets.parse reads; run.json keeps what the run was given)."""
     run_dir = Path(run_dir)
     history = read_history(run_dir)
+    if slo is not None:
+        config = history.run.get("config")
+        history.run = {**history.run, "config": {**(config if isinstance(config, dict) else {}), "slo": slo}}
     typed = summary_of(history)
     summary = typed.to_dict()
     try:

@@ -1,7 +1,7 @@
 """End to end: `agents --slo` against the known-bad replay server on loopback, and the figures of
 summary.json and report.md checked against the turn timings computed by hand from the recorded
 turns.jsonl, here, without report/slo.py; then the same history judged again against other
-targets by `dsv4bench report`, which reads them from run.json."""
+targets by `dsv4bench report --slo`, run.json left as the run wrote it."""
 
 from __future__ import annotations
 
@@ -96,11 +96,12 @@ def test_slo_figures_match_the_recorded_timings_computed_by_hand(replay, tmp_pat
     e2e = statistics.median((t["end_ns"] - t["start_ns"]) / 1e9 for t in clean)
     # A microsecond over each median, written in ms to the nanosecond: the median turns meet them.
     ttft_ms, e2e_ms = f"{ttft * 1e3 + 1e-3:.6f}", f"{e2e * 1e3 + 1e-3:.6f}"
-    run_json = json.loads((run_dir / "run.json").read_text())
-    run_json["config"]["slo"] = f"ttft={ttft_ms}ms,e2e={e2e_ms}ms"
-    (run_dir / "run.json").write_text(json.dumps(run_json))
-    again = run_cli("report", str(run_dir))
+    recorded = (run_dir / "run.json").read_bytes()
+    again = run_cli("report", str(run_dir), "--slo", f"ttft={ttft_ms}ms,e2e={e2e_ms}ms")
     assert again.returncode == 0, again.stdout + again.stderr
+    assert (run_dir / "run.json").read_bytes() == recorded  # what the run was given stays as it was
+    bad = run_cli("report", str(run_dir), "--slo", "ttft=fast")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "ttft" in bad.stdout + bad.stderr
     rebuilt = json.loads((run_dir / "summary.json").read_text())["slo"]
     _check(rebuilt, _by_hand(run_dir, float(ttft_ms) * 1e-3, float("inf"), float(e2e_ms) * 1e-3))
     assert 0 < rebuilt["good"] < rebuilt["outcomes"]["met"] + rebuilt["outcomes"]["missed"]
