@@ -186,3 +186,28 @@ def test_sweep_files(tmp_path):
     assert [p.name for p in written] == ["sweep.json", "sweep.md", "sweep.png"]
     assert json.loads((tmp_path / "sweep.json").read_text()) == summary
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_levels_goodput_adds_its_batches_up_and_a_level_without_targets_has_none():
+    def with_slo(good: int, turns: int, tokens: int, window: float) -> dict:
+        slo = {"turns": turns, "good": good, "good_output_tokens": tokens, "window_s": window, "share": 0.0}
+        return {**_summary(turns, 0), "slo": slo}
+
+    level = Level(8)
+    level.add(with_slo(30, 40, 3000, 10.0), "c8/a")
+    level.add(with_slo(10, 40, 1000, 10.0), "c8/b")
+    # 40 good of 80 over 20 s of batches: 2 good turns/s, 200 good tokens/s
+    assert level.slo_block() == {
+        "turns": 80,
+        "good": 40,
+        "share": 0.5,
+        "goodput_turns_per_s": 2.0,
+        "goodput_tokens_per_s": 200.0,
+    }
+    plain = _level(100, 0, 16)
+    assert plain.slo_block() is None
+    unreadable = Level(4)
+    unreadable.add({**_summary(10, 0), "slo": {"spec": "x", "error": "bad"}}, "c4/a")
+    assert unreadable.slo_block() is None
+    md = sweep_markdown(sweep_summary([level, plain], SweepPlan((8, 16)), "dsv4bench sweep --slo ttft=1s"))
+    assert "| 8 | 40 of 80 | 50.0% | 2.00 | 200.00 |" in md and "| 16 | " not in md.split("(--slo)")[1].split("##")[0]

@@ -147,6 +147,8 @@ class Level:
     turns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOME_KEYS, 0))
     by_depth: dict[int, dict[str, int]] = field(default_factory=dict)
     stopped_by: str = ""
+    # --slo: each batch's counted and good turns, good output tokens and window, added up
+    slo: dict[str, float] | None = None
 
     def add(self, summary: dict[str, Any], run_dir: str) -> None:
         self.runs.append(run_dir)
@@ -154,9 +156,34 @@ class Level:
         _add_counts(self.turns, summary.get("turns") or {})
         for depth, counts in (summary.get("by_depth") or {}).items():
             _add_counts(self.by_depth.setdefault(int(depth), dict.fromkeys(OUTCOME_KEYS, 0)), counts)
+        slo = summary.get("slo")
+        if isinstance(slo, dict) and "error" not in slo:
+            into = self.slo if self.slo is not None else dict.fromkeys(_SLO_SUMS, 0.0)
+            for key in _SLO_SUMS:
+                value = slo.get(key)
+                into[key] += value if isinstance(value, (int, float)) else 0.0
+            self.slo = into
+
+    def slo_block(self) -> dict[str, Any] | None:
+        """The level's goodput against --slo over its batches (their windows added up); None
+        without targets."""
+        if self.slo is None:
+            return None
+        s, window = self.slo, self.slo["window_s"]
+        return {
+            "turns": int(s["turns"]),
+            "good": int(s["good"]),
+            "share": s["good"] / s["turns"] if s["turns"] else None,
+            "goodput_turns_per_s": s["good"] / window if window else None,
+            "goodput_tokens_per_s": s["good_output_tokens"] / window if window else None,
+        }
 
     def interval(self, confidence: float) -> tuple[float, float]:
         return wilson_interval(self.turns["corrupt"], self.turns["ok"], confidence)
+
+
+# The --slo figures of a batch's summary that add up over a level's batches (report/slo.py).
+_SLO_SUMS = ("turns", "good", "good_output_tokens", "window_s")
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, Any]) -> None:
@@ -246,6 +273,7 @@ def sweep_summary(levels: list[Level], plan: SweepPlan, command: str) -> dict[st
                     str(d): {"turns": c, **_rate_block(c["corrupt"], c["ok"], plan.confidence)}
                     for d, c in sorted(lv.by_depth.items())
                 },
+                "slo": lv.slo_block(),
             }
             for lv in levels
         ],
@@ -303,6 +331,26 @@ def sweep_markdown(summary: dict[str, Any]) -> str:
                 at = lv["by_depth"].get(str(d))
                 cells.append(f"{at['turns']['corrupt']}/{at['turns']['ok']} ({_pct(at['rate'])})" if at else "-")
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    with_slo = [lv for lv in summary["levels"] if lv.get("slo")]
+    if with_slo:
+        lines += [
+            "",
+            "## Goodput against the latency targets (--slo)",
+            "",
+            "Turns meeting every target (never a corrupt or failed one) over the level's batches, and the "
+            "goodput over their windows added up (docs/slo.md).",
+            "",
+            "| concurrency | turns meeting the targets | share | good turns/s | good tokens/s |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for lv in with_slo:
+            g = lv["slo"]
+            per_s = [
+                f"{x:.2f}" if x is not None else "-" for x in (g["goodput_turns_per_s"], g["goodput_tokens_per_s"])
+            ]
+            lines.append(
+                f"| {lv['concurrency']} | {g['good']} of {g['turns']} | {_pct(g['share'])} | {per_s[0]} | {per_s[1]} |"
+            )
     lines += ["", "## Runs", "", "Each batch is a run folder with its own report.md (`dsv4bench report RUN_DIR`).", ""]
     for lv in summary["levels"]:
         for run, verdict in zip(lv["runs"], lv["run_verdicts"]):
