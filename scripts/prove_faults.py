@@ -64,13 +64,15 @@ class Recipe:
     reference: bool = False  # judge runs against a clean run of the same seed and settings (--reference)
     why: str = ""
     recheck_load: tuple[str, ...] = ()  # with --recheck: the load of one run that judges it alone
+    recheck_engine: tuple[str, ...] = ()  # with --recheck: engine settings in place of `engine`
 
     def rechecked(self, share: float | None) -> Recipe:
         """The recipe as --recheck judges it: in one run, its own load, found as an answer changed."""
         if share is None or not self.reference:
             return self
         load = (*(self.recheck_load or self.load), "--recheck", f"{share:g}")
-        return replace(self, expect=frozenset({ANSWER_CHANGED_CODE}), load=load, reference=False)
+        engine = self.recheck_engine or self.engine
+        return replace(self, expect=frozenset({ANSWER_CHANGED_CODE}), load=load, engine=engine, reference=False)
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -92,6 +94,14 @@ RECIPES: tuple[Recipe, ...] = (
         load=("--duration", "90", "--drain-timeout", "10"),
         reference=True,
         recheck_load=("--duration", "30", "--drain-timeout", "10", "--persist-sessions", "0"),
+        # half the device pool: prefixes come back from the host tier within a 30 s load
+        recheck_engine=(
+            "--hicache",
+            "--num-pages=512",
+            "--hicache-host-pages=16384",
+            "--hicache-load-gbps=0.02",
+            "--index-k-dtype=bf16",
+        ),
         why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
         "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
         "every session several turns for them to change",

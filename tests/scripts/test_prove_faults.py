@@ -162,7 +162,7 @@ def test_with_recheck_the_reference_recipe_is_judged_in_one_run_by_an_answer_cha
     for clean in (False, True):  # the clean runs are rechecked too: a change there is a false alarm
         cmd = prove.agents_command(recipe, clean, 3, Path("/tmp/x"))
         assert cmd[cmd.index("--recheck") + 1] == "1" and "--reference" not in cmd
-    assert cmd[cmd.index("--duration") + 1] == "30"
+    assert cmd[cmd.index("--duration") + 1] == "30" and "--engine-arg=--num-pages=512" in cmd
     untouched = [r for r in prove.RECIPES if not r.reference][0]
     assert untouched.rechecked(1.0) is untouched
     found = prove.RunResult(
