@@ -206,6 +206,14 @@ def test_a_levels_goodput_adds_its_batches_up_and_a_level_without_targets_has_no
     }
     plain = _level(100, 0, 16)
     assert plain.slo_block() is None
+    unknown = Level(8)
+    unknown.add(with_slo(30, 40, 3000, 10.0), "c8/a")
+    unknown.add(
+        {**_summary(40, 0), "slo": {"turns": 40, "good": 10, "good_output_tokens": 1000, "window_s": None}}, "c8/b"
+    )
+    block = unknown.slo_block()  # one batch's window unknown: the level's goodput is unknown, its counts are not
+    assert block is not None and block["good"] == 40 and block["share"] == 0.5
+    assert block["goodput_turns_per_s"] is None and block["goodput_tokens_per_s"] is None
     unreadable = Level(4)
     unreadable.add({**_summary(10, 0), "slo": {"spec": "x", "error": "bad"}}, "c4/a")
     assert unreadable.slo_block() is None

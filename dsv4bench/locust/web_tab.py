@@ -49,7 +49,7 @@ from markdown_it import MarkdownIt
 
 from dsv4bench.history.run_folder import REPORT_FILE, RUN_FILE
 from dsv4bench.report.escape import escape_text
-from dsv4bench.report.markdown import fmt_rate, fmt_seconds
+from dsv4bench.report.blocks import fmt_rate, fmt_seconds
 from dsv4bench.report.plots import PLOTS_DIR
 from dsv4bench.report.slo import SloTally
 from dsv4bench.report.summary import wedge_findings

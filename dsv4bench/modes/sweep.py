@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # matplotlib loads in ~0.4 s: the plot imports it where it dr
     from matplotlib.figure import Figure
 
 from dsv4bench.harness.config import ConfigError
-from dsv4bench.report.markdown import code_span
+from dsv4bench.report.blocks import code_span
+from dsv4bench.report.slo import per_second
 from dsv4bench.report.summary import VERDICTS
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,9 @@ class Level:
     turns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOME_KEYS, 0))
     by_depth: dict[int, dict[str, int]] = field(default_factory=dict)
     stopped_by: str = ""
-    # --slo: each batch's counted and good turns, good output tokens and window, added up
-    slo: dict[str, float] | None = None
+    # --slo: each batch's counted and good turns, good output tokens and window, added up (None
+    # where a batch did not say: a window unknown in one batch leaves the level's goodput unknown)
+    slo: dict[str, float | None] | None = None
 
     def add(self, summary: dict[str, Any], run_dir: str) -> None:
         self.runs.append(run_dir)
@@ -158,10 +160,10 @@ class Level:
             _add_counts(self.by_depth.setdefault(int(depth), dict.fromkeys(OUTCOME_KEYS, 0)), counts)
         slo = summary.get("slo")
         if isinstance(slo, dict) and "error" not in slo:
-            into = self.slo if self.slo is not None else dict.fromkeys(_SLO_SUMS, 0.0)
+            into: dict[str, float | None] = self.slo if self.slo is not None else dict.fromkeys(_SLO_SUMS, 0.0)
             for key in _SLO_SUMS:
-                value = slo.get(key)
-                into[key] += value if isinstance(value, (int, float)) else 0.0
+                value, so_far = slo.get(key), into[key]
+                into[key] = so_far + value if isinstance(value, (int, float)) and so_far is not None else None
             self.slo = into
 
     def slo_block(self) -> dict[str, Any] | None:
@@ -169,13 +171,13 @@ class Level:
         without targets."""
         if self.slo is None:
             return None
-        s, window = self.slo, self.slo["window_s"]
+        turns, good, tokens, window = (self.slo[key] for key in _SLO_SUMS)
         return {
-            "turns": int(s["turns"]),
-            "good": int(s["good"]),
-            "share": s["good"] / s["turns"] if s["turns"] else None,
-            "goodput_turns_per_s": s["good"] / window if window else None,
-            "goodput_tokens_per_s": s["good_output_tokens"] / window if window else None,
+            "turns": int(turns or 0),
+            "good": int(good or 0),
+            "share": good / turns if good is not None and turns else None,
+            "goodput_turns_per_s": per_second(good, window) if good is not None else None,
+            "goodput_tokens_per_s": per_second(tokens, window) if tokens is not None else None,
         }
 
     def interval(self, confidence: float) -> tuple[float, float]:

@@ -222,8 +222,8 @@ class SloTally:
             "good_output_tokens": self.good_tokens,
             "tokens_unknown": self.tokens_unknown,
             "window_s": window_s,
-            "goodput_turns_per_s": _per_second(self.good, window_s),
-            "goodput_tokens_per_s": _per_second(self.good_tokens, window_s),
+            "goodput_turns_per_s": per_second(self.good, window_s),
+            "goodput_tokens_per_s": per_second(self.good_tokens, window_s),
         }
 
 
@@ -232,7 +232,8 @@ def tally_for(targets: SloTargets | None) -> SloTally | None:
     return SloTally(targets) if targets is not None else None
 
 
-def _per_second(value: int, window_s: float | None) -> float | None:
+def per_second(value: float, window_s: float | None) -> float | None:
+    """`value` per second of `window_s`; None where the window is unknown or empty."""
     return value / window_s if window_s else None
 
 
