@@ -1,14 +1,20 @@
-"""What `dsv4bench proxy` adds: latency per chunk and per request at 80 concurrent streams, through
-the proxy and straight to the server, side by side in one run.
+"""What `dsv4bench proxy` adds beside what a bare streaming relay adds: latency per chunk and to
+the first chunk, and CPU per relayed turn, at 80 and 500 concurrent streams, in one run.
 
-The upstream is a fast loopback SSE server in its own process that stamps each chunk with the
-wall clock at which it wrote it; the proxy is `dsv4bench proxy` as a user runs it, in its own
-process, auditing every stream. Rounds alternate direct and proxied so both see the same
-machine. Per chunk: the time from the upstream's stamp to the client's read; per request: the
-time to the first chunk and to the end. The medians of each, and the difference, are printed
-(figures go to bench-plan.md).
+Three paths to one upstream, rounds alternating so each sees the same machine:
+- direct: the client talks to the upstream;
+- relay: a bare aiohttp streaming relay (aiohttp server, aiohttp client, each chunk written as it
+  is read) that audits nothing, in its own process: the floor any pass-through pays;
+- proxy: `dsv4bench proxy` as a user runs it, in its own process, auditing every stream.
 
-    python scripts/bench_proxy.py [--streams 80] [--chunks 64] [--interval-ms 20] [--rounds 3]
+The upstream, in its own process, streams `--chunks` content deltas `--interval-ms` apart and
+stamps each with the wall clock at which it wrote it. Per chunk: the time from that stamp to the
+client's read; per request: the time to the first chunk. What a path adds is its figure less
+direct's in the same run; the ratio proxy-added / relay-added is what issue 39 bounds (1.5x per
+chunk at p50 and p90; +10 ms to the first chunk). CPU: user+system seconds of the relay's and
+the proxy's processes over their rounds, per 1,000 turns. Figures go to bench-plan.md.
+
+    python scripts/bench_proxy.py [--streams 80,500] [--chunks 64] [--interval-ms 20] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -24,18 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("direct", "relay", "proxy")
 
 
 def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
     """The upstream: every chat completion streams `chunks` content deltas, `interval_s` apart."""
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
+    from aiohttp import web
 
     def event(delta: dict, finish: str | None = None) -> bytes:
         body = {
@@ -48,51 +49,95 @@ def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
         }
         return f"data: {json.dumps(body)}\n\n".encode()
 
-    async def chat(_: Request) -> Response:
-        async def gen():
-            yield event({"role": "assistant", "content": ""})
-            for i in range(chunks):
-                await asyncio.sleep(interval_s)
-                yield event({"content": f"word{i} "})
-            yield event({}, "stop")
-            yield b"data: [DONE]\n\n"
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(event({"role": "assistant", "content": ""}))
+        for i in range(chunks):
+            await asyncio.sleep(interval_s)
+            await resp.write(event({"content": f"word{i} "}))
+        await resp.write(event({}, "stop"))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
-        return StreamingResponse(gen(), media_type="text/event-stream")
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
 
-    async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+def serve_relay(port: int, upstream: str) -> None:
+    """The bare relay: every request forwarded with aiohttp, every chunk written as it comes."""
+    import aiohttp
+    from aiohttp import web
+
+    session: aiohttp.ClientSession | None = None
+    hop = {"host", "content-length", "transfer-encoding", "connection"}
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        nonlocal session
+        if session is None:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        body = await request.read()
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in hop]
+        async with session.request(request.method, upstream + request.path_qs, headers=headers, data=body) as up:
+            resp = web.StreamResponse(
+                status=up.status, headers=[(k, v) for k, v in up.headers.items() if k.lower() not in hop]
+            )
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
 
 def free_port() -> int:
-    from dsv4bench.engine.launcher import free_port as pick
+    import socket
 
-    return pick()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
+    import urllib.request
+
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{what} exited: {proc.returncode}")
         try:
-            if httpx.get(f"{url}/models", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
             time.sleep(0.1)
     raise SystemExit(f"{what} did not start")
 
 
-async def one_stream(client: httpx.AsyncClient, base_url: str, chunk_ms: list[float]) -> tuple[float, float]:
-    """One streamed request: (ms to its first chunk, ms to its end); each chunk's delay appended."""
+async def one_stream(session, base_url: str, chunk_ms: list[float]) -> float:
+    """One streamed request: ms to its first chunk; each chunk's delay appended to chunk_ms."""
     body = {"model": "bench", "messages": [{"role": "user", "content": "go"}], "stream": True}
     start = time.perf_counter()
     first = None
     buf = b""
-    async with client.stream("POST", f"{base_url}/chat/completions", json=body) as resp:
-        async for piece in resp.aiter_raw():
+    async with session.post(f"{base_url}/chat/completions", json=body) as resp:
+        async for piece in resp.content.iter_any():
             now_ns = time.time_ns()
             if first is None:
                 first = time.perf_counter()
@@ -101,95 +146,119 @@ async def one_stream(client: httpx.AsyncClient, base_url: str, chunk_ms: list[fl
             for ev in events:
                 if ev.startswith(b"data: {"):
                     chunk_ms.append((now_ns - json.loads(ev[6:])["sent_ns"]) / 1e6)
-    end = time.perf_counter()
-    return ((first or end) - start) * 1e3, (end - start) * 1e3
+    return ((first or time.perf_counter()) - start) * 1e3
 
 
-async def one_round(base_url: str, streams: int) -> tuple[list[float], list[float], list[float]]:
+async def one_round(base_url: str, streams: int) -> tuple[list[float], list[float]]:
+    import aiohttp
+
     chunk_ms: list[float] = []
-    limits = httpx.Limits(max_connections=streams + 8, max_keepalive_connections=streams + 8)
-    async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
-        results = await asyncio.gather(*(one_stream(client, base_url, chunk_ms) for _ in range(streams)))
-    return chunk_ms, [r[0] for r in results], [r[1] for r in results]
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        firsts = await asyncio.gather(*(one_stream(session, base_url, chunk_ms) for _ in range(streams)))
+    return chunk_ms, list(firsts)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else (xs[0] if xs else float("nan"))
+
+
+def spawn(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], env=env, **kw)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--streams", type=int, default=80, help="concurrent streams per round")
+    p.add_argument("--streams", default="80,500", help="concurrent streams per round, comma-separated levels")
     p.add_argument("--chunks", type=int, default=64, help="content chunks per stream")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between the upstream's chunks")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of each, direct and proxied alternating")
-    p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the upstream's own process
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each path per level, alternating")
+    p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    p.add_argument("--serve-relay", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve_upstream is not None:
         return serve_upstream(a.serve_upstream, a.chunks, a.interval_ms / 1e3)
+    if a.serve_relay is not None:
+        return serve_relay(int(a.serve_relay[0]), a.serve_relay[1])
+    try:
+        levels = [int(s) for s in a.streams.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--streams takes comma-separated counts, not {a.streams!r}")
+    if not levels or min(levels) < 1 or a.rounds < 1 or a.chunks < 1:
+        p.error("--streams, --rounds and --chunks take positive counts")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    up_port, proxy_port = free_port(), free_port()
-    upstream = subprocess.Popen(
-        [
-            sys.executable,
-            __file__,
-            "--serve-upstream",
-            str(up_port),
-            "--chunks",
-            str(a.chunks),
-            "--interval-ms",
-            str(a.interval_ms),
-        ],
-        env=env,
+    up_port, relay_port, proxy_port = free_port(), free_port(), free_port()
+    up_root = f"http://127.0.0.1:{up_port}"
+    upstream = spawn(
+        [__file__, "--serve-upstream", str(up_port), "--chunks", str(a.chunks), "--interval-ms", str(a.interval_ms)],
+        env,
     )
+    relay = spawn([__file__, "--serve-relay", str(relay_port), up_root], env)
     out = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
-    direct_url = f"http://127.0.0.1:{up_port}/v1"
+    urls = {
+        "direct": f"{up_root}/v1",
+        "relay": f"http://127.0.0.1:{relay_port}/v1",
+        "proxy": f"http://127.0.0.1:{proxy_port}/v1",
+    }
     proxy = None
     stdout = ""
+    results: dict[int, dict[str, tuple[list[float], list[float], float]]] = {}
     try:
-        wait_ready(direct_url, upstream, "the upstream")
-        proxy = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dsv4bench",
-                "proxy",
-                "--upstream",
-                direct_url,
-                "--port",
-                str(proxy_port),
-                "--out",
-                str(out),
-                "--quiet",
-            ],
-            env=env,
+        wait_ready(urls["direct"], upstream, "the upstream")
+        wait_ready(urls["relay"], relay, "the relay")
+        proxy = spawn(
+            ["-m", "dsv4bench", "proxy", "--upstream", urls["direct"], "--port", str(proxy_port), "--out", str(out)]
+            + ["--quiet", "--max-connections", str(max(levels) + 64)],
+            env,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        proxied_url = f"http://127.0.0.1:{proxy_port}/v1"
-        wait_ready(proxied_url, proxy, "the proxy")
-        asyncio.run(one_round(direct_url, 8))  # warm both paths' connections and code
-        asyncio.run(one_round(proxied_url, 8))
-        got: dict[str, tuple[list[float], list[float], list[float]]] = {"direct": ([], [], []), "proxy": ([], [], [])}
-        for _ in range(a.rounds):
-            for name, url in (("direct", direct_url), ("proxy", proxied_url)):
-                for kept, new in zip(got[name], asyncio.run(one_round(url, a.streams))):
-                    kept.extend(new)
+        wait_ready(urls["proxy"], proxy, "the proxy")
+        pids = {"relay": relay.pid, "proxy": proxy.pid}
+        for url in urls.values():  # warm every path's connections and code
+            asyncio.run(one_round(url, 8))
+        for level in levels:
+            got = {name: ([], [], 0.0) for name in PATHS}
+            for r in range(a.rounds):
+                for name in PATHS:
+                    before = cpu_seconds(pids[name]) if name in pids else 0.0
+                    chunks, firsts = asyncio.run(one_round(urls[name], level))
+                    used = cpu_seconds(pids[name]) - before if name in pids else 0.0
+                    kept = got[name]
+                    got[name] = (kept[0] + chunks, kept[1] + firsts, kept[2] + used)
+                print(f"  {level} streams: round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
+            results[level] = got
     finally:
         if proxy is not None:
             proxy.send_signal(2)
             stdout, _ = proxy.communicate(timeout=120)
-        upstream.terminate()
-        upstream.wait(10)
-    med = {name: [statistics.median(xs) for xs in got[name]] for name in got}
+        for proc in (relay, upstream):
+            proc.terminate()
+            proc.wait(10)
     print(
-        f"{a.streams} concurrent streams x {a.rounds} rounds each, {a.chunks} chunks {a.interval_ms:g} ms apart, "
-        f"{os.cpu_count()} CPUs (client, upstream and proxy share them)"
+        f"{a.rounds} rounds per path per level, {a.chunks} chunks {a.interval_ms:g} ms apart, "
+        f"{os.cpu_count()} CPUs (client, upstream, relay and proxy share them)"
     )
-    print(f"{'median, ms':<28}{'direct':>10}{'proxy':>10}{'added':>10}")
-    for i, what in enumerate(("per chunk (write to read)", "per request: first chunk", "per request: whole stream")):
-        print(f"{what:<28}{med['direct'][i]:>10.2f}{med['proxy'][i]:>10.2f}{med['proxy'][i] - med['direct'][i]:>10.2f}")
-    p90 = {name: statistics.quantiles(got[name][0], n=10)[-1] for name in got}
-    print(f"{'p90 per chunk':<28}{p90['direct']:>10.2f}{p90['proxy']:>10.2f}{p90['proxy'] - p90['direct']:>10.2f}")
-    print(f"proxy's audit: {stdout.strip().splitlines()[-1] if stdout.strip() else '(no verdict line)'}")
+    for level, got in results.items():
+        turns = level * a.rounds
+        print(f"\n{level} concurrent streams ({turns} turns per path)")
+        print(f"{'ms':<26}{'direct':>9}{'relay':>9}{'proxy':>9}{'relay+':>9}{'proxy+':>9}{'ratio':>8}")
+        rows = [
+            ("per chunk, p50", lambda g: statistics.median(g[0])),
+            ("per chunk, p90", lambda g: pct(g[0], 90)),
+            ("to the first chunk, p50", lambda g: statistics.median(g[1])),
+        ]
+        for what, stat in rows:
+            v = {name: stat(got[name]) for name in PATHS}
+            ra, pa = v["relay"] - v["direct"], v["proxy"] - v["direct"]
+            ratio = pa / ra if ra > 0 else float("inf")
+            print(f"{what:<26}{v['direct']:>9.2f}{v['relay']:>9.2f}{v['proxy']:>9.2f}{ra:>9.2f}{pa:>9.2f}{ratio:>8.2f}")
+        for name in ("relay", "proxy"):
+            print(f"CPU s per 1,000 turns, {name}: {got[name][2] / turns * 1000:.2f}")
+    print(f"\nproxy's audit: {stdout.strip().splitlines()[-1] if stdout.strip() else '(no verdict line)'}")
 
 
 if __name__ == "__main__":

@@ -188,7 +188,8 @@ def test_a_failing_turns_record_keeps_a_bounded_excerpt_of_a_large_body(upstream
         p.stop()
     lines = (p.run.run_dir / "turns.jsonl").read_bytes().splitlines()
     assert len(lines) == 2 and all(len(line) < 64 << 10 for line in lines)
-    large, small = (json.loads(line)["request"] for line in lines)
+    # In the order they were sent (the file holds them as each ends, which need not be that order).
+    large, small = (r["request"] for r in sorted(map(json.loads, lines), key=lambda r: r["turn"]))
     assert large["body_bytes"] == len(big) and large["body_excerpt"] == big[:4096] and "body" not in large
     assert small["body"] == {"model": "m", "messages": []}  # a small failing body is kept whole, as before
 
@@ -337,6 +338,26 @@ def test_no_header_the_client_did_not_send_reaches_the_upstream(upstream, proxy)
     headers = rec.seen[-1][1]
     assert headers["x-mine"] == "1" and headers["authorization"] == f"Bearer {KEY}"  # the key, as documented
     assert not {"accept", "accept-encoding", "user-agent", "cookie"} & set(headers), headers
+
+
+def test_a_body_without_a_content_type_goes_upstream_without_one(upstream, proxy):
+    rec, _ = upstream
+    got = raw_exchange(
+        proxy.port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    )
+    assert status_of(got) == 200
+    path, headers = rec.seen[-1][0], rec.seen[-1][1]
+    assert path == f"{PREFIX}/v1/embeddings" and headers["content-length"] == "2"
+    assert "content-type" not in headers, headers  # no guess (application/octet-stream) of the proxy's
+
+
+@pytest.mark.parametrize("method", [b"TRACE", b"CONNECT", b"BREW"])
+def test_a_method_no_openai_server_answers_is_refused_and_sent_nowhere(upstream, proxy, method):
+    rec, _ = upstream
+    before = len(rec.paths())
+    got = raw_exchange(proxy.port, method + b" /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_of(got) in (400, 405), got[:200]
+    assert rec.paths()[before:] == []
 
 
 def test_a_client_with_its_own_key_keeps_it_and_its_headers(upstream, proxy):

@@ -92,7 +92,7 @@ def proxy(
     try:
         from dsv4bench.modes.proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, ProxyRun, upstream_base
     except ImportError as e:
-        raise fail(f"dsv4bench proxy needs starlette and uvicorn ({e}): pip install 'dsv4bench[proxy]'")
+        raise fail(f"dsv4bench proxy needs starlette, uvicorn and httptools ({e}): pip install 'dsv4bench[proxy]'")
     from dsv4bench.servers.preflight import ServerError, server_facts
     from dsv4bench.report import build_report
 

@@ -1,11 +1,13 @@
 """`dsv4bench proxy`: an OpenAI-compatible pass-through that audits a user's own agent live.
 
-Every request is forwarded to the upstream server with httpx, and the upstream's status,
-headers (hop-by-hop ones excepted) and body bytes go back to the client unchanged, each
-chunk written the moment it arrives. A chat completion's bytes are also fed, as the client
-gets them, to the same sans-IO reading `agents` uses (turn_answer.py); when the exchange
-ends it becomes one TurnRecord judged by the same checkers and written to the same history
-format, so `dsv4bench report` reads a proxy's run folder as it reads any other.
+Every request is forwarded to the upstream server over the transport `agents` uses
+(wire/transport.py: aiohttp's HTTP parsing in C), served to clients by uvicorn's httptools
+protocol, and the upstream's status, headers (hop-by-hop ones excepted) and body bytes go back
+to the client unchanged, each chunk written the moment it arrives and only then audited. A chat
+completion's bytes are fed, as the client gets them, to the same sans-IO reading `agents` uses
+(turn_answer.py); when the exchange ends it becomes one TurnRecord judged by the same checkers
+and written to the same history format, so `dsv4bench report` reads a proxy's run folder as it
+reads any other.
 
 The audit never stands in the way: a checker that fails, a body the reader cannot decode or
 a history write that fails costs the record, never the client's bytes. A client that goes away
@@ -27,27 +29,23 @@ import asyncio
 import codecs
 import contextlib
 import datetime as dt
-import http.cookiejar
 import json
 import logging
 import secrets
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import anyio
-import h11
 import httpx
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from starlette.applications import Starlette
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.requests import ClientDisconnect
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dsv4bench.wire.charset import Charset
 from dsv4bench.checks import run_checks
@@ -57,6 +55,7 @@ from dsv4bench.history.redact import MASK, Redactor
 from dsv4bench.modes.replay import HOP_BY_HOP
 from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, request_context
 from dsv4bench.wire.stream_reader import DEFAULT_BOUNDS, StreamBounds
+from dsv4bench.wire.transport import AiohttpTransport, raw_reads
 from dsv4bench.wire.turn_answer import (
     StreamedAnswer,
     TurnOutcome,
@@ -76,7 +75,6 @@ _SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie", "password")
 # The headers that carry an API key: a client that sends none gets --api-key's added.
 _API_KEY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 SESSION_HEADER = "x-dsv4bench-session"
-UPSTREAM_POOLS = 16  # see AuditProxy._next_client
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 # A request body at most this large is kept whole in a failing (or --capture) turn's record; a
 # larger one keeps its size and an excerpt of its start, so a turn line stays a bounded size.
@@ -524,33 +522,28 @@ class AuditProxy:
         self.run = run
         self.api_key = api_key
         self.limits = limits or ProxyLimits()
-        self._clients: list[httpx.AsyncClient] = []
+        self._transport: AiohttpTransport | None = None
         self._timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None).as_dict()
-        self._requests = 0
 
-    def _next_client(self) -> httpx.AsyncClient:
-        """The upstream client of the next request, taken in turn from a few small pools: httpcore's
-        pool scans every connection it holds on each request's start and end, a cost that grows
-        with the square of the streams in flight (at 80 it took more CPU than the relaying did)."""
-        if not self._clients:  # made in the serving loop, the one they will run in
+    def _upstream(self) -> AiohttpTransport:
+        """What every request goes upstream on: the transport `agents` uses (aiohttp's HTTP parsing
+        in C, bodies read straight from the socket's buffer: wire/transport.py), called directly,
+        not through an httpx client, whose redirects, auth and cookie jar the proxy never uses (a
+        client's Set-Cookie goes back to it, and a client's Cookie header upstream, untouched).
+        httpx's own transport cost about 140 µs a relayed chunk and a pool scan per request that
+        grew with the square of the streams in flight (bench-plan.md, "`dsv4bench proxy`")."""
+        if self._transport is None:
             # NOTE: idle upstream connections expire before uvicorn's 5 s keep-alive (SGLang's
-            # default), so a pool never reuses a socket the server is closing (driver.py).
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
-            tls = httpx.create_ssl_context()  # one for all: each takes a tenth of a second to load
-            # A jar that keeps nothing: one client's Set-Cookie is never sent with another's request.
-            jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-            self._clients = [
-                httpx.AsyncClient(limits=limits, trust_env=False, verify=tls, cookies=httpx.Cookies(jar))
-                for _ in range(UPSTREAM_POOLS)
-            ]
-        self._requests += 1
-        return self._clients[self._requests % UPSTREAM_POOLS]
+            # default), so the pool never reuses a socket the server is closing (driver.py).
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
+            self._transport = AiohttpTransport(limits)
+        return self._transport
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        if self._transport is not None:
+            await self._transport.aclose()
 
-    def _target(self, scope: Scope) -> str:
+    def _target(self, scope: Scope) -> httpx.URL:
         """The upstream URL of a request: its path under the upstream's root, or Refused."""
         path = upstream_path(scope.get("raw_path") or scope["path"].encode())
         query = scope.get("query_string") or b""
@@ -568,7 +561,7 @@ class AuditProxy:
             raise Refused(
                 400, "path_refused", "dsv4bench proxy: this path would leave the upstream's base path", path=path[:200]
             )
-        return url
+        return parsed
 
     def _client_address(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
         """Who sent the request: the socket's peer, or with --trust-forwarded the last hop that
@@ -691,10 +684,14 @@ class AuditProxy:
                 exchange = None
         broke: BaseException | None = None
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_client, receive, tg.cancel_scope, exchange)
-                broke = await self._relay(method, url, headers, raw_body, send, exchange, mask)
-                tg.cancel_scope.cancel()
+            # NOTE: a cancel scope and a bare task, not a task group: the same cancellation for a
+            # fifth of the cost per request (bench-plan.md, "`dsv4bench proxy`").
+            with anyio.CancelScope() as relaying:
+                watcher = asyncio.get_running_loop().create_task(self._watch_client(receive, relaying, exchange))
+                try:
+                    broke = await self._relay(method, url, headers, raw_body, send, exchange, mask)
+                finally:
+                    watcher.cancel()
         except BaseException:
             if exchange is not None:
                 _audit(exchange, exchange.killed, "the proxy stopped before the answer ended")
@@ -706,9 +703,13 @@ class AuditProxy:
             raise UpstreamBroke(f"the upstream cut its answer: {type(broke).__name__}: {broke}") from broke
 
     async def _watch_client(self, receive: Receive, scope: anyio.CancelScope, exchange: ChatExchange | None) -> None:
-        """A client that goes away cancels the exchange, which closes the upstream request."""
+        """A client that goes away cancels the exchange, which closes the upstream request. A
+        receive that fails (the connection's state torn down under it) counts as the client gone."""
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except Exception:  # noqa: BLE001 - nothing more can come from this client
+                message = {"type": "http.disconnect"}
             if message["type"] == "http.disconnect":
                 if exchange is not None:
                     _audit(exchange, exchange.killed, "the client disconnected")
@@ -718,7 +719,7 @@ class AuditProxy:
     async def _relay(
         self,
         method: str,
-        url: str,
+        url: httpx.URL,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         send: Send,
@@ -727,15 +728,15 @@ class AuditProxy:
     ) -> BaseException | None:
         """Forward one request and its answer; the error that broke the answer off, if one did."""
         try:
-            client = self._next_client()
-            # A Request of our own, not client.build_request: that would add httpx's default
-            # Accept, Accept-Encoding, User-Agent and Connection headers the client never sent.
+            # A Request of our own, not a client's: a client adds httpx's default Accept,
+            # Accept-Encoding, User-Agent and Connection headers the client never sent.
             request = httpx.Request(method, url, headers=headers, content=body, extensions={"timeout": self._timeout})
-            resp = await client.send(request, stream=True)
+            resp = await self._upstream().handle_async_request(request)
         except httpx.HTTPError as e:
             if exchange is not None:
                 _audit(exchange, exchange.unreachable, e)
-            await _send_502(send, f"dsv4bench proxy: the upstream could not be reached: {type(e).__name__}: {e}")
+            message = f"dsv4bench proxy: the upstream could not be reached: {type(e).__name__}: {e}"
+            await _send_error(send, 502, "upstream_unreachable", message)
             return None
         try:
             if exchange is not None:
@@ -745,7 +746,7 @@ class AuditProxy:
                 out_headers = [(k, mask.header(v)) for k, v in out_headers]
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in raw_reads(resp) or resp.aiter_raw():
                     if mask is not None:
                         chunk = mask.chunk(chunk)
                         if not chunk:
@@ -777,27 +778,35 @@ def _audit(exchange: ChatExchange, step: Callable[..., None], *args: Any) -> Non
         exchange.audit_failed(e)
 
 
-async def _send_502(send: Send, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "upstream_unreachable", "code": 502}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 502,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+async def _send_error(send: Send, status: int, kind: str, message: str, allow: list[str] | None = None) -> None:
+    """An answer of the proxy's own, in the OpenAI error shape."""
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if allow:
+        headers.append((b"allow", ", ".join(allow).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def build_app(proxy: AuditProxy) -> Starlette:
-    """The Starlette app: every path and method goes to the pass-through."""
+def build_app(proxy: AuditProxy) -> ASGIApp:
+    """The ASGI app: every request of every method goes to the pass-through, straight from uvicorn
+    (a router and middleware in between cost a function call or three on each relayed chunk and
+    decided nothing); the lifespan's end closes the upstream client."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
-        await proxy.aclose()
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if scope["method"] in METHODS:
+                await proxy(scope, receive, send)
+            else:  # CONNECT, TRACE, made-up verbs: nothing an OpenAI-compatible server answers
+                await _send_error(send, 405, "method_not_allowed", "dsv4bench proxy: method not allowed", METHODS)
+        elif scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+            await proxy.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
 
-    return Starlette(routes=[Route("/{path:path}", proxy, methods=METHODS)], lifespan=lifespan)
+    return app
 
 
 class _QuietBreaks(logging.Filter):
@@ -807,19 +816,20 @@ class _QuietBreaks(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], UpstreamBroke))
 
 
-class _HeadTimeout(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each request's head: uvicorn times only the idle
-    wait after an answer, and forgets even that at a request's first byte, so a client that sends
-    nothing on a new connection, or trickles its head a byte at a time, would hold it for ever.
-    The clock starts when the connection opens and again when an answer ends; the whole head must
-    be in by `head_timeout` (the body's own deadline is the app's: AuditProxy._read_body)."""
+class _HeadTimeout(HttpToolsProtocol):
+    """uvicorn's httptools protocol (HTTP parsed in C, as llhttp parses it for Node) with a deadline
+    on each request's head: uvicorn times only the idle wait after an answer, and forgets even that
+    at a request's first byte, so a client that sends nothing on a new connection, or trickles its
+    head a byte at a time, would hold it for ever. The clock starts when the connection opens and
+    again when an answer ends; the whole head must be in by `head_timeout` (the body's own
+    deadline is the app's: AuditProxy._read_body)."""
 
     head_timeout = ProxyLimits.read_timeout
     _head_timer: asyncio.TimerHandle | None = None
     _waiting_past: object = None  # the request cycle that was current when the clock started
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]  # uvicorn narrows it to a Transport, which it is
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's own narrowing
+        super().connection_made(transport)
         self._start_head_clock()
 
     def _start_head_clock(self) -> None:
@@ -828,21 +838,27 @@ class _HeadTimeout(H11Protocol):
         self._waiting_past = self.cycle
         self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
 
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self._head_timer is not None and self.cycle is not self._waiting_past:  # a new request's head is in
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # a new request's head is in: its cycle is made
+        if not self.url.startswith(b"/") and self.cycle is not None:
+            # uvicorn keeps only the path of a target in absolute form (`http://host/x`): the
+            # target as sent, so upstream_path refuses it as it refuses every other escape.
+            self.cycle.scope["raw_path"] = self.url
+        if self._head_timer is not None and self.cycle is not self._waiting_past:
             self._head_timer.cancel()
             self._head_timer = None
 
     def on_response_complete(self) -> None:
-        self._start_head_clock()  # first: a pipelined request read below stops it again
+        # A pipelined request's head is in already (its cycle waits in `pipeline`): no clock for it.
+        if not self.pipeline:
+            self._start_head_clock()
         super().on_response_complete()
 
     def _head_late(self) -> None:
         self._head_timer = None
         if self.transport.is_closing() or self.cycle is not self._waiting_past:
             return
-        if self.conn.our_state is h11.IDLE:  # nothing answered on it yet: a 408 the client may read
+        if self.cycle is None or self.cycle.response_complete:  # nothing being answered: a 408 the client may read
             self.transport.write(b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
         self.transport.close()
 
@@ -854,7 +870,7 @@ class _HeadTimeout(H11Protocol):
 
 
 def uvicorn_config(
-    app: Starlette,
+    app: ASGIApp,
     host: str = "127.0.0.1",
     port: int = 0,
     log_level: str = "warning",
@@ -865,7 +881,7 @@ def uvicorn_config(
     `limits` (ProxyLimits), and no X-Forwarded-For read by uvicorn (AuditProxy reads it only when
     told to trust it)."""
     limits = limits or ProxyLimits()
-    protocol = type("ProxyH11Protocol", (_HeadTimeout,), {"head_timeout": limits.read_timeout})
+    protocol = type("ProxyHttpProtocol", (_HeadTimeout,), {"head_timeout": limits.read_timeout})
     # uvicorn answers 503 once its connections reach limit_concurrency, this one counted: +1 lets
     # `max_connections` be served.
     config = uvicorn.Config(

@@ -39,6 +39,7 @@ import asyncio
 import collections
 import functools
 import inspect
+import io
 import socket
 import struct
 import sys
@@ -398,6 +399,7 @@ class _Protocol(ResponseHandler):
 
 
 _ARRIVAL = "dsv4bench.arrival"
+LARGE_BODY = 1 << 20  # aiohttp's own threshold (payload.TOO_LARGE_BYTES_BODY) for a body in one write
 
 
 def arrival_clock(response: httpx.Response) -> Callable[[], int]:
@@ -430,6 +432,14 @@ def body_bytes(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
     if not isinstance(body, _Body) or encoding not in ("", "identity"):
         return None
     return body.__aiter__()
+
+
+def raw_reads(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
+    """The body's bytes exactly as they came off the wire (any content-encoding left in place), read
+    straight from this transport as body_bytes reads them; None over another transport. What a
+    pass-through forwards: `dsv4bench proxy` hands these on to its client unchanged."""
+    body = response.extensions.get(_ARRIVAL)
+    return body.__aiter__() if isinstance(body, _Body) else None
 
 
 def unlink(response: httpx.Response) -> None:
@@ -585,10 +595,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 request.method,
                 str(request.url),
                 headers=request.headers.multi_items(),
-                data=content or None,
+                # NOTE: aiohttp warns (an error under -W error) at raw bytes over 1 MiB; a buffer it
+                # writes in pieces.
+                data=(io.BytesIO(content) if len(content) > LARGE_BODY else content) or None,
                 allow_redirects=False,
                 compress=None,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                # httpx's request carries every header meant to go; aiohttp adds none of its own
+                # (its Accept, a Content-Type guessed for bytes), as httpcore adds none.
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     connect=timeout.get("pool"),
