@@ -12,7 +12,8 @@ stamps each with the wall clock at which it wrote it. Per chunk: the time from t
 client's read; per request: the time to the first chunk. What a path adds is its figure less
 direct's in the same run; the ratio proxy-added / relay-added is what issue 39 bounds (1.5x per
 chunk at p50 and p90; +10 ms to the first chunk). CPU: user+system seconds of the relay's and
-the proxy's processes over their rounds, per 1,000 turns. Figures go to bench-plan.md.
+the proxy's processes (the proxy's forwarding process and its audit worker, together and apart)
+over their rounds, per 1,000 turns. Figures go to bench-plan.md.
 
     python scripts/bench_proxy.py [--streams 80,500] [--chunks 64] [--interval-ms 20] [--rounds 3]
 """
@@ -114,6 +115,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (the proxy's audit worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
 def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
     import urllib.request
 
@@ -204,6 +218,7 @@ def main() -> None:
     proxy = None
     stdout = ""
     results: dict[int, dict[str, tuple[list[float], list[float], float]]] = {}
+    cpu_per_level: dict[int, dict[str, float]] = {}
     try:
         wait_ready(urls["direct"], upstream, "the upstream")
         wait_ready(urls["relay"], relay, "the relay")
@@ -217,20 +232,27 @@ def main() -> None:
             text=True,
         )
         wait_ready(urls["proxy"], proxy, "the proxy")
-        pids = {"relay": relay.pid, "proxy": proxy.pid}
+        # The proxy's CPU is its own and its audit worker's, each also printed apart.
+        pids = {"relay": [relay.pid], "proxy": [proxy.pid], "proxy: forwarding": [proxy.pid]}
+        pids["proxy: audit worker"] = children(proxy.pid)
+        pids["proxy"] = [proxy.pid, *pids["proxy: audit worker"]]
         for url in urls.values():  # warm every path's connections and code
             asyncio.run(one_round(url, 8))
         for level in levels:
             got = {name: ([], [], 0.0) for name in PATHS}
+            cpu = dict.fromkeys(pids, 0.0)
             for r in range(a.rounds):
                 for name in PATHS:
-                    before = cpu_seconds(pids[name]) if name in pids else 0.0
+                    mine = [k for k in pids if k.startswith(name)]
+                    before = {k: sum(map(cpu_seconds, pids[k])) for k in mine}
                     chunks, firsts = asyncio.run(one_round(urls[name], level))
-                    used = cpu_seconds(pids[name]) - before if name in pids else 0.0
+                    for k in mine:
+                        cpu[k] += sum(map(cpu_seconds, pids[k])) - before[k]
                     kept = got[name]
-                    got[name] = (kept[0] + chunks, kept[1] + firsts, kept[2] + used)
+                    got[name] = (kept[0] + chunks, kept[1] + firsts, 0.0)
                 print(f"  {level} streams: round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
             results[level] = got
+            cpu_per_level[level] = cpu
     finally:
         if proxy is not None:
             proxy.send_signal(2)
@@ -256,8 +278,8 @@ def main() -> None:
             ra, pa = v["relay"] - v["direct"], v["proxy"] - v["direct"]
             ratio = pa / ra if ra > 0 else float("inf")
             print(f"{what:<26}{v['direct']:>9.2f}{v['relay']:>9.2f}{v['proxy']:>9.2f}{ra:>9.2f}{pa:>9.2f}{ratio:>8.2f}")
-        for name in ("relay", "proxy"):
-            print(f"CPU s per 1,000 turns, {name}: {got[name][2] / turns * 1000:.2f}")
+        for name, used in cpu_per_level[level].items():
+            print(f"CPU s per 1,000 turns, {name}: {used / turns * 1000:.2f}")
     print(f"\nproxy's audit: {stdout.strip().splitlines()[-1] if stdout.strip() else '(no verdict line)'}")
 
 

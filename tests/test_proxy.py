@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dsv4bench.engine.launcher import free_port
-from dsv4bench.history.run_folder import read_history
-from dsv4bench.modes.proxy import AuditProxy, ProxyRun, build_app, uvicorn_config
+from dsv4bench.history.run_folder import HistoryError, read_history
+from dsv4bench.modes.proxy import AuditProxy, build_app, uvicorn_config
+from dsv4bench.modes.proxy_audit import ProxyRun, WorkerAudit
 from dsv4bench.history.records import TurnStatus
 from dsv4bench.report import build_report
 
@@ -183,14 +184,21 @@ def upstream() -> Iterator[tuple[FakeUpstream, Served]]:
     srv.stop()
 
 
-def start_proxy(upstream_url: str, out: Path, api_key: str | None = None) -> tuple[ProxyRun, Served]:
-    run = ProxyRun(out, {"command": "dsv4bench proxy (test)", "config": {"upstream": upstream_url}}, api_key=api_key)
+def start_proxy(
+    upstream_url: str, out: Path, api_key: str | None = None, audit: str = "inline"
+) -> tuple[ProxyRun | WorkerAudit, Served]:
+    """The proxy audited in its serving loop (`inline`), or by a worker process as the CLI runs it."""
+    info = {"command": "dsv4bench proxy (test)", "config": {"upstream": upstream_url}}
+    if audit == "worker":
+        worker = WorkerAudit(out, info, api_key, capture=False, quiet=True)
+        return worker, Served(build_app(AuditProxy(upstream_url, worker, api_key)))
+    run = ProxyRun(out, info, api_key=api_key)
     return run, Served(build_app(AuditProxy(upstream_url, run, api_key)))
 
 
-@pytest.fixture
-def proxied(upstream, tmp_path) -> Iterator[tuple[ProxyRun, Served, Served]]:
-    run, proxy = start_proxy(f"{upstream[1].url}/v1", tmp_path)
+@pytest.fixture(params=["inline", "worker"])
+def proxied(upstream, tmp_path, request) -> Iterator[tuple[ProxyRun | WorkerAudit, Served, Served]]:
+    run, proxy = start_proxy(f"{upstream[1].url}/v1", tmp_path, audit=request.param)
     yield run, proxy, upstream[1]
     proxy.stop()
     run.end("complete")
@@ -213,10 +221,15 @@ def exchange(url: str, payload: dict, headers: dict | None = None) -> tuple[int,
         return r.status_code, kept, r.content
 
 
-def wait_turns(run: ProxyRun, n: int, timeout: float = 5.0):
+def wait_turns(run: ProxyRun | WorkerAudit, n: int, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while True:
-        turns = read_history(run.run_dir).turns
+        try:
+            turns = read_history(run.run_dir).turns
+        except HistoryError:  # a worker that has not made the run folder yet
+            if time.monotonic() > deadline:
+                raise
+            turns = []
         if len(turns) >= n or time.monotonic() > deadline:
             return turns
         time.sleep(0.02)
@@ -281,9 +294,10 @@ def test_turns_are_numbered_per_session_from_the_header_the_user_field_or_the_ad
     assert sorted((t.session, t.turn) for t in turns) == [("127.0.0.1", 0), ("a", 0), ("a", 1), ("u-7", 0)]
 
 
-def test_secrets_in_headers_never_reach_the_run_folder(upstream, tmp_path):
+@pytest.mark.parametrize("audit", ["inline", "worker"])
+def test_secrets_in_headers_never_reach_the_run_folder(upstream, tmp_path, audit):
     fake, up = upstream
-    run, proxy = start_proxy(f"{up.url}/v1", tmp_path, api_key=PROXY_KEY)
+    run, proxy = start_proxy(f"{up.url}/v1", tmp_path, api_key=PROXY_KEY, audit=audit)
     try:
         status, _, content = exchange(
             proxy.url, body(), {"x-fake": "echo", "authorization": f"Bearer {SECRET}", "api-key": "azure-key-31337"}
@@ -344,8 +358,9 @@ def test_an_upstream_cut_mid_stream_reaches_the_client_cut_and_the_history_trunc
     assert turn.status is TurnStatus.OK and "truncated" in {v.code for v in turn.verdicts}
 
 
-def test_an_upstream_that_is_down_is_a_502_and_the_proxy_serves_on(upstream, tmp_path):
-    run, proxy = start_proxy(f"http://127.0.0.1:{free_port()}/v1", tmp_path)
+@pytest.mark.parametrize("audit", ["inline", "worker"])
+def test_an_upstream_that_is_down_is_a_502_and_the_proxy_serves_on(upstream, tmp_path, audit):
+    run, proxy = start_proxy(f"http://127.0.0.1:{free_port()}/v1", tmp_path, audit=audit)
     try:
         for _ in range(2):
             status, _, content = exchange(proxy.url, body())

@@ -21,15 +21,14 @@ import uvicorn
 from dsv4bench.engine.launcher import free_port
 from dsv4bench.history.run_folder import read_history
 from dsv4bench.modes.proxy import (
-    RECORDED_BODY_BYTES,
     AuditProxy,
     KeyMask,
     ProxyLimits,
-    ProxyRun,
     build_app,
     upstream_path,
     uvicorn_config,
 )
+from dsv4bench.modes.proxy_audit import RECORDED_BODY_BYTES, ProxyRun
 
 from .test_proxy import Served
 

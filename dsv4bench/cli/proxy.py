@@ -22,7 +22,6 @@ from dsv4bench.cli.common import app, err, fail, print_verdict
 
 if TYPE_CHECKING:
     from dsv4bench.modes.proxy import AuditProxy, ProxyLimits
-    from dsv4bench.history.records import TurnRecord
 
 
 @app.command()
@@ -90,7 +89,8 @@ def proxy(
     except ConfigError as e:
         raise fail(str(e))
     try:
-        from dsv4bench.modes.proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, ProxyRun, upstream_base
+        from dsv4bench.modes.proxy import MIN_MASKED_KEY, AuditProxy, ProxyLimits, upstream_base
+        from dsv4bench.modes.proxy_audit import WorkerAudit
     except ImportError as e:
         raise fail(f"dsv4bench proxy needs starlette, uvicorn and httptools ({e}): pip install 'dsv4bench[proxy]'")
     from dsv4bench.servers.preflight import ServerError, server_facts
@@ -134,7 +134,9 @@ def proxy(
     limits = ProxyLimits(
         max_body=body_cap, read_timeout=read_timeout, max_connections=max_connections, trust_forwarded=trust_forwarded
     )
-    run = ProxyRun(
+    # The audit (reading, judging, writing the history) runs in a process of its own, so the
+    # forwarding loop pays only a queue append per step (modes/proxy_audit.py).
+    run = WorkerAudit(
         out_dir,
         {
             "command": shell_line(["dsv4bench", *redact_argv(sys.argv[1:])]),
@@ -143,8 +145,8 @@ def proxy(
             "proxy": {"upstream": config["upstream"], "capture": capture},
         },
         api_key=api_key,
-        on_turn=None if quiet else _print_finding,
         capture=capture,
+        quiet=quiet,
     )
     shown = f"[{host}]" if ":" in host else host
     err.print(
@@ -174,8 +176,12 @@ def proxy(
     finally:
         sock.close()
         run.end(reason)
+    if not run.run_dir.is_dir():
+        raise fail(f"the proxy's audit wrote no run folder ({run.dead or 'no reason given'})")
     summary = build_report(run.run_dir)
     print_verdict(summary, run.run_dir)
+    if run.dead is not None:  # our own failure: the verdict above covers only what was audited
+        raise fail(f"the proxy's audit stopped before the run ended ({run.dead}): its history is incomplete")
     raise typer.Exit(exit_code(summary, fail_codes))
 
 
@@ -228,11 +234,3 @@ def parse_size(flag: str, text: str) -> int:
     if unit not in _UNITS or not math.isfinite(value) or value * _UNITS[unit] < 1:
         raise ConfigError(f"{flag} must be a size in bytes, e.g. 16777216 or 16MiB; got {text!r}")
     return int(value * _UNITS[unit])
-
-
-def _print_finding(rec: TurnRecord) -> None:
-    """One line on stderr per turn the checkers or the transport found something wrong with."""
-    codes = sorted({v.code for v in rec.verdicts})
-    if codes or rec.error_kind is not None:
-        what = ", ".join(codes) or str(rec.error_kind)
-        err.print(markup_safe(f"session {rec.session} turn {rec.turn}: {what}"), highlight=False, soft_wrap=True)
