@@ -3,6 +3,7 @@ steps the forwarding process stamps, and what happens when either side goes away
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -82,17 +83,19 @@ def test_an_answer_the_audit_fell_behind_on_is_never_judged(tmp_path):
 
 
 def test_the_backlog_drops_an_exchanges_chunks_once_and_says_so(tmp_path, monkeypatch):
-    audit = WorkerAudit.__new__(WorkerAudit)  # the queueing alone: no process, no writer thread
+    audit = WorkerAudit.__new__(WorkerAudit)  # the gathering alone: no process, no pipe
     steps: list[tuple] = []
-    audit.dead, audit._queued, audit._written, audit._behind = None, 0, 0, set()
+    audit.dead, audit._out, audit._behind = None, bytearray(), set()
     audit._put = steps.append  # type: ignore[method-assign]
     monkeypatch.setattr(proxy_audit, "WORKER_BACKLOG", 10)
     audit.chunk(1, b"x" * 8)
-    audit.chunk(1, b"x" * 8)  # 8 queued, none written: under 10 still
-    audit.chunk(1, b"y")  # 16 queued: behind
+    audit._out += b"x" * 10  # the pipe took nothing: 10 bytes wait, not over 10 yet
+    audit.chunk(1, b"x" * 8)
+    audit._out += b"x"  # 11 waiting: behind
+    audit.chunk(1, b"y")
     audit.chunk(1, b"z")
     audit.chunk(2, b"w")
-    audit._written = 16  # the writer caught up: an exchange already behind stays so, a new one is read
+    audit._out.clear()  # the pipe took it all: an exchange already behind stays so, a new one is read
     audit.chunk(2, b"v")
     audit.chunk(3, b"u")
     assert [s[0] for s in steps] == ["chunk", "chunk", "behind", "behind", "chunk"]
@@ -101,18 +104,21 @@ def test_the_backlog_drops_an_exchanges_chunks_once_and_says_so(tmp_path, monkey
 
 def test_a_proxy_that_dies_leaves_a_history_closed_as_interrupted(tmp_path):
     audit = WorkerAudit(tmp_path, {"command": "t", "config": {}}, None, capture=False, quiet=True)
-    h = audit.open("/v1/chat/completions", HEADERS, request(stream=False), None)
-    audit.started(h, 200, HEADERS)
-    audit.ended(h)
-    audit.close(h)
+
+    async def one_turn() -> None:  # told from a loop, as the serving loop tells it
+        h = audit.open("/v1/chat/completions", HEADERS, request(stream=False), None)
+        audit.started(h, 200, HEADERS)
+        audit.ended(h)
+        audit.close(h)
+        await asyncio.sleep(0.05)  # a pass of the loop: the frame goes
+
+    asyncio.run(one_turn())
     deadline = time.monotonic() + 20
     while not (audit.run_dir / "turns.jsonl").exists() or not read_history(audit.run_dir).turns:
         assert time.monotonic() < deadline, "the worker recorded nothing"
         time.sleep(0.05)
     audit.proc.stdin.close()  # as the proxy's death closes it: no end step ever comes
     assert audit.proc.wait(20) == 0
-    audit._queue.put(None)  # this process's writer thread, which a dead proxy would not have
-    audit._thread.join(10)
     history = read_history(audit.run_dir)
     ends = [e for e in history.events if e["kind"] == "run_end"]
     assert len(history.turns) == 1 and [e["reason"] for e in ends] == ["interrupted"]

@@ -382,3 +382,30 @@ def test_x_forwarded_for_names_the_client_only_when_trusted(upstream, tmp_path, 
         p.stop()
     (turn,) = read_history(p.run.run_dir).turns
     assert turn.session == session
+
+
+def test_the_fast_path_for_plain_paths_decides_as_the_long_way_does(monkeypatch):
+    """upstream_path accepts most paths by one pattern; every path it accepts so, the full
+    segment-by-segment reading accepts too, with the same result (random paths of dots, slashes,
+    escapes and letters)."""
+    import random
+    import re
+
+    from dsv4bench.modes import proxy as proxy_mode
+
+    rng = random.Random(7)
+    pieces = ["a", "v1", ".", "..", "...", "%2e", "%2f", "-", "_", "~", "x.y", "", "%5c", "\\"]
+    paths = [b"/" + "/".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))).encode() for _ in range(3000)]
+    paths += [p + b"/" for p in paths[:300]]
+
+    def decide(path: bytes) -> str:
+        try:
+            return upstream_path(path)
+        except Exception as e:  # noqa: BLE001 - a refusal is an answer here
+            return f"refused: {type(e).__name__}"
+
+    fast = [decide(p) for p in paths]
+    monkeypatch.setattr(proxy_mode, "_PLAIN_PATH", re.compile(rb"(?!)"))  # never matches: the long way alone
+    slow = [decide(p) for p in paths]
+    assert fast == slow
+    assert sum(not f.startswith("refused") for f in fast) > 100 and sum(f.startswith("refused") for f in fast) > 100

@@ -29,13 +29,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import anyio
+import aiohttp
 import httpx
 import uvicorn
+import yarl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -43,7 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dsv4bench.history.redact import MASK
 from dsv4bench.modes.proxy_audit import Audit, InlineAudit, ProxyRun
 from dsv4bench.modes.replay import HOP_BY_HOP
-from dsv4bench.wire.transport import AiohttpTransport, raw_reads
+from dsv4bench.wire.transport import RawUpstream
 
 # Set by httpx for the upstream connection itself; `expect` is answered by the proxy's own server.
 _SET_UPSTREAM = frozenset({"host", "content-length", "expect"})
@@ -76,11 +78,18 @@ class Refused(Exception):
         self.status, self.kind, self.fields = status, kind, fields
 
 
+# A path that can only name what it says: segments of unreserved characters, none of them `.` or
+# `..`, none empty (a trailing slash aside). Most requests' paths; the rest are read the long way.
+_PLAIN_PATH = re.compile(rb"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._~-]+)+/?")
+
+
 def upstream_path(raw_path: bytes) -> str:
     """The client's path as it is appended to the upstream's root, or Refused (400) for one that
     could name anything outside it: a dot segment, an empty segment, a slash or backslash hidden
     in an escape (decoded once or twice, as a server behind the upstream might), control
     characters, or a target that is not a plain absolute path (`http://host/x`, `*`)."""
+    if _PLAIN_PATH.fullmatch(raw_path):  # letters, digits, `-_~.`, and no dot or empty segment
+        return raw_path.decode("ascii")
     try:
         text = raw_path.decode("ascii")
     except UnicodeDecodeError:
@@ -142,6 +151,44 @@ class KeyMask:
         return held
 
 
+class Cutoff:
+    """`with Cutoff(seconds) as c:` runs its block until it ends, `seconds` pass, or `c.cut()` is
+    called from elsewhere in the loop; a block cut off ends quietly, with `c.cut_off` set. A plain
+    asyncio timer and the task's own cancellation: anyio's cancel scopes and task groups, which
+    did the same, cost the proxy about a tenth of a millisecond a request, in the burst of
+    requests that every first chunk waits behind (bench-plan.md, "`dsv4bench proxy`")."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.cut_off = False
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._over = False
+
+    def __enter__(self) -> Cutoff:
+        self._task = asyncio.current_task()
+        if self.seconds is not None:
+            self._timer = asyncio.get_running_loop().call_later(self.seconds, self.cut)
+        return self
+
+    def cut(self) -> None:
+        """End the block at its next suspension (from a callback or another task: never from inside it)."""
+        if not self._over and not self.cut_off and self._task is not None:
+            self.cut_off = True
+            self._task.cancel()
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> bool:
+        self._over = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.cut_off and kind is asyncio.CancelledError:
+            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+: the task's count of cancels
+            if uncancel is not None:
+                uncancel()
+            return True
+        return False
+
+
 class UpstreamBroke(Exception):
     """The upstream cut its answer after the status line: raised out of the ASGI app so the
     server closes the client's connection too, and the client sees the same broken stream."""
@@ -182,52 +229,60 @@ class AuditProxy:
         api_key: str | None = None,
         limits: ProxyLimits | None = None,
     ) -> None:
-        self.root = upstream_base(upstream)[0]
-        root = httpx.URL(self.root)
+        root = yarl.URL(upstream_base(upstream)[0], encoded=True)
+        # Credentials in --upstream go as Basic auth on requests that carry no Authorization of
+        # their own, never in the forwarded URL.
+        self._basic = (
+            aiohttp.BasicAuth(root.user or "", root.password or "").encode().encode("latin-1")
+            if root.user is not None or root.password is not None
+            else None
+        )
+        root = root.with_user(None)
+        self.root = str(root).rstrip("/")
         # Every forwarded URL must stay on this origin and under this path (checked in _target).
         self._origin = (root.scheme, root.host, root.port)
-        self._prefix = root.raw_path.rstrip(b"/") + b"/"
+        self._prefix = root.raw_path.rstrip("/") + "/"
         self.audit: Audit = InlineAudit(audit) if isinstance(audit, ProxyRun) else audit
-        password = root.password
+        password = yarl.URL(upstream, encoded=True).password
         if password:  # a password in --upstream is a secret of the run like any key
             self.audit.learn(password)
         self.api_key = api_key
         self.limits = limits or ProxyLimits()
-        self._transport: AiohttpTransport | None = None
-        self._timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None).as_dict()
+        self._raw: RawUpstream | None = None
 
-    def _upstream(self) -> AiohttpTransport:
-        """What every request goes upstream on: the transport `agents` uses (aiohttp's HTTP parsing
-        in C, bodies read straight from the socket's buffer: wire/transport.py), called directly,
-        not through an httpx client, whose redirects, auth and cookie jar the proxy never uses (a
-        client's Set-Cookie goes back to it, and a client's Cookie header upstream, untouched).
-        httpx's own transport cost about 140 µs a relayed chunk and a pool scan per request that
-        grew with the square of the streams in flight (bench-plan.md, "`dsv4bench proxy`")."""
-        if self._transport is None:
+    def _upstream(self) -> RawUpstream:
+        """What every request goes upstream on: aiohttp's client, requests sent as given, bodies read
+        raw from the socket's buffer (wire/transport.RawUpstream). httpx's own transport cost
+        about 140 µs a relayed chunk and a pool scan per request that grew with the square of the
+        streams in flight; an httpx transport of any kind, a tenth of a millisecond a request
+        (bench-plan.md, "`dsv4bench proxy`"). Made in the serving loop, the one it will run in."""
+        if self._raw is None:
             # NOTE: idle upstream connections expire before uvicorn's 5 s keep-alive (SGLang's
             # default), so the pool never reuses a socket the server is closing (driver.py).
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
-            self._transport = AiohttpTransport(limits)
-        return self._transport
+            self._raw = RawUpstream(keepalive_s=2.0, connect_s=10.0)
+        return self._raw
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
+        if self._raw is not None:
+            await self._raw.aclose()
 
-    def _target(self, scope: Scope) -> httpx.URL:
-        """The upstream URL of a request: its path under the upstream's root, or Refused."""
+    def _target(self, scope: Scope) -> yarl.URL:
+        """The upstream URL of a request: its path under the upstream's root, as the client wrote
+        it (sent on as it is: nothing decodes or normalises it on the way), or Refused."""
         path = upstream_path(scope.get("raw_path") or scope["path"].encode())
         query = scope.get("query_string") or b""
-        url = self.root + path + ("?" + query.decode("latin-1") if query else "")
+        # A query's bytes as sent, those outside printable ASCII percent-encoded.
+        text = "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in query)
+        url = self.root + path + ("?" + text if text else "")
         try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL:
+            parsed: yarl.URL | None = yarl.URL(url, encoded=True)
+        except ValueError:
             parsed = None
-        # Whatever httpx makes of it (it resolves dot segments), it must still be under the root.
+        # However a URL parser reads it, it must still be under the root.
         if (
             parsed is None
             or (parsed.scheme, parsed.host, parsed.port) != self._origin
-            or not (parsed.raw_path + b"/").startswith(self._prefix)
+            or not (parsed.raw_path + "/").startswith(self._prefix)
         ):
             raise Refused(
                 400, "path_refused", "dsv4bench proxy: this path would leave the upstream's base path", path=path[:200]
@@ -263,7 +318,7 @@ class AuditProxy:
             )
         parts: list[bytes] = []
         seen = 0
-        with anyio.move_on_after(self.limits.read_timeout) as deadline:
+        with Cutoff(self.limits.read_timeout) as deadline:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -285,7 +340,7 @@ class AuditProxy:
                     parts.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(parts)
-        assert deadline.cancelled_caught
+        assert deadline.cut_off
         raise Refused(
             408,
             "request_timeout",
@@ -296,7 +351,7 @@ class AuditProxy:
     @staticmethod
     async def _drain(receive: Receive) -> None:
         """Read and drop what is left of a refused body, for at most DRAIN_S."""
-        with anyio.move_on_after(DRAIN_S):
+        with Cutoff(DRAIN_S):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect" or not message.get("more_body", False):
@@ -326,6 +381,8 @@ class AuditProxy:
         Such a request drops the client's Accept-Encoding, so the answer comes uncompressed and an
         echoed key can be masked in it. Whether the key was added."""
         out = _forwarded(headers, _SET_UPSTREAM)
+        if self._basic is not None and not any(k.lower() == b"authorization" for k, _ in out):
+            out.append((b"authorization", self._basic))
         if not self.api_key or any(k.decode("latin-1").lower() in _API_KEY_HEADERS for k, _ in out):
             return out, False
         out = [(k, v) for k, v in out if k.lower() != b"accept-encoding"]
@@ -355,9 +412,7 @@ class AuditProxy:
                 exchange = None
         broke: BaseException | None = None
         try:
-            # NOTE: a cancel scope and a bare task, not a task group: the same cancellation for a
-            # fifth of the cost per request (bench-plan.md, "`dsv4bench proxy`").
-            with anyio.CancelScope() as relaying:
+            with Cutoff(None) as relaying:
                 watcher = asyncio.get_running_loop().create_task(self._watch_client(receive, relaying, exchange))
                 try:
                     broke = await self._relay(method, url, headers, raw_body, send, exchange, mask)
@@ -373,7 +428,7 @@ class AuditProxy:
         if broke is not None:
             raise UpstreamBroke(f"the upstream cut its answer: {type(broke).__name__}: {broke}") from broke
 
-    async def _watch_client(self, receive: Receive, scope: anyio.CancelScope, exchange: Any) -> None:
+    async def _watch_client(self, receive: Receive, relaying: Cutoff, exchange: Any) -> None:
         """A client that goes away cancels the exchange, which closes the upstream request. A
         receive that fails (the connection's state torn down under it) counts as the client gone."""
         while True:
@@ -384,13 +439,13 @@ class AuditProxy:
             if message["type"] == "http.disconnect":
                 if exchange is not None:
                     self.audit.killed(exchange, "the client disconnected")
-                scope.cancel()
+                relaying.cut()
                 return
 
     async def _relay(
         self,
         method: str,
-        url: httpx.URL,
+        url: yarl.URL,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         send: Send,
@@ -399,10 +454,7 @@ class AuditProxy:
     ) -> BaseException | None:
         """Forward one request and its answer; the error that broke the answer off, if one did."""
         try:
-            # A Request of our own, not a client's: a client adds httpx's default Accept,
-            # Accept-Encoding, User-Agent and Connection headers the client never sent.
-            request = httpx.Request(method, url, headers=headers, content=body, extensions={"timeout": self._timeout})
-            resp = await self._upstream().handle_async_request(request)
+            resp = await self._upstream().send(method, url, headers, body)
         except httpx.HTTPError as e:
             if exchange is not None:
                 self.audit.unreachable(exchange, e)
@@ -411,13 +463,13 @@ class AuditProxy:
             return None
         try:
             if exchange is not None:
-                self.audit.started(exchange, resp.status_code, resp.headers.raw)
-            out_headers = _forwarded(resp.headers.raw, frozenset())
+                self.audit.started(exchange, resp.status, resp.headers)
+            out_headers = _forwarded(resp.headers, frozenset())
             if mask is not None:
                 out_headers = [(k, mask.header(v)) for k, v in out_headers]
-            await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
+            await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
             try:
-                async for chunk in raw_reads(resp) or resp.aiter_raw():
+                async for chunk in resp.reads():
                     if mask is not None:
                         chunk = mask.chunk(chunk)
                         if not chunk:
@@ -437,8 +489,7 @@ class AuditProxy:
                 self.audit.ended(exchange)
             return None
         finally:
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
+            resp.close()  # never suspends, so no cancellation can cut it short
 
 
 async def _send_error(send: Send, status: int, kind: str, message: str, allow: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ into one TurnRecord of the run's history (ProxyRun).
 Where that work runs is the audit's (`Audit`): `InlineAudit` does it in the serving loop, step by
 step as the bytes pass; `WorkerAudit` hands each step, stamped with when it happened, to a process
 of its own (`python -m dsv4bench.modes.proxy_audit`), so the reading, judging and writing cost
-the forwarding loop nothing but a queue append per step (bench-plan.md, "`dsv4bench proxy`"). The
+the forwarding loop nothing but a list append per step and a pipe write per loop pass (bench-plan.md, "`dsv4bench proxy`"). The
 records are the same either way: each step carries its own CLOCK_MONOTONIC stamp (one clock for
 every process of the machine), so a turn's timings are those of the forwarding, not of when the
 worker got round to them.
@@ -21,19 +21,19 @@ costs the rest of the history, said on stderr, never a byte of any answer.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import functools
 import datetime as dt
 import itertools
 import json
+import os
 import pickle
-import queue
 import secrets
 import signal
 import struct
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -479,10 +479,12 @@ def _exception(name: str, message: str) -> BaseException:
 
 
 class WorkerAudit:
-    """The audit in a process of its own. Each step is queued here with its CLOCK_MONOTONIC stamp
-    (a list append, under a microsecond); a writer thread pickles what has queued, a batch at a
-    time, into the worker's stdin. `end` sends the run's end and waits for the worker to close
-    the history."""
+    """The audit in a process of its own. Each step is appended here with its CLOCK_MONOTONIC
+    stamp (under a microsecond); once per pass of the serving loop, what has gathered is pickled
+    as one frame and written to the worker's stdin without blocking (what the pipe does not take
+    waits here, in `_out`, until it does). No thread: one that woke for each step fought the
+    serving loop for the GIL in every burst of requests. `end` sends the run's end and waits for
+    the worker to close the history."""
 
     def __init__(self, out: Path, run_info: dict[str, Any], api_key: str | None, capture: bool, quiet: bool) -> None:
         import subprocess
@@ -490,16 +492,19 @@ class WorkerAudit:
         self.run_id = new_run_id()
         self.run_dir = out / self.run_id
         self._ids = itertools.count(1)
-        self._queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
-        self._queued = 0  # bytes of chunks queued, counted by the serving loop alone
-        self._written = 0  # bytes of chunks written to the pipe, counted by the writer thread alone
+        self._steps: list[tuple] = []  # gathered since the last frame
+        self._out = bytearray()  # frames the pipe has not taken yet
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop, once a step came from it
+        self._flushing = False  # a flush is scheduled on the loop
+        self._waiting = False  # the loop watches the pipe for room
         self._behind: set[int] = set()  # exchanges whose chunks were dropped (WORKER_BACKLOG)
         self.dead: str | None = None  # why the worker can no longer be told anything
+        self._ended = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4bench.modes.proxy_audit"], stdin=subprocess.PIPE, close_fds=True
         )
         assert self.proc.stdin is not None
-        self._pipe = self.proc.stdin
+        self._fd = self.proc.stdin.fileno()
         config = {
             "out": str(out),
             "run_id": self.run_id,
@@ -508,47 +513,58 @@ class WorkerAudit:
             "capture": capture,
             "quiet": quiet,
         }
-        self._queue.put(("config", config))
-        self._thread = threading.Thread(target=self._write, name="dsv4bench-audit-writer", daemon=True)
-        self._thread.start()
+        # The first frame, written whole before anything is served: the worker makes the run
+        # folder from it at once.
+        data = pickle.dumps([("config", config)], protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        self.proc.stdin.flush()
+        os.set_blocking(self._fd, False)
 
     def _put(self, step: tuple) -> None:
-        if self.dead is None:
-            self._queue.put(step)
-
-    def _write(self) -> None:
-        """The writer thread: every step queued so far, one frame, until the end's sentinel."""
-        q, pipe = self._queue, self._pipe
-        done = False
-        while not done:
-            batch: list[tuple] = []
-            step = q.get()
-            while step is not None:
-                batch.append(step)
-                try:
-                    step = q.get_nowait()
-                except queue.Empty:
-                    break
-            done = step is None  # the end's sentinel: what was queued before it is the last frame
-            data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.dead is not None:
+            return
+        self._steps.append(step)
+        if not self._flushing:
             try:
-                pipe.write(_FRAME.pack(len(data)))
-                pipe.write(data)
-                pipe.flush()
-            except (OSError, ValueError) as e:
-                self._died(f"its pipe failed: {e}")
-                with contextlib.suppress(OSError, ValueError):
-                    pipe.close()  # the buffered bytes that failed are dropped with it
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:  # a step from outside any loop: it goes with the next frame
                 return
-            self._written += sum(len(step[2]) for step in batch if step[0] == "chunk")
-        try:
-            pipe.close()
-        except OSError:
-            pass
+            self._flushing = True
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Pickle what gathered as one frame, and hand the pipe what it will take."""
+        self._flushing = False
+        if self._steps and self.dead is None:
+            data = pickle.dumps(self._steps, protocol=pickle.HIGHEST_PROTOCOL)
+            self._steps = []
+            self._out += _FRAME.pack(len(data))
+            self._out += data
+        self._send()
+
+    def _send(self) -> None:
+        while self._out and self.dead is None:
+            try:
+                n = os.write(self._fd, self._out)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                self._died(f"its pipe failed: {e}")
+                return
+            del self._out[:n]
+        want = bool(self._out) and self.dead is None and self._loop is not None and not self._loop.is_closed()
+        if want != self._waiting and self._loop is not None and not self._loop.is_closed():
+            if want:
+                self._loop.add_writer(self._fd, self._send)
+            else:
+                self._loop.remove_writer(self._fd)
+            self._waiting = want
 
     def _died(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
+            self._out.clear()
+            self._steps.clear()
             print(
                 f"dsv4bench proxy: the audit worker stopped ({why}); answers pass on unaudited, "
                 "and the run's history ends here",
@@ -566,11 +582,10 @@ class WorkerAudit:
     def chunk(self, h: int, data: bytes) -> None:
         if h in self._behind:
             return
-        if self._queued - self._written > WORKER_BACKLOG:
+        if len(self._out) > WORKER_BACKLOG:
             self._behind.add(h)
             self._put(("behind", h))
             return
-        self._queued += len(data)
         self._put(("chunk", h, data, time.monotonic_ns()))
 
     def ended(self, h: int) -> None:
@@ -596,10 +611,29 @@ class WorkerAudit:
         self._put(("learn", secret))
 
     def end(self, reason: str, timeout: float = 120.0) -> None:
-        """Tell the worker the run ended, and wait for it to close the history."""
-        self._put(("end", str(reason)))
-        self._queue.put(None)
-        self._thread.join(timeout)
+        """Tell the worker the run ended, and wait for it to close the history. Called once the
+        serving loop has stopped: what is left is written here, blocking. Once: a second call
+        changes nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        if self.dead is None:
+            self._steps.append(("end", str(reason)))
+            data = pickle.dumps(self._steps, protocol=pickle.HIGHEST_PROTOCOL)
+            self._steps = []
+            self._out += _FRAME.pack(len(data)) + data
+            if self._waiting and self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_writer(self._fd)
+            self._waiting = False
+            os.set_blocking(self._fd, True)
+            try:
+                while self._out:
+                    del self._out[: os.write(self._fd, self._out)]
+            except OSError as e:
+                self._died(f"its pipe failed: {e}")
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
         try:
             code = self.proc.wait(timeout)
         except Exception:  # noqa: BLE001 - a worker that will not finish is stopped, its history as it is

@@ -52,6 +52,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import yarl
 
 from dsv4bench.loop import fair_loop
 
@@ -83,7 +84,7 @@ _ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
 
 
 @contextmanager
-def _as_httpx_errors(request: httpx.Request) -> Iterator[None]:
+def _as_httpx_errors(request: httpx.Request | None) -> Iterator[None]:
     try:
         yield
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -399,6 +400,9 @@ class _Protocol(ResponseHandler):
 
 
 _ARRIVAL = "dsv4bench.arrival"
+# The request carries every header meant to go; aiohttp adds none of its own (its User-Agent,
+# Accept, Accept-Encoding, a Content-Type guessed for bytes), as httpcore adds none.
+_NO_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
 LARGE_BODY = 1 << 20  # aiohttp's own threshold (payload.TOO_LARGE_BYTES_BODY) for a body in one write
 
 
@@ -462,7 +466,7 @@ class _Body(httpx.AsyncByteStream):
     fails it: a turn that reads it ends with a protocol error, not at its deadline.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request | None) -> None:
         self._response = response
         self._request = request
         self._ended = False
@@ -534,6 +538,9 @@ class _Body(httpx.AsyncByteStream):
         self._ended = True
 
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self._stamps is not None:
             self._stamps.answered(self._exchange)
         if self._closed is not None:  # a kept-alive connection outlives this body: unhook it
@@ -600,9 +607,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 data=(io.BytesIO(content) if len(content) > LARGE_BODY else content) or None,
                 allow_redirects=False,
                 compress=None,
-                # httpx's request carries every header meant to go; aiohttp adds none of its own
-                # (its Accept, a Content-Type guessed for bytes), as httpcore adds none.
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+                skip_auto_headers=_NO_AUTO_HEADERS,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     connect=timeout.get("pool"),
@@ -624,3 +629,59 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             await self._session.close()
         if self._public is not None:
             await self._public.aclose()
+
+
+class RawAnswer:
+    """An upstream's answer to a pass-through: its status, its headers as they came, and its body
+    read raw (`reads`), failures raised as httpx's errors; `aclose` releases the connection when
+    the body was read to its end and closes it otherwise, so the server sees the disconnect."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status = response.status
+        self.headers: list[tuple[bytes, bytes]] = list(response.raw_headers)
+        self._body = _Body(response, None)
+
+    def reads(self) -> AsyncGenerator[bytes, None]:
+        return self._body.__aiter__()
+
+    def close(self) -> None:
+        """Release the connection (the body read to its end) or close it (cut short). Never
+        suspends: a task being cancelled still gets it done."""
+        self._body.close()
+
+
+class RawUpstream:
+    """A pass-through's upstream (`dsv4bench proxy`): each request sent exactly as given (no header
+    of aiohttp's own, the path as the client wrote it), over one aiohttp session made on the first
+    request (inside the serving loop). Not an httpx transport: the httpx Request, Headers and
+    Response around each exchange cost a pass-through about a tenth of a millisecond a request,
+    for nothing it reads (bench-plan.md, "`dsv4bench proxy`"). Failures come out as the httpx
+    errors `agents` records, so a proxy's turn and an agent's read alike."""
+
+    def __init__(self, keepalive_s: float, connect_s: float) -> None:
+        self._keepalive_s = keepalive_s
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def send(self, method: str, url: yarl.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> RawAnswer:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_s)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False
+            )
+        with _as_httpx_errors(None):
+            response = await self._session.request(
+                method,
+                url,
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
+                data=(io.BytesIO(body) if len(body) > LARGE_BODY else body) or None,
+                allow_redirects=False,
+                compress=None,
+                skip_auto_headers=_NO_AUTO_HEADERS,
+                timeout=self._timeout,
+            )
+        return RawAnswer(response)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
