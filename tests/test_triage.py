@@ -181,3 +181,35 @@ def test_recheck_sends_a_second_time_only_where_the_first_differs(alone, cls):
     assert (found.cls if found else None) == cls
     if found:
         assert found.verdict.code == "answer_changed_under_load"
+
+
+def test_triage_cut_by_the_time_cap_keeps_every_finding_triaged_before_the_cut():
+    """At 1,000 findings `--triage 1000` runs into the 120 s cap: what it triaged by then is
+    reported, not dropped with the ones it never reached."""
+    import anyio
+
+    from dsv4bench.harness.triage import Kept, Sent, Triaged, triage_findings
+    from dsv4bench.history.records import Timings, TurnStatus
+    from dsv4bench.wire.turn_answer import TurnOutcome
+
+    class SlowLeaks:
+        sent = 0
+
+        async def send(self, kept, purpose, body=None, raw=False):
+            self.sent += 1
+            await anyio.sleep(0.01)
+            response = AssembledResponse(content="<｜DSML｜invoke", finish_reason="stop")
+            outcome = TurnOutcome(TurnStatus.OK, Timings(start_ns=0, start_wall_ns=0), response=response)
+            return Sent(outcome, frozenset({"dsml_leak_content"}))
+
+    kept = [Kept(_headers(f"s{i}", 1), _body(f"x{i}"), codes=("dsml_leak_content",)) for i in range(50)]
+    out: list[Triaged] = []
+    sender = SlowLeaks()
+
+    async def capped() -> None:
+        with anyio.move_on_after(0.2):  # 4 sends a finding at 10 ms: about 5 findings
+            await triage_findings(sender, kept, True, False, out)
+
+    anyio.run(capped)
+    assert 2 <= len(out) < len(kept) and sender.sent >= 4 * len(out)
+    assert all(t.cls == "deterministic" for t in out)

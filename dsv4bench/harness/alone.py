@@ -93,7 +93,7 @@ def triage_alone(
         triaged: list[Triaged] = []
         try:
             deterministic = await _probe(sender, block, chosen[0])
-            triaged = await triage_findings(sender, chosen, deterministic, config.raw)
+            await triage_findings(sender, chosen, deterministic, config.raw, triaged)
         finally:
             block["findings"] += [t.as_dict() for t in triaged]
             block["triaged"] = len(triaged)

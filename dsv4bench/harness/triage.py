@@ -309,10 +309,9 @@ async def triage_one(sender: AloneSender, kept: Kept, deterministic: bool | None
 
 
 async def triage_findings(
-    sender: AloneSender, kept: list[Kept], deterministic: bool | None, raw: bool
-) -> list[Triaged]:
-    """Each kept finding triaged in turn (the caller bounds the time)."""
-    out: list[Triaged] = []
+    sender: AloneSender, kept: list[Kept], deterministic: bool | None, raw: bool, out: list[Triaged]
+) -> None:
+    """Each kept finding triaged in turn, appended to `out` as it is done: the caller bounds the
+    time, and a cut keeps every finding triaged before it."""
     for k in kept:
         out.append(await triage_one(sender, k, deterministic, raw))
-    return out

@@ -46,6 +46,9 @@ def triage_section(summary: dict[str, Any]) -> list[str]:
     )
     sent = f"{md.plural(int(block.get('requests') or 0), 'request')} sent alone in {md.fmt_seconds(block.get('elapsed_s'))}"
     cut = ", cut at the time cap: some kept requests were not sent" if block.get("cut") else ""
+    kept, triaged = block.get("findings_kept"), block.get("triaged")
+    if block.get("cut") and isinstance(kept, int) and isinstance(triaged, int) and triaged < kept:
+        cut += f" ({triaged:,} of {kept:,} kept findings triaged)"
     lines += ["", f"{sent}{cut}; none of them is a turn of the run.", ""]
     recheck = block.get("recheck")
     if isinstance(recheck, dict):
