@@ -86,7 +86,7 @@ def test_the_backlog_drops_an_exchanges_chunks_once_and_says_so(tmp_path, monkey
     audit = WorkerAudit.__new__(WorkerAudit)  # the gathering alone: no process, no pipe
     steps: list[tuple] = []
     audit.dead, audit._out, audit._behind = None, bytearray(), set()
-    audit._put = steps.append  # type: ignore[method-assign]
+    audit._put = steps.append  # type: ignore[method-assign]  # the steps kept here, not framed for a pipe
     monkeypatch.setattr(proxy_audit, "WORKER_BACKLOG", 10)
     audit.chunk(1, b"x" * 8)
     audit._out += b"x" * 10  # the pipe took nothing: 10 bytes wait, not over 10 yet
@@ -124,7 +124,7 @@ def test_a_proxy_that_dies_leaves_a_history_closed_as_interrupted(tmp_path):
     assert len(history.turns) == 1 and [e["reason"] for e in ends] == ["interrupted"]
 
 
-def test_a_worker_that_dies_costs_the_history_never_the_clients_bytes(upstream, tmp_path, capsys):  # noqa: F811
+def test_a_worker_that_dies_costs_the_history_never_the_clients_bytes(upstream, tmp_path, capsys):  # noqa: F811 - `upstream` is test_proxy's fixture, imported for use
     fake, up = upstream
     audit = WorkerAudit(tmp_path, {"command": "t", "config": {}}, None, capture=False, quiet=True)
     proxy = Served(build_app(AuditProxy(f"{up.url}/v1", audit)))
