@@ -5,6 +5,7 @@ records every path and header it receives, so what must never reach it can be se
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -409,3 +410,21 @@ def test_the_fast_path_for_plain_paths_decides_as_the_long_way_does(monkeypatch)
     slow = [decide(p) for p in paths]
     assert fast == slow
     assert sum(not f.startswith("refused") for f in fast) > 100 and sum(f.startswith("refused") for f in fast) > 100
+
+
+def test_credentials_in_the_upstream_url_go_as_basic_auth_and_never_in_the_url(upstream, tmp_path):
+    rec, srv = upstream
+    host = srv.url.removeprefix("http://")
+    p = Proxy(f"http://gw-user:gw-pass-0123@{host}{PREFIX}/v1", tmp_path, LIMITS, api_key=None)
+    try:
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            assert c.get(f"{p.url}/v1/models").status_code == 200
+            basic = rec.seen[-1][1]["authorization"]
+            assert c.get(f"{p.url}/v1/models", headers={"Authorization": "Bearer mine"}).status_code == 200
+            own = rec.seen[-1][1]["authorization"]
+    finally:
+        p.stop()
+    assert basic == "Basic " + base64.b64encode(b"gw-user:gw-pass-0123").decode()
+    assert own == "Bearer mine"  # a client's own credentials are its own
+    assert rec.paths()[-1] == f"{PREFIX}/v1/models"
+    assert "gw-pass-0123" in p.run.secrets.secrets  # learnt: no file of the run will hold it
