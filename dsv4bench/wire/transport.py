@@ -1,4 +1,5 @@
-"""httpx's API over aiohttp's HTTP/1.1 client: the transport under `agents`' httpx.AsyncClient.
+"""httpx's API over aiohttp's HTTP/1.1 client: the transport under `agents`' httpx.AsyncClient;
+and `RawUpstream`, the same reading without httpx's objects, for `dsv4bench proxy`'s upstream leg.
 
 Per SSE chunk, httpcore + h11 cost about twice what the whole rest of a turn costs (parsing,
 assembly, checkers; bench-plan.md, "Client path per chunk"); aiohttp parses HTTP in C. The
