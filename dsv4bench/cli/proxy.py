@@ -135,7 +135,8 @@ def proxy(
         max_body=body_cap, read_timeout=read_timeout, max_connections=max_connections, trust_forwarded=trust_forwarded
     )
     # The audit (reading, judging, writing the history) runs in a process of its own, so the
-    # forwarding loop pays only a queue append per step (modes/proxy_audit.py).
+    # forwarding loop pays only a list append per step and a pipe write per loop pass
+    # (modes/proxy_audit.py).
     run = WorkerAudit(
         out_dir,
         {

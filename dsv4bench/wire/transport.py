@@ -404,7 +404,13 @@ _ARRIVAL = "dsv4bench.arrival"
 # The request carries every header meant to go; aiohttp adds none of its own (its User-Agent,
 # Accept, Accept-Encoding, a Content-Type guessed for bytes), as httpcore adds none.
 _NO_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
-LARGE_BODY = 1 << 20  # aiohttp's own threshold (payload.TOO_LARGE_BYTES_BODY) for a body in one write
+_LARGE_BODY = 1 << 20  # aiohttp's own threshold (payload.TOO_LARGE_BYTES_BODY) for a body in one write
+
+
+def _request_data(body: bytes) -> bytes | io.BytesIO | None:
+    """A request body as aiohttp takes it: none when empty, and over 1 MiB a buffer it writes in
+    pieces (raw bytes that large it warns about, an error under -W error)."""
+    return (io.BytesIO(body) if len(body) > _LARGE_BODY else body) or None
 
 
 def arrival_clock(response: httpx.Response) -> Callable[[], int]:
@@ -437,14 +443,6 @@ def body_bytes(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
     if not isinstance(body, _Body) or encoding not in ("", "identity"):
         return None
     return body.__aiter__()
-
-
-def raw_reads(response: httpx.Response) -> AsyncGenerator[bytes, None] | None:
-    """The body's bytes exactly as they came off the wire (any content-encoding left in place), read
-    straight from this transport as body_bytes reads them; None over another transport. What a
-    pass-through forwards: `dsv4bench proxy` hands these on to its client unchanged."""
-    body = response.extensions.get(_ARRIVAL)
-    return body.__aiter__() if isinstance(body, _Body) else None
 
 
 def unlink(response: httpx.Response) -> None:
@@ -603,9 +601,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 request.method,
                 str(request.url),
                 headers=request.headers.multi_items(),
-                # NOTE: aiohttp warns (an error under -W error) at raw bytes over 1 MiB; a buffer it
-                # writes in pieces.
-                data=(io.BytesIO(content) if len(content) > LARGE_BODY else content) or None,
+                data=_request_data(content),
                 allow_redirects=False,
                 compress=None,
                 skip_auto_headers=_NO_AUTO_HEADERS,
@@ -634,7 +630,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 class RawAnswer:
     """An upstream's answer to a pass-through: its status, its headers as they came, and its body
-    read raw (`reads`), failures raised as httpx's errors; `aclose` releases the connection when
+    read raw (`reads`), failures raised as httpx's errors; `close` releases the connection when
     the body was read to its end and closes it otherwise, so the server sees the disconnect."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
@@ -675,7 +671,7 @@ class RawUpstream:
                 method,
                 url,
                 headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
-                data=(io.BytesIO(body) if len(body) > LARGE_BODY else body) or None,
+                data=_request_data(body),
                 allow_redirects=False,
                 compress=None,
                 skip_auto_headers=_NO_AUTO_HEADERS,
