@@ -237,34 +237,28 @@ class AuditProxy:
             if root.user is not None or root.password is not None
             else None
         )
+        password = root.password
         root = root.with_user(None)
         self.root = str(root).rstrip("/")
         # Every forwarded URL must stay on this origin and under this path (checked in _target).
         self._origin = (root.scheme, root.host, root.port)
         self._prefix = root.raw_path.rstrip("/") + "/"
         self.audit: Audit = InlineAudit(audit) if isinstance(audit, ProxyRun) else audit
-        password = yarl.URL(upstream, encoded=True).password
         if password:  # a password in --upstream is a secret of the run like any key
             self.audit.learn(password)
         self.api_key = api_key
         self.limits = limits or ProxyLimits()
-        self._raw: RawUpstream | None = None
-
-    def _upstream(self) -> RawUpstream:
-        """What every request goes upstream on: aiohttp's client, requests sent as given, bodies read
-        raw from the socket's buffer (wire/transport.RawUpstream). httpx's own transport cost
-        about 140 µs a relayed chunk and a pool scan per request that grew with the square of the
-        streams in flight; an httpx transport of any kind, a tenth of a millisecond a request
-        (bench-plan.md, "`dsv4bench proxy`"). Made in the serving loop, the one it will run in."""
-        if self._raw is None:
-            # NOTE: idle upstream connections expire before uvicorn's 5 s keep-alive (SGLang's
-            # default), so the pool never reuses a socket the server is closing (driver.py).
-            self._raw = RawUpstream(keepalive_s=2.0, connect_s=10.0)
-        return self._raw
+        # What every request goes upstream on: aiohttp's client, requests sent as given, bodies
+        # read raw from the socket's buffer (wire/transport.RawUpstream; its session is made on the
+        # first request, in the serving loop). httpx's own transport cost about 140 µs a relayed
+        # chunk and a pool scan per request that grew with the square of the streams in flight; an
+        # httpx transport of any kind, a tenth of a millisecond a request (bench-plan.md,
+        # "`dsv4bench proxy`"). NOTE: idle upstream connections expire before uvicorn's 5 s
+        # keep-alive (SGLang's default), so the pool never reuses a socket the server is closing.
+        self._upstream = RawUpstream(keepalive_s=2.0, connect_s=10.0)
 
     async def aclose(self) -> None:
-        if self._raw is not None:
-            await self._raw.aclose()
+        await self._upstream.aclose()
 
     def _target(self, scope: Scope) -> yarl.URL:
         """The upstream URL of a request: its path under the upstream's root, as the client wrote
@@ -404,12 +398,9 @@ class AuditProxy:
         mask = KeyMask(self.api_key) if key_added and self.api_key and len(self.api_key) >= MIN_MASKED_KEY else None
         exchange = None
         if method == "POST" and scope["path"].rstrip("/").endswith("/chat/completions"):
-            try:
-                exchange = self.audit.open(
-                    scope["path"], client_headers, raw_body, self._client_address(scope, client_headers)
-                )
-            except Exception:  # noqa: BLE001 - the audit never breaks the pass-through
-                exchange = None
+            exchange = self.audit.open(
+                scope["path"], client_headers, raw_body, self._client_address(scope, client_headers)
+            )
         broke: BaseException | None = None
         try:
             with Cutoff(None) as relaying:
@@ -454,7 +445,7 @@ class AuditProxy:
     ) -> BaseException | None:
         """Forward one request and its answer; the error that broke the answer off, if one did."""
         try:
-            resp = await self._upstream().send(method, url, headers, body)
+            resp = await self._upstream.send(method, url, headers, body)
         except httpx.HTTPError as e:
             if exchange is not None:
                 self.audit.unreachable(exchange, e)
