@@ -77,6 +77,12 @@ WORKER_BACKLOG = 256 << 20
 _FRAME = struct.Struct("!I")  # a frame's length, before its pickled batch of steps
 
 
+def _frame(steps: list[tuple]) -> bytes:
+    """Steps as the worker reads them: their pickle, after its length."""
+    data = pickle.dumps(steps, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(data)) + data
+
+
 def new_run_id() -> str:
     """A proxy run's id: when it started, and four hex digits so two in one second differ."""
     return f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-proxy-{secrets.token_hex(2)}"
@@ -411,7 +417,8 @@ def _audit(exchange: ChatExchange, step: Callable[..., None], *args: Any) -> Non
 class Audit(Protocol):
     """What the pass-through tells the audit of each exchange (AuditProxy calls these in order:
     open, then started or unreachable, chunks, then ended, broke or killed, then close). A handle
-    is whatever `open` gave; None means the request is not audited, and no step is told of it."""
+    is whatever `open` gave; None means the request is not audited, and no step is told of it.
+    No step raises: the audit never breaks the pass-through."""
 
     run_dir: Path
 
@@ -515,8 +522,7 @@ class WorkerAudit:
         }
         # The first frame, written whole before anything is served: the worker makes the run
         # folder from it at once.
-        data = pickle.dumps([("config", config)], protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.write(_FRAME.pack(len(data)) + data)
+        self.proc.stdin.write(_frame([("config", config)]))
         self.proc.stdin.flush()
         os.set_blocking(self._fd, False)
 
@@ -536,10 +542,8 @@ class WorkerAudit:
         """Pickle what gathered as one frame, and hand the pipe what it will take."""
         self._flushing = False
         if self._steps and self.dead is None:
-            data = pickle.dumps(self._steps, protocol=pickle.HIGHEST_PROTOCOL)
+            self._out += _frame(self._steps)
             self._steps = []
-            self._out += _FRAME.pack(len(data))
-            self._out += data
         self._send()
 
     def _send(self) -> None:
@@ -550,7 +554,7 @@ class WorkerAudit:
                 break
             except OSError as e:
                 self._died(f"its pipe failed: {e}")
-                return
+                break  # on to unwatch the pipe
             del self._out[:n]
         want = bool(self._out) and self.dead is None and self._loop is not None and not self._loop.is_closed()
         if want != self._waiting and self._loop is not None and not self._loop.is_closed():
@@ -618,10 +622,8 @@ class WorkerAudit:
             return
         self._ended = True
         if self.dead is None:
-            self._steps.append(("end", str(reason)))
-            data = pickle.dumps(self._steps, protocol=pickle.HIGHEST_PROTOCOL)
+            self._out += _frame([*self._steps, ("end", str(reason))])
             self._steps = []
-            self._out += _FRAME.pack(len(data)) + data
             if self._waiting and self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_writer(self._fd)
             self._waiting = False
