@@ -117,12 +117,31 @@ def turn_record(
     failing = keeps_evidence(outcome.status, verdicts, check_errors, oracles)
     if failing:
         summary["body"] = body  # the exact request, so the turn can be replayed and audited
+    where = (run_id, sess.session_id, sess.turn, sess.family.name, sess.seed)
+    return outcome_record(*where, outcome, summary, verdicts, check_errors, failing, oracles)
+
+
+def outcome_record(
+    run_id: str,
+    session: str,
+    turn: int,
+    scenario: str,
+    seed: int,
+    outcome: TurnOutcome,
+    summary: dict[str, Any],
+    verdicts: list[Verdict],
+    check_errors: list[str],
+    failing: bool,
+    oracles: OracleReadings | None = None,
+) -> TurnRecord:
+    """A turn's record from its outcome and judgement, as `agents`, `--replay` and the proxy write
+    it: the raw stream kept only with a failing turn's evidence (keeps_evidence)."""
     return TurnRecord(
         run=run_id,
-        session=sess.session_id,
-        turn=sess.turn,
-        scenario=sess.family.name,
-        seed=sess.seed,
+        session=session,
+        turn=turn,
+        scenario=scenario,
+        seed=seed,
         status=outcome.status,
         timings=outcome.timings,
         http_status=outcome.http_status,

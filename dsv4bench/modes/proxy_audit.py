@@ -45,7 +45,7 @@ import httpx
 from rich.console import Console
 
 from dsv4bench.checks import run_checks
-from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, request_context
+from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, outcome_record, request_context
 from dsv4bench.history.records import Timings, TurnContext, TurnRecord, TurnStatus
 from dsv4bench.history.redact import MASK, Redactor
 from dsv4bench.history.run_folder import HistoryWriter
@@ -367,23 +367,8 @@ class ProxyRun:
             elif failing or self.capture:  # the exact request, so the turn can be replayed and audited
                 summary["body"] = ex.body
                 summary["headers"] = ex.headers
-            rec = TurnRecord(
-                run=self.run_id,
-                session=ex.session,
-                turn=ex.turn,
-                scenario=ex.scenario,
-                seed=ex.seed,
-                status=out.status,
-                timings=out.timings,
-                http_status=out.http_status,
-                error=out.error,
-                error_kind=out.error_kind,
-                request=summary,
-                response=out.response,
-                verdicts=verdicts,
-                raw_sse=out.raw_lines if failing else None,
-                check_errors=check_errors,
-            )
+            where = (self.run_id, ex.session, ex.turn, ex.scenario, ex.seed)
+            rec = outcome_record(*where, out, summary, verdicts, check_errors, failing)
         except Exception as e:  # noqa: BLE001 - a record that cannot be built is a lost record, not a crash
             self.history.event(
                 "history_write_error", session=ex.session, turn=ex.turn, error=f"{type(e).__name__}: {e}"[:300]

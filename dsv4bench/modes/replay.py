@@ -40,12 +40,12 @@ from dsv4bench.harness.driver import make_client
 from dsv4bench.history.events import RunEndReason
 from dsv4bench.history.run_folder import TURNS_FILE, HistoryWriter, find_run_folder, read_jsonl
 from dsv4bench.harness.progress import LiveStats, ProgressView
-from dsv4bench.history.records import TurnRecord, TurnStatus
+from dsv4bench.history.records import TurnStatus
 from dsv4bench.history.redact import MASK
 from dsv4bench.harness.reference_run import ReferenceAnswers
 from dsv4bench.report import build_report
 from dsv4bench.wire.turn_answer import TurnOutcome
-from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, request_context
+from dsv4bench.harness.turn_judge import client_request_summary, keeps_evidence, outcome_record, request_context
 
 # RFC 9110 section 7.6.1: meaningful for one connection only, never forwarded nor replayed.
 HOP_BY_HOP = frozenset(
@@ -322,23 +322,8 @@ class CaptureReplay:
         failing = keeps_evidence(outcome.status, verdicts, check_errors)
         if failing:
             summary["body"] = body  # the exact request, so the turn can be replayed and audited
-        rec = TurnRecord(
-            run=self.run_id,
-            session=captured.session,
-            turn=captured.turn,
-            scenario=captured.scenario,
-            seed=captured.seed,
-            status=outcome.status,
-            timings=outcome.timings,
-            http_status=outcome.http_status,
-            error=outcome.error,
-            error_kind=outcome.error_kind,
-            request=summary,
-            response=outcome.response,
-            verdicts=verdicts,
-            raw_sse=outcome.raw_lines if failing else None,
-            check_errors=check_errors,
-        )
+        where = (self.run_id, captured.session, captured.turn, captured.scenario, captured.seed)
+        rec = outcome_record(*where, outcome, summary, verdicts, check_errors, failing)
         self.history.turn(rec)
         self.stats.add_turn(rec)
 
