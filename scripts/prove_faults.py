@@ -357,9 +357,15 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
             recipe += " --reference CLEAN_RUN"
         if ANSWER_CHANGED_CODE in r.expect:
             rechecked = [(x.triage or {}).get("recheck") or {} for x in mine]
+            walls = [x.wall_s for x in mine]
             expect += (
                 f" by --recheck in one run: {sum(c.get('changed', 0) for c in rechecked)} of "
                 f"{sum(c.get('rechecked', 0) for c in rechecked)} rechecked turns answered differently alone"
+                + (
+                    f"; a run's wall {statistics.median(walls):.0f} s ({min(walls):.0f}-{max(walls):.0f})"
+                    if walls
+                    else ""
+                )
             )
         rows.append(
             f"| `{r.fault}` | {label} | {expect} | {len(found)}/{len(mine)} | "
@@ -368,9 +374,16 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
     clean = [x for x in results if x.clean]
     bad = [x for x in clean if x.codes or x.verdict not in ("CLEAN", "ERRORS")]
     seen_clean = sorted({c for x in clean for c in x.codes})
+    rechecked = [r for x in clean if (r := (x.triage or {}).get("recheck"))]
+    also = (
+        f" ({sum(c.get('changed', 0) for c in rechecked)} of {sum(c.get('rechecked', 0) for c in rechecked)} "
+        "rechecked turns answered differently alone)"
+        if rechecked
+        else ""
+    )
     rows.append(
         f"| clean (recipes' settings, no fault) | {label} | none | {len(clean) - len(bad)}/{len(clean)} "
-        f"clean | {', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |"
+        f"clean{also} | {', '.join(seen_clean) or 'none'} | - | each recipe's engine and load, fault off |"
     )
     if any(c.endswith(ROUTER_MARK) for x in results for c in x.codes):
         marked = ", ".join(f"`{c}{ROUTER_MARK}`" for c in sorted(ROUTER_OWN))
@@ -385,6 +398,7 @@ def table(results: list[RunResult], recipes: tuple[Recipe, ...], runs: int, rout
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="Runs per fault; also the number of clean runs.")
+    p.add_argument("--clean-runs", type=int, default=None, metavar="N", help="Clean runs, where not --runs.")
     p.add_argument("--only", action="append", default=[], help="Only this fault (repeatable).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the first run; run i uses seed + i.")
     p.add_argument("--timeout", type=float, default=300.0, help="Seconds one run may take before it is stopped.")
@@ -413,13 +427,14 @@ def main() -> int:
     if a.recheck is not None and not 0 < a.recheck <= 1:
         p.error(f"--recheck takes a share from 0 (exclusive) to 1; got {a.recheck:g}")
     recipes = tuple(r.rechecked(a.recheck) for r in RECIPES if not a.only or r.fault in a.only)
-    if not recipes or a.runs < 1:
+    clean_runs = a.runs if a.clean_runs is None else a.clean_runs
+    if not recipes or a.runs < 1 or clean_runs < 0:
         p.error(f"nothing to run; faults: {', '.join(r.fault for r in RECIPES)}")
     results: list[RunResult] = []
     plan = [(r, False, i) for r in recipes for i in range(a.runs)]
     if not a.no_clean:
         pool = tuple(r.rechecked(a.recheck) for r in RECIPES) if a.clean_all else recipes
-        plan += [(pool[i % len(pool)], True, i) for i in range(a.runs)]
+        plan += [(pool[i % len(pool)], True, i) for i in range(clean_runs)]
     references: dict[tuple[str, int], RunResult] = {}  # (recipe, seed) -> its clean reference run
     with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:
 

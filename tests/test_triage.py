@@ -145,42 +145,105 @@ def test_each_comparison_code_reads_only_its_own_kind_of_answer():
 
 
 class _Sender:
-    """Answers recheck's alone sends from a script: one answer text per send."""
+    """Answers recheck's sends from a script: one answer text per send; notes each send's purpose,
+    and the most requests it had in flight at once, and whether an alone one had company."""
 
-    def __init__(self, *texts: str) -> None:
+    def __init__(self, *texts: str, differ: frozenset[str] = frozenset()) -> None:
         self.texts = list(texts)
+        self.differ = differ  # sessions answered "Other." on every send, where no script is given
+        self.purposes: list[str] = []
+        self.in_flight: list[str] = []
+        self.most_in_flight = 0
+        self.alone_had_company = False
 
     async def send(self, kept, purpose):
+        import anyio
+
         from dsv4bench.harness.triage import Sent
         from dsv4bench.wire.turn_answer import TurnOutcome
         from dsv4bench.history.records import Timings, TurnStatus
 
-        response = AssembledResponse(content=self.texts.pop(0), finish_reason="stop")
+        self.purposes.append(purpose)
+        self.in_flight.append(purpose)
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+        text = self.texts.pop(0) if self.texts else "Other." if kept.session in self.differ else "Same."
+        await anyio.sleep(0.01)
+        if "recheck" in self.in_flight and len(self.in_flight) > 1:
+            self.alone_had_company = True
+        self.in_flight.remove(purpose)
+        response = AssembledResponse(content=text, finish_reason="stop")
         return Sent(TurnOutcome(TurnStatus.OK, Timings(start_ns=0, start_wall_ns=0), response=response), frozenset())
 
 
 @pytest.mark.parametrize(
-    ("alone", "cls"),
+    ("sends", "cls", "screen_only"),
     [
-        (("Same.",), None),  # the load's answer again: one request, no finding
-        (("Other.", "Other."), "load_dependent"),
-        (("Other.", "Third."), "cache_state"),
-        (("Other.", "Same."), "cache_state"),  # the first read what the load left; then the load's again
+        (("Same.",), None, 0),  # the screen gives the load's answer: one request, no finding
+        (("Other.", "Same."), None, 1),  # only the group's answer differed: alone it is the load's
+        (("Other.", "Other.", "Other."), "load_dependent", 0),
+        (("Other.", "Other.", "Third."), "cache_state", 0),
+        (("Other.", "Other.", "Same."), "cache_state", 0),  # the first read what the load left; then the load's
     ],
 )
-def test_recheck_sends_a_second_time_only_where_the_first_differs(alone, cls):
+def test_recheck_confirms_alone_only_where_the_screen_differs(sends, cls, screen_only):
     import anyio
 
-    from dsv4bench.harness.recheck import recheck_one
+    from dsv4bench.harness.recheck import RecheckGate, recheck_one
     from dsv4bench.harness.triage import Kept
 
-    sender = _Sender(*alone)
+    sender = _Sender(*sends)
     kept = Kept(_headers("s1", 3), _body("x"), ReferenceAnswer("Same.", "", (), "stop"))
-    found = anyio.run(recheck_one, sender, kept)
+    gate = RecheckGate()
+    found = anyio.run(recheck_one, sender, kept, gate)
     assert sender.texts == []  # every scripted send was made, and no more
-    assert (found.cls if found else None) == cls
+    assert sender.purposes == ["recheck_screen"] + ["recheck"] * (len(sends) - 1)
+    assert (found.cls if found else None) == cls and gate.screen_only == screen_only
     if found:
         assert found.verdict.code == "answer_changed_under_load"
+
+
+def test_screens_share_the_server_and_a_confirmation_has_it_alone():
+    import anyio
+
+    from dsv4bench.harness.recheck import RecheckGate, recheck_one
+    from dsv4bench.harness.triage import Kept
+
+    # every fifth session's answer differs, and is then confirmed alone twice
+    sender = _Sender(differ=frozenset(f"s{i}" for i in range(20) if i % 5 == 2))
+    gate = RecheckGate()
+    found: list = []
+
+    async def main() -> None:
+        async def one(i: int) -> None:
+            await anyio.sleep(i * 0.001)
+            kept = Kept(_headers(f"s{i}", 1), _body(str(i)), ReferenceAnswer("Same.", "", (), "stop"))
+            found.append(await recheck_one(sender, kept, gate))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(one, i)
+
+    anyio.run(main)
+    assert sender.most_in_flight > 1  # the screens overlapped
+    assert not sender.alone_had_company  # no confirmation shared the server
+    assert sender.purposes.count("recheck") == 8 and sum(f is not None for f in found) == 4
+
+
+def test_recheck_sends_a_session_at_a_time_by_depth():
+    resp = AssembledResponse(content="ok", finish_reason="stop")
+    keep = RecheckKeep(1.0, seed=1)
+    for turn in range(3):  # sessions interleave as a load answers them
+        for s in range(4):
+            keep.note(_headers(f"s{s}", turn), _body(f"{s}/{turn}"), resp, [])
+    order = [(k.session, k.turn) for k in keep.kept]
+    # s3 answered last: its session first, each session's turns by depth
+    assert order[:3] == [("s3", 0), ("s3", 1), ("s3", 2)]
+    assert sorted(order) == sorted((f"s{s}", t) for s in range(4) for t in range(3))
+    for s in range(4):
+        turns = [t for sess, t in order if sess == f"s{s}"]
+        assert turns == [0, 1, 2]
+    sessions = [sess for sess, _ in order]
+    assert sessions == sorted(sessions, key=sessions.index)  # each session's turns together
 
 
 def test_triage_cut_by_the_time_cap_keeps_every_finding_triaged_before_the_cut():

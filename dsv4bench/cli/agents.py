@@ -188,6 +188,7 @@ def agents(
     triage: str = opt.TRIAGE,
     recheck: float = opt.RECHECK,
     recheck_keep_cache: bool = opt.RECHECK_KEEP_CACHE,
+    recheck_group: int = opt.RECHECK_GROUP,
     engine_arg: list[str] = opt.ENGINE_ARG,
     engine_fault: list[str] = opt.ENGINE_FAULT,
     engine_pd: bool = opt.ENGINE_PD,
@@ -265,6 +266,7 @@ def agents(
             triage=triage,
             recheck=recheck,
             recheck_keep_cache=recheck_keep_cache,
+            recheck_group=recheck_group,
             serve_metrics=serve_metrics,
             reference=reference,
             # The hosts named here, before the bundled engine or discovery add theirs (the engine's are ours).

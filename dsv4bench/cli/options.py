@@ -166,6 +166,17 @@ RECHECK = option(
         "--temperature 0 and a deterministic server, checked first. docs/triage.md."
     ),
 )
+RECHECK_GROUP = option(
+    RunConfig.recheck_group,
+    "--recheck-group",
+    panel=CHECKS,
+    metavar="N",
+    help=(
+        "With --recheck: kept turns screened at once (a session's turns in a row, N sessions together); "
+        "only an answer that differs from the load's is then sent alone, and only alone answers judge. "
+        "1 screens each alone, for a race that fires with as few as N requests in flight. docs/triage.md."
+    ),
+)
 RECHECK_KEEP_CACHE = option(
     RunConfig.recheck_keep_cache,
     "--recheck-keep-cache",

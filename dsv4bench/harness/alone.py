@@ -1,12 +1,14 @@
 """After the load, alone: the determinism probe and triage (triage.py), then recheck (recheck.py).
 
-Two stages, one request at a time, over what the driver kept during the load:
+Two stages over what the driver kept during the load, each request alone but recheck's screen
+(recheck.py says why and what it may judge):
 1. `triage_alone`, right after the drain: the findings are sent again over the cache the load
    left, since whether a finding shows from that cache is part of its class;
 2. `recheck_alone`, after the persistence check (which plays fresh sessions on the state the load
    left): the server's prefix cache is dropped first where its kind offers a flush
    (servers/cache_flush.py), so each rechecked request is computed afresh and a race that wrote
-   wrong KV into the cache cannot hand the load's wrong answer back; then the kept turns.
+   wrong KV into the cache cannot hand the load's wrong answer back; then the kept turns, a
+   session at a time, --recheck-group sessions at once.
 
 Both share one time budget, AFTER_LOAD_CAP_S. Their result is run.json's `triage` block
 (summary.json carries it; the report's "Triage" section reads it); the requests are
@@ -17,6 +19,7 @@ never a finding about the server.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +27,7 @@ import anyio
 
 from dsv4bench.harness.config import RunConfig
 from dsv4bench.harness.driver import make_client
-from dsv4bench.harness.recheck import Changed, RecheckKeep, recheck_one
+from dsv4bench.harness.recheck import Changed, RecheckGate, RecheckKeep, recheck_one
 from dsv4bench.harness.triage import (
     AFTER_LOAD_CAP_S,
     AloneSender,
@@ -118,6 +121,24 @@ def recheck_alone(
     kept = recheck.kept
     done: dict[str, int] = {"rechecked": 0}
     changed: list[Changed] = []
+    gate = RecheckGate()
+    # One session's kept turns in a row, by depth (RecheckKeep.kept's order): each worker takes
+    # the next session and sends its turns one after another, so each reuses the prefix the
+    # one before it computed.
+    chains: deque[list[Kept]] = deque()
+    for one in kept:
+        if chains and chains[-1][0].session == one.session:
+            chains[-1].append(one)
+        else:
+            chains.append([one])
+
+    async def _worker(sender: AloneSender) -> None:
+        while chains:
+            for one in chains.popleft():
+                found = await recheck_one(sender, one, gate)
+                done["rechecked"] += 1
+                if found is not None:
+                    changed.append(found)
 
     async def _recheck(sender: AloneSender, block: dict[str, Any]) -> None:
         try:
@@ -127,11 +148,9 @@ def recheck_alone(
                 history.event("cache_flush", **flushed.as_dict())
             if not await _probe(sender, block, kept[0]):
                 return
-            for one in kept:
-                found = await recheck_one(sender, one)
-                done["rechecked"] += 1
-                if found is not None:
-                    changed.append(found)
+            async with anyio.create_task_group() as workers:
+                for _ in range(config.recheck_group):
+                    workers.start_soon(_worker, sender)
         finally:
             block["findings"] += [c.as_dict() for c in changed]
 
@@ -145,4 +164,6 @@ def recheck_alone(
             "strata": len(recheck.strata),
             "rechecked": done["rechecked"],
             "changed": len(changed),
+            "group": config.recheck_group,
+            "screen_only": gate.screen_only,
         }

@@ -87,6 +87,10 @@ class RunConfig:
     triage: str = "auto"  # findings sent again alone after the load: off, auto or N (triage.py)
     recheck: float = 0.0  # share of greedy turns sent again alone after the load (recheck.py); 0: off
     recheck_keep_cache: bool = False  # --recheck over the cache the load left (no flush first: alone.py)
+    # --recheck's screen: kept requests in flight at once (recheck.py says why; 1: each alone).
+    # Why 8: a few sequences decode in about the time of one, and more would let the recheck's
+    # own requests push prefixes out of a small device pool, where a cache race fires again.
+    recheck_group: int = 8
     slo: str | None = None  # latency targets (report/slo.py): each turn judged, goodput reported
     # The servers the API key may go to: the URLs the user named (--url, --metrics as given), and
     # with key_to_workers the servers found behind a router too. Empty: the run's url and metrics.
@@ -155,6 +159,10 @@ class RunConfig:
         triage_limit(self.triage)
         if not 0.0 <= self.recheck <= 1.0:
             raise ConfigError(f"--recheck takes a share of the greedy turns, from 0 (off) to 1; got {self.recheck:g}")
+        if not 1 <= self.recheck_group <= 64:
+            raise ConfigError(
+                f"--recheck-group takes the requests in flight at once, 1 to 64; got {self.recheck_group}"
+            )
         if self.recheck > 0 and self.temperature != 0:
             raise ConfigError("--recheck compares greedy answers: it needs --temperature 0")
         if self.reference is not None and self.temperature != 0:

@@ -5,29 +5,44 @@ while it is being loaded) leaves every checker of a single turn quiet; `--refere
 with a whole second run. --recheck finds it in the same run: during the load, the driver keeps a
 share F of the greedy turns that the checkers passed (`RecheckKeep`: the latest turn of every
 (scenario, depth) seen, and a seeded draw of F of all of them, the latest RECHECK_MAX kept), and
-after the load each kept request is sent again alone, newest first: cache state builds up as the
-load goes on (a device pool fills and prefixes come back from a host tier), so the last stretch
-of the load is where such a race shows, and where the time cap must not fall.
+after the load each kept request is sent again, newest session first: cache state builds up as
+the load goes on (a device pool fills and prefixes come back from a host tier), so the last
+stretch of the load is where such a race shows, and where the time cap must not fall.
 
-Each kept request is sent alone once; an answer equal to the load's ends it (one request per
-clean turn). One that differs is sent a second time, the server's settled answer:
-- the settled answer differs from the load's: the load changed the answer
-  (`load_dependent` where both alone answers agree, `cache_state` where they differ too);
+Each kept request is first screened: sent once with at most `--recheck-group` - 1 others of the
+recheck in flight (nothing of the load; RunConfig.recheck_group). Why a group and not alone: a
+request alone is mostly decode steps, and a step costs about the same for one sequence as for a
+few, so a group rechecks several turns in the time of one (bench-plan.md, "Triage and recheck").
+What it gives up: a race that fires with as few requests in flight as the group changes the
+screen's answer as it changed the load's, and hides (`--recheck-group 1` screens each alone). A screened answer equal
+to the load's ends it (one request per clean turn); the screen only chooses what is confirmed,
+and judges nothing. One that differs is confirmed alone (`RecheckGate`: every other request of
+the recheck finishes first and none starts meanwhile), up to twice, the second the server's
+settled answer:
+- the first alone answer is the load's: nothing is found (the screen's difference came from the
+  group; counted as `screen_only`, evidence that the server's answers depend on its batch);
+- the settled answer differs from the load's: the load changed the answer (`load_dependent`
+  where both alone answers agree, `cache_state` where they differ too);
 - the settled answer is the load's: the first alone answer read what the load left in the
   cache (`cache_state`): the server answered one greedy request two ways.
-Either is `answer_changed_under_load` (checks/reference.py compares answers as --reference does).
+Either finding is `answer_changed_under_load` (checks/reference.py compares answers as
+--reference does).
 
 It needs a server that is deterministic at temperature 0, whatever else is in its batch (SGLang:
-`--enable-deterministic-inference`): triage.py's probe runs first, and on a server that fails it
-nothing is compared.
+`--enable-deterministic-inference`), as the load's own answers came from a full batch:
+triage.py's probe runs first, and on a server that fails it nothing is compared.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import anyio
 
 from dsv4bench.checks.reference import ALONE, answer_difference
 from dsv4bench.harness.reference_run import is_greedy
@@ -78,11 +93,20 @@ class RecheckKeep:
 
     @property
     def kept(self) -> list[Kept]:
-        """What is sent, in order: each (scenario, depth)'s latest turn, newest first, so every pair
-        is covered before the time cap can fall; then the drawn turns, newest first."""
+        """What is sent, in order, a session at a time: first the sessions holding some (scenario,
+        depth)'s latest turn, so every pair is covered before the time cap can fall, then those of
+        the drawn turns; each group newest first (by its session's newest kept turn), and within a
+        session its kept turns by depth. Why a session at a time: a turn's request extends the
+        previous turn's, so once the cache is dropped each request reuses the prefix its
+        predecessor computed alone and prefills only what its turn added. Sent scattered, every
+        request would prefill its whole context again (on the CPU engine most of its time alone)."""
         first = sorted(self.latest.values(), key=lambda k: k.order, reverse=True)
         chosen = {id(k) for k in first}
-        return first + [k for k in reversed(self.drawn) if id(k) not in chosen]
+        turns = first + [k for k in reversed(self.drawn) if id(k) not in chosen]
+        by_session: dict[str, list[Kept]] = {}
+        for k in turns:  # sessions in the order their first turn comes above
+            by_session.setdefault(k.session, []).append(k)
+        return [k for group in by_session.values() for k in sorted(group, key=lambda k: (k.turn, k.order))]
 
     def note(
         self, headers: dict[str, str], body: dict[str, Any], response: AssembledResponse | None, verdicts: list[Verdict]
@@ -105,13 +129,72 @@ def changed_verdict(under_load: ReferenceAnswer, alone: ReferenceAnswer) -> Verd
     return found[0] if found else None
 
 
-async def recheck_one(sender: AloneSender, kept: Kept) -> Changed | None:
-    """Send one kept request alone (twice where the first answer is not the load's); the finding
-    where the server answered it two ways (see the module docstring)."""
+class RecheckGate:
+    """Screens share the server; a confirmation has it alone. `alone()` waits for the screens in
+    flight to finish and holds new ones back until it is done (a waiting confirmation goes first,
+    so screens cannot starve it)."""
+
+    def __init__(self) -> None:
+        self._changed = anyio.Condition()
+        self._shared = 0
+        self._alone = False
+        self._waiting = 0  # confirmations waiting for the screens in flight
+        self.screen_only = 0  # screens that differed where the alone answer was the load's
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            while self._alone or self._waiting:
+                await self._changed.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                async with self._changed:
+                    self._shared -= 1
+                    self._changed.notify_all()
+
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            self._waiting += 1
+            try:
+                while self._alone or self._shared:
+                    await self._changed.wait()
+            finally:
+                self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                async with self._changed:
+                    self._alone = False
+                    self._changed.notify_all()
+
+
+async def recheck_one(sender: AloneSender, kept: Kept, gate: RecheckGate) -> Changed | None:
+    """Screen one kept request; where its answer differs from the load's, confirm it alone (twice
+    where the first alone answer is not the load's): the finding where the server answered it two
+    ways (see the module docstring)."""
+    assert kept.answer is not None
+    async with gate.shared():
+        screen = await sender.send(kept, "recheck_screen")
+    if screen.answer is None or changed_verdict(kept.answer, screen.answer) is None:
+        return None  # the load's answer again (a failed send compares nothing: it is in the events)
+    async with gate.alone():
+        return await _confirm(sender, kept, gate)
+
+
+async def _confirm(sender: AloneSender, kept: Kept, gate: RecheckGate) -> Changed | None:
     assert kept.answer is not None
     first = await sender.send(kept, "recheck")
-    if first.answer is None or changed_verdict(kept.answer, first.answer) is None:
-        return None  # the load's answer again (a failed send compares nothing: it is in the events)
+    if first.answer is None:
+        return None
+    if changed_verdict(kept.answer, first.answer) is None:
+        gate.screen_only += 1
+        return None
     second = await sender.send(kept, "recheck")
     if second.answer is None:
         return None

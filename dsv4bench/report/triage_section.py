@@ -44,7 +44,7 @@ def triage_section(summary: dict[str, Any]) -> list[str]:
         f"Server: {said.get(det.get('deterministic'), 'determinism not known')} ({md.inline(det.get('detail'))})."
         + (" No finding is classed on it." if det.get("deterministic") is not True else "")
     )
-    sent = f"{md.plural(int(block.get('requests') or 0), 'request')} sent alone in {md.fmt_seconds(block.get('elapsed_s'))}"
+    sent = f"{md.plural(int(block.get('requests') or 0), 'request')} sent after the load in {md.fmt_seconds(block.get('elapsed_s'))}"
     cut = ", cut at the time cap: some kept requests were not sent" if block.get("cut") else ""
     kept, triaged = block.get("findings_kept"), block.get("triaged")
     if block.get("cut") and isinstance(kept, int) and isinstance(triaged, int) and triaged < kept:
@@ -52,11 +52,19 @@ def triage_section(summary: dict[str, Any]) -> list[str]:
     lines += ["", f"{sent}{cut}; none of them is a turn of the run.", ""]
     recheck = block.get("recheck")
     if isinstance(recheck, dict):
+        screen_only = int(recheck.get("screen_only") or 0)
         lines += [
             f"Recheck (--recheck {recheck.get('share')}): {md.fmt_int(int(recheck.get('rechecked') or 0))} of "
             f"{md.fmt_int(int(recheck.get('kept') or 0))} kept turns ({md.fmt_int(int(recheck.get('strata') or 0))} "
-            f"scenario and depth pairs) sent again alone; {md.fmt_int(int(recheck.get('changed') or 0))} answered "
-            "otherwise than under the load.",
+            f"scenario and depth pairs) sent again, {md.fmt_int(int(recheck.get('group') or 1))} at once, and each "
+            f"that differed confirmed alone; {md.fmt_int(int(recheck.get('changed') or 0))} answered otherwise "
+            "than under the load."
+            + (
+                f" {md.fmt_int(screen_only)} differed only beside other requests (alone they gave the load's answer): "
+                "the server's greedy answers depend on what else is in its batch."
+                if screen_only
+                else ""
+            ),
             "",
         ]
     findings = block.get("findings") or []

@@ -16,11 +16,11 @@ from .conftest import only_run_dir, run_cli, start_fixture_server
 RUN = ("--sessions", "3", "--concurrency", "3", "--max-turns", "2", "--seed", "5", "--quiet", "--persist-sessions", "0")
 
 
-def _run(tmp_path, mode: str, *flags: str) -> tuple[dict, object]:
-    srv = start_fixture_server("triage_server.py", tmp_path, "/health", "--mode", mode, "--above", "1")
+def _run(tmp_path, mode: str, *flags: str, above: int = 1, load: tuple[str, ...] = RUN) -> tuple[dict, object]:
+    srv = start_fixture_server("triage_server.py", tmp_path, "/health", "--mode", mode, "--above", str(above))
     try:
         out = tmp_path / "runs"
-        r = run_cli("agents", "--url", f"{srv.root}/v1", *RUN, *flags, "--out", str(out))
+        r = run_cli("agents", "--url", f"{srv.root}/v1", *load, *flags, "--out", str(out))
         assert "Traceback" not in r.stderr, r.stderr
         run_dir = only_run_dir(out)
         return json.loads((run_dir / "summary.json").read_text()), run_dir
@@ -72,7 +72,8 @@ def test_triage_off_sends_nothing_alone(tmp_path):
 
 
 def test_recheck_finds_an_answer_the_load_changed_and_a_clean_server_gives_none(tmp_path):
-    s, run_dir = _run(tmp_path, "changed", "--recheck", "1")
+    # the answer changes with 2 requests in flight: only a screen of one at a time can see it
+    s, run_dir = _run(tmp_path, "changed", "--recheck", "1", "--recheck-group", "1")
     t = s["triage"]
     changed = [f for f in t["findings"] if f["codes"] == ["answer_changed_under_load"]]
     assert s["verdict"] == "CORRUPTION" and s["turns"]["corrupt"] == 0  # no checker saw it
@@ -88,10 +89,28 @@ def test_recheck_finds_an_answer_the_load_changed_and_a_clean_server_gives_none(
     assert clean["triage"]["recheck"]["rechecked"] > 0 and not clean["triage"]["findings"]
 
 
+def test_the_screen_finds_a_change_above_its_group_and_misses_one_within_it(tmp_path):
+    # 12 sessions at once; the answer changes above 8 requests in flight. The default screen (8
+    # at once) gets the answer the load should have given, and the alone confirmation judges.
+    load = ("--sessions", "12", "--concurrency", "12", "--max-turns", "2", "--seed", "5", "--quiet")
+    s, run_dir = _run(tmp_path, "changed", "--recheck", "1", "--persist-sessions", "0", above=8, load=load)
+    t = s["triage"]
+    assert t["recheck"]["changed"] > 0 and s["verdict"] == "CORRUPTION"
+    assert {f["class"] for f in t["findings"]} == {"load_dependent"} and t["recheck"]["screen_only"] == 0
+    purposes = [e["purpose"] for e in read_history(run_dir).events if e.get("kind") == "alone_request"]
+    assert purposes.count("recheck") == 2 * t["recheck"]["changed"]  # each change confirmed alone twice
+    assert purposes.count("recheck_screen") == t["recheck"]["rechecked"]
+
+    # The documented limit: a change that needs only 2 in flight shows in the screen too.
+    (tmp_path / "within").mkdir()
+    within, _ = _run(tmp_path / "within", "changed", "--recheck", "1", above=1, load=load)
+    assert within["triage"]["recheck"]["changed"] == 0 and within["triage"]["recheck"]["rechecked"] > 0
+
+
 def test_recheck_drops_the_prefix_cache_first_so_a_cached_wrong_answer_is_not_handed_back(tmp_path):
     # `stale` caches the answer the load changed, as a cache holding KV a race wrote: sent again
     # over that cache, the request gets the load's answer back and nothing differs.
-    s, run_dir = _run(tmp_path, "stale", "--recheck", "1")
+    s, run_dir = _run(tmp_path, "stale", "--recheck", "1", "--recheck-group", "1")
     t = s["triage"]
     assert t["cache_flush"] == {"path": "/flush_cache", "flushed": True, "detail": "/flush_cache: HTTP 200"}
     assert t["recheck"]["changed"] > 0 and s["verdict"] == "CORRUPTION"
@@ -99,6 +118,6 @@ def test_recheck_drops_the_prefix_cache_first_so_a_cached_wrong_answer_is_not_ha
     assert events.index("cache_flush") < events.index("alone_request")  # dropped before any recheck
 
     (tmp_path / "kept").mkdir()
-    kept, _ = _run(tmp_path / "kept", "stale", "--recheck", "1", "--recheck-keep-cache")
+    kept, _ = _run(tmp_path / "kept", "stale", "--recheck", "1", "--recheck-group", "1", "--recheck-keep-cache")
     assert "cache_flush" not in kept["triage"] and kept["triage"]["recheck"]["changed"] == 0
     assert kept["triage"]["recheck"]["rechecked"] > 0 and kept["verdict"] == "CLEAN"
