@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ToolError(Exception):
@@ -90,6 +91,22 @@ class Task:
     goal: dict[str, Any] = field(default_factory=dict)
 
 
+T = TypeVar("T")
+
+# A build made in steps: each next() runs one step, and the last ends in StopIteration with what
+# was built. The same draws in the same order whether its caller pauses between steps or not.
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """What `steps` builds, every step run at once: what every caller but the driver wants."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as built:
+            return built.value
+
+
 class World(abc.ABC):
     """The in-memory state a family's tools act on. Deterministic for a given seed."""
 
@@ -117,6 +134,13 @@ class ScenarioFamily(abc.ABC):
     @abc.abstractmethod
     def build_world(self, seed: int) -> World:
         """A fresh world for `seed`; the same seed always gives the same world."""
+
+    def build_world_steps(self, seed: int) -> Steps[World]:
+        """`build_world(seed)`'s world, built in steps (see `Steps`): the driver runs each step in a
+        pass of the loop of its own, so that a world that costs milliseconds holds no pass for them
+        all. A world cheap enough to build at once keeps this default: one step."""
+        yield from ()  # a generator that never pauses
+        return self.build_world(seed)
 
     @abc.abstractmethod
     def make_task(self, world: World, seed: int) -> Task:

@@ -7,7 +7,7 @@ import re
 from math import fsum
 from typing import Any
 
-from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
+from .base import Observation, ScenarioFamily, Step, Steps, Task, ToolAction, ToolError, ToolSpec, World
 from .data_world import (
     MONTHS,
     REGIONS,
@@ -16,6 +16,7 @@ from .data_world import (
     Table,
     aggregate,
     build_tables,
+    build_tables_in_steps,
     describe_conditions,
     fmt,
     select,
@@ -365,6 +366,10 @@ class DataFamily(ScenarioFamily):
 
     def build_world(self, seed: int) -> DataWorld:
         return DataWorld(build_tables(random.Random(f"data-world:{seed}")))
+
+    def build_world_steps(self, seed: int) -> Steps[DataWorld]:
+        tables = yield from build_tables_in_steps(random.Random(f"data-world:{seed}"))
+        return DataWorld(tables)
 
     def make_task(self, world: World, seed: int) -> Task:
         assert isinstance(world, DataWorld)

@@ -8,7 +8,7 @@ from datetime import timedelta
 from math import fsum
 from typing import Any
 
-from .base import Observation, ScenarioFamily, Step, Task, ToolAction, ToolError, ToolSpec, World
+from .base import Observation, ScenarioFamily, Step, Steps, Task, ToolAction, ToolError, ToolSpec, World
 from .ops_world import LEVELS, METRICS, Fleet, stamp
 from .toolkit import ToolWorld, call, first_match, follow_plan, is_error, obj, successes, table
 
@@ -309,6 +309,10 @@ class OpsFamily(ScenarioFamily):
 
     def build_world(self, seed: int) -> OpsWorld:
         return OpsWorld(Fleet(random.Random(f"ops-world:{seed}")))
+
+    def build_world_steps(self, seed: int) -> Steps[OpsWorld]:
+        fleet = yield from Fleet.in_steps(random.Random(f"ops-world:{seed}"))
+        return OpsWorld(fleet)
 
     def make_task(self, world: World, seed: int) -> Task:
         assert isinstance(world, OpsWorld)

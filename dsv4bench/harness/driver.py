@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -50,6 +50,8 @@ from dsv4bench.loop.turn_lane import TurnLane
 # Sessions are seeded from the run seed so two runs with one seed replay the same tasks.
 _SEED_STRIDE = 100_000
 
+T = TypeVar("T")
+
 
 async def play_session(
     client: httpx.AsyncClient,
@@ -68,6 +70,26 @@ async def play_session(
         if on_turn is not None:
             on_turn(outcome, verdicts)
         sess.observe(outcome.status, outcome.response, verdicts)
+
+
+async def in_lane_steps(lane: TurnLane, steps: Generator[None, None, T], stop: Callable[[], bool]) -> T | None:
+    """What `steps` builds, each step in a lane section of its own. A session's world built in one
+    section held the loop ~3 ms (ops) or ~1.5 ms (data); built in steps (agents.base.Steps), a
+    pass holds ~0.2 ms of it. None, the rest left unbuilt, when `stop()` holds between two steps
+    (the load stopped while this session waited for the lane). A cancellation lands between two
+    steps too, unlike the lane's own wait: what it cuts off is a build, no finished turn's record."""
+    try:
+        while True:
+            async with lane.turn():
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+            if stop():
+                return None
+            await anyio.lowlevel.checkpoint_if_cancelled()
+    finally:
+        steps.close()  # a build left off: its generator ends here, not when collected
 
 
 def session_seed(run_seed: int, index: int) -> int:
@@ -121,6 +143,10 @@ class AgentRun:
         self.watch = ServerWatch(config, model, history)
         self.clock = LoopWatch()
         self.lane = TurnLane()
+        # One world built at a time, its steps through the lane: sessions started together then
+        # start one after another, as when a world was one lane section. Built side by side, every
+        # world would finish at about the same moment and the first requests leave in one burst.
+        self.building = anyio.Lock()
         self.raw_not_offered = RawNotOffered(history)  # --raw not offered for the family: said once, recorded
         # Requests kept for after the load, alone (alone.py): findings to triage, turns to recheck.
         self.findings = FindingKeep(triage_limit(config.triage))
@@ -160,8 +186,8 @@ class AgentRun:
             if self.config.rate is None:
                 for _ in range(self.config.concurrency):
                     tg.start_soon(self._worker)
-                    # One session's start (its world built) per loop pass, with the I/O of those
-                    # already started in between: thousands at once would hold the loop for seconds.
+                    # One session started per loop pass, with the I/O of those already started in
+                    # between: thousands at once would hold the loop. Its world is built in the lane.
                     await anyio.sleep(0)
             else:
                 tg.start_soon(self._arrivals, tg)
@@ -226,9 +252,10 @@ class AgentRun:
         assert self.nemesis is not None
         seed = session_seed(self.config.seed, index)
         family = family_for_session(self.config.scenario, index)
-        async with self.lane.turn():  # the world is built
-            sess = AgentSession(sid, family, seed, self.session_config)
-        if self._time_up():  # the load stopped while this session waited for the lane: it never starts
+        async with self.building:
+            built = AgentSession.in_steps(sid, family, seed, self.session_config)  # the world, in steps
+            sess = await in_lane_steps(self.lane, built, self._time_up)
+        if sess is None or self._time_up():  # the load stopped while this session waited for the lane: it never starts
             return Slot(sid)
         slot = self.nemesis.slots[sid] = Slot(sid)
         self.history.event("session_start", session=sid, scenario=family.name, seed=seed, attempt=attempt)

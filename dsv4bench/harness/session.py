@@ -9,10 +9,11 @@ its world and appends the results, exactly as a real coding agent's loop does.
 from __future__ import annotations
 
 import enum
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bench.agents.base import ScenarioFamily, ToolError, format_tool_error
+from dsv4bench.agents.base import ScenarioFamily, ToolError, World, format_tool_error
 from dsv4bench.agents.call_gate import CallGate
 from dsv4bench.agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
 from dsv4bench.errors import UsageError
@@ -103,12 +104,15 @@ _NUDGE_MALFORMED = (
 class AgentSession:
     """One multi-turn tool-calling conversation against one virtual world."""
 
-    def __init__(self, session_id: str, family: ScenarioFamily, seed: int, config: SessionConfig) -> None:
+    def __init__(
+        self, session_id: str, family: ScenarioFamily, seed: int, config: SessionConfig, world: World | None = None
+    ) -> None:
+        """`world`: `family.build_world(seed)`'s, built already (`in_steps`); None: built here."""
         self.session_id = session_id
         self.family = family
         self.seed = seed
         self.config = config
-        self.world = family.build_world(seed)
+        self.world = family.build_world(seed) if world is None else world
         self.task = family.make_task(self.world, seed)
         self.tools = family.openai_tools()
         self.keys = SessionKeys()  # request_key of this session's requests
@@ -122,6 +126,15 @@ class AgentSession:
         self._thinking_sent = config.thinking  # whether the request out asked for thinking
         self._tokens_used: int | None = None  # prompt + completion tokens of the last turn, as reported
         self._messages_counted = 0  # messages the reported usage covers
+
+    @classmethod
+    def in_steps(
+        cls, session_id: str, family: ScenarioFamily, seed: int, config: SessionConfig
+    ) -> Generator[None, None, AgentSession]:
+        """The session the constructor makes, its world built in steps (agents.base.Steps): the
+        driver runs each step in its own pass of the loop."""
+        world = yield from family.build_world_steps(seed)
+        return cls(session_id, family, seed, config, world)
 
     def next_request(self) -> dict[str, Any]:
         """The chat-completions body for the next turn."""
