@@ -93,8 +93,10 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         load=("--duration", "90", "--drain-timeout", "10"),
         reference=True,
-        recheck_load=("--duration", "30", "--drain-timeout", "10", "--persist-sessions", "0"),
-        # half the device pool: prefixes come back from the host tier within a 30 s load
+        recheck_load=("--duration", "25", "--drain-timeout", "10", "--persist-sessions", "0"),
+        # half the device pool: prefixes come back from the host tier within the load. 25 s: its
+        # turns in flight end near 50 s and all ~320 kept turns are rechecked by ~105 s (30 s
+        # took 120-135 s; 20 s left as few as 2 changed answers to find; bench-plan.md)
         recheck_engine=(
             "--hicache",
             "--num-pages=512",
@@ -224,7 +226,7 @@ def run_once(
     routers = router_roots(events) if router == "sglang" else set()
     codes, first = read_findings(summary, set() if clean else recipe.expect, corrupt_turns, events, routers)
     if first is None and not clean and codes.get(ANSWER_CHANGED_CODE) and ANSWER_CHANGED_CODE in recipe.expect:
-        first = summary.get("duration_s")  # found by --recheck after the load: at the run's end
+        first = recheck_verdict_s(summary, events) or summary.get("duration_s")
     return RunResult(
         recipe.fault,
         clean,
@@ -238,6 +240,27 @@ def run_once(
         reference=summary.get("reference"),
         triage=summary.get("triage"),
     )
+
+
+def recheck_verdict_s(summary: dict, events: list[dict]) -> float | None:
+    """Seconds from the run's start to its first answer_changed_under_load verdict: the last alone
+    send of the first turn that --recheck found changed (each alone send is an event written as
+    its answer ends)."""
+    found = {
+        (f.get("session"), f.get("turn"))
+        for f in (summary.get("triage") or {}).get("findings") or []
+        if ANSWER_CHANGED_CODE in (f.get("codes") or [])
+    }
+    start = next((e["t_ns"] for e in events if e.get("kind") == "run_start"), None)
+    last: dict[tuple, int] = {}
+    for e in events:
+        if (
+            e.get("kind") == "alone_request"
+            and e.get("purpose") == "recheck"
+            and (e.get("session"), e.get("turn")) in found
+        ):
+            last[(e.get("session"), e.get("turn"))] = e["t_ns"]
+    return None if start is None or not last else round((min(last.values()) - start) / 1e9, 1)
 
 
 def read_unguarded_reads(run_dir: Path) -> int | None:

@@ -178,3 +178,25 @@ def test_with_recheck_the_reference_recipe_is_judged_in_one_run_by_an_answer_cha
     )
     row = next(line for line in prove.table([found, missed], (recipe,), 2).splitlines() if recipe.fault in line)
     assert "| 1/2 |" in row and "1 of 250 rechecked turns answered differently alone" in row and "--recheck 1" in row
+
+
+def test_a_recheck_verdict_is_timed_at_the_last_alone_send_of_the_first_turn_found():
+    def alone(session: str, turn: int, purpose: str, t_s: float) -> dict:
+        return {"kind": "alone_request", "purpose": purpose, "session": session, "turn": turn, "t_ns": int(t_s * 1e9)}
+
+    events = [
+        {"kind": "run_start", "t_ns": 10_000_000_000},
+        alone("s1", 2, "recheck_screen", 50),  # a screen judges nothing
+        alone("s2", 3, "recheck_screen", 51),
+        alone("s2", 3, "recheck", 52),
+        alone("s2", 3, "recheck", 53),  # s2 turn 3 found here: 43 s after the start
+        alone("s4", 1, "recheck", 54),  # sent alone, not a finding
+        alone("s3", 4, "recheck", 60),
+    ]
+    finding = {"codes": ["answer_changed_under_load"]}
+    summary = {
+        "triage": {"findings": [{**finding, "session": "s3", "turn": 4}, {**finding, "session": "s2", "turn": 3}]}
+    }
+    assert prove.recheck_verdict_s(summary, events) == 43.0
+    assert prove.recheck_verdict_s({"triage": {"findings": []}}, events) is None
+    assert prove.recheck_verdict_s(summary, events[1:]) is None  # no run start: not timed
