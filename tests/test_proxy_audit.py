@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dsv4bench.history.records import TurnStatus
 from dsv4bench.history.run_folder import read_history
 from dsv4bench.modes import proxy_audit
 from dsv4bench.modes.proxy import AuditProxy, build_app
-from dsv4bench.modes.proxy_audit import WorkerAudit, _Worker
+from dsv4bench.modes.proxy_audit import WORKER_NICE, WorkerAudit, _Worker
 
 from .test_proxy import Served, body, upstream  # noqa: F401 - the fake upstream, as a fixture
 
@@ -122,6 +124,21 @@ def test_a_proxy_that_dies_leaves_a_history_closed_as_interrupted(tmp_path):
     history = read_history(audit.run_dir)
     ends = [e for e in history.events if e["kind"] == "run_end"]
     assert len(history.turns) == 1 and [e["reason"] for e in ends] == ["interrupted"]
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are POSIX")
+def test_the_worker_runs_below_the_forwarding_in_priority(tmp_path):
+    audit = WorkerAudit(tmp_path, {"command": "t", "config": {}}, None, capture=False, quiet=True)
+    try:
+        expect = min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
+        deadline = time.monotonic() + 20
+        while os.getpriority(os.PRIO_PROCESS, audit.proc.pid) != expect:  # set as the worker starts
+            assert time.monotonic() < deadline, "the worker kept the proxy's priority"
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, 0) < expect  # the forwarding's own is untouched
+    finally:
+        audit.proc.stdin.close()
+        audit.proc.wait(20)
 
 
 def test_a_worker_that_dies_costs_the_history_never_the_clients_bytes(upstream, tmp_path, capsys):  # noqa: F811 - `upstream` is test_proxy's fixture, imported for use

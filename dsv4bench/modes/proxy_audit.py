@@ -74,6 +74,13 @@ RECORDED_EXCERPT_CHARS = 4096
 # How far the worker may fall behind (bytes queued for it and not yet written to its pipe) before
 # the chunks of exchanges in flight pass unjudged rather than held in this process's memory.
 WORKER_BACKLOG = 256 << 20
+# The worker's niceness, added to the proxy's. Why lower its priority: on a machine whose cores
+# are all busy (the agent, its server and the proxy on one box), every CPU-millisecond the audit
+# takes at once is one the forwarding waits for, and the user's agent feels it; the audit's own
+# latency is nobody's, so it reads behind the traffic and catches up when a core is free
+# (WORKER_BACKLOG bounds how far). 10: a weight of a tenth of the forwarding's under Linux's CFS,
+# not so low that a steady load starves it (bench-plan.md, "`dsv4bench proxy`").
+WORKER_NICE = 10
 _FRAME = struct.Struct("!I")  # a frame's length, before its pickled batch of steps
 
 
@@ -715,6 +722,8 @@ def _worker_main() -> int:
     """`python -m dsv4bench.modes.proxy_audit`: read frames from stdin until the run's end or EOF
     (the proxy gone: the history is closed as interrupted)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the proxy's to handle; the end comes by the pipe
+    with contextlib.suppress(AttributeError, OSError):  # no os.nice (Windows), or not allowed: as it is
+        os.nice(WORKER_NICE)
     stdin = sys.stdin.buffer
     worker: _Worker | None = None
     while True:
