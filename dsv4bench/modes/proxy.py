@@ -253,9 +253,12 @@ class AuditProxy:
         # first request, in the serving loop). httpx's own transport cost about 140 µs a relayed
         # chunk and a pool scan per request that grew with the square of the streams in flight; an
         # httpx transport of any kind, a tenth of a millisecond a request (bench-plan.md,
-        # "`dsv4bench proxy`"). NOTE: idle upstream connections expire before uvicorn's 5 s
-        # keep-alive (SGLang's default), so the pool never reuses a socket the server is closing.
-        self._upstream = RawUpstream(keepalive_s=2.0, connect_s=10.0)
+        # "`dsv4bench proxy`"). NOTE: idle upstream connections expire a second before uvicorn's
+        # 5 s keep-alive (SGLang's and vLLM's default), so the pool never reuses a socket the
+        # server is closing; kept any shorter, an agent that thinks a few seconds between turns
+        # (a tool run, a human) opens a fresh connection each turn, and a burst of them waits on
+        # the connects (at 500 streams about half of what the proxy added to the first chunk).
+        self._upstream = RawUpstream(keepalive_s=4.0, connect_s=10.0)
 
     async def aclose(self) -> None:
         await self._upstream.aclose()
