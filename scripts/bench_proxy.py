@@ -96,8 +96,13 @@ def serve_relay(port: int, upstream: str) -> None:
             await resp.write_eof()
             return resp
 
+    async def close_session(_: web.Application) -> None:
+        if session is not None:  # else aiohttp prints every pooled connection at exit
+            await session.close()
+
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", relay)
+    app.on_cleanup.append(close_session)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
 
