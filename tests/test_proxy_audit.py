@@ -157,3 +157,14 @@ def test_a_worker_that_dies_costs_the_history_never_the_clients_bytes(upstream, 
         audit.end("complete")
     assert audit.dead is not None
     assert "the audit worker stopped" in capsys.readouterr().err
+
+
+def test_the_proxy_serves_with_its_startup_heap_frozen():
+    import gc
+
+    from dsv4bench.cli.proxy import startup_heap_frozen
+
+    assert gc.get_freeze_count() == 0
+    with startup_heap_frozen():
+        assert gc.get_freeze_count() > 1000  # the imports and all: no full collection walks them
+    assert gc.get_freeze_count() == 0  # as it was, for the report built after
