@@ -394,3 +394,28 @@ def test_the_report_reads_a_proxy_run(proxied):
     summary = build_report(run.run_dir)
     assert summary["verdict"] == "CORRUPTION" and summary["turns"]["total"] == 2 and summary["turns"]["corrupt"] == 1
     assert (run.run_dir / "report.md").exists()
+
+
+def test_refusals_are_noted_within_a_budget_and_the_rest_counted():
+    from dsv4bench.modes.proxy import RefusalLog
+
+    written: list[tuple[str, dict]] = []
+    now = [100.0]
+    log = RefusalLog(lambda kind, **f: written.append((kind, f)), clock=lambda: now[0])
+    for _ in range(500):  # a client looping on a bad path, all within one instant
+        log.note("path_refused", status=400, path="/v1/../x")
+    kinds = [k for k, _ in written]
+    assert kinds.count("path_refused") == RefusalLog.BURST
+    assert written[RefusalLog.BURST] == ("events_suppressed", {"refusal": "path_refused", "count": 1})
+    assert kinds.count("events_suppressed") == 1  # said at most once a second
+    log.note("request_too_large", status=413, bytes_seen=9, max_body=8, declared=True)  # its own budget
+    assert written[-1][0] == "request_too_large"
+    now[0] += 1.0  # a second on: RATE more are written, and the drops since are said
+    for _ in range(10):
+        log.note("path_refused", status=400, path="/v1/../x")
+    assert [k for k, _ in written[-3:]] == ["path_refused", "path_refused", "events_suppressed"]
+    log.flush()
+    dropped = sum(f["count"] for k, f in written if k == "events_suppressed")
+    assert dropped + kinds.count("path_refused") + 2 == 510  # every refusal written or counted
+    log.flush()  # nothing left to say
+    assert sum(f["count"] for k, f in written if k == "events_suppressed") == dropped

@@ -428,3 +428,20 @@ def test_credentials_in_the_upstream_url_go_as_basic_auth_and_never_in_the_url(u
     assert own == "Bearer mine"  # a client's own credentials are its own
     assert rec.paths()[-1] == f"{PREFIX}/v1/models"
     assert "gw-pass-0123" in p.run.secrets.secrets  # learnt: no file of the run will hold it
+
+
+def test_a_client_looping_on_refused_requests_cannot_write_the_run_folder_full(upstream, tmp_path):
+    from dsv4bench.modes.proxy import RefusalLog
+
+    p = Proxy(f"{upstream[1].url}{PREFIX}/v1", tmp_path, LIMITS)
+    try:
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            for _ in range(300):
+                assert c.get(f"{p.url}/v1/%2e%2e/admin").status_code == 400  # every one still refused
+    finally:
+        p.stop()  # the serving loop's end says what the budget dropped
+    written = p.events("path_refused")
+    said = p.events("events_suppressed")
+    assert RefusalLog.BURST <= len(written) < 60  # the burst, and what the rate let through meanwhile
+    assert {e["refusal"] for e in said} == {"path_refused"}
+    assert len(written) + sum(e["count"] for e in said) == 300  # each refusal written or counted

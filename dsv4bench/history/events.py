@@ -321,6 +321,14 @@ class RequestTimeout(Event, tag="request_timeout", kw_only=True):
     bytes_seen: int
 
 
+class EventsSuppressed(Event, tag="events_suppressed", kw_only=True):
+    """Refusals of one kind (path_refused, ...) past the proxy's budget for noting them, counted
+    instead of written one by one (modes/proxy.RefusalLog)."""
+
+    refusal: str  # the kind of the events not written
+    count: int
+
+
 class ReplayUnplayable(Event, tag="replay_unplayable", kw_only=True):
     session: str
     turn: int
@@ -394,6 +402,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PathRefused,
         RequestTooLarge,
         RequestTimeout,
+        EventsSuppressed,
         ReplayUnplayable,
         HostChanged,
         WorkerLost,

@@ -29,7 +29,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -189,6 +192,47 @@ class Cutoff:
         return False
 
 
+class RefusalLog:
+    """The history's note of each refused request, within a budget per kind: up to BURST at once,
+    then RATE a second. Why: a refusal costs a client nothing (nothing goes upstream), so a client
+    that sends bad requests in a loop would otherwise write the run folder full. What the budget
+    drops is counted, and said as one `events_suppressed` event per kind at most once a second,
+    and at the end (`flush`)."""
+
+    BURST = 20
+    RATE = 2.0  # events a second, per kind, once the burst is spent
+
+    def __init__(self, write: Callable[..., None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._write, self._clock = write, clock
+        self._tokens: dict[str, float] = {}
+        self._filled: dict[str, float] = {}  # when each kind's budget was last topped up
+        self._dropped: dict[str, int] = {}
+        self._said: dict[str, float] = {}  # when each kind's drops were last said
+
+    def note(self, kind: str, **fields: Any) -> None:
+        now = self._clock()
+        tokens = min(self.BURST, self._tokens.get(kind, self.BURST) + (now - self._filled.get(kind, now)) * self.RATE)
+        self._filled[kind] = now
+        if tokens >= 1:
+            self._tokens[kind] = tokens - 1
+            self._write(kind, **fields)
+            return
+        self._tokens[kind] = tokens
+        self._dropped[kind] = self._dropped.get(kind, 0) + 1
+        if now - self._said.get(kind, -math.inf) >= 1.0:
+            self._say(kind, now)
+
+    def flush(self) -> None:
+        for kind in [k for k, n in self._dropped.items() if n]:
+            self._say(kind, self._clock())
+
+    def _say(self, kind: str, now: float) -> None:
+        count, self._dropped[kind] = self._dropped.get(kind, 0), 0
+        self._said[kind] = now
+        if count:
+            self._write("events_suppressed", refusal=kind, count=count)
+
+
 class UpstreamBroke(Exception):
     """The upstream cut its answer after the status line: raised out of the ASGI app so the
     server closes the client's connection too, and the client sees the same broken stream."""
@@ -248,6 +292,7 @@ class AuditProxy:
             self.audit.learn(password)
         self.api_key = api_key
         self.limits = limits or ProxyLimits()
+        self.refusals = RefusalLog(self.audit.event)
         # What every request goes upstream on: aiohttp's client, requests sent as given, bodies
         # read raw from the socket's buffer (wire/transport.RawUpstream; its session is made on the
         # first request, in the serving loop). httpx's own transport cost about 140 µs a relayed
@@ -261,6 +306,8 @@ class AuditProxy:
         self._upstream = RawUpstream(keepalive_s=4.0, connect_s=10.0)
 
     async def aclose(self) -> None:
+        with contextlib.suppress(Exception):  # as in _refuse: the history's failure stops nothing
+            self.refusals.flush()
         await self._upstream.aclose()
 
     def _target(self, scope: Scope) -> yarl.URL:
@@ -357,7 +404,7 @@ class AuditProxy:
     async def _refuse(self, send: Send, refused: Refused) -> None:
         """Answer a refused request ourselves (nothing went upstream) and note it in the history."""
         with contextlib.suppress(Exception):  # the history's failure is no reason to leave the client waiting
-            self.audit.event(refused.kind, status=refused.status, **refused.fields)
+            self.refusals.note(refused.kind, status=refused.status, **refused.fields)
         body = json.dumps({"error": {"message": str(refused), "type": refused.kind, "code": refused.status}}).encode()
         await send(
             {
