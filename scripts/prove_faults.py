@@ -80,30 +80,32 @@ class Recipe:
 
 
 KILL = ("--duration", "30", "--kill", "all@20s", "--drain-timeout", "10", "--canary-timeout", "5")
+
+
+def hicache_race_engine(device_pages: int) -> tuple[str, ...]:
+    """The engine `hicache-index-race` needs: HiCache over a device pool of `device_pages`, a large
+    host tier behind a slow link, bf16 index keys (twice fp8's bytes: every layer lands later)."""
+    return (
+        "--hicache",
+        f"--num-pages={device_pages}",
+        "--hicache-host-pages=16384",
+        "--hicache-load-gbps=0.02",
+        "--index-k-dtype=bf16",
+    )
+
+
 RECIPES: tuple[Recipe, ...] = (
     Recipe(
         "hicache-index-race",
         frozenset({REFERENCE_CODE}),
-        engine=(
-            "--hicache",
-            "--num-pages=1024",
-            "--hicache-host-pages=16384",
-            "--hicache-load-gbps=0.02",
-            "--index-k-dtype=bf16",
-        ),
+        engine=hicache_race_engine(1024),
         load=("--duration", "90", "--drain-timeout", "10"),
         reference=True,
         recheck_load=("--duration", "25", "--drain-timeout", "10", "--persist-sessions", "0"),
         # half the device pool: prefixes come back from the host tier within the load. 25 s: its
         # turns in flight end near 50 s and all ~320 kept turns are rechecked by ~105 s (30 s
         # took 120-135 s; 20 s left as few as 2 changed answers to find; bench-plan.md)
-        recheck_engine=(
-            "--hicache",
-            "--num-pages=512",
-            "--hicache-host-pages=16384",
-            "--hicache-load-gbps=0.02",
-            "--index-k-dtype=bf16",
-        ),
+        recheck_engine=hicache_race_engine(512),
         why="a device pool far too small for 80 sessions and a slow link: nearly every prefix comes back from "
         "the host tier while the indexer reads it; the stale picks change answers, not their form, and 90 s gives "
         "every session several turns for them to change",
