@@ -148,9 +148,10 @@ class _Sender:
     """Answers recheck's sends from a script: one answer text per send; notes each send's purpose,
     and the most requests it had in flight at once, and whether an alone one had company."""
 
-    def __init__(self, *texts: str, differ: frozenset[str] = frozenset()) -> None:
+    def __init__(self, *texts: str, differ: frozenset[str] = frozenset(), crowd: int = 0) -> None:
         self.texts = list(texts)
         self.differ = differ  # sessions answered "Other." on every send, where no script is given
+        self.crowd = crowd  # >0: "Other." where more than this many were in flight (a race under load)
         self.purposes: list[str] = []
         self.in_flight: list[str] = []
         self.most_in_flight = 0
@@ -167,7 +168,10 @@ class _Sender:
         self.in_flight.append(purpose)
         self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
         text = self.texts.pop(0) if self.texts else "Other." if kept.session in self.differ else "Same."
+        company = len(self.in_flight)  # as the request arrives, and as it ends (the fixture's way)
         await anyio.sleep(0.01)
+        if self.crowd and max(company, len(self.in_flight)) > self.crowd:
+            text = "Other."
         if "recheck" in self.in_flight and len(self.in_flight) > 1:
             self.alone_had_company = True
         self.in_flight.remove(purpose)
@@ -227,6 +231,33 @@ def test_screens_share_the_server_and_a_confirmation_has_it_alone():
     assert sender.most_in_flight > 1  # the screens overlapped
     assert not sender.alone_had_company  # no confirmation shared the server
     assert sender.purposes.count("recheck") == 8 and sum(f is not None for f in found) == 4
+
+
+@pytest.mark.parametrize(("group", "found"), [(8, 0), (1, 8)])
+def test_a_change_within_the_screens_group_hides_and_one_at_a_time_finds_it(group, found):
+    import anyio
+
+    from dsv4bench.harness.recheck import RecheckGate, recheck_one
+    from dsv4bench.harness.triage import Kept
+
+    # The load's answer was "Other.": the server answers so whenever 2 or more are in flight.
+    sender = _Sender(crowd=1)
+    gate = RecheckGate()
+    changed: list = []
+
+    async def main() -> None:
+        async def one(i: int) -> None:
+            kept = Kept(_headers(f"s{i}", 1), _body(str(i)), ReferenceAnswer("Other.", "", (), "stop"))
+            changed.append(await recheck_one(sender, kept, gate))
+
+        for wave in range(0, 8, group):  # `group` at once, as alone.py's workers send them
+            async with anyio.create_task_group() as tg:
+                for i in range(wave, wave + group):
+                    tg.start_soon(one, i)
+
+    anyio.run(main)
+    assert sum(c is not None for c in changed) == found  # the documented trade-off (docs/triage.md)
+    assert all(c.cls == "load_dependent" for c in changed if c is not None)
 
 
 def test_recheck_sends_a_session_at_a_time_by_depth():

@@ -329,6 +329,13 @@ class AgentRun:
         # 0.4 ms, and one section with both held the loop near a millisecond at 5,000 sessions.
         # The lane's entry is shielded, so the judged turn is recorded whatever is cancelled.
         async with self.lane.turn():
+            if slot.killed_by is not None and outcome.status is not TurnStatus.KILLED:
+                # The kill landed while the judged turn waited to be recorded: the agent has not
+                # acted on the reply yet, so the turn is killed (the NOTE above), and unjudged.
+                outcome = _killed_outcome(outcome, probe, slot)
+                ctx = turn_context(sess, body, outcome, self.family)
+                verdicts, check_errors = run_checks(ctx)  # a killed turn: none
+                summary.pop("compared", None)
             if outcome.status is TurnStatus.OK:
                 self.findings.note(headers, body, verdicts)
                 self.recheck.note(headers, body, outcome.response, verdicts)

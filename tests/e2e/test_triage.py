@@ -89,9 +89,11 @@ def test_recheck_finds_an_answer_the_load_changed_and_a_clean_server_gives_none(
     assert clean["triage"]["recheck"]["rechecked"] > 0 and not clean["triage"]["findings"]
 
 
-def test_the_screen_finds_a_change_above_its_group_and_misses_one_within_it(tmp_path):
+def test_the_screen_finds_a_change_above_its_group(tmp_path):
     # 12 sessions at once; the answer changes above 8 requests in flight. The default screen (8
     # at once) gets the answer the load should have given, and the alone confirmation judges.
+    # (What the screen gives up, a change within its group, is tests/test_triage.py's: here the
+    # recheck's last sessions run with fewer beside them, so it would show by chance.)
     load = ("--sessions", "12", "--concurrency", "12", "--max-turns", "2", "--seed", "5", "--quiet")
     s, run_dir = _run(tmp_path, "changed", "--recheck", "1", "--persist-sessions", "0", above=8, load=load)
     t = s["triage"]
@@ -100,11 +102,6 @@ def test_the_screen_finds_a_change_above_its_group_and_misses_one_within_it(tmp_
     purposes = [e["purpose"] for e in read_history(run_dir).events if e.get("kind") == "alone_request"]
     assert purposes.count("recheck") == 2 * t["recheck"]["changed"]  # each change confirmed alone twice
     assert purposes.count("recheck_screen") == t["recheck"]["rechecked"]
-
-    # The documented limit: a change that needs only 2 in flight shows in the screen too.
-    (tmp_path / "within").mkdir()
-    within, _ = _run(tmp_path / "within", "changed", "--recheck", "1", above=1, load=load)
-    assert within["triage"]["recheck"]["changed"] == 0 and within["triage"]["recheck"]["rechecked"] > 0
 
 
 def test_recheck_drops_the_prefix_cache_first_so_a_cached_wrong_answer_is_not_handed_back(tmp_path):
