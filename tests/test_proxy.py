@@ -160,9 +160,14 @@ class FakeUpstream:
 class Served:
     """uvicorn serving `app` from a daemon thread on a free loopback port, as the proxy serves."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, plain: bool = False) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", self.port, log_level="critical"))
+        config = (
+            uvicorn.Config(app, "127.0.0.1", self.port, log_level="critical", http="httptools", lifespan="on")
+            if plain  # any ASGI server: none of the proxy's own protocol
+            else uvicorn_config(app, "127.0.0.1", self.port, log_level="critical")
+        )
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
@@ -320,16 +325,33 @@ def test_secrets_in_headers_never_reach_the_run_folder(upstream, tmp_path, audit
             assert SECRET not in text and PROXY_KEY not in text and "azure-key-31337" not in text, f
 
 
-def test_a_client_that_leaves_closes_the_upstream_request_and_the_turn_is_killed(upstream, proxied):
-    fake, _ = upstream
-    run, proxy, _ = proxied
+def leave_mid_stream(fake: FakeUpstream, run: ProxyRun | WorkerAudit, proxy_url: str) -> None:
+    """A client that reads the first bytes of a stream the upstream holds open, then goes: the
+    upstream request is closed and the turn is killed, unjudged."""
     fake.closed.clear()
     with httpx.Client(timeout=10, trust_env=False) as c:
-        with c.stream("POST", f"{proxy.url}/v1/chat/completions", json=body(), headers={"x-fake": "hang"}) as r:
+        with c.stream("POST", f"{proxy_url}/v1/chat/completions", json=body(), headers={"x-fake": "hang"}) as r:
             next(r.iter_raw())
     assert fake.closed.wait(5), "the upstream request was left open"
     (turn,) = wait_turns(run, 1)
     assert turn.status is TurnStatus.KILLED and turn.error == "the client disconnected" and not turn.verdicts
+
+
+def test_a_client_that_leaves_closes_the_upstream_request_and_the_turn_is_killed(upstream, proxied):
+    run, proxy, _ = proxied
+    leave_mid_stream(upstream[0], run, proxy.url)
+
+
+def test_under_another_asgi_server_a_client_that_leaves_is_seen_all_the_same(upstream, tmp_path):
+    # No CLIENT_GONE in the scope: a task of the proxy's waits for `receive` to say so instead.
+    fake, up = upstream
+    run = ProxyRun(tmp_path, {"command": "dsv4bench proxy (test)", "config": {}})
+    proxy = Served(build_app(AuditProxy(f"{up.url}/v1", run)), plain=True)
+    try:
+        leave_mid_stream(fake, run, proxy.url)
+    finally:
+        proxy.stop()
+        run.end("complete")
 
 
 def test_a_client_that_leaves_once_the_stream_said_done_has_its_answer_judged(upstream, proxied):

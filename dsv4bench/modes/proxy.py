@@ -46,10 +46,13 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dsv4bench.history.redact import MASK
+from dsv4bench.loop.coarse_clock import CoarseClock, Deadline
 from dsv4bench.modes.proxy_audit import Audit, InlineAudit, ProxyRun
 from dsv4bench.modes.replay import HOP_BY_HOP
 from dsv4bench.wire.transport import RawUpstream
 
+# The scope's key for the list of what to call when the client goes (_HeadTimeout).
+CLIENT_GONE = "dsv4bench.client_gone"
 # Set by httpx for the upstream connection itself; `expect` is answered by the proxy's own server.
 _SET_UPSTREAM = frozenset({"host", "content-length", "expect"})
 # The headers that carry an API key: a client that sends none gets --api-key's added.
@@ -156,22 +159,24 @@ class KeyMask:
 
 class Cutoff:
     """`with Cutoff(seconds) as c:` runs its block until it ends, `seconds` pass, or `c.cut()` is
-    called from elsewhere in the loop; a block cut off ends quietly, with `c.cut_off` set. A plain
-    asyncio timer and the task's own cancellation: anyio's cancel scopes and task groups, which
-    did the same, cost the proxy about a tenth of a millisecond a request, in the burst of
-    requests that every first chunk waits behind (bench-plan.md, "`dsv4bench proxy`")."""
+    called from elsewhere in the loop; a block cut off ends quietly, with `c.cut_off` set. The
+    time is kept on the loop's CoarseClock (so it may run up to a tick over), and the cut is the
+    task's own cancellation: anyio's cancel scopes and task groups, which did the same, cost the
+    proxy about a tenth of a millisecond a request, and an asyncio timer each a few microseconds,
+    in the burst of requests that every first chunk waits behind (bench-plan.md, "`dsv4bench
+    proxy`")."""
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.cut_off = False
         self._task: asyncio.Task[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: Deadline | None = None
         self._over = False
 
     def __enter__(self) -> Cutoff:
         self._task = asyncio.current_task()
         if self.seconds is not None:
-            self._timer = asyncio.get_running_loop().call_later(self.seconds, self.cut)
+            self._deadline = CoarseClock.of().at(self.seconds, self.cut)
         return self
 
     def cut(self) -> None:
@@ -182,8 +187,8 @@ class Cutoff:
 
     def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> bool:
         self._over = True
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._deadline is not None:
+            CoarseClock.of().drop(self._deadline)
         if self.cut_off and kind is asyncio.CancelledError:
             uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+: the task's count of cancels
             if uncancel is not None:
@@ -454,11 +459,19 @@ class AuditProxy:
         broke: BaseException | None = None
         try:
             with Cutoff(None) as relaying:
-                watcher = asyncio.get_running_loop().create_task(self._watch_client(receive, relaying, exchange))
+                told: list[Callable[[], None]] | None = scope.get(CLIENT_GONE)
+                watcher = None
+                if told is not None:  # our own server tells when the client goes
+                    told.append(lambda: self._client_left(relaying, exchange))
+                else:  # another ASGI server: a task waits for `receive` to say so
+                    watcher = asyncio.get_running_loop().create_task(self._watch_client(receive, relaying, exchange))
                 try:
                     broke = await self._relay(method, url, headers, raw_body, send, exchange, mask)
                 finally:
-                    watcher.cancel()
+                    if told is not None:
+                        told.clear()  # a connection closed after this answer is not this turn's
+                    if watcher is not None:
+                        watcher.cancel()
         except BaseException:
             if exchange is not None:
                 self.audit.killed(exchange, "the proxy stopped before the answer ended")
@@ -469,18 +482,22 @@ class AuditProxy:
         if broke is not None:
             raise UpstreamBroke(f"the upstream cut its answer: {type(broke).__name__}: {broke}") from broke
 
+    def _client_left(self, relaying: Cutoff, exchange: Any) -> None:
+        """A client that goes away cancels the exchange, which closes the upstream request."""
+        if exchange is not None:
+            self.audit.killed(exchange, "the client disconnected")
+        relaying.cut()
+
     async def _watch_client(self, receive: Receive, relaying: Cutoff, exchange: Any) -> None:
-        """A client that goes away cancels the exchange, which closes the upstream request. A
-        receive that fails (the connection's state torn down under it) counts as the client gone."""
+        """`_client_left` once `receive` says the client went. A receive that fails (the
+        connection's state torn down under it) counts as the client gone."""
         while True:
             try:
                 message = await receive()
             except Exception:  # noqa: BLE001 - nothing more can come from this client
                 message = {"type": "http.disconnect"}
             if message["type"] == "http.disconnect":
-                if exchange is not None:
-                    self.audit.killed(exchange, "the client disconnected")
-                relaying.cut()
+                self._client_left(relaying, exchange)
                 return
 
     async def _relay(
@@ -573,14 +590,19 @@ class _QuietBreaks(logging.Filter):
 
 class _HeadTimeout(HttpToolsProtocol):
     """uvicorn's httptools protocol (HTTP parsed in C, as llhttp parses it for Node) with a deadline
-    on each request's head: uvicorn times only the idle wait after an answer, and forgets even that
-    at a request's first byte, so a client that sends nothing on a new connection, or trickles its
-    head a byte at a time, would hold it for ever. The clock starts when the connection opens and
-    again when an answer ends; the whole head must be in by `head_timeout` (the body's own
-    deadline is the app's: AuditProxy._read_body)."""
+    on each request's head, and word to the app when its client goes. uvicorn times only the idle
+    wait after an answer, and forgets even that at a request's first byte, so a client that sends
+    nothing on a new connection, or trickles its head a byte at a time, would hold it for ever.
+    The clock starts when the connection opens and again when an answer ends; the whole head must
+    be in by `head_timeout` (the body's own deadline is the app's: AuditProxy._read_body). It is
+    kept on the loop's CoarseClock: one timer for every connection, not one each.
+
+    Each request's scope carries a list under CLIENT_GONE: what is in it is called when the
+    connection is lost before the answer ended, so the app learns of a client that left without
+    a task of its own waiting on `receive` (about 10 µs a request, bench-plan.md)."""
 
     head_timeout = ProxyLimits.read_timeout
-    _head_timer: asyncio.TimerHandle | None = None
+    _head_deadline: Deadline | None = None
     _waiting_past: object = None  # the request cycle that was current when the clock started
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's own narrowing
@@ -588,20 +610,27 @@ class _HeadTimeout(HttpToolsProtocol):
         self._start_head_clock()
 
     def _start_head_clock(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
+        clock = CoarseClock.of(self.loop)
+        if self._head_deadline is not None:
+            clock.drop(self._head_deadline)
         self._waiting_past = self.cycle
-        self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
+        self._head_deadline = clock.at(self.head_timeout, self._head_late)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_deadline is not None:
+            CoarseClock.of(self.loop).drop(self._head_deadline)
+            self._head_deadline = None
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # a new request's head is in: its cycle is made
-        if not self.url.startswith(b"/") and self.cycle is not None:
-            # uvicorn keeps only the path of a target in absolute form (`http://host/x`): the
-            # target as sent, so upstream_path refuses it as it refuses every other escape.
-            self.cycle.scope["raw_path"] = self.url
-        if self._head_timer is not None and self.cycle is not self._waiting_past:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self.cycle is not None:
+            self.cycle.scope[CLIENT_GONE] = []  # type: ignore[literal-required]  # this server's own extension
+            if not self.url.startswith(b"/"):
+                # uvicorn keeps only the path of a target in absolute form (`http://host/x`): the
+                # target as sent, so upstream_path refuses it as it refuses every other escape.
+                self.cycle.scope["raw_path"] = self.url
+        if self.cycle is not self._waiting_past:
+            self._stop_head_clock()
 
     def on_response_complete(self) -> None:
         # A pipelined request's head is in already (its cycle waits in `pipeline`): no clock for it.
@@ -610,7 +639,7 @@ class _HeadTimeout(HttpToolsProtocol):
         super().on_response_complete()
 
     def _head_late(self) -> None:
-        self._head_timer = None
+        self._head_deadline = None
         if self.transport.is_closing() or self.cycle is not self._waiting_past:
             return
         if self.cycle is None or self.cycle.response_complete:  # nothing being answered: a 408 the client may read
@@ -618,10 +647,15 @@ class _HeadTimeout(HttpToolsProtocol):
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._stop_head_clock()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            for told in cycle.scope.get(CLIENT_GONE, ()):  # type: ignore[attr-defined]  # this server's own extension
+                try:
+                    told()
+                except Exception:  # one listener's failure must not keep the next from hearing
+                    logging.getLogger(__name__).exception("dsv4bench proxy: a client-gone listener failed")
 
 
 def uvicorn_config(

@@ -133,8 +133,11 @@ def depth_figure(history: History) -> Figure | None:
     """Corruption rate (% of completed turns) by turn depth, with the turn counts behind it."""
     if not history.turns:
         return None
-    depths = sorted({t.turn for t in history.turns})
-    groups = {d: outcome_counts([t for t in history.turns if t.turn == d]) for d in depths}
+    by_depth: dict[int, list[TurnRecord]] = {}
+    for t in history.turns:  # one pass: a proxy's turns may have as many depths as sessions
+        by_depth.setdefault(t.turn, []).append(t)
+    depths = sorted(by_depth)
+    groups = {d: outcome_counts(by_depth[d]) for d in depths}
     rates = [100.0 * g["corrupt"] / g["ok"] if g["ok"] else 0.0 for g in groups.values()]
 
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
