@@ -1,7 +1,10 @@
 """What `dsv4bench proxy` adds beside what a bare streaming relay adds: latency per chunk and to
 the first chunk, and CPU per relayed turn, at 80 and 500 concurrent streams, in one run.
 
-Three paths to one upstream, rounds alternating so each sees the same machine:
+Three paths to one upstream, rounds alternating so each sees the same machine (within a round
+the paths go in a seeded random order, so none always follows the one whose clean-up it would
+meet; before each, the machine is let settle until the processes under test are idle, at most
+SETTLE_S; the client does no garbage collection within a round):
 - direct: the client talks to the upstream;
 - relay: a bare aiohttp streaming relay (aiohttp server, aiohttp client, each chunk written as it
   is read) that audits nothing, in its own process: the floor any pass-through pays;
@@ -9,21 +12,26 @@ Three paths to one upstream, rounds alternating so each sees the same machine:
 
 The upstream, in its own process, streams `--chunks` content deltas `--interval-ms` apart and
 stamps each with the wall clock at which it wrote it. Per chunk: the time from that stamp to the
-client's read; per request: the time to the first chunk. What a path adds is its figure less
+client's read; per request: the time to the first chunk. It also counts the connections each
+path opened to it per round: a pass-through that lets its upstream connections go between
+rounds pays for new ones at the start of each. What a path adds is its figure less
 direct's in the same run; the ratio proxy-added / relay-added is what issue 39 bounds (1.5x per
 chunk at p50 and p90; +10 ms to the first chunk). CPU: user+system seconds of the relay's and
 the proxy's processes (the proxy's forwarding process and its audit worker, together and apart)
 over their rounds, per 1,000 turns. Figures go to bench-plan.md.
 
     python scripts/bench_proxy.py [--streams 80,500] [--chunks 64] [--interval-ms 20] [--rounds 3]
+                                  [--order shuffled|fixed] [--seed 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -33,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("direct", "relay", "proxy")
+SETTLE_S = 3.0  # the longest wait for the machine to go quiet before a round
+QUIET_CPU_S = 0.01  # CPU seconds the processes under test may use in 50 ms and count as quiet
 
 
 def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
@@ -50,7 +60,19 @@ def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
         }
         return f"data: {json.dumps(body)}\n\n".encode()
 
+    known: dict[int, object] = {}  # every connection seen, kept so no id is reused
+    fresh = 0  # connections first seen since the last count
+
+    async def connections(_: web.Request) -> web.Response:
+        nonlocal fresh
+        count, fresh = fresh, 0
+        return web.json_response({"opened": count})
+
     async def chat(request: web.Request) -> web.StreamResponse:
+        nonlocal fresh
+        if id(request.transport) not in known:
+            known[id(request.transport)] = request.transport
+            fresh += 1
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -69,6 +91,7 @@ def serve_upstream(port: int, chunks: int, interval_s: float) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/bench/connections", connections)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
 
@@ -133,6 +156,41 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def settle(pids: list[int]) -> None:
+    """Wait until `pids` use under QUIET_CPU_S of CPU in 50 ms (at most SETTLE_S): the round
+    before has been cleaned up after (connections closed, the proxy's audit caught up)."""
+    deadline = time.monotonic() + SETTLE_S
+    last = sum(map(cpu_seconds, pids))
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = sum(map(cpu_seconds, pids))
+        if now - last < QUIET_CPU_S:
+            return
+        last = now
+
+
+def opened_since(up_root: str) -> int:
+    """Connections the upstream saw opened since it was last asked."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{up_root}/bench/connections", timeout=10) as r:
+        return json.loads(r.read())["opened"]
+
+
+def learned_hold(out: Path, timeout: float) -> str:
+    """What the proxy learned of the upstream's idle connections (its `upstream_keepalive`
+    event), waited for up to `timeout`: until then it keeps its default hold."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for events in out.glob("*/events.jsonl"):
+            for line in events.read_text().splitlines():
+                if '"upstream_keepalive"' in line:
+                    e = json.loads(line)
+                    return f"{e['keepalive_s']:g} s ({e['how']})"
+        time.sleep(0.2)
+    return "not learned yet"
+
+
 def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
     import urllib.request
 
@@ -193,6 +251,13 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=64, help="content chunks per stream")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between the upstream's chunks")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each path per level, alternating")
+    p.add_argument(
+        "--order",
+        choices=("shuffled", "fixed"),
+        default="shuffled",
+        help="the paths' order within a round: seeded random (default), or direct, relay, proxy every time",
+    )
+    p.add_argument("--seed", type=int, default=1, help="the seed of the shuffled order")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument("--serve-relay", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -224,6 +289,8 @@ def main() -> None:
     stdout = ""
     results: dict[int, dict[str, tuple[list[float], list[float], float]]] = {}
     cpu_per_level: dict[int, dict[str, float]] = {}
+    opened_per_level: dict[int, dict[str, list[int]]] = {}
+    hold = "not asked"
     try:
         wait_ready(urls["direct"], upstream, "the upstream")
         wait_ready(urls["relay"], relay, "the relay")
@@ -243,21 +310,38 @@ def main() -> None:
         pids["proxy"] = [proxy.pid, *pids["proxy: audit worker"]]
         for url in urls.values():  # warm every path's connections and code
             asyncio.run(one_round(url, 8))
+        print("  waiting for the proxy to learn its upstream's keep-alive", file=sys.stderr, flush=True)
+        hold = learned_hold(out, timeout=30.0)
+        quiet = sorted({upstream.pid, relay.pid, *pids["proxy"]})
+        rng = random.Random(a.seed)
         for level in levels:
             got = {name: ([], [], 0.0) for name in PATHS}
             cpu = dict.fromkeys(pids, 0.0)
+            opened = {name: [] for name in PATHS}
             for r in range(a.rounds):
-                for name in PATHS:
+                order = list(PATHS)
+                if a.order == "shuffled":
+                    rng.shuffle(order)
+                for name in order:
                     mine = [k for k in pids if k.startswith(name)]
+                    settle(quiet)
+                    opened_since(up_root)
                     before = {k: sum(map(cpu_seconds, pids[k])) for k in mine}
-                    chunks, firsts = asyncio.run(one_round(urls[name], level))
+                    gc.collect()
+                    gc.disable()  # the client's own pauses are no path's
+                    try:
+                        chunks, firsts = asyncio.run(one_round(urls[name], level))
+                    finally:
+                        gc.enable()
                     for k in mine:
                         cpu[k] += sum(map(cpu_seconds, pids[k])) - before[k]
+                    opened[name].append(opened_since(up_root))
                     kept = got[name]
                     got[name] = (kept[0] + chunks, kept[1] + firsts, 0.0)
                 print(f"  {level} streams: round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
             results[level] = got
             cpu_per_level[level] = cpu
+            opened_per_level[level] = opened
     finally:
         if proxy is not None:
             proxy.send_signal(2)
@@ -266,8 +350,9 @@ def main() -> None:
             proc.terminate()
             proc.wait(10)
     print(
-        f"{a.rounds} rounds per path per level, {a.chunks} chunks {a.interval_ms:g} ms apart, "
-        f"{os.cpu_count()} CPUs (client, upstream, relay and proxy share them)"
+        f"{a.rounds} rounds per path per level ({a.order} order), {a.chunks} chunks {a.interval_ms:g} ms apart, "
+        f"{os.cpu_count()} CPUs (client, upstream, relay and proxy share them); "
+        f"the proxy's upstream hold: {hold}"
     )
     for level, got in results.items():
         turns = level * a.rounds
@@ -285,6 +370,8 @@ def main() -> None:
             print(f"{what:<26}{v['direct']:>9.2f}{v['relay']:>9.2f}{v['proxy']:>9.2f}{ra:>9.2f}{pa:>9.2f}{ratio:>8.2f}")
         for name, used in cpu_per_level[level].items():
             print(f"CPU s per 1,000 turns, {name}: {used / turns * 1000:.2f}")
+        for name, counts in opened_per_level[level].items():
+            print(f"upstream connections opened per round, {name}: {' '.join(map(str, counts))}")
     print(f"\nproxy's audit: {stdout.strip().splitlines()[-1] if stdout.strip() else '(no verdict line)'}")
 
 

@@ -303,29 +303,18 @@ def test_a_kind_with_gauges_whose_scrape_fails_says_so() -> None:
     ],
 )
 def test_watch_main_on_kinds_without_gauges(kind_args: str, words: str) -> None:
-    import threading
-    import time
 
     import uvicorn
 
     from tests.fixtures.kinds_server import KindState, build_app
+    from tests.fixtures.uvicorn_thread import uvicorn_in_thread
 
     # trtllm's /metrics held for 1.5 s before its `[]`, as the real one holds it for 2 s.
     state = KindState(kind=kind_args, metrics_hold=1.5 if kind_args == "trtllm" else 0.0)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "kinds server did not start"
-        time.sleep(0.02)
-    try:
+    config = uvicorn.Config(build_app(state), host="127.0.0.1", port=free_port(), log_level="warning")
+    with uvicorn_in_thread(config, "kinds server") as root:
         out = io.StringIO()
-        code = anyio.run(watch_main, [f"http://127.0.0.1:{port}/metrics"], 2.5, 0.2, 1.0, Console(file=out, width=200))
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
+        code = anyio.run(watch_main, [f"{root}/metrics"], 2.5, 0.2, 1.0, Console(file=out, width=200))
     text = out.getvalue()
     assert code == 0 and words in text, text
     assert "scrape failed" not in text and "WEDGE" not in text.replace("WEDGE after", "")

@@ -223,7 +223,11 @@ async def _serve(
 
     if duration is not None:
         asyncio.get_running_loop().call_later(duration, time_up)
-    await server.serve(sockets=[sock])
+    learning = asyncio.get_running_loop().create_task(proxy.learn_upstream_idle())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        learning.cancel()
     return RunEndReason.DURATION if timed_out else RunEndReason.INTERRUPTED
 
 

@@ -329,6 +329,16 @@ class EventsSuppressed(Event, tag="events_suppressed", kw_only=True):
     count: int
 
 
+class UpstreamKeepalive(Event, tag="upstream_keepalive", kw_only=True):
+    """How long the proxy keeps idle upstream connections, from what it saw of the upstream's
+    own limit (wire/upstream_idle.py)."""
+
+    keepalive_s: float  # the pool's hold from now on
+    server_idle_s: float | None  # when the upstream closed an idle connection; None: not seen
+    how: str  # "closed", "keep-alive header", "open past the watch", or why nothing was learned
+    applied: bool  # False: the installed aiohttp keeps the hold it was made with
+
+
 class ReplayUnplayable(Event, tag="replay_unplayable", kw_only=True):
     session: str
     turn: int
@@ -403,6 +413,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RequestTooLarge,
         RequestTimeout,
         EventsSuppressed,
+        UpstreamKeepalive,
         ReplayUnplayable,
         HostChanged,
         WorkerLost,

@@ -50,6 +50,7 @@ from dsv4bench.loop.coarse_clock import CoarseClock, Deadline
 from dsv4bench.modes.proxy_audit import Audit, InlineAudit, ProxyRun
 from dsv4bench.modes.replay import HOP_BY_HOP
 from dsv4bench.wire.transport import RawUpstream
+from dsv4bench.wire.upstream_idle import DEFAULT_KEEPALIVE_S, IdleLearned, watch_idle
 
 # The scope's key for the list of what to call when the client goes (_HeadTimeout).
 CLIENT_GONE = "dsv4bench.client_gone"
@@ -303,12 +304,33 @@ class AuditProxy:
         # first request, in the serving loop). httpx's own transport cost about 140 µs a relayed
         # chunk and a pool scan per request that grew with the square of the streams in flight; an
         # httpx transport of any kind, a tenth of a millisecond a request (bench-plan.md,
-        # "`dsv4bench proxy`"). NOTE: idle upstream connections expire a second before uvicorn's
-        # 5 s keep-alive (SGLang's and vLLM's default), so the pool never reuses a socket the
-        # server is closing; kept any shorter, an agent that thinks a few seconds between turns
-        # (a tool run, a human) opens a fresh connection each turn, and a burst of them waits on
-        # the connects (at 500 streams about half of what the proxy added to the first chunk).
-        self._upstream = RawUpstream(keepalive_s=4.0, connect_s=10.0)
+        # "`dsv4bench proxy`"). NOTE: idle upstream connections are kept a margin under the
+        # upstream's own limit, once learn_upstream_idle has seen it, and until then a second
+        # under uvicorn's 5 s (SGLang's and vLLM's): so the pool never reuses a socket the server
+        # is closing, and an agent that pauses between turns (a tool run, a human) finds its
+        # connection still open, not a burst of connects (wire/upstream_idle.py).
+        self._upstream = RawUpstream(keepalive_s=DEFAULT_KEEPALIVE_S, connect_s=10.0)
+
+    async def learn_upstream_idle(self) -> IdleLearned:
+        """Watch one idle connection to the upstream (wire/upstream_idle.py) and keep the pool's
+        connections a margin under what it shows; the history notes what was learned. Runs
+        beside the traffic, from the CLI: the pool keeps DEFAULT_KEEPALIVE_S until it is done."""
+        headers = {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        elif self._basic is not None:
+            headers["Authorization"] = self._basic.decode("latin-1")
+        learned = await watch_idle(yarl.URL(self.root + "/v1/models", encoded=True), headers)
+        applied = self._upstream.keep_idle(learned.keepalive_s)
+        with contextlib.suppress(Exception):  # as in _refuse: the history's failure stops nothing
+            self.audit.event(
+                "upstream_keepalive",
+                keepalive_s=round(learned.keepalive_s, 3),
+                server_idle_s=None if learned.server_idle_s is None else round(learned.server_idle_s, 3),
+                how=learned.how,
+                applied=applied,
+            )
+        return learned
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):  # as in _refuse: the history's failure stops nothing

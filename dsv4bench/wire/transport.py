@@ -682,3 +682,16 @@ class RawUpstream:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    def keep_idle(self, seconds: float) -> bool:
+        """Keep idle connections `seconds` from now on (wire/upstream_idle.py learns how long the
+        upstream keeps them). Whether it took: the pool's hold is aiohttp's own attribute, read
+        on each reuse and each sweep, and an aiohttp without it keeps the hold it was made with."""
+        self._keepalive_s = seconds
+        if self._session is None:
+            return True
+        connector = self._session.connector
+        if not isinstance(getattr(connector, "_keepalive_timeout", None), (int, float)):
+            return False
+        connector._keepalive_timeout = seconds  # type: ignore[union-attr]  # aiohttp's own attribute, checked above
+        return True

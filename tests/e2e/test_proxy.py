@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from dsv4bench.engine.launcher import start_engine
-from dsv4bench.history.run_folder import read_history
+from dsv4bench.history.run_folder import EVENTS_FILE, read_history
 
 from .conftest import ROOT, free_port, only_run_dir, run_cli
 
@@ -106,6 +106,18 @@ def turn_view(t) -> tuple:
     return t.status.value, str(t.error_kind) if t.error_kind else None, sorted({v.code for v in t.verdicts}), answer
 
 
+def wait_event(run_dir: Path, kind: str, timeout: float) -> dict:
+    """The first event of `kind` in a running proxy's history, waited for up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = run_dir / EVENTS_FILE
+        for line in events.read_text().splitlines() if events.exists() else []:
+            if (event := json.loads(line))["kind"] == kind:
+                return event
+        assert time.monotonic() < deadline, f"no {kind} event within {timeout} s"
+        time.sleep(0.1)
+
+
 def test_agents_through_the_proxy_and_the_sdk_get_the_servers_bytes_and_the_same_history(fast_replay, tmp_path):
     proxy = start_proxy_cli(fast_replay.url, tmp_path / "proxy", "--quiet")
     try:
@@ -142,6 +154,13 @@ def test_agents_through_the_proxy_and_the_sdk_get_the_servers_bytes_and_the_same
             "0",
         )
         assert agents.returncode == 0, agents.stderr
+        # Beside the traffic the proxy has timed how long the upstream (uvicorn, 5 s) keeps an
+        # idle connection, and holds its own a second under that.
+        learned = wait_event(only_run_dir(tmp_path / "proxy"), "upstream_keepalive", timeout=15)
+        assert learned["how"] == "closed" and learned["applied"] is True, learned
+        assert learned["server_idle_s"] == pytest.approx(5.0, abs=0.5) and learned["keepalive_s"] == pytest.approx(
+            learned["server_idle_s"] - 1.0
+        )
     finally:
         rc, stdout, stderr = proxy.interrupt()
     assert rc == 0, stderr
