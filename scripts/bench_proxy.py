@@ -12,7 +12,9 @@ SETTLE_S; the client does no garbage collection within a round):
 
 The upstream, in its own process, streams `--chunks` content deltas `--interval-ms` apart and
 stamps each with the wall clock at which it wrote it. Per chunk: the time from that stamp to the
-client's read; per request: the time to the first chunk. It also counts the connections each
+client's read; per request: the time to the first chunk, pooled over the rounds and, since a
+round's machine moves every path's figure at once, also the proxy's less the relay's round by
+round (their median and spread). It also counts the connections each
 path opened to it per round: a pass-through that lets its upstream connections go between
 rounds pays for new ones at the start of each. What a path adds is its figure less
 direct's in the same run; the ratio proxy-added / relay-added is what issue 39 bounds (1.5x per
@@ -290,6 +292,7 @@ def main() -> None:
     results: dict[int, dict[str, tuple[list[float], list[float], float]]] = {}
     cpu_per_level: dict[int, dict[str, float]] = {}
     opened_per_level: dict[int, dict[str, list[int]]] = {}
+    paired: dict[int, list[float]] = {}  # per round: the proxy's median first chunk less the relay's
     hold = "not asked"
     try:
         wait_ready(urls["direct"], upstream, "the upstream")
@@ -318,6 +321,7 @@ def main() -> None:
             got = {name: ([], [], 0.0) for name in PATHS}
             cpu = dict.fromkeys(pids, 0.0)
             opened = {name: [] for name in PATHS}
+            round_firsts = {name: [] for name in PATHS}  # each round's median first chunk
             for r in range(a.rounds):
                 order = list(PATHS)
                 if a.order == "shuffled":
@@ -336,12 +340,14 @@ def main() -> None:
                     for k in mine:
                         cpu[k] += sum(map(cpu_seconds, pids[k])) - before[k]
                     opened[name].append(opened_since(up_root))
+                    round_firsts[name].append(statistics.median(firsts))
                     kept = got[name]
                     got[name] = (kept[0] + chunks, kept[1] + firsts, 0.0)
                 print(f"  {level} streams: round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
             results[level] = got
             cpu_per_level[level] = cpu
             opened_per_level[level] = opened
+            paired[level] = [p - r for p, r in zip(round_firsts["proxy"], round_firsts["relay"])]
     finally:
         if proxy is not None:
             proxy.send_signal(2)
@@ -368,6 +374,11 @@ def main() -> None:
             ra, pa = v["relay"] - v["direct"], v["proxy"] - v["direct"]
             ratio = pa / ra if ra > 0 else float("inf")
             print(f"{what:<26}{v['direct']:>9.2f}{v['relay']:>9.2f}{v['proxy']:>9.2f}{ra:>9.2f}{pa:>9.2f}{ratio:>8.2f}")
+        d = sorted(paired[level])
+        print(
+            f"to the first chunk, proxy less relay, round by round: median {statistics.median(d):+.2f} ms "
+            f"(quartiles {pct(d, 25):+.2f} / {pct(d, 75):+.2f}, range {d[0]:+.2f} / {d[-1]:+.2f})"
+        )
         for name, used in cpu_per_level[level].items():
             print(f"CPU s per 1,000 turns, {name}: {used / turns * 1000:.2f}")
         for name, counts in opened_per_level[level].items():

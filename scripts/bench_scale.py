@@ -17,6 +17,8 @@ after a `--warmup` of seconds:
   chunks/s      SSE chunks the harness took in per second of wall time, and per second of its
                 CPU (= per harness core, when the process is CPU bound)
   GC            the harness's garbage collections: young ones (count, longest) and full ones
+  ramp          from the load's start until every session had sent a turn (counted from the
+                start, not after the warm-up: worlds are built one at a time, between turns)
 
 A count holds when lag p99 < 5 ms and TTFT error p99 < 5 ms.
 
@@ -207,7 +209,15 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
         gc.callbacks.remove(on_gc)
     history.close()
     counted_from_ns = int((t0 + warmup) * 1e9)
-    turns = [t for t in read_history(run_dir).turns if t.timings.start_ns >= counted_from_ns]
+    every_turn = read_history(run_dir).turns
+    turns = [t for t in every_turn if t.timings.start_ns >= counted_from_ns]
+    # The ramp: from the load's start until `sessions` sessions had each sent a turn (worlds are
+    # built one at a time, in steps between other sessions' turns).
+    firsts: dict[str, int] = {}
+    for t in every_turn:
+        firsts[t.session] = min(firsts.get(t.session, t.timings.start_ns), t.timings.start_ns)
+    opened = sorted(firsts.values())
+    ramp_s = (opened[sessions - 1] / 1e9 - t0) if len(opened) >= sessions else None
     async with httpx.AsyncClient() as client:
         stamps = (await client.get(url.removesuffix("/v1") + "/stamps")).json()
     errors = [
@@ -232,6 +242,7 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
         cpu_end - cpu[0] if cpu else 0.0,
     )
     r["harness_stalls"], r["harness_longest_stall_s"] = clock["stalls"], clock["longest_stall_s"]
+    r["ramp_s"], r["sessions_started"] = ramp_s, len(opened)
     full = [ms for gen, ms in collections if gen == 2]
     r["gc_full"], r["gc_full_max_ms"] = len(full), max(full, default=0.0)
     r["gc_young"] = sum(1 for gen, _ in collections if gen < 2)
@@ -295,12 +306,20 @@ def main() -> None:
             print(json.dumps(r), flush=True)
     print(
         "\n| client | sessions | turns/s | chunks/s | chunks per CPU-s | CPU share | loop lag p50 / p99 / max "
-        "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | GC young / full (longest) | holds |"
+        "| late ticks (descheduled) | TTFT error p50 / p99 | harness stalls (longest) | GC young / full (longest) "
+        "| all sessions started after | holds |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         stalls = (
             f"{r['harness_stalls']} ({r['harness_longest_stall_s'] * 1e3:.0f} ms)" if "harness_stalls" in r else "-"
+        )
+        ramp = (
+            "-"
+            if "ramp_s" not in r
+            else f"not all: {r['sessions_started']:,} in the run"
+            if r["ramp_s"] is None
+            else f"{r['ramp_s']:.1f} s"
         )
         collections = (
             f"{r['gc_young']} ({r['gc_young_max_ms']:.0f} ms) / {r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)"
@@ -313,7 +332,7 @@ def main() -> None:
             f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} ms | "
             f"{r['late_ticks']} of {r['ticks']} ({r['late_ticks_descheduled']}) | "
             f"{r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} ms | {stalls} | {collections} | "
-            f"{'yes' if r['holds'] else 'no'} |"
+            f"{ramp} | {'yes' if r['holds'] else 'no'} |"
         )
     for client in clients:
         held = [r["sessions"] for r in rows if r["holds"] and r["client"] == client]

@@ -72,6 +72,7 @@ async def play_session(
         sess.observe(outcome.status, outcome.response, verdicts)
 
 
+# NOTE: spelled out, not agents.base.Steps[T]: mypy reads dsv4bench.agents as Any, and Any[T] binds no T.
 async def in_lane_steps(lane: TurnLane, steps: Generator[None, None, T], stop: Callable[[], bool]) -> T | None:
     """What `steps` builds, each step in a lane section of its own. A session's world built in one
     section held the loop ~3 ms (ops) or ~1.5 ms (data); built in steps (agents.base.Steps), a
