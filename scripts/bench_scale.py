@@ -17,8 +17,9 @@ after a `--warmup` of seconds:
   chunks/s      SSE chunks the harness took in per second of wall time, and per second of its
                 CPU (= per harness core, when the process is CPU bound)
   GC            the harness's garbage collections: young ones (count, longest) and full ones
-  ramp          from the load's start until every session had sent a turn (counted from the
-                start, not after the warm-up: worlds are built one at a time, between turns)
+  ramp          from the load's start until every session had started, its world built
+                (counted from the start, not after the warm-up: worlds are built one at a
+                time, between turns)
 
 A count holds when lag p99 < 5 ms and TTFT error p99 < 5 ms.
 
@@ -209,14 +210,11 @@ async def drive(url: str, sessions: int, duration: float, warmup: float, out: Pa
         gc.callbacks.remove(on_gc)
     history.close()
     counted_from_ns = int((t0 + warmup) * 1e9)
-    every_turn = read_history(run_dir).turns
-    turns = [t for t in every_turn if t.timings.start_ns >= counted_from_ns]
-    # The ramp: from the load's start until `sessions` sessions had each sent a turn (worlds are
-    # built one at a time, in steps between other sessions' turns).
-    firsts: dict[str, int] = {}
-    for t in every_turn:
-        firsts[t.session] = min(firsts.get(t.session, t.timings.start_ns), t.timings.start_ns)
-    opened = sorted(firsts.values())
+    played = read_history(run_dir)
+    turns = [t for t in played.turns if t.timings.start_ns >= counted_from_ns]
+    # The ramp: from the load's start until `sessions` sessions had started (their worlds built,
+    # one at a time, in steps between other sessions' turns; `session_start` is written then).
+    opened = sorted(e["t_ns"] for e in played.events if e["kind"] == "session_start")
     ramp_s = (opened[sessions - 1] / 1e9 - t0) if len(opened) >= sessions else None
     async with httpx.AsyncClient() as client:
         stamps = (await client.get(url.removesuffix("/v1") + "/stamps")).json()
