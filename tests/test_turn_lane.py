@@ -78,3 +78,63 @@ async def _the_lane_is_free_again_after_an_error_in_a_section() -> None:
     with anyio.fail_after(1):
         async with lane.turn():
             pass
+
+
+def test_a_section_cancelled_as_the_lane_is_handed_to_it_passes_the_lane_on() -> None:
+    asyncio.run(_a_section_cancelled_as_the_lane_is_handed_to_it_passes_the_lane_on())
+
+
+async def _a_section_cancelled_as_the_lane_is_handed_to_it_passes_the_lane_on() -> None:
+    """A task cancelled from outside anyio (asyncio's own cancel) between being handed the lane
+    and running: the lane goes to the next waiter, not held by no one for ever."""
+    lane, entered = TurnLane(), []
+    release = asyncio.Event()
+    tasks: dict[str, asyncio.Task] = {}
+
+    async def holder() -> None:
+        async with lane.turn():
+            await release.wait()
+        tasks["w"].cancel()  # the lane was handed to w as the section ended; w has not run yet
+
+    async def waiter(name: str) -> None:
+        async with lane.turn():
+            entered.append(name)
+
+    h = asyncio.create_task(holder())
+    await asyncio.sleep(0.01)
+    tasks["w"] = asyncio.create_task(waiter("w"))
+    tasks["x"] = asyncio.create_task(waiter("x"))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(h, tasks["x"]), 1)
+    assert tasks["w"].cancelled() and entered == ["x"]
+    async with lane.turn():  # and free after
+        entered.append("after")
+    assert entered == ["x", "after"]
+
+
+def test_starts_are_served_before_turns_that_waited_longer() -> None:
+    anyio.run(_starts_are_served_before_turns_that_waited_longer)
+
+
+async def _starts_are_served_before_turns_that_waited_longer() -> None:
+    lane, order = TurnLane(), []
+    release = anyio.Event()
+
+    async def holder() -> None:
+        async with lane.turn():
+            await release.wait()
+
+    async def section(name: str, first: bool) -> None:
+        async with lane.turn(first=first):
+            order.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        await anyio.sleep(0.01)
+        for name, first in (("turn a", False), ("start 1", True), ("turn b", False), ("start 2", True)):
+            tg.start_soon(section, name, first)
+            await anyio.sleep(0.01)
+        release.set()
+    assert order == ["start 1", "start 2", "turn a", "turn b"]
+    assert lane.passes == 5

@@ -72,18 +72,38 @@ async def play_session(
         sess.observe(outcome.status, outcome.response, verdicts)
 
 
+# A world's build runs step after step in one lane section until it has held the section this
+# long: a step is ~0.2 ms, and the lane hands over once a loop pass, so a section a step made a
+# world wait for 10-20 passes (bench-plan.md, "The ramp").
+BUILD_SECTION_S = 0.001
+# Worlds built at once, their sections taking the lane in turn (see `building`).
+BUILDS_AT_ONCE = 4
+# Sessions a closed pool starts per loop pass (a task each, some 20 µs: under a millisecond).
+START_BATCH = 32
+
+
 # NOTE: spelled out, not agents.base.Steps[T]: mypy reads dsv4bench.agents as Any, and Any[T] binds no T.
-async def in_lane_steps(lane: TurnLane, steps: Generator[None, None, T], stop: Callable[[], bool]) -> T | None:
-    """What `steps` builds, each step in a lane section of its own. A session's world built in one
-    section held the loop ~3 ms (ops) or ~1.5 ms (data); built in steps (agents.base.Steps), a
-    pass holds ~0.2 ms of it. None, the rest left unbuilt, when `stop()` holds between two steps
-    (the load stopped while this session waited for the lane). A cancellation lands between two
-    steps too, unlike the lane's own wait: what it cuts off is a build, no finished turn's record."""
+async def in_lane_steps(
+    lane: TurnLane,
+    steps: Generator[None, None, T],
+    stop: Callable[[], bool],
+    clock: Callable[[], float] = time.perf_counter,
+) -> T | None:
+    """What `steps` builds, in lane sections of up to BUILD_SECTION_S each (by `clock`), served
+    before the turns waiting (TurnLane's `first`). A session's world built in one section held
+    the loop ~3 ms (ops) or ~1.5 ms (data). None, the rest left unbuilt, when `stop()` holds
+    between two sections (the load stopped while this session waited for the lane). A
+    cancellation lands between two sections too, unlike the lane's own wait: what it cuts off
+    is a build, no finished turn's record."""
     try:
         while True:
-            async with lane.turn():
+            async with lane.turn(first=True):
+                began = clock()
                 try:
-                    next(steps)
+                    while True:
+                        next(steps)
+                        if clock() - began >= BUILD_SECTION_S:
+                            break
                 except StopIteration as done:
                     return done.value
             if stop():
@@ -144,10 +164,10 @@ class AgentRun:
         self.watch = ServerWatch(config, model, history)
         self.clock = LoopWatch()
         self.lane = TurnLane()
-        # One world built at a time, its steps through the lane: sessions started together then
-        # start one after another, as when a world was one lane section. Built side by side, every
-        # world would finish at about the same moment and the first requests leave in one burst.
-        self.building = anyio.Lock()
+        # A few worlds built at a time, their sections through the lane: sessions started together
+        # then start a few at a time. All built side by side, every world would finish at about
+        # the same moment and the first requests leave in one burst.
+        self.building = anyio.Semaphore(BUILDS_AT_ONCE)
         self.raw_not_offered = RawNotOffered(history)  # --raw not offered for the family: said once, recorded
         # Requests kept for after the load, alone (alone.py): findings to triage, turns to recheck.
         self.findings = FindingKeep(triage_limit(config.triage))
@@ -185,11 +205,13 @@ class AgentRun:
         played, the time is up or a kill-all ended the load."""
         async with anyio.create_task_group() as tg:
             if self.config.rate is None:
-                for _ in range(self.config.concurrency):
+                for i in range(self.config.concurrency):
                     tg.start_soon(self._worker)
-                    # One session started per loop pass, with the I/O of those already started in
-                    # between: thousands at once would hold the loop. Its world is built in the lane.
-                    await anyio.sleep(0)
+                    # START_BATCH sessions started per loop pass, with the I/O of those already
+                    # started in between: thousands at once would hold the loop. Their worlds are
+                    # built in the lane.
+                    if i % START_BATCH == START_BATCH - 1:
+                        await anyio.sleep(0)
             else:
                 tg.start_soon(self._arrivals, tg)
 

@@ -82,8 +82,11 @@ class ReplayServer:
         return out
 
 
-def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0, family: str | None = None) -> ReplayServer:
-    """The replay server; `family`: the model family its answers are written in (its --family)."""
+def start_replay(
+    tmp: Path, fault_rate: int = 12, stall: float = 15.0, family: str | None = None, latency: float = 0.0
+) -> ReplayServer:
+    """The replay server; `family`: the model family its answers are written in (its --family);
+    `latency`: seconds every chat request waits before its first byte."""
     ledger = tmp / f"ledger-{len(list(tmp.glob('ledger-*')))}.jsonl"
     ledger.touch()
     srv = start_fixture_server(
@@ -97,6 +100,7 @@ def start_replay(tmp: Path, fault_rate: int = 12, stall: float = 15.0, family: s
         "--stall",
         str(stall),
         *(("--family", family) if family else ()),
+        *(("--latency", str(latency)) if latency else ()),
     )
     return ReplayServer(f"{srv.root}/v1", ledger, srv)
 

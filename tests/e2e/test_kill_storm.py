@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .conftest import only_run_dir, run_cli
+import pytest
+
+from .conftest import only_run_dir, run_cli, start_replay
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -42,9 +44,18 @@ def test_kill_all_storm_at_concurrency_80_is_clean(clean_replay, tmp_path):
     assert next(e for e in events if e["kind"] == "run_end")["t_ns"] - kill_ns < 10e9
 
 
-def test_who_ttft_kills_only_turns_before_their_first_token(clean_replay, tmp_path):
+@pytest.fixture
+def slow_first_token(tmp_path):
+    """The healthy replay server, each answer's first byte 0.3 s late: sessions that started
+    together turn in step, and without a wait of some length a kill can land when none waits."""
+    srv = start_replay(tmp_path, fault_rate=0, latency=0.3)
+    yield srv
+    srv.stop()
+
+
+def test_who_ttft_kills_only_turns_before_their_first_token(slow_first_token, tmp_path):
     run_dir, summary = _run(
-        clean_replay, tmp_path / "out", "--concurrency", "40", "--duration", "4", "--kill", "all@2s,who=ttft"
+        slow_first_token, tmp_path / "out", "--concurrency", "40", "--duration", "4", "--kill", "all@2s,who=ttft"
     )
     assert summary["verdict"] == "CLEAN"
     killed = [t for t in _jsonl(run_dir / "turns.jsonl") if t["status"] == "killed"]
