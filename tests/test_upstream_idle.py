@@ -35,25 +35,24 @@ def test_the_pools_hold_is_a_margin_under_the_servers_limit(server_idle, hold):
     assert keepalive_for(server_idle) == pytest.approx(hold)
 
 
-async def raw_server(head: bytes, close_after: float | None) -> tuple[asyncio.Server, yarl.URL, list[int]]:
-    """Answers every request with a small JSON body and the extra head lines `head`; then closes
-    the connection after `close_after` seconds idle (None: keeps it). The list: one entry per
-    connection opened."""
-    opened: list[int] = []
+async def raw_server(head: bytes, close_after: float | None) -> tuple[asyncio.Server, yarl.URL, list[bytes]]:
+    """Answers every request with a small JSON body and the extra head lines `head`; closes the
+    connection after `close_after` seconds idle between requests (None: keeps it). The list:
+    each request head received, the first of each connection marked by a leading b"new "."""
+    heads: list[bytes] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        opened.append(1)
+        mark = b"new "
         try:
             while True:
-                await reader.readuntil(b"\r\n\r\n")
+                heads.append(mark + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), close_after))
+                mark = b""
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n" + head + b"\r\n{}"
                 )
                 await writer.drain()
                 if b"connection: close" in head.lower():
                     break
-                if close_after is not None:
-                    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), close_after)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass
         finally:
@@ -61,7 +60,7 @@ async def raw_server(head: bytes, close_after: float | None) -> tuple[asyncio.Se
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    return server, yarl.URL(f"http://127.0.0.1:{port}/v1/models"), opened
+    return server, yarl.URL(f"http://127.0.0.1:{port}/v1/models"), heads
 
 
 def watched(head: bytes, close_after: float | None, watch_s: float = 5.0):
@@ -122,7 +121,7 @@ def test_the_proxy_keeps_its_upstream_connections_as_long_as_it_learned(tmp_path
     from dsv4bench.modes.proxy_audit import ProxyRun
 
     async def main():
-        server, url, opened = await raw_server(b"Keep-Alive: timeout=2\r\n", close_after=None)
+        server, url, heads = await raw_server(b"Keep-Alive: timeout=2\r\n", close_after=None)
         run = ProxyRun(tmp_path, {"command": "dsv4bench proxy (test)", "config": {}})
         proxy = AuditProxy(str(url.with_path("/v1")), run)
         try:
@@ -138,11 +137,41 @@ def test_the_proxy_keeps_its_upstream_connections_as_long_as_it_learned(tmp_path
             await proxy.aclose()
             server.close()
             run.end("complete")
-        return learned, run.run_dir, opened
+        return learned, run.run_dir, heads
 
-    learned, run_dir, opened = asyncio.run(main())
+    learned, run_dir, heads = asyncio.run(main())
     assert (learned.how, learned.keepalive_s) == ("keep-alive header", 1.0)
     # One connection watched, one for the first two requests, a fresh one after the pause.
-    assert len(opened) == 3
+    assert [h.startswith(b"new ") for h in heads] == [True, True, False, True]
     (said,) = [e for e in read_history(run_dir).events if e["kind"] == "upstream_keepalive"]
     assert said["keepalive_s"] == 1.0 and said["server_idle_s"] == 2.0 and said["applied"] is True
+
+
+@pytest.mark.parametrize(
+    "upstream_auth, api_key, sent",
+    [
+        ("", "sk-proxy-key-0451", b"authorization: Bearer sk-proxy-key-0451"),
+        ("user:pw@", None, b"authorization: Basic dXNlcjpwdw=="),
+        ("user:pw@", "sk-proxy-key-0451", b"authorization: Basic dXNlcjpwdw=="),  # as a forwarded request
+        ("", None, None),
+    ],
+)
+def test_the_watch_asks_with_the_credentials_a_forwarded_request_would_carry(tmp_path, upstream_auth, api_key, sent):
+    from dsv4bench.modes.proxy import AuditProxy
+    from dsv4bench.modes.proxy_audit import ProxyRun
+
+    async def main():
+        server, url, heads = await raw_server(b"Keep-Alive: timeout=2\r\n", close_after=None)
+        run = ProxyRun(tmp_path, {"command": "dsv4bench proxy (test)", "config": {}})
+        proxy = AuditProxy(f"http://{upstream_auth}127.0.0.1:{url.port}/v1", run, api_key)
+        try:
+            await proxy.learn_upstream_idle()
+        finally:
+            await proxy.aclose()
+            server.close()
+            run.end("complete")
+        return heads
+
+    (head,) = asyncio.run(main())
+    auth = [line for line in head.lower().split(b"\r\n") if line.startswith(b"authorization:")]
+    assert auth == ([sent.lower()] if sent else [])

@@ -315,12 +315,9 @@ class AuditProxy:
         """Watch one idle connection to the upstream (wire/upstream_idle.py) and keep the pool's
         connections a margin under what it shows; the history notes what was learned. Runs
         beside the traffic, from the CLI: the pool keeps DEFAULT_KEEPALIVE_S until it is done."""
-        headers = {}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        elif self._basic is not None:
-            headers["Authorization"] = self._basic.decode("latin-1")
-        learned = await watch_idle(yarl.URL(self.root + "/v1/models", encoded=True), headers)
+        # The credentials a client's request without any would be sent with (_upstream_headers).
+        own = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._upstream_headers([])[0]}
+        learned = await watch_idle(yarl.URL(self.root + "/v1/models", encoded=True), own)
         applied = self._upstream.keep_idle(learned.keepalive_s)
         with contextlib.suppress(Exception):  # as in _refuse: the history's failure stops nothing
             self.audit.event(
@@ -632,11 +629,9 @@ class _HeadTimeout(HttpToolsProtocol):
         self._start_head_clock()
 
     def _start_head_clock(self) -> None:
-        clock = CoarseClock.of(self.loop)
-        if self._head_deadline is not None:
-            clock.drop(self._head_deadline)
+        self._stop_head_clock()
         self._waiting_past = self.cycle
-        self._head_deadline = clock.at(self.head_timeout, self._head_late)
+        self._head_deadline = CoarseClock.of(self.loop).at(self.head_timeout, self._head_late)
 
     def _stop_head_clock(self) -> None:
         if self._head_deadline is not None:

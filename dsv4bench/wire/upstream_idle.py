@@ -81,10 +81,8 @@ async def watch_idle(
                 protocol = protocol or getattr(response, "_protocol", None)
                 await response.read()
                 said = _said_timeout(response)
-                closes = response.headers.get("connection", "").lower() == "close" or (response.version or (1, 1)) < (
-                    1,
-                    1,
-                )
+                http_1_0 = response.version is not None and response.version < (1, 1)  # no keep-alive by default
+                closes = http_1_0 or response.headers.get("connection", "").lower() == "close"
             answered = loop.time()
             if closes:
                 return IdleLearned(DEFAULT_KEEPALIVE_S, None, "the upstream closes each connection after its answer")
