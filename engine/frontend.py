@@ -29,7 +29,8 @@ import deepseek_recipe as dr
 
 from . import tool_choice_decoding
 from .config import TOOL_CALL_PARSERS, ModelConfig
-from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact
+from .openai_request import OpenAIRequest
+from .outputs import ChatOutput, CompletionOutput, TokenEventLike, dumps_compact, sglext
 from .prepared_request import Bootstrap, PreparedRequest
 from .request import SEED_MAX, SamplingParams
 from .request_limits import NUMBER, Field, RequestError, check_fields, check_values
@@ -65,6 +66,8 @@ _COMMON = {
     "frequency_penalty": Field(NUMBER, -2, 2),
     "user": Field((str,)),
     "logit_bias": Field((dict,)),
+    # SGLang's: `sglext.cached_tokens_details` in the answer (openai_request.py)
+    "return_cached_tokens_details": Field((bool,)),
     **BOOTSTRAP_FIELDS,
 }
 _CHAT = {
@@ -281,7 +284,7 @@ class Frontend:
         constraint = tool_choice_decoding.for_request(body, self.tokenizer)
         if constraint is not None:
             params = dataclasses.replace(params, constraint=constraint)
-        return PreparedRequest(
+        return OpenAIRequest(
             rid=f"chatcmpl-{uuid.uuid4().hex}",
             model=model,
             prompt_ids=prompt_ids,
@@ -291,6 +294,7 @@ class Frontend:
             thinking=conv.conversation.thinking_mode,
             conversation=conv,
             bootstrap=bootstrap_fields(body),
+            return_cached_tokens_details=body.get("return_cached_tokens_details") is True,
         )
 
     def prepare_completion(self, body: Any) -> PreparedRequest:
@@ -312,7 +316,7 @@ class Frontend:
         requested = body.get("max_tokens")
         self.check_context(len(prompt_ids), "prompt", requested)
         params = self.sampling(body, requested or self.max_context - len(prompt_ids), 1.0, 1.0, body.get("seed"))
-        return PreparedRequest(
+        return OpenAIRequest(
             rid=f"cmpl-{uuid.uuid4().hex}",
             model=body.get("model") or self.model_name,
             prompt_ids=prompt_ids,
@@ -322,6 +326,7 @@ class Frontend:
             skip_special_tokens=body.get("skip_special_tokens") is not False,
             stop=stop_strings(body),
             bootstrap=bootstrap_fields(body),
+            return_cached_tokens_details=body.get("return_cached_tokens_details") is True,
         )
 
     def _common_checks(self, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
@@ -413,6 +418,7 @@ class Frontend:
         """The whole chat.completion object, or None when the request was aborted."""
         out = self.chat_output(req, self.tokenizer)
         response: dr.ChatCompletionResponse | None = None
+        ext: dict[str, Any] | None = None
         try:
             async for event in events:
                 if response is None:
@@ -421,11 +427,15 @@ class Frontend:
                     )
                 for chunk in out.feed(event):
                     response.accumulate(chunk)
+                ext = sglext(req, event.cached_tokens, event.cached_tokens_host)
                 if out.done or out.aborted:
                     break
         finally:
             out.close()
-        return out.whole(json.loads(response.to_json())) if response is not None and out.done else None
+        if response is None or not out.done:
+            return None
+        whole = out.whole(json.loads(response.to_json()))
+        return whole if ext is None else {**whole, "sglext": ext}
 
     async def stream_completion(
         self, req: PreparedRequest, events: AsyncIterator[TokenEventLike]
@@ -439,6 +449,8 @@ class Frontend:
             if out.done or out.aborted:
                 break
         if out.done:
+            if (ext := out.sglext()) is not None:
+                yield dumps_compact({**out.chunk(""), "choices": [], "usage": None, "sglext": ext})
             if req.include_usage:
                 yield dumps_compact({**out.chunk(""), "choices": [], "usage": out.usage()})
             yield "[DONE]"

@@ -66,6 +66,19 @@ class HiCacheStats(NamedTuple):
     pages_backed_up_total: int
     load_bytes_total: int
     unguarded_index_k_reads_total: int
+    page_size: int  # tokens per page, for the token counts SGLang exports
+
+    @property
+    def host_used_tokens(self) -> int:
+        return self.host_pages_used * self.page_size
+
+    @property
+    def host_total_tokens(self) -> int:
+        return self.host_pages_total * self.page_size
+
+    @property
+    def load_back_tokens_total(self) -> int:
+        return self.pages_loaded_total * self.page_size
 
 
 class _HiNode(_Node):
@@ -104,6 +117,7 @@ class HiRadixCache(RadixCache):
             self.num_pages_backed_up,
             self.mover.bytes_loaded,
             self.mover.unguarded_reads,
+            self.page_size,
         )
 
     def _loading(self, node: _HiNode) -> bool:
@@ -131,9 +145,10 @@ class HiRadixCache(RadixCache):
         """
         path = self._match_path(tokens, max_tokens)
         cold = next((i for i, n in enumerate(path) if not n.pages), len(path))
-        if cold < len(path):
-            path = path[:cold] + self._load_back(path[:cold], path[cold:])
-        return self._result(path)
+        if cold == len(path):
+            return self._result(path)
+        loaded = self._load_back(path[:cold], path[cold:])
+        return self._result(path[:cold] + loaded, sum(self._size(n) for n in loaded) * self.page_size)
 
     def _load_back(self, warm: list[_Node], cold: list[_Node]) -> list[_Node]:
         """Give the host-only nodes `cold` (the path continuing `warm`) device pages and start
@@ -201,7 +216,11 @@ class HiRadixCache(RadixCache):
         """Free at least `num_pages` device pages if possible: unreferenced device leaves,
         least recently used first, move to the host tier and stay in the tree (host-only); a
         parent left without device children becomes a candidate. Returns device pages freed."""
-        return self._evict_lru(num_pages, self._evictable, lambda node: self._demote(self._hi(node)))
+        freed = self._evict_lru(num_pages, self._evictable, lambda node: self._demote(self._hi(node)))
+        # NOTE: counted whether the pages went to the host or, with the host full, nowhere:
+        # either way they left the device pool (SGLang's evicted_tokens_total).
+        self.num_evicted_tokens += freed * self.page_size
+        return freed
 
     def _demote(self, node: _HiNode) -> int:
         """Move an evictable node's pages off the device (to the host, or nowhere when the host

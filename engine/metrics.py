@@ -9,6 +9,17 @@ matching fields (`num_prefill_bootstrap_queue`, `num_prefill_inflight_queue` on 
 server, `num_decode_prealloc_queue`, `num_decode_transfer_queue` on the decode server; see
 engine/pd/stats.py `PDStats`; the host-receive and deferred-release gauges have no counterpart
 here); they are always present, as on an SGLang server.
+
+The device pool and the prefix cache under SGLang's names (python/sglang/srt/observability/
+metrics_collector.py): `sglang:max_total_num_tokens` (the pool, num_pages * page_size), its
+split `sglang:kv_used_tokens` + `sglang:kv_evictable_tokens` + `sglang:kv_available_tokens`,
+`sglang:evicted_tokens_total` (tokens whose pages eviction took off the device, to the host
+tier or, without HiCache or with it full, nowhere; a /flush_cache is not counted) and
+`sglang:cached_tokens_total` (each request's cached prompt tokens, counted when it ends).
+With --hicache only, as SGLang creates them only with its hierarchical cache:
+`sglang:hicache_host_used_tokens`, `sglang:hicache_host_total_tokens` and
+`sglang:load_back_tokens_total` (tokens loaded back from the host tier, counted as each load
+starts), beside our own `dsv4mini:hicache_*` series.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
+
+from .scheduler import KVPoolStats
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 LABELS = ("model_name", "engine_type")
@@ -89,12 +102,29 @@ GAUGES: tuple[tuple[str, str, str | None], ...] = (
     ("sglang:token_usage", "The token usage (fraction of KV pages in use).", "token_usage"),
     ("sglang:cache_hit_rate", "The prefix cache hit rate.", "cache_hit_rate"),
 )
+# The device pool, SGLang's names and help (python/sglang/srt/observability/metrics_collector.py,
+# SchedulerMetricsCollector). (metric name, help, KVPoolStats field)
+KV_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", "max_total_num_tokens"),
+    ("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.", "used_tokens"),
+    (
+        "sglang:kv_evictable_tokens",
+        "Number of evictable (radix-cached) token slots in the KV cache pool.",
+        "evictable_tokens",
+    ),
+    ("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.", "available_tokens"),
+)
+# SGLang's RadixCacheMetricsCollector (same file); its help says GPU to CPU, but it counts every
+# eviction from the device pool, with HiCache or without.
+EVICTED = ("sglang:evicted_tokens", "The number of tokens evicted from GPU to CPU.")
 # (metric name without _total, help, EngineStats field)
 COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("sglang:num_requests", "The number of requests received.", "num_requests_total"),
     ("sglang:num_aborted_requests", "The number of aborted requests.", "num_aborted_total"),
     ("sglang:generation_tokens", "The number of generated tokens.", "gen_tokens_total"),
     ("sglang:prompt_tokens", "The number of prefill (prompt) tokens.", "prompt_tokens_total"),
+    # SGLang's TokenizerMetricsCollector (same file), counted per request as it ends.
+    ("sglang:cached_tokens", "Number of cached prompt tokens.", "cached_tokens_total"),
 )
 
 # Every family a server always exposes (histograms expose _bucket/_sum/_count samples under these);
@@ -103,6 +133,8 @@ METRIC_NAMES: tuple[str, ...] = (
     *(g[0] for g in GAUGES),
     "sglang:num_used_tokens",
     "sglang:gen_throughput",
+    *(g[0] for g in KV_GAUGES),
+    EVICTED[0],
     *(c[0] for c in COUNTERS),
     "sglang:time_to_first_token_seconds",
     "sglang:e2e_request_latency_seconds",
@@ -126,13 +158,23 @@ class _ThroughputWindow:
             return (total - n0) / (now - t0) if now - t0 > 0 else 0.0
 
 
-# The HiCache host tier (--hicache) has no SGLang counterpart here: our own prefix, so no
-# dashboard mistakes them for SGLang's. (metric name without _total, help, HiCacheStats field)
+# The HiCache host tier (--hicache): first SGLang's series, which it creates only with its
+# hierarchical cache (python/sglang/srt/observability/metrics_collector.py: the host gauges in
+# SchedulerMetricsCollector, load_back_tokens in RadixCacheMetricsCollector), so a server
+# without HiCache has none of them; then ours, under our own prefix so that no dashboard
+# mistakes them for SGLang's. (metric name without _total, help, HiCacheStats field)
 HICACHE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (
+        "sglang:hicache_host_used_tokens",
+        "Number of tokens currently used in the host KV cache.",
+        "host_used_tokens",
+    ),
+    ("sglang:hicache_host_total_tokens", "Total capacity of the host KV cache in tokens.", "host_total_tokens"),
     ("dsv4mini:hicache_host_pages_used", "Host-tier pages holding a backed-up prefix page.", "host_pages_used"),
     ("dsv4mini:hicache_host_pages", "Host-tier capacity in pages.", "host_pages_total"),
 )
 HICACHE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("sglang:load_back_tokens", "The number of tokens loaded from CPU to GPU.", "load_back_tokens_total"),
     ("dsv4mini:hicache_loads", "Host-to-device loads started.", "loads_total"),
     ("dsv4mini:hicache_pages_loaded", "Pages loaded back from the host tier.", "pages_loaded_total"),
     ("dsv4mini:hicache_pages_backed_up", "Evicted pages backed up to the host tier.", "pages_backed_up_total"),
@@ -163,6 +205,10 @@ class EngineCollector(Collector):
         yield self._gauge("sglang:num_used_tokens", "The number of KV token slots in use.", float(used))
         gen = self.throughput.update(int(getattr(s, "gen_tokens_total", 0)), time.monotonic())
         yield self._gauge("sglang:gen_throughput", "The generation throughput (token/s).", gen)
+        kv = getattr(s, "kv", KVPoolStats())
+        for name, doc, attr in KV_GAUGES:
+            yield self._gauge(name, doc, float(getattr(kv, attr)))
+        yield self._counter(*EVICTED, float(kv.evicted_tokens_total))
         for name, doc, attr in COUNTERS:
             yield self._counter(name, doc, float(getattr(s, attr, 0)))
         hicache = getattr(s, "hicache", None)

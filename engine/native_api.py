@@ -12,7 +12,9 @@ ignored, the answer would not be the one asked for. An unknown sampling paramete
 as in SGLang. Batches (lists of prompts) are refused.
 
 Answer: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-"completion_tokens", "cached_tokens", "e2e_latency"}}`. `finish_reason` is None until the end,
+"completion_tokens", "cached_tokens", "cached_tokens_details", "e2e_latency"}}`.
+`cached_tokens_details` is SGLang's split of `cached_tokens` by tier, `{"device": D, "host": H}`,
+or None when nothing was cached (outputs.py). `finish_reason` is None until the end,
 then SGLang's object: `{"type": "stop", "matched": token id or stop string}`, `{"type":
 "length", "length": n}` or `{"type": "abort", "message": ...}`; an aborted request is answered
 (200), as SGLang answers it. Streamed: one `data:` payload per engine event, `text` the whole
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .frontend import BOOTSTRAP_FIELDS, U32, Frontend, bootstrap_fields, stop_strings
-from .outputs import CompletionOutput, TokenEventLike, dumps_compact
+from .outputs import CompletionOutput, TokenEventLike, cached_tokens_details, dumps_compact
 from .prepared_request import PreparedRequest
 from .request import HEALTH_PROBE_PREFIX, SEED_MAX, FinishReason
 from .request_limits import INT_MAX, NUMBER, Field, RequestError, check_fields, check_values
@@ -319,6 +321,7 @@ class NativeOutput:
             "prompt_tokens": self.text.prompt_tokens,
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.text.cached_tokens,
+            "cached_tokens_details": cached_tokens_details(self.text.cached_tokens, self.text.cached_tokens_host),
         }
         if self.done:
             meta["e2e_latency"] = time.monotonic() - self.req.arrival

@@ -9,6 +9,13 @@ deepseek-recipe 0.2.0, as found by experiment (pinned in tests/engine/test_front
   and reports `finished`; we stop there and the caller's close aborts the engine request.
 - Usage rides on the finish chunk whatever `stream_options` says; `ChatOutput` restores
   OpenAI's semantics (none without `include_usage`; with it, a last chunk with `choices: []`).
+
+SGLang's split of the cached prompt tokens by tier, `cached_tokens_details` ({"device": D,
+"host": H}, D + H = cached_tokens; None when nothing was cached): /generate puts it in every
+answer's meta_info (native_api.py); the OpenAI endpoints only for a request with
+`return_cached_tokens_details` (openai_request.py), as the answer's top-level `"sglext":
+{"cached_tokens_details": ...}`, streamed in a chunk of its own with `choices: []` after the
+finish chunk and before the usage chunk (SGLang's serving_chat.py / serving_completions.py).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, Protocol
 
 import deepseek_recipe as dr
 
+from .openai_request import wants_cached_tokens_details
 from .prepared_request import PreparedRequest
 from .request import FinishReason
 from .tokenizer import DSV4Tokenizer, IncrementalDecoder
@@ -32,6 +40,23 @@ def dumps_compact(d: dict[str, Any]) -> str:
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
+def cached_tokens_details(cached_tokens: int, cached_tokens_host: int) -> dict[str, int] | None:
+    """SGLang's `cached_tokens_details` of a request (its scheduler's
+    `_get_cached_tokens_details`): None when no prompt token was cached, else where they were
+    found. No "storage" key: SGLang adds one only with an L3 storage tier, which this engine has not."""
+    if cached_tokens <= 0:
+        return None
+    return {"device": cached_tokens - cached_tokens_host, "host": cached_tokens_host}
+
+
+def sglext(req: PreparedRequest, cached_tokens: int, cached_tokens_host: int) -> dict[str, Any] | None:
+    """The answer's `sglext` object, or None when there is none to give (SGLang leaves it out)."""
+    details = cached_tokens_details(cached_tokens, cached_tokens_host)
+    if details is None or not wants_cached_tokens_details(req):
+        return None
+    return {"cached_tokens_details": details}
+
+
 class TokenEventLike(Protocol):
     """What the engine yields per step for one request (server_loop.TokenEvent)."""
 
@@ -39,6 +64,7 @@ class TokenEventLike(Protocol):
     finish_reason: FinishReason | None
     prompt_tokens: int
     cached_tokens: int
+    cached_tokens_host: int  # of cached_tokens, loaded back from the host tier
 
 
 class ChatOutput:
@@ -89,18 +115,23 @@ class ChatOutput:
 
     def feed_json(self, event: TokenEventLike) -> list[str]:
         """`feed`, as chunk JSON with OpenAI's usage semantics: the usage chunk (with
-        `include_usage`) comes last, after the finish chunk."""
-        texts, usage_chunk = [], None
+        `include_usage`) comes last, after the finish chunk and SGLang's `sglext` chunk (with
+        `return_cached_tokens_details`)."""
+        texts, tail = [], []
         for chunk in self.feed(event):
             text = chunk.to_json()
-            if '"usage":{' in text:
+            if '"usage":{' in text:  # the finish chunk
                 d = json.loads(text)
                 usage = d.pop("usage")
+                ext = sglext(self.req, event.cached_tokens, event.cached_tokens_host)
+                if ext is not None:
+                    tail.append({**d, "choices": [], "usage": None, "sglext": ext})
                 if self.req.include_usage:
-                    usage_chunk, d["usage"] = {**d, "choices": [], "usage": usage}, None
+                    tail.append({**d, "choices": [], "usage": usage})
+                    d["usage"] = None
                 text = dumps_compact(d)
             texts.append(text)
-        return texts + [dumps_compact(usage_chunk)] if usage_chunk else texts
+        return texts + [dumps_compact(c) for c in tail]
 
     def whole(self, response: dict[str, Any]) -> dict[str, Any]:
         """The whole chat.completion object of a non-streamed request, from deepseek-recipe's."""
@@ -176,7 +207,7 @@ class CompletionOutput:
         self.silent_ids = {tokenizer.eos_token_id, *req.params.stop_token_ids}  # trimmed, as SGLang does
         self.text = ""  # emitted so far
         self._held = ""  # decoded but held back: it may start a stop string
-        self.completion_tokens = self.prompt_tokens = self.cached_tokens = 0
+        self.completion_tokens = self.prompt_tokens = self.cached_tokens = self.cached_tokens_host = 0
         self.finish_reason: str | None = None
         self.aborted = False
 
@@ -189,6 +220,7 @@ class CompletionOutput:
         if self.done or self.aborted:
             return ""
         self.prompt_tokens, self.cached_tokens = event.prompt_tokens, event.cached_tokens
+        self.cached_tokens_host = event.cached_tokens_host
         self.completion_tokens += len(event.token_ids)
         ids = [i for i in event.token_ids if i not in self.silent_ids]
         pending = self._held + self.decoder.push(ids, final=event.finish_reason is not None)
@@ -229,4 +261,9 @@ class CompletionOutput:
         }
         if usage:
             d["usage"] = self.usage()
+            if (ext := self.sglext()) is not None:
+                d["sglext"] = ext
         return d
+
+    def sglext(self) -> dict[str, Any] | None:
+        return sglext(self.req, self.cached_tokens, self.cached_tokens_host)

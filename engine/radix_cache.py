@@ -41,6 +41,9 @@ class MatchResult(NamedTuple):
     pages: list[int]  # cached pages of the prefix, in order; NOT increfed for the caller
     num_tokens: int  # == len(pages) * page_size
     node: _Node  # deepest matched node (the root when nothing matched)
+    # Of `num_tokens`, the trailing ones this match brought back from a host tier (HiCache);
+    # the rest were on the device already.
+    num_loaded_tokens: int = 0
 
 
 class InsertResult(NamedTuple):
@@ -65,6 +68,9 @@ class RadixCache:
         self.root = self.node_type((), [], None)
         self._num_pages = 0
         self._tick = 0
+        # Tokens whose pages eviction took off the device (SGLang's sglang:evicted_tokens_total);
+        # a flush (`reset`) is not eviction and is not counted.
+        self.num_evicted_tokens = 0
 
     @property
     def num_cached_pages(self) -> int:
@@ -128,10 +134,10 @@ class RadixCache:
             node = child
         return path
 
-    def _result(self, path: list[_Node]) -> MatchResult:
+    def _result(self, path: list[_Node], num_loaded_tokens: int = 0) -> MatchResult:
         pages = [p for node in path for p in node.pages]
         assert len(pages) == sum(self._size(node) for node in path), "matched a node without pages"
-        return MatchResult(pages, len(pages) * self.page_size, path[-1] if path else self.root)
+        return MatchResult(pages, len(pages) * self.page_size, path[-1] if path else self.root, num_loaded_tokens)
 
     def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
         """Insert the full pages of a sequence: `pages[i]` holds tokens `i*P .. i*P+P-1`.
@@ -184,7 +190,9 @@ class RadixCache:
         """Free at least `num_pages` pages if possible by removing unreferenced leaves, least
         recently used first (a parent left childless becomes a candidate). Whole nodes are
         removed, so more than `num_pages` may be freed. Returns the number of pages freed."""
-        return self._evict_lru(num_pages, self._evictable, self._remove_leaf)
+        freed = self._evict_lru(num_pages, self._evictable, self._remove_leaf)
+        self.num_evicted_tokens += freed * self.page_size
+        return freed
 
     def _remove_leaf(self, leaf: _Node) -> int:
         parent = leaf.parent
@@ -220,7 +228,7 @@ class RadixCache:
 
     def reset(self) -> int:
         """Drop every cached page no request holds (/flush_cache). Returns pages freed."""
-        return self.evict(self._num_pages)
+        return self._evict_lru(self._num_pages, self._evictable, self._remove_leaf)
 
     def all_pages(self) -> list[int]:
         """Every page the tree holds a reference on."""

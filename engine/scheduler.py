@@ -48,6 +48,25 @@ class OutputEvent(NamedTuple):
     finish_reason: FinishReason | None
 
 
+class KVPoolStats(NamedTuple):
+    """The device KV pool in tokens, under SGLang's meanings (its SchedulerStats):
+    used + evictable + available == max_total_num_tokens."""
+
+    max_total_num_tokens: int = 0  # the pool: num_pages * page_size
+    used_tokens: int = 0  # on pages a request holds (cached pages it shares included)
+    evictable_tokens: int = 0  # on cached pages no request holds
+    available_tokens: int = 0  # on free pages
+    evicted_tokens_total: int = 0  # taken off the device by eviction, since the start
+
+
+class CacheHit(NamedTuple):
+    """Where an admitted request's cached prompt tokens were found (SGLang's
+    `cached_tokens_details`); device + host == the request's `num_cached`."""
+
+    device: int  # already on the device
+    host: int  # loaded back from the host tier (HiCache) for this request
+
+
 class SchedulerStats(NamedTuple):
     num_running: int  # decoding
     num_prefill: int  # admitted, input not yet fully computed
@@ -59,6 +78,7 @@ class SchedulerStats(NamedTuple):
     cache_hit_rate: float  # input tokens served from the cache / input tokens, over admissions
     num_cached_pages: int
     num_preemptions: int
+    kv: KVPoolStats
 
 
 class Scheduler:
@@ -85,6 +105,7 @@ class Scheduler:
         self._input_tokens = 0
         self._cached_tokens = 0
         self._num_preemptions = 0
+        self._cache_hits: dict[str, CacheHit] = {}  # live admitted requests' latest admission
 
     # ---- queue changes -------------------------------------------------------------------
 
@@ -148,6 +169,7 @@ class Scheduler:
     def _forget(self, req: Request) -> None:
         del self._live[req.rid]
         del self._seq[req.rid]
+        self._cache_hits.pop(req.rid, None)
 
     def _key(self, req: Request) -> int:
         return self._seq[req.rid]
@@ -251,6 +273,7 @@ class Scheduler:
     def _admit(self, req: Request, budget: int) -> int:
         """Try to admit the head of the queue: share its cached prefix, reserve pages for its
         first chunk (evicting, never preempting). Returns the chunk length, 0 if it must wait."""
+        loaded = 0
         if self.cfg.enable_prefix_cache:
             # NOTE: at most num_tokens - 1 so at least one token is computed and gives logits.
             m = self.cache.match_prefix(req.tokens, req.num_tokens - 1)
@@ -258,12 +281,19 @@ class Scheduler:
             req.pages = list(m.pages)
             req.shared_pages = len(m.pages)
             req.num_computed = m.num_tokens
+            loaded = m.num_loaded_tokens
         n = min(req.num_tokens - req.num_computed, budget)
         if not self._reserve(req, req.num_computed + n, may_preempt=False):
+            # NOTE: pages this match loaded back stay in the cache, on the device: a later
+            # admission of this request finds them there and reports them as device hits.
             self.allocator.decref(req.pages)
             req.pages, req.num_computed, req.shared_pages = [], 0, 0
             return 0
         req.num_cached = min(req.num_computed, len(req.prompt_ids))
+        # The loaded tokens end the match; a re-admitted request's match may run past its
+        # prompt into its output, which is not a cached prompt token.
+        device = min(req.num_computed - loaded, req.num_cached)
+        self._cache_hits[req.rid] = CacheHit(device, req.num_cached - device)
         self._input_tokens += req.num_tokens
         self._cached_tokens += req.num_computed
         req.transition(RequestState.PREFILL)
@@ -321,6 +351,11 @@ class Scheduler:
     def get(self, rid: str) -> Request | None:
         return self._live.get(rid)
 
+    def cache_hit(self, rid: str) -> CacheHit:
+        """Where a live request's cached prompt tokens were found at its latest admission
+        (nothing cached for one never admitted)."""
+        return self._cache_hits.get(rid, CacheHit(0, 0))
+
     def stats(self) -> SchedulerStats:
         used, total = self.allocator.num_used, self.allocator.num_pages
         evictable = self._evictable_pages()
@@ -337,6 +372,13 @@ class Scheduler:
             cache_hit_rate=self._cached_tokens / self._input_tokens if self._input_tokens else 0.0,
             num_cached_pages=self.cache.num_cached_pages,
             num_preemptions=self._num_preemptions,
+            kv=KVPoolStats(
+                max_total_num_tokens=total * self.page_size,
+                used_tokens=(used - evictable) * self.page_size,
+                evictable_tokens=evictable * self.page_size,
+                available_tokens=self.allocator.num_free * self.page_size,
+                evicted_tokens_total=self.cache.num_evicted_tokens,
+            ),
         )
 
     def _evictable_pages(self) -> int:

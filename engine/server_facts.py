@@ -10,6 +10,11 @@ the tokenizer (engine/assets/): a router given a bare name would reach for a mod
 tell what kind of deployment it is looking at (dsv4bench/servers/discovery.py): the PD transfer
 backend, the overlap schedule, HiCache and its write policy, the parsers, the batch limits.
 Each says what this engine does, not what SGLang's default would be.
+
+`max_total_num_tokens`, the device KV pool in tokens (num_pages * page_size), sits at the top
+level, where SGLang's answer has it: SGLang's /get_server_info spreads its scheduler's init
+info into the answer (python/sglang/srt/entrypoints/http_server.py `get_server_info`,
+python/sglang/srt/managers/scheduler.py `get_init_info`). A router has no pool and says none.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def server_info(
     facts = dataclasses.asdict(cfg)
     model = facts.pop("model")
     facts["faults"] = sorted(fault.value for fault in cfg.faults)
+    if engine_type != "router":
+        facts["max_total_num_tokens"] = cfg.num_pages * cfg.page_size
     return {
         **facts,
         **sglang_settings(cfg, engine_type),

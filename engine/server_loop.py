@@ -31,7 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .hiradix_cache import HiCacheStats
 from .request import FinishReason, Request, RequestFailure, is_health_probe
-from .scheduler import OutputEvent, ScheduledBatch, Scheduler
+from .scheduler import KVPoolStats, OutputEvent, ScheduledBatch, Scheduler
 
 log = logging.getLogger("dsv4bench.engine")
 
@@ -55,12 +55,20 @@ class TokenEvent:
     prompt_tokens: int
     cached_tokens: int
     error: str | None = None  # the engine failed this request (finish_reason ABORT): why
+    # Of `cached_tokens`, those loaded back from the host tier for this request (HiCache); the
+    # rest were on the device. SGLang's cached_tokens_details (outputs.cached_tokens_details).
+    cached_tokens_host: int = 0
 
     @classmethod
     def of(
-        cls, req: Request, token_ids: list[int], reason: FinishReason | None, error: str | None = None
+        cls,
+        req: Request,
+        token_ids: list[int],
+        reason: FinishReason | None,
+        error: str | None = None,
+        cached_tokens_host: int = 0,
     ) -> TokenEvent:
-        return cls(token_ids, reason, len(req.prompt_ids), req.num_cached, error)
+        return cls(token_ids, reason, len(req.prompt_ids), req.num_cached, error, cached_tokens_host)
 
 
 @dataclass
@@ -78,7 +86,9 @@ class EngineStats:
     num_aborted_total: int = 0
     gen_tokens_total: int = 0
     prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0  # prompt tokens served from the prefix cache, counted as requests end
     last_step_ms: float = 0.0
+    kv: KVPoolStats = KVPoolStats()  # the device pool in tokens (all zero on a router)
     hicache: HiCacheStats | None = None  # host-tier counters when serving with --hicache
 
 
@@ -243,7 +253,7 @@ class ServerLoop(ABC, Generic[E]):
         # when a request leaves; a scripted test runner keeps none.
         self._forget: Callable[[str], None] = getattr(runner, "forget", lambda rid: None)
         self.inbox: queue.Queue[Message] = queue.Queue()
-        self.counts: Counter[str] = Counter()  # requests, aborted, gen, prompt: users' only
+        self.counts: Counter[str] = Counter()  # requests, aborted, gen, prompt, cached: users' only
         self.last_step_ms = 0.0
         self.stats = self.stats_type()
         self.error: BaseException | None = None

@@ -36,6 +36,10 @@ log = logging.getLogger("dsv4bench.engine")
 class UnifiedEntry:
     req: Request
     sink: EventSink
+    cached_tokens_host: int = 0  # of req.num_cached, loaded back from the host tier at its admission
+
+    def event(self, token_ids: list[int], reason: FinishReason | None, error: str | None = None) -> TokenEvent:
+        return TokenEvent.of(self.req, token_ids, reason, error, self.cached_tokens_host)
 
 
 class UnifiedEngine(ServerLoop[UnifiedEntry]):
@@ -79,7 +83,8 @@ class UnifiedEngine(ServerLoop[UnifiedEntry]):
             return False
         self.count("aborted", rid)
         if entry is not None:
-            entry.sink.push(TokenEvent.of(entry.req, [], FinishReason.ABORT))
+            self.count("cached", rid, entry.req.num_cached)
+            entry.sink.push(entry.event([], FinishReason.ABORT))
         return True
 
     def work(self) -> None:
@@ -93,7 +98,16 @@ class UnifiedEngine(ServerLoop[UnifiedEntry]):
 
     def fail(self, rid: str, err: BaseException) -> None:
         if (entry := self.live.pop(rid, None)) is not None:
-            entry.sink.push(TokenEvent.of(entry.req, [], FinishReason.ABORT, failure_text(err)))
+            self.count("cached", rid, entry.req.num_cached)
+            entry.sink.push(entry.event([], FinishReason.ABORT, failure_text(err)))
+
+    def before_postprocess(self, batch: ScheduledBatch, failed: dict[str, BaseException]) -> None:
+        # NOTE: read here, while the Scheduler still knows them: its postprocess forgets the
+        # requests it finishes, and the split of a prefill admitted this step rides on every
+        # event from now on.
+        for e in batch.entries[batch.num_decode :]:
+            if (entry := self.live.get(e.req.rid)) is not None:
+                entry.cached_tokens_host = self.scheduler.cache_hit(e.req.rid).host
 
     def postprocess(self, outputs: dict[str, StepOutput]) -> None:
         for rid, out in outputs.items():
@@ -101,8 +115,9 @@ class UnifiedEngine(ServerLoop[UnifiedEntry]):
             if entry is None:
                 continue
             self.count("gen", rid, len(out.token_ids))
-            entry.sink.push(TokenEvent.of(entry.req, out.token_ids, out.finish_reason))
+            entry.sink.push(entry.event(out.token_ids, out.finish_reason))
             if out.finish_reason is not None:
+                self.count("cached", rid, entry.req.num_cached)
                 del self.live[rid]
                 self._forget(rid)
 
@@ -121,14 +136,16 @@ class UnifiedEngine(ServerLoop[UnifiedEntry]):
             num_aborted_total=self.counts["aborted"],
             gen_tokens_total=self.counts["gen"],
             prompt_tokens_total=self.counts["prompt"],
+            cached_tokens_total=self.counts["cached"],
             last_step_ms=self.last_step_ms,
+            kv=s.kv,
             hicache=cache.stats() if isinstance(cache, HiRadixCache) else None,
         )
 
     def fail_all(self) -> None:
         """This thread died: every client hears ABORT."""
         for entry in self.live.values():
-            entry.sink.push(TokenEvent.of(entry.req, [], FinishReason.ABORT))
+            entry.sink.push(entry.event([], FinishReason.ABORT))
         self.live.clear()
 
 

@@ -201,6 +201,7 @@ class DecodeEngine(ServerLoop[DecodeEntry]):
             num_aborted_total=self.counts["aborted"],
             gen_tokens_total=self.counts["gen"],
             last_step_ms=self.last_step_ms,
+            kv=s.kv,
         )
 
     def fail_all(self) -> None:

@@ -197,6 +197,9 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
             assert out.finish_reason is not None and len(out.token_ids) == 1
             e = self.prefilling.pop(rid)
             self._forget(rid)
+            # NOTE: counted here, where the prefix cache served them; the decode server only
+            # reports the count it is sent, so its counter stays 0 and a sum over servers is right.
+            self.count("cached", rid, e.req.num_cached)
             e.held_pages = self._held.pop(rid)
             if e.transfer.begin(e.held_pages, out.token_ids[0], e.req.num_cached):
                 self.transfers.submit(e.transfer)
@@ -236,7 +239,9 @@ class PrefillEngine(ServerLoop[PrefillEntry]):
             num_requests_total=self.counts["requests"],
             num_aborted_total=self.counts["aborted"],
             prompt_tokens_total=self.counts["prompt"],
+            cached_tokens_total=self.counts["cached"],
             last_step_ms=self.last_step_ms,
+            kv=s.kv,
         )
 
     def fail_all(self) -> None:

@@ -26,7 +26,15 @@ from .pd.helpers import ServerThread, tiny_cfg, wait_until
 TOK = load_tokenizer()
 PROMPT = "The quick brown fox"
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}  # a fixed length whatever the weights say
-META = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"}
+META = {
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cached_tokens_details",
+    "e2e_latency",
+}
 
 
 @dataclass
