@@ -14,7 +14,9 @@ sgl-router/src/metrics.rs (later sgl-model-gateway/src/observability/metrics.rs)
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 SGLANG = "sglang:"
@@ -144,6 +146,71 @@ FAILURE_COUNTERS = frozenset(
     }
 )
 
+# --- the KV cache and its tiers -----------------------------------------------------------------
+# What kv_pool.py reads a server's device pool from and cache_pressure.py the pressure a run
+# reached. SGLang's names are from observability/metrics_collector.py (metrics/collector.py
+# before): its scheduler gauges carry the rank labels above; its radix cache's counters
+# (RadixCacheMetricsCollector) carry `cache_type` and, in newer releases, `tp_rank`, `pp_rank`
+# and `dp_rank` (before those, the multiprocess registry summed a TP server's ranks into one
+# series: TP times the count, which no reader can undo). SGLang creates a labelled counter's
+# series at its first increment, so a server that never evicted has no eviction series at all.
+SGLANG_POOL = "sglang:max_total_num_tokens"  # the device pool in tokens, per rank, set once at start
+SGLANG_KV_USED = "sglang:kv_used_tokens"  # full-attention slots held by running requests (newer releases)
+SGLANG_NUM_USED = "sglang:num_used_tokens"  # the same in every release; max(full, SWA) on hybrid-SWA models
+# The fraction of the pool in use (used = token_usage x pool where only it is there). It is the
+# bottleneck of the full, SWA and mamba pools: on a hybrid model, an approximation.
+SGLANG_TOKEN_USAGE = "sglang:token_usage"
+# Radix-cached slots no request holds: free to evict. It came after the eviction and retraction
+# counters, in the same collectors: a scrape that has it comes from a release that counts both,
+# so there a missing `evicted_tokens_total` or `num_retracted_requests_total` means none yet.
+SGLANG_EVICTABLE = "sglang:kv_evictable_tokens"
+# Device slots freed by eviction, whether backed up to the host tier or dropped.
+SGLANG_EVICTED = "sglang:evicted_tokens_total"
+# Tokens loaded back from the host tier (HiCache's L2), by host `pool` (kv, swa, mamba, ...) in
+# newer releases: the device KV pool's count is read, the others count the same tokens again.
+SGLANG_LOAD_BACK = "sglang:load_back_tokens_total"
+LOAD_BACK_POOL_LABEL, LOAD_BACK_KV_POOL = "pool", "kv"
+# HiCache's host pool, exported only with --enable-hierarchical-cache: where it is, a missing
+# load-back counter means nothing was loaded back yet; where it is not, HiCache is off.
+SGLANG_HOST_USED = "sglang:hicache_host_used_tokens"
+SGLANG_HOST_TOTAL = "sglang:hicache_host_total_tokens"
+# Prompt tokens served from cache, by `cache_source` (device, host, storage_<backend>, or `total`
+# where a request gave no breakdown): the sources add up. The prompt tokens are by
+# `is_streaming` in newer releases.
+SGLANG_CACHED_TOKENS = "sglang:cached_tokens_total"
+SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
+SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # the scheduler's own gauge
+# Speculative decoding: the acceptance rate (accepted / proposed drafts) and the mean acceptance
+# length (accepted drafts + the bonus token per verify step) are both real names, of two
+# quantities. Only the rate is read as one; the length tells whether speculation ran at all (a
+# server without it logs 0 for both, which is no rate of 0).
+SGLANG_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
+SGLANG_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+# Requests retracted (put back in the queue, their KV freed) when decoding ran out of pool:
+# SGLang's preemption.
+SGLANG_RETRACTED = "sglang:num_retracted_requests_total"
+# vLLM (v1/metrics/loggers.py): the pool is in the labels of an info gauge (value 1), one series
+# per engine core: `num_gpu_blocks` x `block_size` (num_gpu_blocks is "None" until profiled), or
+# newer releases' `kv_cache_size_tokens`, which counts hybrid models' KV groups right.
+VLLM_CACHE_CONFIG = "vllm:cache_config_info"
+VLLM_NUM_GPU_BLOCKS, VLLM_BLOCK_SIZE, VLLM_POOL_TOKENS = "num_gpu_blocks", "block_size", "kv_cache_size_tokens"
+# Each name first, then the one releases before 0.9 gave it (0.9 exports both, the same figure).
+VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # a fraction, 1 = full
+VLLM_PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")  # tokens
+VLLM_PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")  # tokens
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
+# v1/spec_decode/metrics.py: the acceptance rate is accepted / draft tokens over an interval.
+VLLM_SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+VLLM_SPEC_DRAFT = "vllm:spec_decode_num_draft_tokens_total"
+# vLLM evicts no tokens it counts: under pressure it preempts running requests (their KV freed,
+# recomputed later), counted in requests.
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+# The labels that tell copies of one rank's figure apart: the tensor- (pipeline-, expert-)
+# parallel schedulers of one data-parallel rank hold the same requests and tokens, each a shard
+# of their KV. A token figure is one of them, never their sum; each data-parallel rank
+# (`dp_rank`, vLLM's `engine`) has a pool of its own, and the deployment's figure is their sum.
+COPY_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+
 # --- dialects and their generations -------------------------------------------------------------
 SGLANG_DIALECT, VLLM_DIALECT, ROUTER_DIALECT, TRTLLM_DIALECT = "sglang", "vllm", "sglang-router", "trtllm"
 # SGLang's generations, newest first, each told by a name only it exports. "bootstrap": since
@@ -228,6 +295,30 @@ def generation_tokens(values: dict[str, float]) -> float:
     if decoded:
         return sum(decoded)
     return sum(v for k, v in values.items() if metric_name(k).endswith(GENERATION_TOKENS_SUFFIX))
+
+
+RankKey = tuple[tuple[str, str], ...]
+
+
+def per_rank(
+    values: Mapping[str, float], names: Iterable[str], keep: Callable[[dict[str, str]], bool] | None = None
+) -> dict[RankKey, float]:
+    """One value per rank of the series named `names` (one figure's names across releases), keyed
+    by their labels less COPY_LABELS: the copies of a rank (its tensor-parallel schedulers, or one
+    series under an old and a new name) give one value, their largest. Summed, the values are the
+    deployment's; averaged, a fraction's. A priority class's series is left out (PRIORITY_LABEL),
+    as is a value that is not finite, or a series whose labels `keep` refuses."""
+    wanted = frozenset(names)
+    out: dict[RankKey, float] = {}
+    for series, value in values.items():
+        if metric_name(series) not in wanted or not math.isfinite(value):
+            continue
+        labels = series_labels(series)
+        if labels.get(PRIORITY_LABEL) or (keep is not None and not keep(labels)):
+            continue
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in COPY_LABELS))
+        out[key] = max(out.get(key, value), value)
+    return out
 
 
 def is_router_metrics(values: dict[str, float]) -> bool:
