@@ -7,6 +7,8 @@ as one line (exit 2), never a traceback.
     │   ├── RequestMixError         --request-mix (harness/request_mix.py; also a ValueError)
     │   ├── SloError                --slo's latency targets (report/slo.py; also a ValueError)
     │   ├── SessionConfigError      a session's settings (harness/session.py; also a ValueError)
+    │   ├── ContextProfileError     --context (harness/context_profile.py; also a ValueError)
+    │   ├── CachePlanError          --cache-pressure past what the server can hold (harness/cache_plan.py)
     │   ├── ReferenceRunError       --reference RUN (harness/reference_run.py)
     │   ├── CaptureError            --replay CAPTURE (modes/replay.py)
     │   └── AuditError              what audit was given (modes/audit.py)

@@ -24,6 +24,9 @@ NOT_WITH_REPLAY = (
     "sessions",
     "duration",
     "max_turns",
+    "context",
+    "cache_pressure",
+    "kv_pool_tokens",
     "scenario",
     "seed",
     "thinking",
@@ -86,7 +89,10 @@ def agents(
     duration: Optional[float] = opt.option(
         RunConfig.duration, "--duration", panel=opt.LOAD, help="Seconds to keep starting turns; in-flight turns finish."
     ),
-    max_turns: int = opt.MAX_TURNS,
+    max_turns: Optional[int] = opt.MAX_TURNS,
+    context: str = opt.CONTEXT,
+    cache_pressure: Optional[float] = opt.CACHE_PRESSURE,
+    kv_pool_tokens: Optional[int] = opt.KV_POOL_TOKENS,
     scenario: str = opt.SCENARIO,
     seed: int = opt.SEED,
     thinking: bool = opt.THINKING,
@@ -237,6 +243,9 @@ def agents(
             sessions=sessions,
             duration=duration,
             max_turns=max_turns,
+            context=context,
+            cache_pressure=cache_pressure,
+            kv_pool_tokens=kv_pool_tokens,
             scenario=scenario,
             seed=seed,
             thinking=thinking,
@@ -295,9 +304,10 @@ def agents(
 
     target = open_target(config, url is not None, engine, engine_router, quiet)
     try:
+        run_config = _sized_for_cache(target.config, target.facts, quiet)
         try:
             summary, run_dir = run_agents(
-                target.config, target.facts, command=_command_line(target.config), reference=answers
+                run_config, target.facts, command=_command_line(run_config), reference=answers
             )
         except ExporterError as e:
             raise fail(str(e))
@@ -305,6 +315,24 @@ def agents(
         target.stop()
     print_verdict(summary, run_dir)
     raise _exit(summary, config.fail_on)
+
+
+def _sized_for_cache(config: RunConfig, facts: dict, quiet: bool) -> RunConfig:
+    """`config` sized for --cache-pressure (its plan printed, and kept in run.json), or as given."""
+    from dsv4bench.harness.cache_plan import CachePlanError, plan_run
+
+    try:
+        planned = plan_run(config, facts)
+    except CachePlanError as e:
+        raise fail(str(e))
+    if planned is None:
+        return config
+    sized, plan = planned
+    facts["cache_plan"] = plan.to_json()
+    if not quiet:
+        for line in plan.lines():
+            err.print(line, highlight=False, markup=False)
+    return sized
 
 
 def _replay(

@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from dsv4bench.harness.config import TRIAGE_AUTO_LIMIT, RunConfig
+from dsv4bench.harness.session import SessionConfig
 from dsv4bench.harness.triage import TRIAGE_REPEATS
 from dsv4bench.history.redact import API_KEY_ENV
 from dsv4bench.modes.sweep import SweepPlan
@@ -65,7 +66,24 @@ API_KEY = option(RunConfig.api_key, "--api-key", panel=TARGET, envvar=API_KEY_EN
 SCENARIO_HELP = "Scenario family: coding, data, ops, or mixed (round robin)."
 SCENARIO = option(RunConfig.scenario, "--scenario", panel=LOAD, help=SCENARIO_HELP)
 SEED = option(RunConfig.seed, "--seed", panel=LOAD, help="Run seed; the same seed replays the same tasks.")
-MAX_TURNS = option(RunConfig.max_turns, "--max-turns", panel=LOAD, help="Turns per session before it is cut off.")
+MAX_TURNS = option(
+    RunConfig.max_turns,
+    "--max-turns",
+    panel=LOAD,
+    help=f"Turns per session before it is cut off. Default: the --context profile's turns, else {SessionConfig.max_turns}.",
+)
+CONTEXT = option(
+    RunConfig.context,
+    "--context",
+    panel=LOAD,
+    metavar="PROFILE",
+    help=(
+        "How deep sessions grow: short (ours, a few thousand tokens), swe (SWE-agent and OpenHands trajectories: "
+        "deepest prompt 23,840 tokens at the median, 69,274 at p95, 36 turns), coding-agent (Claude Code and "
+        "Codex: ~154k), or P50[,P95] in tokens (24k,70k). A long session opens with real reads of its world and "
+        "ends at its drawn depth or the server's context. docs/cache-pressure.md."
+    ),
+)
 THINKING = option(
     RunConfig.thinking, "--thinking/--no-thinking", panel=LOAD, help="Ask for thinking mode (chat_template_kwargs)."
 )
@@ -80,6 +98,25 @@ CONTEXT_LENGTH = option(
         "The server's context in tokens; a session whose next turn would not fit ends there (context_full). "
         "Default: what /v1/models or /get_model_info reports."
     ),
+)
+CACHE_PRESSURE = option(
+    RunConfig.cache_pressure,
+    "--cache-pressure",
+    panel=LOAD,
+    metavar="X",
+    help=(
+        "Size the sessions' depth so that their working set (concurrency x mean deepest prompt) is X times the "
+        "server's KV pool, read from /get_server_info (SGLang, the bundled engine) or /metrics (vLLM); the plan "
+        "is printed before the load, and a pressure the server's context cannot reach at this --concurrency is "
+        "refused. docs/cache-pressure.md."
+    ),
+)
+KV_POOL_TOKENS = option(
+    RunConfig.kv_pool_tokens,
+    "--kv-pool-tokens",
+    panel=LOAD,
+    metavar="N",
+    help="The server's device KV pool in tokens, for --cache-pressure where the server does not say it.",
 )
 TEMPERATURE = option(RunConfig.temperature, "--temperature", panel=LOAD, help="Sampling temperature.")
 

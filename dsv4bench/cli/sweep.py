@@ -60,7 +60,8 @@ def sweep(
     duration: Optional[float] = opt.option(
         RunConfig.duration, "--duration", panel=opt.LOAD, help="Seconds per batch to keep starting turns."
     ),
-    max_turns: int = opt.MAX_TURNS,
+    max_turns: Optional[int] = opt.MAX_TURNS,
+    context: str = opt.CONTEXT,
     scenario: str = opt.SCENARIO,
     seed: int = opt.option(
         RunConfig.seed, "--seed", panel=opt.LOAD, help="Seed of batch 0 at every level; batch k is seeded seed + k."
@@ -106,6 +107,7 @@ def sweep(
             sessions=sessions,
             duration=duration,
             max_turns=max_turns,
+            context=context,
             scenario=scenario,
             seed=seed,
             thinking=thinking,

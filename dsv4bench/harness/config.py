@@ -19,6 +19,8 @@ from dsv4bench.agents import FAMILIES
 from dsv4bench.errors import UsageError
 from dsv4bench.wire.turn_answer import Deadlines
 from dsv4bench.history.redact import MASK, KeyScope, Redactor, redact_command
+from dsv4bench.harness.context_profile import DEFAULT as CONTEXT_DEFAULT
+from dsv4bench.harness.context_profile import ContextProfile, ContextProfileError, parse_context
 from dsv4bench.harness.request_mix import RequestMix, RequestMixError
 from dsv4bench.harness.session import SessionConfig, SessionConfigError
 from dsv4bench.report.slo import SloError, SloTargets
@@ -54,7 +56,13 @@ class RunConfig:
     rate: float | None = None  # sessions/s (open model); None = closed pool of `concurrency`
     sessions: int | None = None
     duration: float | None = None
-    max_turns: int = SessionConfig.max_turns
+    # Turns per session; None: the context profile's (context_profile.py), else SessionConfig's.
+    max_turns: int | None = None
+    context: str = CONTEXT_DEFAULT  # --context: a profile of context_profile.py, or P50[,P95]
+    # --cache-pressure X: the run sized so that its sessions' working set is X times the server's
+    # KV pool (cache_plan.py); the pool read from the server, or --kv-pool-tokens where it says none.
+    cache_pressure: float | None = None
+    kv_pool_tokens: int | None = None
     scenario: str = "mixed"
     seed: int = 0
     thinking: bool = SessionConfig.thinking
@@ -120,6 +128,12 @@ class RunConfig:
             raise ConfigError(f"{flag_of(e.field)} {e.problem}") from None
         except RequestMixError as e:
             raise ConfigError(f"--request-mix {self.request_mix!r} {e}") from None
+        except ContextProfileError as e:
+            raise ConfigError(str(e)) from None
+        if self.cache_pressure is not None and self.cache_pressure <= 0:
+            raise ConfigError(f"--cache-pressure must be a positive number, got {self.cache_pressure:g}")
+        if self.kv_pool_tokens is not None and self.kv_pool_tokens < 1:
+            raise ConfigError(f"--kv-pool-tokens must be at least 1, got {self.kv_pool_tokens}")
         if self.context_length is not None and self.context_length <= self.max_tokens:
             raise ConfigError(f"--context-length must be more than --max-tokens ({self.max_tokens})")
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
@@ -177,11 +191,12 @@ class RunConfig:
     def base_url(self) -> str:
         return self.url.rstrip("/")
 
-    def session_config(self, model: str, context_tokens: int | None = None) -> SessionConfig:
-        """How this run's sessions talk to `model` in a context of `context_tokens` (None: unknown)."""
+    def session_config(self, model: str, context_tokens: int | None = None, cache_tiers: bool = False) -> SessionConfig:
+        """How this run's sessions talk to `model` in a context of `context_tokens` (None: unknown);
+        `cache_tiers`: ask the server where each turn's cached tokens came from (SGLang's kinds)."""
         return SessionConfig(
             model=model,
-            max_turns=self.max_turns,
+            max_turns=self.turns_per_session,
             thinking=self.thinking,
             stream=self.stream,
             max_tokens=self.max_tokens,
@@ -189,7 +204,21 @@ class RunConfig:
             on_corrupt=self.on_corrupt,
             context_tokens=context_tokens,
             request_mix=RequestMix.parse(self.request_mix) if self.request_mix is not None else None,
+            context_profile=self.context_profile,
+            cache_tiers=cache_tiers,
         )
+
+    @property
+    def context_profile(self) -> ContextProfile:
+        """--context, read."""
+        return parse_context(self.context)
+
+    @property
+    def turns_per_session(self) -> int:
+        """--max-turns, or the context profile's turns, or the session's default."""
+        if self.max_turns is not None:
+            return self.max_turns
+        return self.context_profile.max_turns or SessionConfig.max_turns
 
     @property
     def slo_targets(self) -> SloTargets | None:

@@ -148,7 +148,10 @@ class AgentRun:
         context_tokens: int | None = None,
         reference: ReferenceAnswers | None = None,
         family: str | None = None,
+        cache_tiers: bool = False,
     ) -> None:
+        """`cache_tiers`: ask each turn where its cached prompt tokens came from (an SGLang
+        server's `return_cached_tokens_details`; only SGLang's kinds are asked it)."""
         self.config = config
         self.family = family  # the server's model family (families.family_of_server); None: every family
         self.reference = reference
@@ -156,7 +159,7 @@ class AgentRun:
         self.stats = stats
         self.run_id = run_id
         self.model = model
-        self.session_config = config.session_config(model, config.context_length or context_tokens)
+        self.session_config = config.session_config(model, config.context_length or context_tokens, cache_tiers)
         self.deadlines = config.deadlines
         self._next_index = 0
         self._stop_at: float | None = None

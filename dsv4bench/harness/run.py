@@ -27,7 +27,11 @@ from dsv4bench.history.redact import redact_command
 from dsv4bench.harness.reference_run import ReferenceAnswers
 from dsv4bench.report import build_report
 from dsv4bench.report.slo import tally_for
+from dsv4bench.servers.kinds import BUNDLED, SGLANG
 from dsv4bench.servers.wedge import WedgeConfig, WedgeFinding, detect_wedge
+
+# The server kinds asked where each turn's cached tokens came from (SGLang's field).
+CACHE_TIER_KINDS = frozenset({SGLANG, BUNDLED})
 
 
 def new_run_dir(config: RunConfig) -> tuple[str, Path]:
@@ -84,7 +88,10 @@ def run_agents(
             history.event("run_end", run=run_id, reason=RunEndReason.SERVE_METRICS_PORT_TAKEN)
             history.close()
             raise
-    driver = AgentRun(config, model, history, stats, run_id, facts.get("context_length"), reference, family)
+    cache_tiers = facts.get("server_kind") in CACHE_TIER_KINDS
+    driver = AgentRun(
+        config, model, history, stats, run_id, facts.get("context_length"), reference, family, cache_tiers
+    )
     deployment = Deployment.from_dict(facts.get("deployment"))
     if deployment is not None:
         driver.watch.know_roles(deployment.roles())

@@ -19,6 +19,8 @@ from dsv4bench.agents.transcript import CallText, assistant_message, default_cal
 from dsv4bench.errors import UsageError
 from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 from dsv4bench.harness.reference_run import SessionKeys, request_key
+from dsv4bench.harness.context_profile import SHORT, ContextProfile
+from dsv4bench.harness.opening_reads import opening_reads
 from dsv4bench.harness.request_mix import RequestMix, apply
 from dsv4bench.history.request_terms import RequestTerms
 
@@ -37,6 +39,7 @@ class EndReason(str, enum.Enum):
     KILLED = "killed"  # the nemesis killed it
     DURATION = "duration"  # the run's time was up
     CONTEXT_FULL = "context_full"  # the next turn would not fit the server's context
+    DEPTH_REACHED = "depth_reached"  # the next turn would pass the depth its context profile drew
 
 
 ON_CORRUPT_CHOICES = ("continue", "stop")
@@ -73,6 +76,13 @@ class SessionConfig:
     # --request-mix: each turn's tool_choice, parallel_tool_calls, thinking and stop drawn from
     # it (request_mix.py); None: every turn asks the same (auto, `thinking` above).
     request_mix: RequestMix | None = None
+    # --context: each session's deepest prompt drawn from recorded agents' (context_profile.py),
+    # reached by opening with reads of its world; the short profile opens with none.
+    context_profile: ContextProfile = SHORT
+    # Ask where each turn's cached prompt tokens came from, device or host (SGLang's
+    # `return_cached_tokens_details`, answered as `sglext.cached_tokens_details`): only SGLang's
+    # kinds know the field, and a strict server could refuse it.
+    cache_tiers: bool = False
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -119,6 +129,13 @@ class AgentSession:
         self.schemas = family.tool_schemas()
         self.gate = CallGate(self.schemas)
         self.messages: list[dict[str, Any]] = opening_messages(family.system_prompt, self.task.prompt)
+        # The depth this session grows to (None: its own growth only), within the server's context.
+        self.depth_limit = config.context_profile.depth_for(seed)
+        if self.depth_limit is not None:
+            if config.context_tokens is not None:
+                self.depth_limit = min(self.depth_limit, config.context_tokens)
+            budget = config.context_profile.opening_chars(self.depth_limit - config.max_tokens, family.name)
+            self.messages += opening_reads(family.name, self.world, self.gate, budget)
         self.turn = 0
         self.tool_calls_run = 0
         self.state = SessionState.READY
@@ -152,6 +169,8 @@ class AgentSession:
         }
         if self.config.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.config.cache_tiers:
+            body["return_cached_tokens_details"] = True
         if self.config.request_mix is not None:
             apply(body, self.config.request_mix.draw(self.seed, self.turn, list(self.schemas)))
         self._thinking_sent = bool(RequestTerms.of_body(body).thinking)
@@ -190,8 +209,10 @@ class AgentSession:
             return self._end(EndReason.FINAL)
         if self.turn >= self.config.max_turns:
             return self._end(EndReason.MAX_TURNS)
-        if self._next_prompt_overflows():
+        if self._next_prompt_overflows(self.config.context_tokens):
             return self._end(EndReason.CONTEXT_FULL)
+        if self._next_prompt_overflows(self.depth_limit):
+            return self._end(EndReason.DEPTH_REACHED)
         self.state = SessionState.READY
 
     def _note_usage(self, response: AssembledResponse) -> None:
@@ -202,9 +223,9 @@ class AgentSession:
         else:  # no usage this turn: no bound
             self._tokens_used = None
 
-    def _next_prompt_overflows(self) -> bool:
-        """Whether the next request, with max_tokens, surely or nearly exceeds the context."""
-        if self.config.context_tokens is None or self._tokens_used is None:
+    def _next_prompt_overflows(self, limit: int | None) -> bool:
+        """Whether the next request, with max_tokens, surely or nearly exceeds `limit` tokens."""
+        if limit is None or self._tokens_used is None:
             return False
         added = self.messages[self._messages_counted :]
         chars = sum(len(str(m.get("content") or "")) for m in added)
@@ -214,7 +235,7 @@ class AgentSession:
             + _TOKENS_PER_MESSAGE * len(added)
             + self.config.max_tokens
         )
-        return estimate > self.config.context_tokens
+        return estimate > limit
 
     def stop(self, reason: EndReason) -> None:
         """End the session from outside (the run's time is up, the nemesis killed it)."""

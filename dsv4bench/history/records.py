@@ -186,6 +186,9 @@ class AssembledResponse:
     protocol_errors: list[str] = field(default_factory=list)
     stopped_at_bound: str | None = None
     surrogates_replaced: list[str] = field(default_factory=list)
+    # SGLang's split of the cached prompt tokens by tier ({"device": D, "host": H}), from the
+    # answer's `sglext` where the request asked for it; None where none came.
+    cached_tokens_details: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = _as_dict(self)

@@ -46,7 +46,7 @@ def add_arguments(parser: Any) -> None:
     group.add_argument(
         "--scenario", type=str, default=RunConfig.scenario, help=f"Scenario family: {', '.join([MIXED, *FAMILIES])}."
     )
-    group.add_argument("--max-turns", type=int, default=RunConfig.max_turns, help="Turns per session at most.")
+    group.add_argument("--max-turns", type=int, default=SessionConfig.max_turns, help="Turns per session at most.")
     group.add_argument(
         "--thinking", type=str, default="false", choices=["false", "true"], help="Thinking mode on the chat template."
     )

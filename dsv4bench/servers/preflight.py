@@ -13,6 +13,7 @@ from dsv4bench.servers.dialect import SERVER_METRIC_PREFIXES, dialect_of
 from dsv4bench.servers.monitor import parse_metrics
 from dsv4bench.servers.roles import role_of
 from dsv4bench.servers.kinds import recognise
+from dsv4bench.servers.kv_pool import kv_pool
 from dsv4bench.wire.sse import clean_value
 
 
@@ -108,12 +109,12 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
             except (httpx.HTTPError, ValueError, RecursionError):
                 pass  # optional: vLLM and others do not serve these
         metrics_url = f"{root}/metrics"
+        values: dict[str, float] | None = None
         try:
             r = c.get(metrics_url)
             text = response_text(r)
             # TensorRT-LLM's /metrics is a JSON list of iteration stats, `[]` while it is idle.
             trtllm_stats = r.status_code == 200 and text.lstrip()[:1] == "["
-            values: dict[str, float] | None = None
             if trtllm_stats:
                 facts["metrics_url"] = metrics_url
                 values = _stats_or_none(text)
@@ -127,6 +128,8 @@ def server_facts(base_url: str, api_key: str | None = None, timeout: float = 10.
             facts["server_kind"] = found.name
         except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus text after all
             pass
+        if (pool := kv_pool(facts.get("server_info"), values, None)) is not None:
+            facts["kv_pool"] = asdict(pool)  # what --cache-pressure sizes the run on
     info = facts.get("model_info")
     if not isinstance(context, int) and isinstance(info, dict):
         context = info.get("context_length")  # SGLang's /get_model_info

@@ -63,6 +63,13 @@ def safe_dumps(value: Any) -> str:
         return "<not serializable>"
 
 
+def cache_tiers(message: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang's `sglext.cached_tokens_details` of an answer or chunk ({"device": D, "host": H}),
+    cleaned as usage is; None where it has none."""
+    ext = message.get("sglext")
+    return clean_usage(ext.get("cached_tokens_details")) if isinstance(ext, dict) else None
+
+
 def clean_usage(value: Any) -> dict[str, Any] | None:
     """A `usage` object cleaned (clean_value); None when it is not an object or too deep."""
     if not isinstance(value, dict):
@@ -209,6 +216,8 @@ class DeltaAssembler:
         self._note_id(chunk)
         if isinstance(chunk.get("usage"), dict):
             r.usage = clean_usage(chunk["usage"])
+        if (tiers := cache_tiers(chunk)) is not None:
+            r.cached_tokens_details = tiers
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
             self._c.error(f"chunk {r.chunks}: choices is not a list")
@@ -391,6 +400,7 @@ def assemble_completion(body: Any, bounds: StreamBounds = DEFAULT_BOUNDS) -> Ass
     r.response_id = c.field("id", body.get("id"))
     r.model = c.field("model", body.get("model"))
     r.usage = clean_usage(body.get("usage"))
+    r.cached_tokens_details = cache_tiers(body)
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         c.error("response has no choices")
