@@ -24,6 +24,7 @@ engine does: that finding is kept apart (`health_lies@router`) and never counts 
 
     python scripts/prove_faults.py --runs 5 --table proof.md --reports reports/
     python scripts/prove_faults.py --runs 5 --only hicache-index-race --recheck 1
+    python scripts/prove_faults.py --runs 5 --only hicache-index-race --recheck 0.3 --pool production --timeout 900
     python scripts/prove_faults.py --runs 5 --router sglang --only abort-leak --only bootstrap-stall \
         --only ghost-decode --only health-lies
 """
@@ -91,6 +92,44 @@ def hicache_race_engine(device_pages: int) -> tuple[str, ...]:
         "--hicache-host-pages=16384",
         "--hicache-load-gbps=0.02",
         "--index-k-dtype=bf16",
+    )
+
+
+# The race on a production-sized pool: the engine's default 32,768-page (1,048,576-token) device
+# pool and a host tier twice it, with the sessions sized by --cache-pressure to hold more than the
+# pool at once (docs/cache-pressure.md): a prefix comes back from host only after the working set
+# outgrows the device. 112 sessions within the 16,384-token context of the bundled model; 8,192
+# prefill tokens a step, so the pool fills in the first half of the load on 2 cores.
+PRODUCTION_POOL_ENGINE = (
+    "--hicache",
+    "--hicache-load-gbps=0.02",
+    "--index-k-dtype=bf16",
+    "--chunked-prefill-tokens=8192",
+)
+PRODUCTION_POOL_LOAD = (
+    "--concurrency",
+    "112",
+    "--cache-pressure",
+    "1.5",
+    "--duration",
+    "240",
+    "--drain-timeout",
+    "10",
+    "--persist-sessions",
+    "0",
+)
+
+
+def production_pool(recipe: Recipe) -> Recipe:
+    """hicache-index-race on the production-sized pool (PRODUCTION_POOL_*); any other recipe as it is."""
+    if recipe.fault != "hicache-index-race":
+        return recipe
+    return replace(
+        recipe,
+        recheck_engine=PRODUCTION_POOL_ENGINE,
+        recheck_load=PRODUCTION_POOL_LOAD,
+        why="the engine's default pool; 112 sessions sized by --cache-pressure 1.5 to hold 1.5 times it, so once "
+        "the pool fills every round of turns loads prefixes back from the host tier while the indexer reads them",
     )
 
 
@@ -448,17 +487,28 @@ def main() -> int:
         metavar="F",
         help="Judge the faults that need a reference in one run instead: agents --recheck F on every run.",
     )
+    p.add_argument(
+        "--pool",
+        choices=("small", "production"),
+        default="small",
+        help="hicache-index-race's device pool: small (a few hundred pages: every prefix comes back from host), "
+        "or production (the engine's default 32,768 pages, the load sized by --cache-pressure to outgrow it; "
+        "needs --recheck).",
+    )
     a = p.parse_args()
     if a.recheck is not None and not 0 < a.recheck <= 1:
         p.error(f"--recheck takes a share from 0 (exclusive) to 1; got {a.recheck:g}")
-    recipes = tuple(r.rechecked(a.recheck) for r in RECIPES if not a.only or r.fault in a.only)
+    if a.pool == "production" and a.recheck is None:
+        p.error("--pool production is judged by --recheck F")
+    catalogue = tuple(production_pool(r) if a.pool == "production" else r for r in RECIPES)
+    recipes = tuple(r.rechecked(a.recheck) for r in catalogue if not a.only or r.fault in a.only)
     clean_runs = a.runs if a.clean_runs is None else a.clean_runs
     if not recipes or a.runs < 1 or clean_runs < 0:
         p.error(f"nothing to run; faults: {', '.join(r.fault for r in RECIPES)}")
     results: list[RunResult] = []
     plan = [(r, False, i) for r in recipes for i in range(a.runs)]
     if not a.no_clean:
-        pool = tuple(r.rechecked(a.recheck) for r in RECIPES) if a.clean_all else recipes
+        pool = tuple(r.rechecked(a.recheck) for r in catalogue) if a.clean_all else recipes
         plan += [(pool[i % len(pool)], True, i) for i in range(clean_runs)]
     references: dict[tuple[str, int], RunResult] = {}  # (recipe, seed) -> its clean reference run
     with tempfile.TemporaryDirectory(prefix="dsv4bench-proof-") as tmp:
