@@ -63,10 +63,16 @@ def _root(
 
 
 def print_verdict(summary: dict, run_dir: Path) -> None:
-    """The run's verdict and turn counts in one line, with the report's path."""
+    """The run's verdict and turn counts in one line, with the report's path; beside CLEAN, what
+    the run could not have found."""
+    # Imported here: the report package is loaded lazily, and by now the report has been built.
+    from dsv4bench.report.coverage import WEDGES_NOT_CHECKED, short_gaps
+
     v = summary.get("verdict", "?")
     t = summary.get("turns", {})
     unchecked = " (wedge not checked)" if summary.get("wedge_checked") is False and v in ("CLEAN", "ERRORS") else ""
+    if v == "CLEAN" and (gaps := short_gaps(summary.get("coverage") or [], (WEDGES_NOT_CHECKED,))):
+        unchecked += f" ({gaps})"  # what a CLEAN could not have found (report/coverage.py)
     line = (
         f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]{unchecked}  turns {t.get('total', 0)} "
         f"(good {t.get('good', 0)}, corrupt {t.get('corrupt', 0)}, error {t.get('error', 0)}, "

@@ -42,6 +42,8 @@ from dsv4bench.report.blocks import (
     table,
     fence,
 )
+from dsv4bench.report.cache_section import cache_section, coverage_section
+from dsv4bench.report.coverage import WEDGES_NOT_CHECKED, short_gaps
 from dsv4bench.report.slo_section import slo_section
 from dsv4bench.report.triage_section import triage_section
 from dsv4bench.report.aftermath import next_steps_section, onset_section, persistence_section
@@ -119,13 +121,16 @@ def headline(summary: dict[str, Any], killer: str = "the nemesis") -> str:
 
 
 def qualifiers(summary: dict[str, Any]) -> list[str]:
-    """What limits the verdict, said beside it: a run that did not finish, and, beside a verdict
-    that claims no wedge (CLEAN, ERRORS), queues that were never judged."""
+    """What limits the verdict, said beside it: a run that did not finish; beside a verdict that
+    claims no wedge (CLEAN, ERRORS), queues that were never judged; and beside CLEAN, what else
+    the run could not have found (summary.json's `coverage`, wedges said once)."""
     out = []
     if summary.get("partial"):
         out.append("partial: run did not finish")
     if summary["verdict"] in ("CLEAN", "ERRORS") and summary.get("wedge_checked") is False:
         out.append(f"wedge not checked: {summary.get('wedge_unchecked_reason') or 'no metrics scraped'}")
+    if summary["verdict"] == "CLEAN" and (gaps := short_gaps(summary.get("coverage") or [], (WEDGES_NOT_CHECKED,))):
+        out.append(gaps)
     return out
 
 
@@ -807,6 +812,8 @@ def render_report(history: History, summary: dict[str, Any], plots: list[str]) -
         deployment_section(history),
         _run_section(history, summary),
         _server_section(history) + key_hosts_lines(history),
+        cache_section(summary),
+        coverage_section(summary),
         _codes_section(summary),
         _breakdown_section("Corruption by turn depth", "turn", summary["by_depth"]),
         _breakdown_section("Corruption by scenario", "scenario", summary["by_scenario"]),

@@ -1,6 +1,7 @@
 """PNG plots for the report: a turn timeline by outcome (kills and the first finding of each code
-marked), corruption rate by turn depth, and a queue timeline (active sessions over every scraped
-queue gauge, kills as shaded bands).
+marked), corruption rate by turn depth, a queue timeline (active sessions over every scraped
+queue gauge, kills as shaded bands), and each server's KV cache against its pool (evictions and
+loads back from the host tier beside it).
 
 Built on `matplotlib.figure.Figure` directly rather than pyplot: no global figure registry and
 no backend switch (Figure.savefig renders PNG through Agg by itself), so it never opens a
@@ -19,6 +20,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from dsv4bench.servers.cache_pressure import CachePressure, cache_pressure
 from dsv4bench.servers.dialect import QUEUE_GAUGES, RUNNING, current_name, is_queue_gauge, metric_name
 from dsv4bench.history.run_folder import History, open_private, private_dir
 from dsv4bench.history.records import TurnRecord, TurnStatus
@@ -278,10 +280,74 @@ def queue_timeline_figure(history: History) -> Figure | None:
     return fig
 
 
+MAX_CACHE_PANELS = 4  # servers drawn, one panel each; summary.json has every one
+
+
+def _first_scrape_ns(history: History) -> dict[str, int]:
+    """Each endpoint's first good scrape, on the monotonic clock: where its cache timeline's zero is
+    (cache_pressure.py counts a timeline's seconds from it)."""
+    first: dict[str, int] = {}
+    for m in history.metrics:
+        endpoint, t = m.get("endpoint"), m.get("t_ns")
+        if m.get("ok") is True and isinstance(m.get("values"), dict) and isinstance(endpoint, str):
+            if isinstance(t, int) and not isinstance(t, bool):
+                first[endpoint] = min(first.get(endpoint, t), t)
+    return first
+
+
+def _has_timeline(p: CachePressure) -> bool:
+    return any(kv is not None or ev is not None or lb is not None for _, kv, ev, lb in p.timeline)
+
+
+def kv_cache_figure(history: History) -> Figure | None:
+    """Per server: device KV used over time against its pool (a horizontal line), and on a second
+    axis the tokens evicted from the device pool and loaded back from the host tier so far. None
+    where no server gave a timeline."""
+    servers = [p for p in cache_pressure(history.metrics).values() if _has_timeline(p)][:MAX_CACHE_PANELS]
+    if not servers:
+        return None
+    t0, first = _run_start_ns(history), _first_scrape_ns(history)
+    fig = Figure(figsize=(FIGSIZE[0], 1.0 + 2.6 * len(servers)), dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(servers), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, p in zip(axes, servers):
+        # The timeline's seconds are since this endpoint's first scrape: moved onto the run's axis.
+        shift = (first[p.endpoint] - t0) / 1e9 if t0 is not None and p.endpoint in first else 0.0
+        xs = [t + shift for t, *_ in p.timeline]
+        used = [kv for _, kv, _, _ in p.timeline]
+        if any(v is not None for v in used):
+            ax.plot(xs, [math.nan if v is None else v for v in used], color="#4e79a7", linewidth=1.2, label="KV used")
+        if p.kv_total_tokens is not None:
+            ax.axhline(p.kv_total_tokens, color="black", linestyle="--", linewidth=1, label="device pool")
+        ax.set_ylabel("device KV tokens")
+        ax.set_ylim(bottom=0)
+        ax.set_title(plot_text(p.endpoint), fontsize="small")
+        ax.grid(alpha=0.3)
+        moved = ax.twinx()
+        top = 0.0
+        for column, label, color in ((2, "evicted so far", "#e15759"), (3, "loaded back from host so far", "#f28e2b")):
+            ys = [point[column] for point in p.timeline]
+            if any(y is not None for y in ys):
+                moved.step(xs, [math.nan if y is None else y for y in ys], where="post", color=color, label=label)
+                top = max(top, *(y for y in ys if y is not None))
+        moved.set_ylabel("tokens so far")
+        moved.set_ylim(0, max(top * 1.1, 1.0))  # whole tokens: a flat zero sits on the axis, not at 0.05
+    axes[-1].set_xlabel("seconds since run start (monotonic)")
+    fig.suptitle("Device KV cache against its pool")
+    handles, labels = [], []
+    for ax in fig.axes:  # each label once, whichever panel drew it first
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside lower center", fontsize="x-small", ncols=4, frameon=False)
+    return fig
+
+
 PLOTS: dict[str, Callable[[History], Figure | None]] = {
     "timeline.png": timeline_figure,
     "corruption_by_depth.png": depth_figure,
     "timeline_queues.png": queue_timeline_figure,
+    "kv_cache.png": kv_cache_figure,
 }
 
 

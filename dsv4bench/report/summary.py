@@ -40,6 +40,8 @@ from dsv4bench.report.counting import (
     run_window,
     outcome_counts,
 )
+from dsv4bench.report.cache_summary import cache_block
+from dsv4bench.report.coverage import coverage_gaps
 from dsv4bench.report.onset import first_findings_block
 from dsv4bench.report.slo import run_slo
 from dsv4bench.report.summary_types import Summary
@@ -308,7 +310,10 @@ def summary_of(history: History) -> Summary:
         "triage": triaged,  # findings sent again alone after the load, and --recheck (docs/triage.md)
         "persistence": persisted,
         "first_findings": first_findings_block(history),
+        "cache": cache_block(history),  # the KV cache pressure the run reached
     }
+    # What the run could not have found: read off the blocks above and the run's flags.
+    blocks["coverage"] = coverage_gaps(blocks, history.run)
     return Summary.from_blocks(blocks)
 
 

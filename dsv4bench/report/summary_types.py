@@ -129,6 +129,8 @@ class Summary(_Block):
     triage: dict[str, Any] | None = None
     persistence: dict[str, Any] | None = None
     first_findings: dict[str, dict[str, Any]] | None = None
+    cache: dict[str, Any] | None = None  # the KV cache pressure reached (report/cache_summary.py)
+    coverage: list[dict[str, str]] | None = None  # what the run could not have found (report/coverage.py)
 
     @classmethod
     def from_blocks(cls, blocks: dict[str, Any]) -> Summary:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dsv4bench.history.records import AssembledResponse, Timings, ToolCall, TurnRecord, TurnStatus, Verdict
+from dsv4bench.servers.monitor import MetricSample, parse_metrics
 
 T0_WALL = 1_760_000_000_000_000_000  # epoch ns of the run start
 T0_NS = 9_000_000_000  # monotonic ns of the run start
@@ -31,8 +32,11 @@ def _make_turn(
     raw_sse: list[str] | None = None,
     error: str | None = None,
     check_errors: Iterable[str] = (),
+    usage: dict[str, Any] | None = None,
+    cached_tokens_details: dict[str, Any] | None = None,
 ) -> TurnRecord:
-    """One turn record; `verdicts` are (code, where) pairs, `start_s` seconds after the run start."""
+    """One turn record; `verdicts` are (code, where) pairs, `start_s` seconds after the run start;
+    `usage` and `cached_tokens_details` as the answer reported them (ok and killed turns only)."""
     start_ns = T0_NS + int(start_s * S)
     timings = Timings(
         start_wall_ns=T0_WALL + int(start_s * S),
@@ -53,6 +57,8 @@ def _make_turn(
             tool_calls=calls,
             finish_reason="tool_calls" if calls else "stop",
             saw_done=status == "ok",
+            usage=usage,
+            cached_tokens_details=cached_tokens_details,
         )
     return TurnRecord(
         run="run-test",
@@ -99,6 +105,31 @@ def write_run(
     (run_dir / "turns.jsonl").write_text(text)
     evs = [_event("run_start", 0.0), *events] + ([_event("run_end", duration_s)] if duration_s is not None else [])
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    return run_dir
+
+
+METRICS_PAGES = Path(__file__).parent.parent / "fixtures" / "metrics_text"
+METRICS_URL = "http://127.0.0.1:30000/metrics"
+SCRAPE_EVERY_S = 5.0
+
+
+def metrics_page(name: str) -> dict[str, float]:
+    """One recorded /metrics page of tests/fixtures/metrics_text, as the monitor keys a scrape."""
+    return parse_metrics((METRICS_PAGES / f"{name}.prom").read_text())
+
+
+def write_metrics(run_dir: Path, pages: Iterable[str], endpoint: str = METRICS_URL, append: bool = False) -> Path:
+    """metrics.jsonl of one scrape per page, SCRAPE_EVERY_S apart from the run start; a page named
+    "" is a failed scrape. `append`: after the scrapes already there (another endpoint's)."""
+    lines = []
+    for i, name in enumerate(pages):
+        at = int(i * SCRAPE_EVERY_S * S)
+        values = metrics_page(name) if name else None
+        error = None if values is not None else "ConnectError: [Errno 111] Connection refused"
+        sample = MetricSample(T0_WALL + at, T0_NS + at, endpoint, values is not None, values=values, error=error)
+        lines.append(json.dumps(sample.as_dict()))
+    with (run_dir / "metrics.jsonl").open("a" if append else "w") as f:
+        f.write("".join(line + "\n" for line in lines))
     return run_dir
 
 
@@ -202,6 +233,12 @@ def run_folder(tmp_path: Path) -> Callable[..., Path]:
 def make_turn() -> Callable[..., TurnRecord]:
     """Build one turn record: (session, turn, scenario, status, verdicts=[(code, where)], ...)."""
     return _make_turn
+
+
+@pytest.fixture
+def metrics() -> Callable[..., Path]:
+    """Write a run folder's metrics.jsonl from recorded pages: (run_dir, [page, ...], endpoint)."""
+    return write_metrics
 
 
 @pytest.fixture

@@ -50,6 +50,8 @@ SUMMARY_KEYS = [
     "triage",
     "persistence",
     "first_findings",
+    "cache",
+    "coverage",
 ]
 TURNS_KEYS = ["total", "ok", "good", "killed", "corrupt", "error"]
 # The contract blocks with a fixed shape: where each is found in the file, and its keys in order.

@@ -142,10 +142,10 @@ def test_clean_with_metrics_given_but_never_scraped(run_folder, make_turn) -> No
     assert "Wedge not checked (no --metrics endpoint could be scraped)" in md and s["wedge_checked"] is False
 
 
-def test_clean_with_scraped_metrics_has_a_plain_headline(run_folder, make_turn) -> None:
+def test_clean_with_scraped_metrics_has_a_plain_headline(run_folder, make_turn, metrics) -> None:
+    # A server that evicted and read back from its host tier: nothing left out to say beside CLEAN.
     run_dir = run_folder([make_turn()], run={"run": "r", "config": {"metrics": ["http://m/metrics"]}})
-    sample = {"t_wall_ns": 1, "t_ns": 1, "endpoint": "http://m/metrics", "ok": True, "values": {}}
-    (run_dir / "metrics.jsonl").write_text(json.dumps(sample) + "\n")
+    metrics(run_dir, ["sglang_hicache_start", "sglang_hicache_busy"], "http://m/metrics")
     s = build_report(run_dir)
     assert s["wedge_checked"] is True and s["wedge_unchecked_reason"] is None
     assert (run_dir / "report.md").read_text().splitlines()[2].startswith("**CLEAN** — ")
