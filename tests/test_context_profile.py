@@ -134,7 +134,7 @@ def test_a_long_session_opens_near_its_depth_and_ends_when_it_would_pass_it():
     session = AgentSession("s0", FAMILIES["ops"], seed, config)
     assert session.depth_limit == depth
     opening = sum(len(str(m.get("content") or "")) for m in session.messages[2:])
-    expected = profile.opening_chars(depth - config.max_tokens, "ops")
+    expected = profile.opening_chars(depth, "ops")
     assert expected * 0.9 < opening <= expected
     assert len(session.next_request()["messages"]) == len(session.messages)
     session.observe(TurnStatus.OK, _answer(depth // 2), [])

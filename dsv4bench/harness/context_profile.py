@@ -30,7 +30,8 @@ _Z95 = 1.6448536269514722  # the standard normal's 95th percentile
 _TAIL_RATIO = 69_274 / 23_840
 # What a session's own turns add after its opening, in tokens: the short profile's sessions
 # grow by about this much over their turns (deepest p50 5,357 with a ~1k opening), so an opening
-# of the target less this leaves the session's turns to reach its depth.
+# of the target less this leaves the session's turns to reach its depth. A shallow depth keeps a
+# quarter of itself for its turns instead: a few turns reach it.
 TURN_GROWTH_TOKENS = 4_000
 # Characters per token of each family's reads on the bundled engine's tokenizer (an 8k-entry
 # BPE), measured over their openings: code reads longer per token than logs. The opening is
@@ -78,7 +79,7 @@ class ContextProfile:
     def opening_chars(self, depth: int, family: str) -> int:
         """Characters of reads a session of `family` and `depth` tokens opens with."""
         ratio = CHARS_PER_TOKEN.get(family, _CHARS_PER_TOKEN_LEAST)
-        return max(0, round((depth - TURN_GROWTH_TOKENS) * ratio))
+        return max(0, round((depth - min(TURN_GROWTH_TOKENS, depth // 4)) * ratio))
 
     def mean_depth(self, context_tokens: int | None) -> float | None:
         """The mean deepest prompt per session, each capped at the server's context: what one

@@ -132,9 +132,11 @@ class AgentSession:
         # The depth this session grows to (None: its own growth only), within the server's context.
         self.depth_limit = config.context_profile.depth_for(seed)
         if self.depth_limit is not None:
+            opening = self.depth_limit
             if config.context_tokens is not None:
                 self.depth_limit = min(self.depth_limit, config.context_tokens)
-            budget = config.context_profile.opening_chars(self.depth_limit - config.max_tokens, family.name)
+                opening = min(opening, config.context_tokens - config.max_tokens)  # its first turn fits
+            budget = config.context_profile.opening_chars(opening, family.name)
             self.messages += opening_reads(family.name, self.world, self.gate, budget)
         self.turn = 0
         self.tool_calls_run = 0
@@ -209,9 +211,9 @@ class AgentSession:
             return self._end(EndReason.FINAL)
         if self.turn >= self.config.max_turns:
             return self._end(EndReason.MAX_TURNS)
-        if self._next_prompt_overflows(self.config.context_tokens):
+        if self._next_prompt_overflows(self.config.context_tokens, self.config.max_tokens):
             return self._end(EndReason.CONTEXT_FULL)
-        if self._next_prompt_overflows(self.depth_limit):
+        if self._next_prompt_overflows(self.depth_limit, 0):  # a depth bounds the prompt, not its answer
             return self._end(EndReason.DEPTH_REACHED)
         self.state = SessionState.READY
 
@@ -223,17 +225,15 @@ class AgentSession:
         else:  # no usage this turn: no bound
             self._tokens_used = None
 
-    def _next_prompt_overflows(self, limit: int | None) -> bool:
-        """Whether the next request, with max_tokens, surely or nearly exceeds `limit` tokens."""
+    def _next_prompt_overflows(self, limit: int | None, answer_tokens: int) -> bool:
+        """Whether the next prompt, with `answer_tokens` for its answer, surely or nearly exceeds
+        `limit` tokens."""
         if limit is None or self._tokens_used is None:
             return False
         added = self.messages[self._messages_counted :]
         chars = sum(len(str(m.get("content") or "")) for m in added)
         estimate = (
-            self._tokens_used
-            + -(-chars // _CHARS_PER_TOKEN_FLOOR)
-            + _TOKENS_PER_MESSAGE * len(added)
-            + self.config.max_tokens
+            self._tokens_used + -(-chars // _CHARS_PER_TOKEN_FLOOR) + _TOKENS_PER_MESSAGE * len(added) + answer_tokens
         )
         return estimate > limit
 
