@@ -9,13 +9,21 @@ its world and appends the results, exactly as a real coding agent's loop does.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 from dsv4bench.agents.base import ScenarioFamily, ToolError, World, format_tool_error
 from dsv4bench.agents.call_gate import CallGate
-from dsv4bench.agents.transcript import CallText, assistant_message, default_call_id, opening_messages, tool_message
+from dsv4bench.agents.transcript import (
+    CallText,
+    assistant_message,
+    default_call_id,
+    opening_messages,
+    tool_message,
+    transcript_chars,
+)
 from dsv4bench.errors import UsageError
 from dsv4bench.history.records import CORRUPTION_CODES, REFERENCE_CODE, AssembledResponse, TurnStatus, Verdict
 from dsv4bench.harness.reference_run import SessionKeys, request_key
@@ -132,12 +140,9 @@ class AgentSession:
         # The depth this session grows to (None: its own growth only), within the server's context.
         self.depth_limit = config.context_profile.depth_for(seed)
         if self.depth_limit is not None:
-            opening = self.depth_limit
+            self.messages += self._opening(config, self.depth_limit)
             if config.context_tokens is not None:
                 self.depth_limit = min(self.depth_limit, config.context_tokens)
-                opening = min(opening, config.context_tokens - config.max_tokens)  # its first turn fits
-            budget = config.context_profile.opening_chars(opening, family.name)
-            self.messages += opening_reads(family.name, self.world, self.gate, budget)
         self.turn = 0
         self.tool_calls_run = 0
         self.state = SessionState.READY
@@ -145,6 +150,17 @@ class AgentSession:
         self._thinking_sent = config.thinking  # whether the request out asked for thinking
         self._tokens_used: int | None = None  # prompt + completion tokens of the last turn, as reported
         self._messages_counted = 0  # messages the reported usage covers
+
+    def _opening(self, config: SessionConfig, depth: int) -> list[dict[str, Any]]:
+        """The reads a session of `depth` tokens opens with: its profile's share of the depth less
+        what the system prompt, task and tools take, and never more than lets its first request
+        (with max_tokens) fit the server's context at the fewest characters a token takes."""
+        fixed = -(-(transcript_chars(self.messages) + len(json.dumps(self.tools))) // _CHARS_PER_TOKEN_FLOOR)
+        budget = config.context_profile.opening_chars(depth - fixed, self.family.name)
+        if config.context_tokens is not None:
+            room = config.context_tokens - config.max_tokens - fixed - _TOKENS_PER_MESSAGE
+            budget = min(budget, max(0, room) * _CHARS_PER_TOKEN_FLOOR)
+        return opening_reads(self.family.name, self.world, self.gate, budget)
 
     @classmethod
     def in_steps(
