@@ -6,8 +6,8 @@ Recorded coding-agent sessions spend most of their context on reads (files opene
 tables dumped, searches), and the calls that change the world come late. A long-context
 session (dsv4bench/harness/context_profile.py) opens with such reads: real calls on the
 session's own world whose results are the world's real content, never filler. Each sequence
-first reads every distinct thing once, then goes on as agents do on a long task: narrower
-re-reads (line ranges, one level, one month, one window) that show the same world another way.
+first reads every distinct thing once, then goes on as agents do on a long task: files opened
+again, searches, narrower views (one level, one month, one window) of the same world.
 Nothing here changes a world: every call is one the family's tools answer without mutating.
 """
 
@@ -23,8 +23,6 @@ from .base import ToolAction, World
 # The families' read-only tools' own constants, read where they are defined.
 from .data_world import MONTHS
 from .ops_world import LEVELS, METRICS
-
-_LINES_PER_READ = 40  # a range read's span, as agents page through a long file
 
 
 @dataclass(frozen=True)
@@ -56,11 +54,11 @@ def _coding(world: Any) -> tuple[list[ToolAction], Iterator[ToolAction]]:
 
 
 def _coding_more(world: Any, files: list[str]) -> Iterator[ToolAction]:
+    # Whole files and searches only, as the expert reads after its first pass: line-range reads
+    # made the bundled model write ranges of its own and garble their numbers.
     for rnd in itertools.count():
         for path in files:
-            lines = len(world.files[path].splitlines())
-            start = 1 + (rnd * _LINES_PER_READ) % max(1, lines)
-            yield ToolAction("read_file", {"path": path, "start_line": start, "end_line": start + _LINES_PER_READ - 1})
+            yield ToolAction("read_file", {"path": path})
             for name in _defined_names(world.files[path])[rnd::4][:2]:
                 yield ToolAction("search_code", {"pattern": f"{name}(", "max_results": 30})
 

@@ -113,6 +113,10 @@ PRODUCTION_POOL_LOAD = (
     "1.3",
     "--duration",
     "480",
+    # every session's opening waits behind the others' at the start: at the default 60 s most
+    # sessions time out before they come back (bench-plan.md, "Sessions as long as real agents'")
+    "--ttft-timeout",
+    "600",
     "--drain-timeout",
     "10",
     "--persist-sessions",
