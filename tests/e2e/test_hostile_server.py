@@ -130,7 +130,8 @@ def test_lost_records_say_incomplete_never_clean(tmp_path):
     run_dir = only_run_dir(tmp_path / "runs")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["verdict"] == "CLEAN" and summary["wedge_checked"] is False
-    assert "**CLEAN** (wedge not checked: no --metrics endpoint)" in _assert_report_safe(run_dir)
+    # the verdict's qualifiers: the unjudged wedge first, then what else the run could not have found
+    assert "**CLEAN** (wedge not checked: no --metrics endpoint; not exercised: " in _assert_report_safe(run_dir)
     lines = (run_dir / "turns.jsonl").read_text().splitlines()
     assert len(lines) == 4
 
