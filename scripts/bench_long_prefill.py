@@ -1,7 +1,7 @@
 """Prefill throughput of the bundled engine on long agent prompts: what bounds how fast a run can
 fill a production-sized KV pool (docs/cache-pressure.md).
 
-Starts `dsv4bench engine serve` with the given engine flags on a free loopback port, builds
+Starts `dsv4bench engine serve` with the given engine flags on free loopback ports, builds
 long-context sessions' first requests (`--context`'s openings: real reads of each session's
 world), sends each once with max_tokens 1, first one alone and then `--parallel` at a time, and
 prints the prompt tokens per second of each phase. A 1,048,576-token pool fills no faster than
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import subprocess
 import sys
 import time
 
 import httpx
 
 from dsv4bench.agents import FAMILIES
-from dsv4bench.engine.launcher import free_port
+from dsv4bench.engine.launcher import start_engine
 from dsv4bench.harness.context_profile import parse_context
 from dsv4bench.harness.session import AgentSession, SessionConfig
 
@@ -38,25 +37,8 @@ def main() -> int:
     p.add_argument("--engine-arg", action="append", default=[], help="A flag for engine serve (repeatable).")
     a = p.parse_args()
     profile = parse_context(a.context)
-    port = free_port()
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "dsv4bench", "engine", "serve", "--port", str(port), *a.engine_arg],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    root = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{root}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            print("the engine did not start", file=sys.stderr)
-            return 1
+    with start_engine(a.engine_arg) as engine:
+        root = engine.roots[0]
         config = SessionConfig(model="dsv4-mini", context_tokens=CONTEXT, context_profile=profile, stream=False)
 
         def prefill(seed: int) -> tuple[int, float]:
@@ -78,9 +60,6 @@ def main() -> int:
             f"{a.parallel} at a time: {a.requests} prompts, {total:,} tokens (median {sorted(t for t, _ in done)[len(done) // 2]:,}) "
             f"in {wall:.1f} s = {total / wall:,.0f} tok/s; a 1,048,576-token pool fills in >= {1_048_576 / (total / wall):,.0f} s"
         )
-    finally:
-        engine.terminate()
-        engine.wait(30)
     return 0
 
 

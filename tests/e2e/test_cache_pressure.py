@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import ROOT, free_port, only_run_dir, run_cli
+from dsv4bench.engine.launcher import start_engine
+from tests.e2e.conftest import only_run_dir, run_cli
 
 pytest.importorskip("torch")
 
@@ -20,42 +18,10 @@ POOL_PAGES = 256  # 8,192 tokens: two short sessions fit it, a pressure of 2 doe
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine():
     """One bundled engine with HiCache over a small device pool, for both runs."""
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("engine") / "engine.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dsv4bench",
-            "engine",
-            "serve",
-            "--port",
-            str(port),
-            "--hicache",
-            f"--num-pages={POOL_PAGES}",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{root}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("the bundled engine did not start")
-    yield root
-    proc.terminate()
-    proc.wait(30)
-    log.close()
+    with start_engine(["--hicache", f"--num-pages={POOL_PAGES}"]) as ep:
+        yield ep.roots[0]
 
 
 def _run(engine: str, out, *flags: str) -> tuple[subprocess.CompletedProcess, dict, str]:
