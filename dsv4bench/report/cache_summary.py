@@ -102,14 +102,16 @@ def working_set_peak(turns: list[TurnRecord]) -> int | None:
         return None
     # NOTE: a session leaves only after every turn ending at its last instant is counted (1 > 0).
     steps += [(end, 1, session, 0.0) for session, end in last_end.items()]
+    # A running total, not a sum over the open sessions at each step: a proxy run's thousands of
+    # sessions would make that quadratic. Token counts are whole, so the total stays exact.
     held_by: dict[str, float] = {}
-    peak = 0.0
+    total = peak = 0.0
     for _, leaving, session, held in sorted(steps):
-        if leaving:
-            held_by.pop(session, None)
-            continue
-        held_by[session] = held
-        peak = max(peak, sum(held_by.values()))
+        total -= held_by.pop(session, 0.0)
+        if not leaving:
+            held_by[session] = held
+            total += held
+            peak = max(peak, total)
     return round(peak)
 
 
