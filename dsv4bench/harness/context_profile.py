@@ -67,7 +67,7 @@ class ContextProfile:
         """Session `seed`'s deepest prompt in tokens (None for the short profile)."""
         if self.p50 is None or self.p95 is None:
             return None
-        return self._depth(random.Random(f"context-depth:{seed}").gauss(0.0, 1.0))
+        return self._depth(_standard_draw(seed))
 
     def _depth(self, z: float) -> int:
         """The depth at standard normal `z`: the same z gives every profile's session `seed` its
@@ -90,11 +90,15 @@ class ContextProfile:
         return statistics.fmean(min(cap, self._depth(z)) for z in _standard_draws())
 
 
+def _standard_draw(seed: int) -> float:
+    """Session `seed`'s standard normal draw, the same under every profile."""
+    return random.Random(f"context-depth:{seed}").gauss(0.0, 1.0)
+
+
 @functools.cache
 def _standard_draws(n: int = 4000) -> tuple[float, ...]:
-    """Standard normal draws of sessions 0..n-1, as depth_for draws them: the mean depth of the
-    first n sessions of any run."""
-    return tuple(random.Random(f"context-depth:{seed}").gauss(0.0, 1.0) for seed in range(n))
+    """The draws of sessions 0..n-1: the mean depth of the first n sessions of any run."""
+    return tuple(_standard_draw(seed) for seed in range(n))
 
 
 SHORT = ContextProfile(

@@ -58,7 +58,7 @@ def _take(
             continue  # a read the world cannot answer is no agent's reading
         cost = len(result) + len(action.name) + len(raw)
         if used + cost > budget:
-            continue  # a smaller read may still fit, as an agent opens a range instead of a file
+            continue  # a smaller read further on may still fit
         used += cost
         taken.append((CallText(f"call_read_{first_id + len(taken)}", action.name, raw), result))
     return taken, used

@@ -227,10 +227,12 @@ class AgentSession:
             return self._end(EndReason.FINAL)
         if self.turn >= self.config.max_turns:
             return self._end(EndReason.MAX_TURNS)
-        if self._next_prompt_overflows(self.config.context_tokens, self.config.max_tokens):
-            return self._end(EndReason.CONTEXT_FULL)
-        if self._next_prompt_overflows(self.depth_limit, 0):  # a depth bounds the prompt, not its answer
-            return self._end(EndReason.DEPTH_REACHED)
+        if (prompt := self._next_prompt_estimate()) is not None:
+            context = self.config.context_tokens
+            if context is not None and prompt + self.config.max_tokens > context:
+                return self._end(EndReason.CONTEXT_FULL)
+            if self.depth_limit is not None and prompt > self.depth_limit:  # a depth bounds the prompt only
+                return self._end(EndReason.DEPTH_REACHED)
         self.state = SessionState.READY
 
     def _note_usage(self, response: AssembledResponse) -> None:
@@ -241,17 +243,14 @@ class AgentSession:
         else:  # no usage this turn: no bound
             self._tokens_used = None
 
-    def _next_prompt_overflows(self, limit: int | None, answer_tokens: int) -> bool:
-        """Whether the next prompt, with `answer_tokens` for its answer, surely or nearly exceeds
-        `limit` tokens."""
-        if limit is None or self._tokens_used is None:
-            return False
+    def _next_prompt_estimate(self) -> int | None:
+        """The next prompt's tokens at most (or nearly): the last turn's as reported, plus what
+        was added since; None where the last turn reported no usage (no bound)."""
+        if self._tokens_used is None:
+            return None
         added = self.messages[self._messages_counted :]
         chars = sum(len(str(m.get("content") or "")) for m in added)
-        estimate = (
-            self._tokens_used + -(-chars // _CHARS_PER_TOKEN_FLOOR) + _TOKENS_PER_MESSAGE * len(added) + answer_tokens
-        )
-        return estimate > limit
+        return self._tokens_used + -(-chars // _CHARS_PER_TOKEN_FLOOR) + _TOKENS_PER_MESSAGE * len(added)
 
     def stop(self, reason: EndReason) -> None:
         """End the session from outside (the run's time is up, the nemesis killed it)."""
