@@ -637,3 +637,18 @@ def test_the_fast_decoder_assembles_what_json_assembles(data, monkeypatch):
 
     monkeypatch.setattr(sse, "_fast_decode", refuse)
     assert fast == run()
+
+
+def test_sglangs_split_of_cached_tokens_is_kept_streamed_and_whole_and_a_bad_one_is_dropped():
+    tiers = {"device": 3000, "host": 5000}
+    ext = json.dumps({"id": "r1", "choices": [], "usage": None, "sglext": {"cached_tokens_details": tiers}})
+    r, _ = feed_all([chunk({"content": "hi"}), chunk(finish="stop"), ext, "[DONE]"])
+    assert r.cached_tokens_details == tiers and r.content == "hi" and not r.protocol_errors
+    body = {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}], "sglext": {}}
+    assert assemble_completion({**body, "sglext": {"cached_tokens_details": tiers}}).cached_tokens_details == tiers
+    # what a server sends in its place is no split: none is kept, and nothing breaks
+    for bad in ("device", ["x"], {"cached_tokens_details": "host"}, None):
+        assert assemble_completion({**body, "sglext": bad}).cached_tokens_details is None
+        r, _ = feed_all([chunk({"content": "hi"}), json.dumps({"choices": [], "sglext": bad}), "[DONE]"])
+        assert r.cached_tokens_details is None and r.content == "hi"
+    assert feed_all([chunk({"content": "hi"}), "[DONE]"])[0].cached_tokens_details is None
